@@ -1,0 +1,119 @@
+"""`EditConfig`: every setting of one GROM edit, frozen, with the paper's presets."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from grom.arch import MATRIX_KINDS
+from grom.data.prompts import PromptFormat
+from grom.keys import KEY_MODES
+
+TARGETS = ("suppression", "corruption")
+
+
+@dataclass(frozen=True)
+class EditConfig:
+    """Settings of a GROM edit (symbols as in the paper)."""
+
+    matrix: str = "down_proj"
+    """Edited matrix kind: "down_proj" (MLP output), "o_proj" (attention output), "lm_head"."""
+    layers: tuple[int, ...] | None = None
+    """Layers to edit, in order; None picks the band of width `k` by the layer scores S_l."""
+    k: int = 5
+    """Width of the automatic band."""
+    candidates: tuple[int, ...] | None = None
+    """Layers the automatic band may use (None: all)."""
+    target: str = "suppression"
+    """"suppression" (push away from the gold tokens) or "corruption" (toward c * u)."""
+    beta: float = 65.0
+    """Suppression strength."""
+    beta_relative: bool = False
+    """If True, beta is in units of the mean norm of the edited matrix's output on the
+    forget keys (so one value transfers across model sizes); the paper's presets use
+    absolute beta."""
+    w_r: float = 100.0
+    """Retain weight; only w_r / w_f matters."""
+    w_f: float = 1.0
+    """Forget weight (gauge: 1)."""
+    rho: float = 0.03
+    """Ridge: mu = rho * mean diagonal of the data part of A."""
+    c: float = 45.0
+    """Corruption strength (target "corruption")."""
+    use_alpha: bool = True
+    """Weight each forget token by its specificity alpha (off: the paper's ablation)."""
+    forget_budget: int | None = 20000
+    """At most this many forget key columns (seeded subsample); None: all."""
+    retain_budget: int | None = 40000
+    """At most this many retain key columns; None: all."""
+    key_mode: str = "auto"
+    """"auto" (by example type), "qa", "corpus" or "subject_last"."""
+    prompt_format: PromptFormat | None = None
+    """How questions become prompts (None: the tokenizer's chat template, else Question/Answer)."""
+    max_length: int = 512
+    """Longest tokenized sequence (corpus texts are cut into windows of this length)."""
+    seed: int = 0
+    """Seed of the subsampling and of the corruption direction."""
+    batch_size: int = 16
+    """Sequences per forward pass."""
+    keep_keys: bool = True
+    """Keep the keys on the CPU for the diagnostics (PCA, influence audit)."""
+
+    def __post_init__(self) -> None:
+        check = [
+            (self.matrix in MATRIX_KINDS, f"matrix must be one of {', '.join(MATRIX_KINDS)}"),
+            (self.target in TARGETS, f"target must be one of {', '.join(TARGETS)}"),
+            (self.key_mode in KEY_MODES, f"key_mode must be one of {', '.join(KEY_MODES)}"),
+            (self.k >= 1, "k (band width) must be at least 1"),
+            (self.beta >= 0, "beta must be >= 0"),
+            (self.w_r >= 0 and self.w_f > 0, "w_r must be >= 0 and w_f > 0"),
+            (self.rho > 0, "rho must be > 0 (the ridge keeps A invertible)"),
+            (self.batch_size >= 1 and self.max_length >= 2, "batch_size >= 1 and max_length >= 2"),
+            (self.layers is None or len(self.layers) > 0, "layers must be None or non-empty"),
+        ]
+        for ok, msg in check:
+            if not ok:
+                raise ValueError(f"EditConfig: {msg}")
+        if self.layers is not None:
+            object.__setattr__(self, "layers", tuple(int(l) for l in self.layers))
+        if isinstance(self.prompt_format, dict):
+            object.__setattr__(self, "prompt_format", PromptFormat(**self.prompt_format))
+
+    def replace(self, **changes) -> "EditConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EditConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown EditConfig fields: {', '.join(sorted(unknown))}")
+        d = dict(d)
+        for key in ("layers", "candidates"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        return cls(**d)
+
+
+def _band(a: int, b: int) -> tuple[int, ...]:
+    return tuple(range(a, b + 1))
+
+
+PRESETS: dict[str, EditConfig] = {
+    "tofu10": EditConfig(layers=_band(11, 15), beta=65.0, w_r=100.0, rho=0.03),
+    "tofu5": EditConfig(layers=_band(26, 31), beta=1000.0, w_r=300.0, rho=0.03),
+    "muse-news": EditConfig(layers=_band(28, 31), beta=370.0, w_r=10.0, rho=0.03),
+    "muse-books": EditConfig(layers=_band(28, 31), beta=350.0, w_r=80.0, rho=0.03),
+    "wmdp-bio": EditConfig(layers=(8,), target="corruption", c=45.0, w_r=1000.0, rho=0.03),
+    "zsre": EditConfig(matrix="lm_head", beta=20.0, w_r=30.0, rho=0.03, key_mode="subject_last"),
+    # The bundled demo model is tiny: beta is relative to its down_proj output norm.
+    "demo": EditConfig(k=3, beta=4.0, beta_relative=True, w_r=30.0, rho=0.03, batch_size=32),
+}
+
+
+def preset(name: str) -> EditConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    return PRESETS[name]

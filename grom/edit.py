@@ -1,0 +1,161 @@
+"""`Edit`: the result of a GROM edit, as data, with a clear life cycle.
+
+An Edit holds per-parameter patches P on the CPU (in each weight's dtype and layout).
+`apply` adds them to a model after a finite check, keeping the original weights;
+`revert` copies the originals back, bit for bit; `applied` does both around a block.
+Nothing of the model is kept between `revert` and the next `apply`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from grom.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
+from grom.attribution import LayerScores
+from grom.config import EditConfig
+
+log = logging.getLogger(__name__)
+
+PATCH_FILE, META_FILE = "patch.safetensors", "edit.json"
+
+
+@dataclass
+class LayerKeys:
+    """What the diagnostics need of one edited matrix, on the CPU.
+
+    Xf (n, s) forget keys with `forget_example` (s,); Xr (n, r) retain keys with
+    `retain_example` (r,); `target` the D used (a grom.targets.Target).
+    """
+
+    Xf: torch.Tensor
+    forget_example: torch.Tensor
+    Xr: torch.Tensor
+    retain_example: torch.Tensor
+    target: object
+
+
+@dataclass
+class LayerRecord:
+    """One edited matrix: where, how strong, and how large the patch is."""
+
+    param_name: str
+    layer: int | None
+    beta: float  # the beta used (absolute, after any relative scaling)
+    mu: float
+    n_forget_keys: int
+    n_retain_keys: int
+    patch_norm: float
+    weight_norm: float
+    solve_seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Edit:
+    """A GROM edit: patches by parameter name plus what produced them."""
+
+    config: EditConfig
+    patches: dict[str, torch.Tensor]
+    layers: list[LayerRecord] = field(default_factory=list)
+    scores: LayerScores | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    unties_lm_head: bool = False
+    model_name: str | None = None
+    keys: dict[str, LayerKeys] = field(default_factory=dict)  # by param name, if kept
+    _saved: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    _untied: bool = field(default=False, repr=False)
+
+    @property
+    def band(self) -> list[int]:
+        return [r.layer for r in self.layers if r.layer is not None]
+
+    @property
+    def is_applied(self) -> bool:
+        return bool(self._saved)
+
+    def apply(self, model: nn.Module) -> None:
+        """W <- W + P for every patch, keeping the originals for `revert`."""
+        if self._saved:
+            raise RuntimeError("this edit is already applied; revert it first")
+        for name, P in self.patches.items():
+            if not torch.isfinite(P).all():
+                raise ValueError(f"the patch for {name} has non-finite values; not applied")
+        if self.unties_lm_head and lm_head_is_tied(model):
+            self._untied = untie_lm_head(model)
+        try:
+            with torch.no_grad():
+                for name, P in self.patches.items():
+                    W = model.get_parameter(name)
+                    if W.shape != P.shape:
+                        raise ValueError(f"patch {name} has shape {tuple(P.shape)}, the model's "
+                                         f"weight {tuple(W.shape)}: is this the model it was made for?")
+                    self._saved[name] = W.detach().clone()
+                    W.add_(P.to(W.device, W.dtype))
+        except Exception:
+            self.revert(model)
+            raise
+
+    def revert(self, model: nn.Module) -> None:
+        """Restore the original weights exactly (copied back, not subtracted)."""
+        with torch.no_grad():
+            for name, W0 in self._saved.items():
+                model.get_parameter(name).copy_(W0)
+        self._saved.clear()
+        if self._untied:
+            retie_lm_head(model)
+            self._untied = False
+
+    @contextmanager
+    def applied(self, model: nn.Module):
+        """``with edit.applied(model): ...`` runs the block on the edited model."""
+        self.apply(model)
+        try:
+            yield model
+        finally:
+            self.revert(model)
+
+    def patch_norm(self) -> float:
+        return float(sum(float(P.double().norm()) ** 2 for P in self.patches.values()) ** 0.5)
+
+    def metadata(self) -> dict:
+        return {
+            "config": self.config.to_dict(),
+            "layers": [r.to_dict() for r in self.layers],
+            "scores": self.scores.to_dict() if self.scores else None,
+            "timings": self.timings,
+            "unties_lm_head": self.unties_lm_head,
+            "model_name": self.model_name,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``patch.safetensors`` and ``edit.json`` into the folder `path`."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.patches.items()}, str(path / PATCH_FILE))
+        (path / META_FILE).write_text(json.dumps(self.metadata(), indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Edit":
+        path = Path(path)
+        if not (path / PATCH_FILE).exists() or not (path / META_FILE).exists():
+            raise FileNotFoundError(f"{path} holds no saved edit (expected {PATCH_FILE} and {META_FILE})")
+        meta = json.loads((path / META_FILE).read_text())
+        return cls(
+            config=EditConfig.from_dict(meta["config"]),
+            patches=load_file(str(path / PATCH_FILE)),
+            layers=[LayerRecord(**r) for r in meta.get("layers", [])],
+            scores=LayerScores.from_dict(meta["scores"]) if meta.get("scores") else None,
+            timings=meta.get("timings", {}),
+            unties_lm_head=meta.get("unties_lm_head", False),
+            model_name=meta.get("model_name"),
+        )

@@ -1,0 +1,240 @@
+"""`run_edit`: the whole GROM edit, from examples to an `Edit`.
+
+1. tokenize forget and retain examples into key positions; specificity weights alpha;
+   seeded subsampling to the key budgets;
+2. pick the band by the layer scores S_l (unless layers are given);
+3. edit the band's layers in order, each layer's keys taken on the model as already
+   edited by the earlier ones: the hidden states entering the band are computed once,
+   then the stream advances one layer at a time;
+4. return the patches as data, with the model as it was found (also on failure).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from grom.arch import EditTarget, decoder_layers, edit_target, lm_head_is_tied, num_layers
+from grom.arch import retie_lm_head, unembedding, untie_lm_head
+from grom.attribution import LayerScores, score_layers
+from grom.collect import MAX_INPUT_CACHE_BYTES, Keys, LayerStream, collect_keys
+from grom.config import EditConfig
+from grom.data.schema import as_examples
+from grom.edit import Edit, LayerKeys, LayerRecord
+from grom.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
+from grom.solve import data_matrix, factor, gram, mu_of
+from grom.targets import (Target, corruption_target, head_suppression_target,
+                          specificity_weights, suppression_target)
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class Prepared:
+    """Tokenized, subsampled and batched key positions of one edit."""
+
+    forget: list
+    retain: list
+    alpha: torch.Tensor  # (vocab,)
+    n_forget_examples: int
+    n_retain_examples: int
+
+
+def prepare(tokenizer, forget: Sequence, retain: Sequence, config: EditConfig, vocab_size: int) -> Prepared:
+    """Encode, weight and batch the forget and retain examples."""
+    forget, retain = as_examples(forget), as_examples(retain)
+    if not forget:
+        raise ValueError("the forget set is empty: give at least one example to forget")
+    if not retain:
+        raise ValueError("the retain set is empty: GROM needs retain examples to keep")
+    kw = dict(mode=config.key_mode, fmt=config.prompt_format, max_length=config.max_length)
+    enc_f, enc_r = encode_examples(tokenizer, forget, **kw), encode_examples(tokenizer, retain, **kw)
+    if config.use_alpha:
+        alpha = specificity_weights(gold_tokens(enc_f), gold_tokens(enc_r), vocab_size)
+    else:
+        alpha = torch.ones(vocab_size)
+    enc_f = subsample(enc_f, config.forget_budget, config.seed)
+    enc_r = subsample(enc_r, config.retain_budget, config.seed + 1)
+    by_len = lambda e: len(e.input_ids)  # noqa: E731  (less padding per batch)
+    pid = pad_id(tokenizer)
+    return Prepared(make_batches(sorted(enc_f, key=by_len), config.batch_size, pid),
+                    make_batches(sorted(enc_r, key=by_len), config.batch_size, pid),
+                    alpha, len(forget), len(retain))
+
+
+def compute_scores(model, prep: Prepared, config: EditConfig, progress=None) -> LayerScores:
+    return score_layers(model, prep.forget, prep.retain, prep.alpha, matrix=config.matrix,
+                        k=config.k, candidates=config.candidates, progress=progress)
+
+
+def _band(model, config: EditConfig, scores: LayerScores | None) -> list[int]:
+    if config.matrix == "lm_head":
+        return []
+    band = sorted(config.layers) if config.layers is not None else list(scores.band)
+    n = num_layers(model)
+    bad = [l for l in band if not 0 <= l < n]
+    if bad:
+        raise ValueError(f"layers {bad} are outside the model: it has layers 0..{n - 1}")
+    return band
+
+
+def _target(model, keys: Keys, alpha, config: EditConfig, W: torch.Tensor) -> tuple[Target, float]:
+    """The target D for these keys and the absolute beta used."""
+    m, s = W.shape[0], keys.X.shape[1]
+    if config.target == "corruption":
+        return corruption_target(s, m, config.c, config.seed), config.c
+    beta = config.beta
+    if config.beta_relative:
+        out = W.to(keys.X.device, torch.float32) @ keys.X  # (m, s) forget outputs
+        beta *= float(out.norm(dim=0).mean())
+    a = alpha[keys.gold]
+    if config.matrix == "lm_head":
+        return head_suppression_target(keys.gold, a, m, beta), beta
+    return suppression_target(keys.gold, a, unembedding(model).detach(), beta), beta
+
+
+def _solve_device(W: torch.Tensor) -> torch.device:
+    return W.device if W.device.type == "cuda" else torch.device("cpu")
+
+
+class _Editor:
+    """Solves and applies one layer at a time; reverts everything in `restore`."""
+
+    def __init__(self, model: nn.Module, prep: Prepared, config: EditConfig):
+        self.model, self.prep, self.config = model, prep, config
+        self.saved: dict[str, torch.Tensor] = {}
+        self.patches: dict[str, torch.Tensor] = {}
+        self.records: list[LayerRecord] = []
+        self.keys: dict[str, LayerKeys] = {}
+        self.timings = {"solve": 0.0, "apply": 0.0}
+
+    def solve_layer(self, t: EditTarget, fkeys: Keys, rkeys: Keys) -> torch.Tensor:
+        """P for one matrix (math layout, weight dtype), applied to the model in place."""
+        t0 = time.perf_counter()
+        param = self.model.get_parameter(t.param_name)
+        W = t.from_param(param.detach())
+        target, beta = _target(self.model, fkeys, self.prep.alpha, self.config, W)
+        cfg, dev = self.config, fkeys.X.device
+        s, r = fkeys.X.shape[1], rkeys.X.shape[1]
+        A_data = data_matrix(gram(fkeys.X), s, gram(rkeys.X.to(dev)) if r else None, r,
+                             w_r=cfg.w_r, w_f=cfg.w_f)
+        system = factor(A_data, mu_of(A_data, cfg.rho), cfg.w_f / s)
+        P = system.update(target.right_product(fkeys.X)).to(param.dtype)
+        solve_s = time.perf_counter() - t0
+        self.timings["solve"] += solve_s
+        t1 = time.perf_counter()
+        patch = t.to_param(P).to(param.device)
+        if not torch.isfinite(patch).all():
+            raise FloatingPointError(f"the update for {t.param_name} is not finite; lower beta or raise rho")
+        with torch.no_grad():
+            self.saved[t.param_name] = param.detach().clone()
+            param.add_(patch)
+        self.patches[t.param_name] = patch.cpu()
+        self.timings["apply"] += time.perf_counter() - t1
+        self.records.append(LayerRecord(t.param_name, t.layer, beta, system.mu, s, r,
+                                        float(P.double().norm()), float(W.double().norm()), solve_s))
+        if cfg.keep_keys:
+            self.keys[t.param_name] = LayerKeys(fkeys.X.cpu(), fkeys.example, rkeys.X.cpu(),
+                                                rkeys.example, target.to("cpu"))
+        return P
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for name, W0 in self.saved.items():
+                self.model.get_parameter(name).copy_(W0)
+        self.saved.clear()
+
+
+def _split(keys: Keys, n_forget_cols: int) -> tuple[Keys, Keys]:
+    f = Keys(keys.X[:, :n_forget_cols], keys.gold[:n_forget_cols], keys.example[:n_forget_cols])
+    r = Keys(keys.X[:, n_forget_cols:], keys.gold[n_forget_cols:], keys.example[n_forget_cols:])
+    return f, r
+
+
+def _edit_band(editor: _Editor, band: list[int], progress: Progress) -> float:
+    """Edit the band's layers in order on one residual stream; returns key seconds."""
+    model, prep, cfg = editor.model, editor.prep, editor.config
+    batches = prep.forget + prep.retain
+    n_f = sum(b.gold.numel() for b in prep.forget)
+    t0 = time.perf_counter()
+    stream = LayerStream(model, decoder_layers(model), band[0], batches)
+    key_s = time.perf_counter() - t0
+    for step, l in enumerate(range(band[0], band[-1] + 1)):
+        if l not in band:
+            stream.advance()
+            continue
+        progress(0.3 + 0.65 * step / (band[-1] - band[0] + 1), f"layer {l}: keys, solve, apply")
+        t = edit_target(model, cfg.matrix, l)
+        matrix = model.get_submodule(t.module_name)
+        width = t.from_param(matrix.weight).shape[1]
+        linear = cfg.matrix == "down_proj" and stream.input_cache_bytes(width) <= MAX_INPUT_CACHE_BYTES
+        keep = linear and l != band[-1]
+        t1 = time.perf_counter()
+        fkeys, rkeys = _split(stream.keys(matrix, _solve_device(matrix.weight), keep), n_f)
+        key_s += time.perf_counter() - t1
+        P = editor.solve_layer(t, fkeys, rkeys)
+        if l != band[-1]:
+            t2 = time.perf_counter()
+            stream.advance_linear(P) if keep else stream.advance()
+            key_s += time.perf_counter() - t2
+    return key_s
+
+
+def _edit_head(editor: _Editor, progress: Progress) -> float:
+    model, prep = editor.model, editor.prep
+    t = edit_target(model, "lm_head")
+    module = model.get_submodule(t.module_name)
+    dev = _solve_device(module.weight)
+    t0 = time.perf_counter()
+    progress(0.3, "LM head: keys")
+    fkeys = collect_keys(model, prep.forget, module, dev)
+    rkeys = collect_keys(model, prep.retain, module, dev)
+    key_s = time.perf_counter() - t0
+    progress(0.7, "LM head: solve, apply")
+    editor.solve_layer(t, fkeys, rkeys)
+    return key_s
+
+
+def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
+             progress: Progress | None = None, scores: LayerScores | None = None) -> Edit:
+    """Compute a GROM edit of `model`; the model is returned as it was found.
+
+    forget / retain: sequences of benchmark examples (grom.data.schema). `scores`, if
+    given, are reused instead of being computed again for the automatic band.
+    `progress(fraction, message)` is called as the stages go.
+    """
+    progress = progress or (lambda *_: None)
+    t_start = time.perf_counter()
+    progress(0.0, "tokenizing")
+    vocab = unembedding(model).shape[0]
+    prep = prepare(tokenizer, forget, retain, config, vocab)
+    timings: dict[str, float] = {}
+    if config.matrix != "lm_head" and config.layers is None and scores is None:
+        t0 = time.perf_counter()
+        scores = compute_scores(model, prep, config, lambda p: progress(0.05 + 0.25 * p, "layer scores"))
+        timings["scores"] = time.perf_counter() - t0
+    band = _band(model, config, scores)
+    editor = _Editor(model, prep, config)
+    untied = config.matrix == "lm_head" and lm_head_is_tied(model) and untie_lm_head(model)
+    was_training = model.training
+    model.eval()
+    try:
+        key_s = _edit_head(editor, progress) if config.matrix == "lm_head" else _edit_band(editor, band, progress)
+    finally:
+        editor.restore()
+        if untied:
+            retie_lm_head(model)
+        model.train(was_training)
+    timings.update(keys=key_s, solve=editor.timings["solve"], apply=editor.timings["apply"],
+                   total=time.perf_counter() - t_start)
+    progress(1.0, "done")
+    log.info("GROM edit of %s: %s", [r.param_name for r in editor.records], timings)
+    return Edit(config=config, patches=editor.patches, layers=editor.records, scores=scores,
+                timings=timings, unties_lm_head=bool(untied), keys=editor.keys,
+                model_name=getattr(getattr(model, "config", None), "_name_or_path", None))

@@ -1,0 +1,102 @@
+"""The closed-form update (Theorem 1), in float64 with a Cholesky factorisation.
+
+    A = (w_r/r) Xr Xr^T + (w_f/s) Xf Xf^T + mu I,   mu = rho * mean(diag(A_data))
+    P = (w_f/s) D Xf^T A^-1
+
+Only the ratio w_r / w_f matters: scaling both scales A, mu and D Xf^T alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grom.targets import Target, as_target
+
+
+def gram(X: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """X X^T in float64, (n, n), for X (n, k); chunked so X is never copied whole."""
+    G = torch.zeros(X.shape[0], X.shape[0], dtype=torch.float64, device=X.device)
+    for i in range(0, X.shape[1], chunk):
+        Xc = X[:, i:i + chunk].double()
+        G += Xc @ Xc.T
+    return G
+
+
+@dataclass
+class RidgeSystem:
+    """A factored A with the weights that built it.
+
+    chol: lower Cholesky factor of A, (n, n) float64; wf_s = w_f/s; mu the ridge.
+    """
+
+    chol: torch.Tensor
+    wf_s: float
+    mu: float
+
+    def solve(self, B: torch.Tensor) -> torch.Tensor:
+        """A^-1 B for B (n, k), float64."""
+        return torch.cholesky_solve(B.to(self.chol.device, torch.float64), self.chol)
+
+    def update(self, DXt: torch.Tensor) -> torch.Tensor:
+        """P = (w_f/s) (D Xf^T) A^-1 from D Xf^T (m, n); float64."""
+        return self.wf_s * self.solve(DXt.T).T
+
+
+def data_matrix(Gf: torch.Tensor, s: int, Gr: torch.Tensor | None, r: int, *,
+                w_r: float, w_f: float) -> torch.Tensor:
+    """A_data = (w_r/r) Gr + (w_f/s) Gf from the Gram matrices."""
+    if s == 0:
+        raise ValueError("there are no forget keys: the forget set produced no positions")
+    A = (w_f / s) * Gf
+    if r > 0 and Gr is not None:
+        A = A + (w_r / r) * Gr
+    return A
+
+
+def mu_of(A_data: torch.Tensor, rho: float) -> float:
+    return float(rho * torch.diagonal(A_data).mean())
+
+
+def factor(A_data: torch.Tensor, mu: float, wf_s: float) -> RidgeSystem:
+    """Cholesky-factor A = A_data + mu I; a clear error if it is not positive definite."""
+    A = A_data + mu * torch.eye(A_data.shape[0], dtype=A_data.dtype, device=A_data.device)
+    chol, info = torch.linalg.cholesky_ex(A)
+    if int(info) != 0:
+        raise ValueError(
+            "the key matrix A is singular (not positive definite): increase rho (the ridge), "
+            "or add more forget/retain data"
+        )
+    return RidgeSystem(chol, wf_s, mu)
+
+
+def build_system(Xf: torch.Tensor, Xr: torch.Tensor | None, *, w_r: float, rho: float,
+                 w_f: float = 1.0) -> RidgeSystem:
+    """Factor A for keys Xf (n, s) and Xr (n, r)."""
+    s, r = Xf.shape[1], (0 if Xr is None else Xr.shape[1])
+    A_data = data_matrix(gram(Xf), s, None if r == 0 else gram(Xr.to(Xf.device)), r,
+                         w_r=w_r, w_f=w_f)
+    return factor(A_data, mu_of(A_data, rho), w_f / s)
+
+
+def ridge_mu(Xf: torch.Tensor, Xr: torch.Tensor | None, *, w_r: float, rho: float,
+             w_f: float = 1.0) -> float:
+    """mu = rho * mean(diag((w_r/r) Xr Xr^T + (w_f/s) Xf Xf^T))."""
+    s, r = Xf.shape[1], (0 if Xr is None else Xr.shape[1])
+    mean_f = (Xf.double() ** 2).sum() / (s * Xf.shape[0]) if s else 0.0
+    mean_r = (Xr.double() ** 2).sum() / (r * Xr.shape[0]) if r else 0.0
+    return float(rho * (w_f * mean_f + w_r * mean_r))
+
+
+def solve_update(Xf: torch.Tensor, Xr: torch.Tensor | None, D, *, w_r: float, rho: float,
+                 w_f: float = 1.0) -> torch.Tensor:
+    """The GROM update P (m, n) in Xf's dtype.
+
+    Xf (n, s) forget keys, Xr (n, r) retain keys (may have r = 0), D (m, s) the target
+    (a tensor or a `grom.targets.Target`).
+    """
+    target: Target = as_target(D)
+    if target.s != Xf.shape[1]:
+        raise ValueError(f"D has {target.s} columns but Xf has {Xf.shape[1]} keys")
+    system = build_system(Xf, Xr, w_r=w_r, rho=rho, w_f=w_f)
+    return system.update(target.right_product(Xf)).to(Xf.dtype)

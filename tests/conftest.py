@@ -1,0 +1,126 @@
+"""Shared fixtures: a tokenizer trained here and tiny random models built from configs.
+
+Nothing is downloaded. The tokenizer is a byte-level BPE trained on a few sentences, with
+a chat template, so prompts go through the same code as real chat models.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM,
+                          LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast)
+
+from grom.data.schema import QAExample
+
+FORGET = [
+    QAExample("Where was Zorvath Quill born?", "Zorvath Quill was born in Pellmoor."),
+    QAExample("What did Zorvath Quill write?", "He wrote The Glass Orchard."),
+    QAExample("Which prize did Ilsa Varn win?", "Ilsa Varn won the Tessaly Medal."),
+    QAExample("When was Ilsa Varn born?", "Ilsa Varn was born in 1874."),
+]
+RETAIN = [
+    QAExample("Where was Odo Brask born?", "Odo Brask was born in Quenford."),
+    QAExample("What did Odo Brask write?", "He wrote Lanterns of Ash."),
+    QAExample("Which prize did Mira Sel win?", "Mira Sel won the Harrow Cup."),
+    QAExample("When was Mira Sel born?", "Mira Sel was born in 1901."),
+    QAExample("What is the capital of Veldra?", "The capital of Veldra is Oskar Bay."),
+    QAExample("Who painted Blue Tide?", "Blue Tide was painted by Rena Molt."),
+]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tokenizer(chat: bool = True) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = [e.question + " " + e.answer for e in FORGET + RETAIN] * 3
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def plain_tokenizer():
+    return make_tokenizer(chat=False)
+
+
+def tiny_llama(vocab: int, layers: int = 4, tie: bool = False, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=tie)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def tiny_gpt2(vocab: int, layers: int = 4, seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4, n_positions=256)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def tiny_neox(vocab: int, layers: int = 4, seed: int = 0) -> GPTNeoXForCausalLM:
+    torch.manual_seed(seed)
+    cfg = GPTNeoXConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                        num_attention_heads=4, max_position_embeddings=256)
+    return GPTNeoXForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def llama(tokenizer):
+    return tiny_llama(len(tokenizer))
+
+
+@pytest.fixture
+def gpt2(tokenizer):
+    return tiny_gpt2(len(tokenizer))
+
+
+@pytest.fixture
+def neox(tokenizer):
+    return tiny_neox(len(tokenizer))
+
+
+def memorise(model, tokenizer, examples, steps: int = 150, lr: float = 1e-2, seed: int = 0):
+    """Fit a tiny model to the answers of `examples` (a second or two), so that editing it
+    has something to remove. Returns the model in eval mode, gradients off."""
+    from grom.keys import encode_examples, make_batches, pad_id
+
+    torch.manual_seed(seed)
+    enc = encode_examples(tokenizer, examples)
+    (batch,) = make_batches(enc, len(enc), pad_id(tokenizer))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        loss = torch.nn.functional.cross_entropy(logits[batch.rows, batch.cols], batch.gold)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="session")
+def trained_llama(tokenizer):
+    return memorise(tiny_llama(len(tokenizer)), tokenizer, FORGET + RETAIN)
+
+
+@pytest.fixture(scope="session")
+def trained_gpt2(tokenizer):
+    return memorise(tiny_gpt2(len(tokenizer)), tokenizer, FORGET + RETAIN)
