@@ -46,7 +46,9 @@ class EditConfig:
     retain_budget: int | None = 40000
     """At most this many retain key columns; None: all."""
     key_mode: str = "auto"
-    """"auto" (by example type), "qa", "corpus" or "subject_last"."""
+    """Forget keys: "auto" (by example type), "qa", "corpus" or "subject_last"."""
+    retain_key_mode: str = "auto"
+    """Retain keys, the same choices (ZsRE: subject_last forget keys, QA retain keys)."""
     prompt_format: PromptFormat | None = None
     """How questions become prompts (None: the tokenizer's chat template, else Question/Answer)."""
     max_length: int = 512
@@ -55,6 +57,9 @@ class EditConfig:
     """Seed of the subsampling and of the corruption direction."""
     batch_size: int = 16
     """Sequences per forward pass."""
+    stream: bool = True
+    """Run the model once up to the band and advance the hidden states layer by layer
+    (False: a full forward pass per edited layer, the slower reference path)."""
     keep_keys: bool = True
     """Keep the keys on the CPU for the diagnostics (PCA, influence audit)."""
 
@@ -62,7 +67,8 @@ class EditConfig:
         check = [
             (self.matrix in MATRIX_KINDS, f"matrix must be one of {', '.join(MATRIX_KINDS)}"),
             (self.target in TARGETS, f"target must be one of {', '.join(TARGETS)}"),
-            (self.key_mode in KEY_MODES, f"key_mode must be one of {', '.join(KEY_MODES)}"),
+            (self.key_mode in KEY_MODES and self.retain_key_mode in KEY_MODES,
+             f"key modes must be one of {', '.join(KEY_MODES)}"),
             (self.k >= 1, "k (band width) must be at least 1"),
             (self.beta >= 0, "beta must be >= 0"),
             (self.w_r >= 0 and self.w_f > 0, "w_r must be >= 0 and w_f > 0"),

@@ -30,8 +30,8 @@ PATCH_FILE, META_FILE = "patch.safetensors", "edit.json"
 class LayerKeys:
     """What the diagnostics need of one edited matrix, on the CPU.
 
-    Xf (n, s) forget keys with `forget_example` (s,); Xr (n, r) retain keys with
-    `retain_example` (r,); `target` the D used (a grom.targets.Target).
+    Xf (n, s) forget keys with `forget_example` (s,) in 0..n_forget-1; Xr (n, r) retain
+    keys with `retain_example` (r,); `target` the D used (a grom.targets.Target).
     """
 
     Xf: torch.Tensor
@@ -39,6 +39,8 @@ class LayerKeys:
     Xr: torch.Tensor
     retain_example: torch.Tensor
     target: object
+    n_forget: int
+    n_retain: int
 
 
 @dataclass
@@ -54,6 +56,7 @@ class LayerRecord:
     patch_norm: float
     weight_norm: float
     solve_seconds: float = 0.0
+    transposed: bool = False  # the parameter stores W^T (GPT-2 Conv1D)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -95,6 +98,9 @@ class Edit:
             with torch.no_grad():
                 for name, P in self.patches.items():
                     W = model.get_parameter(name)
+                    if W.device.type == "meta":
+                        raise ValueError(f"{name} is offloaded (on the meta device); load the model "
+                                         "so that the edited layers live on a real device")
                     if W.shape != P.shape:
                         raise ValueError(f"patch {name} has shape {tuple(P.shape)}, the model's "
                                          f"weight {tuple(W.shape)}: is this the model it was made for?")

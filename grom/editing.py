@@ -53,8 +53,9 @@ def prepare(tokenizer, forget: Sequence, retain: Sequence, config: EditConfig, v
         raise ValueError("the forget set is empty: give at least one example to forget")
     if not retain:
         raise ValueError("the retain set is empty: GROM needs retain examples to keep")
-    kw = dict(mode=config.key_mode, fmt=config.prompt_format, max_length=config.max_length)
-    enc_f, enc_r = encode_examples(tokenizer, forget, **kw), encode_examples(tokenizer, retain, **kw)
+    kw = dict(fmt=config.prompt_format, max_length=config.max_length)
+    enc_f = encode_examples(tokenizer, forget, mode=config.key_mode, **kw)
+    enc_r = encode_examples(tokenizer, retain, mode=config.retain_key_mode, **kw)
     if config.use_alpha:
         alpha = specificity_weights(gold_tokens(enc_f), gold_tokens(enc_r), vocab_size)
     else:
@@ -138,10 +139,12 @@ class _Editor:
         self.patches[t.param_name] = patch.cpu()
         self.timings["apply"] += time.perf_counter() - t1
         self.records.append(LayerRecord(t.param_name, t.layer, beta, system.mu, s, r,
-                                        float(P.double().norm()), float(W.double().norm()), solve_s))
+                                        float(P.double().norm()), float(W.double().norm()), solve_s,
+                                        t.transposed))
         if cfg.keep_keys:
             self.keys[t.param_name] = LayerKeys(fkeys.X.cpu(), fkeys.example, rkeys.X.cpu(),
-                                                rkeys.example, target.to("cpu"))
+                                                rkeys.example, target.to("cpu"),
+                                                self.prep.n_forget_examples, self.prep.n_retain_examples)
         return P
 
     def restore(self) -> None:
@@ -186,18 +189,20 @@ def _edit_band(editor: _Editor, band: list[int], progress: Progress) -> float:
     return key_s
 
 
-def _edit_head(editor: _Editor, progress: Progress) -> float:
+def _edit_by_replay(editor: _Editor, targets: list[EditTarget], progress: Progress) -> float:
+    """Edit each matrix in order, taking its keys by full forward passes (stopping right
+    after the matrix) on the model as already edited; returns key seconds."""
     model, prep = editor.model, editor.prep
-    t = edit_target(model, "lm_head")
-    module = model.get_submodule(t.module_name)
-    dev = _solve_device(module.weight)
-    t0 = time.perf_counter()
-    progress(0.3, "LM head: keys")
-    fkeys = collect_keys(model, prep.forget, module, dev)
-    rkeys = collect_keys(model, prep.retain, module, dev)
-    key_s = time.perf_counter() - t0
-    progress(0.7, "LM head: solve, apply")
-    editor.solve_layer(t, fkeys, rkeys)
+    key_s = 0.0
+    for i, t in enumerate(targets):
+        progress(0.3 + 0.65 * i / len(targets), f"{t.module_name}: keys, solve, apply")
+        module = model.get_submodule(t.module_name)
+        dev = _solve_device(module.weight)
+        t0 = time.perf_counter()
+        fkeys = collect_keys(model, prep.forget, module, dev)
+        rkeys = collect_keys(model, prep.retain, module, dev)
+        key_s += time.perf_counter() - t0
+        editor.solve_layer(t, fkeys, rkeys)
     return key_s
 
 
@@ -225,7 +230,11 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     was_training = model.training
     model.eval()
     try:
-        key_s = _edit_head(editor, progress) if config.matrix == "lm_head" else _edit_band(editor, band, progress)
+        if config.matrix == "lm_head" or not config.stream:
+            targets = [edit_target(model, config.matrix, l) for l in (band or [None])]
+            key_s = _edit_by_replay(editor, targets, progress)
+        else:
+            key_s = _edit_band(editor, band, progress)
     finally:
         editor.restore()
         if untied:

@@ -17,10 +17,11 @@ from grom.solve import RidgeSystem, build_system, data_matrix, factor, gram, mu_
 from grom.targets import Target, as_target
 
 
-def _groups(example_index: torch.Tensor) -> list[torch.Tensor]:
+def _groups(example_index: torch.Tensor, N: int | None = None) -> list[torch.Tensor]:
     """Column indices of each example 0..N-1 (an example with no columns gets none)."""
     example_index = example_index.long().cpu()
-    N = int(example_index.max()) + 1 if example_index.numel() else 0
+    if N is None:
+        N = int(example_index.max()) + 1 if example_index.numel() else 0
     order = torch.argsort(example_index, stable=True)
     counts = torch.bincount(example_index, minlength=N).tolist()
     return list(torch.split(order, counts))
@@ -46,10 +47,10 @@ def influence_factors(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, ta
 
 
 def influence_norms(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, target: Target,
-                    example_index: torch.Tensor) -> torch.Tensor:
+                    example_index: torch.Tensor, n_examples: int | None = None) -> torch.Tensor:
     """||dP_i||_F for every example, (N,) float64, from the factored system."""
     norms = []
-    for cols in _groups(example_index):
+    for cols in _groups(example_index, n_examples):
         if cols.numel() == 0:
             norms.append(0.0)
             continue

@@ -63,10 +63,12 @@ def test_streamed_edit_equals_sequential_reference(tokenizer, build, matrix, ban
     model = build(len(tokenizer))
     config = EditConfig(matrix=matrix, layers=band, beta=4.0, w_r=10.0, rho=0.05)
     edit = run_edit(model, tokenizer, FORGET, RETAIN, config)
+    replayed = run_edit(model, tokenizer, FORGET, RETAIN, config.replace(stream=False))
     ref = reference_edit(model, tokenizer, config, band)
-    assert edit.patches.keys() == ref.keys()
+    assert edit.patches.keys() == ref.keys() == replayed.patches.keys()
     for name, P in ref.items():
         torch.testing.assert_close(edit.patches[name], P, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(replayed.patches[name], P, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("build", BUILDERS)

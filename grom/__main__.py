@@ -1,0 +1,5 @@
+import sys
+
+from grom.cli import main
+
+sys.exit(main())

@@ -1,0 +1,108 @@
+"""Command line: ``python -m grom edit|scores ...``, the library without the app."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from grom.config import PRESETS, EditConfig
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """'11-15' or '3,5,7' -> a tuple of layer indices."""
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out.extend(range(int(a), int(b) + 1) if b else [int(a)])
+    return tuple(out)
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="local model folder or Hub id")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    p.add_argument("--benchmark", help="benchmark name (demo, tofu, muse-news, ...) instead of files")
+    p.add_argument("--split", help="benchmark split, e.g. forget10")
+    p.add_argument("--source", help="local folder of the benchmark's files (else the Hub)")
+    p.add_argument("--forget", help="forget file (JSON, JSONL or CSV of question/answer or text)")
+    p.add_argument("--retain", help="retain file (same formats)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="start from the paper's settings")
+    p.add_argument("--matrix", choices=["down_proj", "o_proj", "lm_head"])
+    p.add_argument("--layers", type=_ints, help="layers to edit, e.g. 11-15 (default: automatic band)")
+    p.add_argument("-k", type=int, help="width of the automatic band")
+    p.add_argument("--target", choices=["suppression", "corruption"])
+    for name in ("beta", "w_r", "rho", "c"):
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=float)
+    p.add_argument("--beta-relative", action="store_true", default=None,
+                   help="beta in units of the edited layer's mean output norm on the forget keys")
+    p.add_argument("--no-alpha", dest="use_alpha", action="store_false", default=None,
+                   help="switch the specificity weights off")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--seed", type=int)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m grom", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    edit = sub.add_parser("edit", help="compute a GROM edit and save it (patch.safetensors + edit.json)")
+    _data_args(edit)
+    edit.add_argument("--out", required=True, help="folder to write the edit into")
+    scores = sub.add_parser("scores", help="print the per-layer logit-lens scores S_l and the band")
+    _data_args(scores)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> EditConfig:
+    base = PRESETS[args.preset] if args.preset else EditConfig()
+    fields = ("matrix", "layers", "k", "target", "beta", "w_r", "rho", "c", "beta_relative",
+              "use_alpha", "batch_size", "seed")
+    changes = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    return base.replace(**changes)
+
+
+def load_sets(args: argparse.Namespace):
+    """(forget, retain, prompt_format) from a benchmark or from files."""
+    from grom.data import load_benchmark, load_custom_file
+
+    if args.benchmark:
+        bench = load_benchmark(args.benchmark, args.split, source=args.source)
+        return bench.forget, bench.retain, bench.prompt_format
+    if not (args.forget and args.retain):
+        raise SystemExit("give --benchmark (and --split), or both --forget and --retain files")
+    return load_custom_file(args.forget), load_custom_file(args.retain), None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from grom.editing import compute_scores, prepare, run_edit
+    from grom.arch import unembedding
+    from grom.models import load_model
+
+    config = config_from_args(args)
+    forget, retain, fmt = load_sets(args)
+    if fmt is not None and config.prompt_format is None:
+        config = config.replace(prompt_format=fmt)
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    if args.command == "scores":
+        prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
+        scores = compute_scores(model, prep, config)
+        print(f"{'layer':>5} {'S_l':>10} {'F_l':>10} {'R_l':>10}")
+        for l, (s, f, r) in enumerate(zip(scores.S, scores.F, scores.R)):
+            mark = "  *" if l in scores.band else ""
+            print(f"{l:>5} {s:>10.4f} {f:>10.4f} {r:>10.4f}{mark}")
+        print(f"band (k={config.k}): {list(scores.band)}")
+        return 0
+    edit = run_edit(model, tokenizer, forget, retain, config)
+    out = edit.save(Path(args.out))
+    print(json.dumps({"out": str(out), "band": edit.band, "timings": edit.timings,
+                      "patch_norm": edit.patch_norm()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
