@@ -1,0 +1,155 @@
+"""A user's own forget and retain sets, from JSON, JSON lines or CSV files (or uploads).
+
+Each row is either a question/answer pair or a text:
+
+    question, answer                      required for a pair
+    paraphrased_question, paraphrased_answer, perturbed_answers (or perturbed_answer: a
+    list, one text, or in CSV a JSON array), fact, subject, id          optional
+    text                                  a document (corpus keys), instead of a pair
+    split                                 "forget" or "retain", to keep both sets in one file
+
+`load_benchmark("custom", source={"forget": path, "retain": path})` or
+`load_benchmark("custom", source=path_with_split_column)`. GROM needs retain keys, so a
+retain set is required. Files are parsed as data only and size-limited.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Mapping, Union
+
+from grom.data.prompts import PromptFormat
+from grom.data.schema import Benchmark, Example, QAExample, TextExample
+from grom.data.sources import (
+    BenchmarkError, PathLike, Record, parse_rows, read_rows, require_rows, resolve_source,
+)
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("forget",)
+ROLES = ("forget", "retain")
+SUFFIXES = (".json", ".jsonl", ".csv")
+
+Source = Union[PathLike, Mapping[str, PathLike]]
+
+
+def example_from_row(rec: Record, id: str) -> Example:
+    """A QAExample (a row with a question) or a TextExample (a row with a text)."""
+    if rec.data.get("id") not in (None, ""):
+        id = str(rec.data["id"])
+    if "question" in rec.data:
+        perturbed_key = "perturbed_answers" if "perturbed_answers" in rec.data else "perturbed_answer"
+        return QAExample(
+            question=rec.text("question"),
+            answer=rec.text("answer"),
+            paraphrased_question=rec.text("paraphrased_question", optional=True),
+            paraphrased_answer=rec.text("paraphrased_answer", optional=True),
+            perturbed_answers=rec.texts(perturbed_key, optional=True),
+            fact=rec.text("fact", optional=True),
+            subject=rec.text("subject", optional=True),
+            id=id,
+        )
+    if "text" in rec.data:
+        return TextExample(text=rec.text("text"), id=id)
+    found = ", ".join(sorted(map(str, rec.data))) or "none"
+    raise BenchmarkError(
+        f"{rec.where}: expected 'question' and 'answer' fields, or a 'text' field; found: {found}"
+    )
+
+
+def _role(rec: Record) -> str | None:
+    value = rec.data.get("split")
+    if value is None:
+        return None
+    role = str(value).strip().lower()
+    if role not in ROLES:
+        raise BenchmarkError(f"{rec.where}: split {value!r} is unknown; use 'forget' or 'retain'")
+    return role
+
+
+def _rows(data: PathLike | bytes, name: str | None) -> tuple[list[Record], str]:
+    if isinstance(data, (bytes, bytearray)):
+        if not name:
+            raise BenchmarkError("an uploaded file needs its name, to tell JSON, JSON lines and CSV apart")
+        label = name
+    else:
+        label = str(data)
+    if Path(label).suffix.lower() not in SUFFIXES:
+        raise BenchmarkError(f"{label}: unknown file type; expected one of {', '.join(SUFFIXES)}")
+    rows = parse_rows(bytes(data), label) if isinstance(data, (bytes, bytearray)) else read_rows(data)
+    return rows, label
+
+
+def _select(rows: list[Record], label: str, split: str | None) -> tuple[Example, ...]:
+    """The examples of `rows` whose split is `split` (all rows if None or no split column)."""
+    require_rows(rows, label)
+    roles = [_role(r) for r in rows]
+    if split is not None and any(roles):
+        for rec, role in zip(rows, roles):
+            if role is None:
+                raise BenchmarkError(
+                    f"{rec.where}: no split value; expected 'forget' or 'retain' as in the other rows"
+                )
+    stem = Path(label).stem
+    kept = [(i, r) for i, (r, role) in enumerate(zip(rows, roles)) if split is None or role in (None, split)]
+    require_rows(kept, f"{label}: the {split} rows")
+    return tuple(example_from_row(r, f"{stem}/{i}") for i, r in kept)
+
+
+def load_custom_file(data: PathLike | bytes, name: str | None = None, *,
+                     split: str | None = None) -> tuple[Example, ...]:
+    """The examples of a user's file: a path, or the bytes of an upload with its file `name`.
+
+    split: "forget" or "retain" keeps only the rows of that split when the file has a
+    `split` column (a file without one is all of it); None keeps every row.
+    """
+    if split is not None and split not in ROLES:
+        raise BenchmarkError(f"split {split!r} is unknown; use 'forget' or 'retain'")
+    rows, label = _rows(data, name)
+    return _select(rows, label, split)
+
+
+def _sets(source: Source) -> tuple[tuple[Example, ...], tuple[Example, ...] | None]:
+    if isinstance(source, Mapping):
+        if set(source) - set(ROLES) or "forget" not in source:
+            raise BenchmarkError(f"custom: source keys {sorted(source)}; expected 'forget' and 'retain'")
+        forget = load_custom_file(resolve_source(source["forget"], "custom"), split="forget")
+        if not source.get("retain"):
+            return forget, None
+        return forget, load_custom_file(resolve_source(source["retain"], "custom"), split="retain")
+    rows, label = _rows(resolve_source(source, "custom"), None)
+    roles = {_role(r) for r in rows}
+    if not roles - {None}:
+        raise BenchmarkError(
+            f"custom: {label} has no 'split' column, so it gives no retain set; add a split column "
+            "(forget/retain) or give source={'forget': path, 'retain': path}"
+        )
+    retain = _select(rows, label, "retain") if "retain" in roles else None
+    return _select(rows, label, "forget"), retain
+
+
+def load_custom(split: str = "forget", source: Source | None = None, *,
+                prompt_format: PromptFormat | None = None) -> Benchmark:
+    """A benchmark from the user's files: `source` is {"forget": path, "retain": path}, or
+    one file whose `split` column says which rows are forget and which retain."""
+    if source is None:
+        raise BenchmarkError(
+            "custom: give source= a file with a 'split' column (forget/retain) or "
+            "{'forget': path, 'retain': path}"
+        )
+    forget, retain = _sets(source)
+    if not retain:
+        raise BenchmarkError(
+            "custom: a retain set is needed (GROM takes retain keys from it to keep the rest of "
+            "the model's behaviour); give source={'forget': ..., 'retain': ...} or add retain rows"
+        )
+    return Benchmark(
+        name="custom",
+        split=split,
+        forget=forget,
+        retain=retain,
+        eval_sets={"forget": forget, "retain": retain},
+        prompt_format=prompt_format or PromptFormat(),
+        task="custom",
+        description=f"Custom: {len(forget)} forget and {len(retain)} retain examples.",
+    )

@@ -1,0 +1,119 @@
+"""The benchmark registry and its one entry point, `load_benchmark`.
+
+    load_benchmark("tofu", "forget10")                         # from the Hub
+    load_benchmark("tofu", "forget10", source="data/TOFU")     # a local folder, same files
+    load_benchmark("wmdp-bio", source="data/wmdp", retain="wikitext")
+    load_benchmark("custom", source={"forget": "f.csv", "retain": "r.jsonl"})
+
+Each benchmark's module documents its files and local layout. Without a network the Hub
+fails with a `BenchmarkError` that says so; offline mode (HF_HUB_OFFLINE=1) is honoured.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Mapping
+
+from grom.data import custom, muse, tofu, wmdp, zsre
+from grom.data.schema import Benchmark
+from grom.data.sources import BenchmarkError
+
+logger = logging.getLogger(__name__)
+
+DEMO_SPLITS = ("forget01", "forget05", "forget10", "forget10-mc", "forget10-text")
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """A registered benchmark.
+
+    load: `load(split, source, **options) -> Benchmark`.
+    splits: the valid splits, the default first. aliases: other names for them.
+    options: the keyword options `load` takes besides split and source.
+    """
+
+    name: str
+    load: Callable[..., Benchmark]
+    splits: tuple[str, ...]
+    options: tuple[str, ...] = ("prompt_format",)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+
+
+def _load_demo(split: str, source: Any = None) -> Benchmark:
+    if source is not None:
+        raise BenchmarkError("demo: the bundled demo benchmark takes no source=")
+    from grom.demo.world import load_demo_benchmark  # lazy: the demo is its own package
+
+    return load_demo_benchmark(split)
+
+
+def _muse_spec(corpus: str) -> BenchmarkSpec:
+    return BenchmarkSpec(
+        f"muse-{corpus}", partial(muse.load_muse, corpus), muse.SPLITS, aliases={"raw": "forget"},
+        description=f"MUSE-{corpus.capitalize()} (Hub {muse.HUB_IDS[corpus]}): texts; verbmem, knowmem, privleak",
+    )
+
+
+def _wmdp_spec(subject: str) -> BenchmarkSpec:
+    return BenchmarkSpec(
+        f"wmdp-{subject}", partial(wmdp.load_wmdp, subject), wmdp.SPLITS,
+        options=("prompt_format", "retain", "utility"), aliases={"test": "forget"},
+        description=f"WMDP-{subject}: forget corpus, WikiText or corpus retain, multiple-choice questions",
+    )
+
+
+BENCHMARKS: Mapping[str, BenchmarkSpec] = {
+    spec.name: spec
+    for spec in (
+        BenchmarkSpec("demo", _load_demo, DEMO_SPLITS, options=(),
+                      description="the bundled fictitious-authors world (offline)"),
+        BenchmarkSpec("tofu", tofu.load_tofu, tofu.SPLITS,
+                      description=f"TOFU fictitious authors (Hub {tofu.HUB_ID})"),
+        _muse_spec("news"),
+        _muse_spec("books"),
+        *(_wmdp_spec(s) for s in wmdp.SUBJECTS),
+        BenchmarkSpec("zsre", zsre.load_zsre, zsre.SPLITS,
+                      description=f"zsRE facts from a local {zsre.FILE_NAME}"),
+        BenchmarkSpec("custom", custom.load_custom, custom.SPLITS,
+                      description="your own forget and retain files (JSON, JSON lines, CSV)"),
+    )
+}
+
+
+def get_spec(name: str) -> BenchmarkSpec:
+    """The registered benchmark `name`; an unknown name lists the known ones."""
+    spec = BENCHMARKS.get(name.strip().lower())
+    if spec is None:
+        raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return spec
+
+
+def resolve_split(spec: BenchmarkSpec, split: str | None) -> str:
+    """`split` as one of the spec's splits (None: the default); an unknown one lists them."""
+    if split is None:
+        return spec.splits[0]
+    split = spec.aliases.get(split, split)
+    if split not in spec.splits:
+        valid = ", ".join([*spec.splits, *spec.aliases])
+        raise BenchmarkError(f"{spec.name}: unknown split {split!r}; valid splits: {valid}")
+    return split
+
+
+def load_benchmark(name: str, split: str | None = None, source: Any = None, **options: Any) -> Benchmark:
+    """Load benchmark `name`, split `split` (None: its default).
+
+    source: None (the Hugging Face Hub, or bundled data for "demo"), a local folder or
+    file in the benchmark's format, or for "custom" {"forget": path, "retain": path}.
+    options: benchmark options, e.g. prompt_format= (all but demo), retain= and utility=
+    (WMDP). Every data problem raises `BenchmarkError` (a ValueError).
+    """
+    spec = get_spec(name)
+    split = resolve_split(spec, split)
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        accepted = ", ".join(spec.options) or "none"
+        raise BenchmarkError(f"{spec.name}: unknown option(s) {', '.join(unknown)}; it takes: {accepted}")
+    logger.info("loading benchmark %s/%s from %s", spec.name, split, "the Hub" if source is None else source)
+    return spec.load(split, source, **options)

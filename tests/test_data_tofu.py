@@ -1,0 +1,84 @@
+"""TOFU from a local folder in the Hub's file layout, and from the Hub with no network."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from grom.data import LLAMA2_INST, BenchmarkError, PromptFormat, QAExample, load_benchmark
+from tests.data_fixtures import tofu_folder, write_jsonl
+
+
+def test_forget10_maps_every_file(tmp_path):
+    bench = load_benchmark("tofu", "forget10", source=tofu_folder(tmp_path))
+    assert (bench.name, bench.split, bench.task) == ("tofu", "forget10", "tofu")
+    assert len(bench.forget) == 4 and len(bench.retain) == 6
+    assert all(isinstance(ex, QAExample) for ex in bench.forget + bench.retain)
+    assert bench.forget[0].question == "What is fact 0 about Basil?"
+    assert bench.forget[0].answer == "Basil's fact 0 is true."
+    assert bench.retain[0].answer == "Odo's fact 0 is true."
+    assert set(bench.eval_sets) == {"forget", "retain", "real_authors", "world_facts", "holdout"}
+    assert bench.prompt_format == PromptFormat(kind="auto")
+
+
+def test_forget_pairs_take_the_perturbed_files_fields(tmp_path):
+    bench = load_benchmark("tofu", "forget10", source=tofu_folder(tmp_path))
+    first, last = bench.forget[0], bench.forget[3]
+    assert first.paraphrased_answer == "In other words, Basil's fact 0 is true."
+    assert first.paraphrased_question == "Paraphrased: What is fact 0 about Basil?"
+    assert first.perturbed_answers == tuple(f"Wrong answer {j}." for j in range(5))
+    assert last.paraphrased_answer is None and last.perturbed_answers == ()  # no perturbed row
+    ra = bench.eval_sets["real_authors"][0]
+    assert (ra.answer, ra.perturbed_answers) == ("William Shakespeare", ("Jane Austen", "Mark Twain"))
+    assert len(bench.eval_sets["retain"]) == 2 and len(bench.eval_sets["holdout"]) == 1
+
+
+def test_the_caller_chooses_the_prompt_format(tmp_path):
+    bench = load_benchmark("tofu", "forget01", source=tofu_folder(tmp_path, "01"), prompt_format=LLAMA2_INST)
+    assert bench.prompt_format is LLAMA2_INST and len(bench.retain) == 6
+
+
+def test_missing_eval_files_are_skipped_and_forget_is_its_own_eval_set(tmp_path):
+    root = tofu_folder(tmp_path, "05")
+    for name in ("forget05_perturbed.json", "holdout05.json", "world_facts_perturbed.json"):
+        (root / name).unlink()
+    bench = load_benchmark("tofu", "forget05", source=root)
+    assert set(bench.eval_sets) == {"forget", "retain", "real_authors"}
+    assert bench.eval_sets["forget"] == bench.forget
+
+
+def test_a_missing_retain_file_is_named(tmp_path):
+    root = tofu_folder(tmp_path)
+    (root / "retain90.json").unlink()
+    with pytest.raises(BenchmarkError, match=r"no TOFU retain90 file; expected one of: retain90"):
+        load_benchmark("tofu", "forget10", source=root)
+
+
+def test_a_missing_field_names_file_and_line(tmp_path):
+    root = tofu_folder(tmp_path)
+    write_jsonl(root / "forget10.json", [{"question": "Q?", "answer": "A"}, {"question": "Q2?"}])
+    with pytest.raises(BenchmarkError, match=r"forget10.json line 2: expected a non-empty text field 'answer'; found fields: question"):
+        load_benchmark("tofu", "forget10", source=root)
+
+
+def test_an_empty_forget_file_is_refused(tmp_path):
+    root = tofu_folder(tmp_path)
+    (root / "forget10.json").write_text("")
+    with pytest.raises(BenchmarkError, match=r"TOFU forget10 is empty"):
+        load_benchmark("tofu", "forget10", source=root)
+
+
+def test_a_bad_source_path_or_a_file_is_refused(tmp_path):
+    with pytest.raises(BenchmarkError, match=r"no local file or folder"):
+        load_benchmark("tofu", "forget10", source=tmp_path / "nowhere")
+    a_file = write_jsonl(tmp_path / "forget10.json", [{"question": "Q?", "answer": "A"}])
+    with pytest.raises(BenchmarkError, match=r"expected a folder"):
+        load_benchmark("tofu", "forget10", source=a_file)
+
+
+def test_the_hub_without_network_fails_fast(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    with pytest.raises(BenchmarkError, match=r"could not reach the Hugging Face Hub.*locuslab/TOFU.*local folder"):
+        load_benchmark("tofu", "forget10")
+    assert time.monotonic() - start < 30
