@@ -115,7 +115,8 @@ PRESETS: dict[str, EditConfig] = {
     "wmdp-bio": EditConfig(layers=(8,), target="corruption", c=45.0, w_r=1000.0, rho=0.03),
     "zsre": EditConfig(matrix="lm_head", beta=20.0, w_r=30.0, rho=0.03, key_mode="subject_last"),
     # The bundled demo model (6 layers, width 128): beta is relative to the mean norm of
-    # each layer's down_proj output on the forget keys; tuned on forget10 (BENCHMARKS.md).
+    # each layer's down_proj output on the forget keys; tuned on forget10 (BENCHMARKS.md:
+    # forget fact recall 0.98 -> 0.46, retain 0.99 -> 0.96).
     "demo": EditConfig(layers=(3, 4, 5), beta=150.0, beta_relative=True, w_r=100.0, rho=0.03,
                        batch_size=32),
 }
