@@ -1,0 +1,474 @@
+"""`evaluate`: a benchmark's metrics for the base model, the edited model and the retain
+(reference) model, as a `Report`; `compare_generations` and the 4-bit `quantization_check`.
+
+Which metrics apply follows the benchmark's `task`:
+
+- "tofu" (TOFU and the bundled world): per QA set (forget, retain, real_authors,
+  world_facts) ROUGE-L recall of greedy answers, fact recall where facts exist, answer
+  probability (normalised among the options on real_authors / world_facts), truth ratio,
+  extraction strength (forget); model utility (harmonic mean of the 9 retain, Real
+  Authors, World Facts values); forget quality (KS test against the reference model's
+  forget truth ratios); MIA AUC (Min-40% on forget against holdout) and privacy leakage
+  (relative to the reference); the paper's Final Score.
+- "muse": VerbMem (ROUGE-L F1 of the continuation), KnowMem on forget and retain QA
+  (few-shot, ROUGE-L F1), MIA AUC and PrivLeak, the Final Score.
+- "wmdp": multiple-choice accuracy on the forget questions and on a utility set
+  (MMLU-style, or the retain questions), the Final Score.
+- "zsre": efficacy, generalisation and specificity (token accuracy of the original answer).
+- "custom": ROUGE-L recall, probability and fact recall on forget and retain.
+
+The edit (a GROM `Edit` or a baseline's) is applied for its row and reverted in a
+`finally`; the model is left as found.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from grom.data.prompts import RAW_TEXT, PromptFormat
+from grom.data.schema import Benchmark, ChoiceExample, FactRecord, QAExample, TextExample
+from grom.eval import metrics as M
+from grom.eval.runner import (answer_budget, choice_logprobs, generate, score_answers,
+                              score_texts)
+
+BASE, EDITED, REFERENCE = "Base", "Edited", "Retain model"
+TOFU_SETS = {"forget": "Forget", "retain": "Retain", "real_authors": "Real authors",
+             "world_facts": "World facts"}
+
+# What each metric means for unlearning: "down" = lower after forgetting is the goal on the
+# forget side, "up" = should stay high. The app uses it to colour changes.
+DIRECTION = {
+    "Forget ROUGE-L": "down", "Forget fact recall": "down", "Forget prob": "down",
+    "Forget truth ratio": "up", "Forget ES": "down", "Forget quality": "up",
+    "Privacy leakage": "zero", "MIA AUC": "half", "VerbMem forget": "down",
+    "KnowMem forget": "down", "Forget accuracy": "down", "Efficacy": "down",
+    "Generalisation": "down",
+}
+
+
+@dataclass
+class Row:
+    """The metrics of one model (base, edited or reference) and their per-example values."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    examples: dict[str, pd.DataFrame] = field(default_factory=dict)
+    raw: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. forget truth ratios
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    """Metrics of the rows "Base", "Edited" (with an edit) and "Retain model" (with a
+    reference), with the per-example values behind them."""
+
+    benchmark: str
+    split: str
+    task: str
+    rows: dict[str, Row]
+    seconds: float
+    n_examples: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def row_names(self) -> list[str]:
+        return list(self.rows)
+
+    def table(self) -> pd.DataFrame:
+        """One row per model, one column per metric (NaN where a metric does not apply)."""
+        return pd.DataFrame({name: row.metrics for name, row in self.rows.items()}).T
+
+    def examples(self, row: str, set_name: str) -> pd.DataFrame:
+        """Per-example values of one evaluation set for one row (question, answer,
+        generation, rougeL_recall, prob, fact_recall ... as the task has them)."""
+        if row not in self.rows:
+            raise KeyError(f"no row {row!r}; rows: {', '.join(self.rows)}")
+        sets = self.rows[row].examples
+        if set_name not in sets:
+            raise KeyError(f"no per-example values for {set_name!r}; sets: {', '.join(sets)}")
+        return sets[set_name]
+
+    def to_dict(self) -> dict:
+        return {"benchmark": self.benchmark, "split": self.split, "task": self.task,
+                "seconds": self.seconds, "n_examples": self.n_examples,
+                "metrics": {k: v.metrics for k, v in self.rows.items()}}
+
+
+def _subset(examples: Sequence, limit: int | None) -> tuple:
+    """At most `limit` examples spread evenly over the set (deterministic)."""
+    examples = tuple(examples)
+    if limit is None or len(examples) <= limit:
+        return examples
+    idx = np.linspace(0, len(examples) - 1, limit).round().astype(int)
+    return tuple(examples[i] for i in idx)
+
+
+class _Runner:
+    """Shared settings for scoring one model."""
+
+    def __init__(self, model, tokenizer, fmt: PromptFormat | None, batch_size: int,
+                 max_new_tokens: int | None):
+        self.model, self.tok, self.fmt = model, tokenizer, fmt
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+
+    def losses(self, pairs, fmt=None, add_eos=True):
+        return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,
+                             add_eos=add_eos, batch_size=self.batch_size)
+
+    def generate(self, prompts, references, fmt=None):
+        budget = self.max_new_tokens or answer_budget(self.tok, references)
+        return generate(self.model, self.tok, prompts, prompt_format=fmt or self.fmt,
+                        max_new_tokens=budget, batch_size=self.batch_size)
+
+
+# ---------------------------------------------------------------- TOFU family
+
+def _qa_set(run: _Runner, examples: tuple, name: str, *, options: bool) -> tuple[dict, pd.DataFrame, dict]:
+    """ROUGE-L, fact recall, probability, truth ratio and ES for one QA set."""
+    qs = [ex.question for ex in examples]
+    answers = [ex.answer for ex in examples]
+    gens = run.generate(qs, answers)
+    main = run.losses(list(zip(qs, answers)))
+    rouge = np.array([M.rouge_l_recall(a, g) for a, g in zip(answers, gens)])
+    es = np.array([M.extraction_strength(s.predicted, s.labels) for s in main])
+    avg = np.array([s.avg_loss for s in main])
+    df = pd.DataFrame({"question": qs, "answer": answers, "generation": gens,
+                       "rougeL_recall": rouge, "prob": M.probability(avg), "es": es})
+    out = {"ROUGE-L": float(rouge.mean())}
+    facts = [ex.fact for ex in examples]
+    if all(facts):
+        fr = np.array([M.fact_recall(f, g) for f, g in zip(facts, gens)])
+        df["fact_recall"] = fr
+        out["fact recall"] = float(fr.mean())
+    raw: dict[str, np.ndarray] = {"min_k": np.array([M.min_k_score(s.logprobs) for s in main])}
+    perturbed = [ex.perturbed_answers for ex in examples]
+    if all(perturbed):
+        counts = [len(p) for p in perturbed]
+        flat = run.losses([(q, p) for q, ps in zip(qs, perturbed) for p in ps])
+        pert = np.split(np.array([s.avg_loss for s in flat]), np.cumsum(counts)[:-1])
+        if options:  # Real Authors / World Facts: the answer against its perturbations
+            prob = np.array([M.normalised_probability(c, p) for c, p in zip(avg, pert)])
+            tr = np.array([M.truth_ratio(c, p) for c, p in zip(avg, pert)])
+        else:  # the paraphrased answer against the perturbed ones
+            para_pairs = [(q, ex.paraphrased_answer or ex.answer) for q, ex in zip(qs, examples)]
+            para = np.array([s.avg_loss for s in run.losses(para_pairs)])
+            prob = M.probability(avg)
+            tr = np.array([M.truth_ratio(c, p) for c, p in zip(para, pert)])
+        df["prob"] = prob
+        df["truth_ratio"] = tr
+        out["prob"] = float(np.mean(prob))
+        out["truth ratio"] = M.truth_ratio_forget(tr) if name == "forget" else M.truth_ratio_retain(tr)
+        raw["truth_ratio"] = tr
+    else:
+        out["prob"] = float(np.mean(M.probability(avg)))
+    if name == "forget":
+        out["ES"] = float(es.mean())
+    return out, df, raw
+
+
+def _tofu_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
+    row = Row()
+    utility = []
+    for name, label in TOFU_SETS.items():
+        if name not in sets or (only_forget and name != "forget"):
+            continue
+        vals, df, raw = _qa_set(run, sets[name], name, options=name in ("real_authors", "world_facts"))
+        row.examples[name] = df
+        for k, v in raw.items():
+            row.raw[f"{name}/{k}"] = v
+        for k, v in vals.items():
+            row.metrics[f"{label} {k}"] = v
+        if name != "forget":
+            utility += [vals["prob"], vals["ROUGE-L"]] + ([vals["truth ratio"]] if "truth ratio" in vals else [])
+    if utility:
+        row.metrics["Model utility"] = M.model_utility(np.clip(utility, 0, None))
+    if "holdout" in sets and "forget/min_k" in row.raw:
+        hold = run.losses([(ex.question, ex.answer) for ex in sets["holdout"]])
+        row.raw["holdout/min_k"] = np.array([M.min_k_score(s.logprobs) for s in hold])
+        row.metrics["MIA AUC"] = M.mia_auc(row.raw["forget/min_k"], row.raw["holdout/min_k"])
+    m = row.metrics
+    if "Model utility" in m and "Forget ES" in m:
+        m["Final score"] = M.tofu_final_score(m["Model utility"], m["Forget ROUGE-L"],
+                                              min(1.0, m["Forget prob"]), m["Forget ES"])
+    return row
+
+
+def _tofu_relative(rows: dict[str, Row]) -> None:
+    """Forget quality and privacy leakage of each row against the reference row."""
+    ref = rows.get(REFERENCE)
+    if ref is None or "forget/truth_ratio" not in ref.raw:
+        return
+    for row in rows.values():
+        if "forget/truth_ratio" in row.raw:
+            row.metrics["Forget quality"] = M.forget_quality(row.raw["forget/truth_ratio"],
+                                                             ref.raw["forget/truth_ratio"])
+        if "MIA AUC" in row.metrics and "MIA AUC" in ref.metrics:
+            row.metrics["Privacy leakage"] = M.privacy_leakage(row.metrics["MIA AUC"],
+                                                               ref.metrics["MIA AUC"])
+
+
+# ---------------------------------------------------------------- MUSE
+
+def _few_shot(icl: tuple, question: str) -> str:
+    shots = "".join(f"Question: {ex.question}\nAnswer: {ex.answer.strip()}\n\n" for ex in icl)
+    return f"{shots}Question: {question}\nAnswer:"
+
+
+def _muse_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
+    row = Row()
+    if "verbmem_forget" in sets:
+        ex = sets["verbmem_forget"]
+        gens = run.generate([e.question for e in ex], [e.answer for e in ex], fmt=RAW_TEXT)
+        f1 = np.array([M.rouge_l_f1(e.answer, g) for e, g in zip(ex, gens)])
+        row.examples["verbmem_forget"] = pd.DataFrame({"question": [e.question for e in ex],
+                                                       "answer": [e.answer for e in ex],
+                                                       "generation": gens, "rougeL_f1": f1})
+        row.metrics["VerbMem forget"] = float(f1.mean())
+    for name, label in (("knowmem_forget", "KnowMem forget"), ("knowmem_retain", "KnowMem retain")):
+        if name not in sets or (only_forget and name == "knowmem_retain"):
+            continue
+        ex, icl = sets[name], sets.get(f"{name}_icl", ())
+        prompts = [_few_shot(icl, e.question) for e in ex]
+        gens = [g.split("\n")[0].strip() for g in
+                run.generate(prompts, [e.answer for e in ex], fmt=RAW_TEXT)]
+        f1 = np.array([M.rouge_l_f1(e.answer, g) for e, g in zip(ex, gens)])
+        row.examples[name] = pd.DataFrame({"question": [e.question for e in ex],
+                                           "answer": [e.answer for e in ex],
+                                           "generation": gens, "rougeL_f1": f1})
+        row.metrics[label] = float(f1.mean())
+    if "privleak_forget" in sets and "privleak_holdout" in sets:
+        f = score_texts(run.model, run.tok, [e.text for e in sets["privleak_forget"]])
+        h = score_texts(run.model, run.tok, [e.text for e in sets["privleak_holdout"]])
+        row.raw["forget/min_k"] = np.array([M.min_k_score(s.logprobs) for s in f])
+        row.raw["holdout/min_k"] = np.array([M.min_k_score(s.logprobs) for s in h])
+        row.metrics["MIA AUC"] = M.mia_auc(row.raw["forget/min_k"], row.raw["holdout/min_k"])
+    return row
+
+
+def _muse_relative(rows: dict[str, Row]) -> None:
+    """PrivLeak against the retrained (reference) model (without one: against 0.5, the
+    AUC of a model that never saw either set, as OpenUnlearning does), then Final score."""
+    ref = rows.get(REFERENCE)
+    for row in rows.values():
+        m = row.metrics
+        if "MIA AUC" in m:
+            ref_auc = ref.metrics.get("MIA AUC", 0.5) if ref else 0.5
+            m["Privacy leakage"] = M.privacy_leakage(m["MIA AUC"], ref_auc)
+        if all(k in m for k in ("VerbMem forget", "KnowMem forget", "KnowMem retain", "Privacy leakage")):
+            m["Final score"] = M.muse_final_score(m["VerbMem forget"], m["KnowMem forget"],
+                                                  m["KnowMem retain"], m["Privacy leakage"])
+
+
+# ---------------------------------------------------------------- WMDP, ZsRE, custom
+
+def _wmdp_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
+    row = Row()
+    names = [("forget_mc", "Forget accuracy"), ("forget", "Forget accuracy"),
+             ("utility_mc", "Utility accuracy"), ("retain", "Retain accuracy"),
+             ("real_authors", "Real authors accuracy"), ("world_facts", "World facts accuracy")]
+    for name, label in names:
+        ex = sets.get(name)
+        if not ex or not isinstance(ex[0], ChoiceExample) or label in row.metrics:
+            continue
+        if only_forget and not name.startswith("forget"):
+            continue
+        lp = choice_logprobs(run.model, run.tok, ex, prompt_format=run.fmt, batch_size=run.batch_size)
+        gold = np.array([e.answer_index for e in ex])
+        pred = lp.argmax(1)
+        row.examples[name] = pd.DataFrame({"question": [e.question for e in ex],
+                                           "answer": [e.answer for e in ex],
+                                           "predicted": [e.choices[p] for e, p in zip(ex, pred)],
+                                           "correct": pred == gold})
+        row.metrics[label] = M.choice_accuracy(lp, gold)
+    utility = row.metrics.get("Utility accuracy", row.metrics.get("Retain accuracy"))
+    if "Forget accuracy" in row.metrics and utility is not None:
+        row.metrics["Final score"] = M.wmdp_final_score(row.metrics["Forget accuracy"], utility)
+    return row
+
+
+def _token_acc(run: _Runner, pairs) -> np.ndarray:
+    scores = run.losses(pairs, fmt=RAW_TEXT, add_eos=False)
+    return np.array([M.token_accuracy(s.predicted, s.labels) for s in scores])
+
+
+def _zsre_answer(prompt: str, answer: str) -> str:
+    return answer if prompt[-1:].isspace() or answer[:1].isspace() else " " + answer
+
+
+def _zsre_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
+    row = Row()
+    recs = [r for r in sets.get("forget", ()) if isinstance(r, FactRecord)]
+    if recs:
+        eff = _token_acc(run, [(r.prompt, _zsre_answer(r.prompt, r.answer)) for r in recs])
+        df = pd.DataFrame({"question": [r.prompt for r in recs], "answer": [r.answer for r in recs],
+                           "efficacy": eff})
+        row.metrics["Efficacy"] = float(eff.mean())
+        para = [r for r in recs if r.rephrase]
+        if para:
+            gen = _token_acc(run, [(r.rephrase, _zsre_answer(r.rephrase, r.answer)) for r in para])
+            row.metrics["Generalisation"] = float(gen.mean())
+        if not only_forget:
+            loc = [r for r in recs if r.neighborhood_prompt and r.neighborhood_answer]
+            if loc:
+                spec = _token_acc(run, [(r.neighborhood_prompt,
+                                         _zsre_answer(r.neighborhood_prompt, r.neighborhood_answer))
+                                        for r in loc])
+                row.metrics["Specificity"] = float(spec.mean())
+        row.examples["forget"] = df
+    return row
+
+
+def _custom_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
+    row = Row()
+    for name in ("forget", "retain"):
+        ex = [e for e in sets.get(name, ()) if isinstance(e, QAExample)]
+        if not ex or (only_forget and name != "forget"):
+            continue
+        vals, df, _ = _qa_set(run, tuple(ex), name, options=False)
+        row.examples[name] = df
+        for k, v in vals.items():
+            row.metrics[f"{name.capitalize()} {k}"] = v
+        texts = [e for e in sets.get(name, ()) if isinstance(e, TextExample)]
+        if texts:
+            s = score_texts(run.model, run.tok, [e.text for e in texts])
+            row.metrics[f"{name.capitalize()} text loss"] = float(np.mean([-x.logprobs.mean() for x in s]))
+    return row
+
+
+ROWS: dict[str, Callable] = {"tofu": _tofu_row, "muse": _muse_row, "wmdp": _wmdp_row,
+                             "zsre": _zsre_row, "custom": _custom_row}
+
+
+def eval_sets(benchmark: Benchmark, max_examples: int | None = None) -> dict[str, tuple]:
+    """The benchmark's evaluation sets (its forget/retain sets where it has none), each cut
+    to at most `max_examples` spread evenly over the set."""
+    sets = dict(benchmark.eval_sets) or {"forget": benchmark.forget, "retain": benchmark.retain}
+    return {k: _subset(v, max_examples) for k, v in sets.items()}
+
+
+def _reference_pair(reference, tokenizer):
+    if reference is None:
+        return None
+    if isinstance(reference, tuple):
+        return reference
+    return reference, tokenizer
+
+
+def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens, only_forget=False,
+         quantize: str | None = None) -> Row:
+    from grom.eval.quant import quantized
+
+    fn = ROWS.get(benchmark.task)
+    if fn is None:
+        raise ValueError(f"no metrics for task {benchmark.task!r}; known: {', '.join(ROWS)}")
+    run = _Runner(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens)
+    t0 = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    try:
+        with (edit.applied(model) if edit is not None else nullcontext()):
+            with (quantized(model, method=quantize) if quantize else nullcontext()):
+                row = fn(run, sets, only_forget)
+    finally:
+        model.train(was_training)
+    row.seconds = time.perf_counter() - t0
+    return row
+
+
+def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, *,
+             max_examples: int | None = None, progress: Callable | None = None,
+             batch_size: int = 32, max_new_tokens: int | None = None,
+             include_base: bool = True) -> Report:
+    """The benchmark's metrics for the base model ("Base"), the model with `edit` applied
+    ("Edited", applied and reverted here) and the reference model ("Retain model":
+    `reference` is a model sharing `tokenizer`, or a `(model, tokenizer)` pair).
+
+    max_examples: evaluate at most this many examples of each set (evenly spread), for a
+    quick look; None evaluates all. max_new_tokens: the generation budget (None: room
+    for each set's longest answer, see `grom.eval.runner.answer_budget`).
+    """
+    progress = progress or (lambda *_: None)
+    t0 = time.perf_counter()
+    sets = eval_sets(benchmark, max_examples)
+    ref = _reference_pair(reference, tokenizer)
+    jobs = ([(BASE, model, tokenizer, None)] if include_base else [])
+    if edit is not None:
+        jobs.append((EDITED, model, tokenizer, edit))
+    if ref is not None:
+        jobs.append((REFERENCE, ref[0], ref[1], None))
+    rows: dict[str, Row] = {}
+    for i, (name, m, tok, e) in enumerate(jobs):
+        progress(i / len(jobs), f"evaluating: {name}")
+        rows[name] = _row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    if benchmark.task == "tofu":
+        _tofu_relative(rows)
+    elif benchmark.task == "muse":
+        _muse_relative(rows)
+    progress(1.0, "evaluated")
+    return Report(benchmark.name, benchmark.split, benchmark.task, rows, time.perf_counter() - t0,
+                  {k: len(v) for k, v in sets.items()})
+
+
+def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
+                       max_examples: int | None = None, method: str = "auto",
+                       group_size: int = 128, batch_size: int = 32) -> pd.DataFrame:
+    """The forget metrics at full precision and with the linear weights quantized to 4
+    bits (NF4 on CUDA with bitsandbytes, else round-to-nearest in groups of 128), for the
+    base model and, with `edit`, the edited one. The paper's claim: gradient unlearning is
+    undone by 4-bit quantization, GROM is not (the edited rows stay close)."""
+    from grom.eval.quant import _resolve_method
+
+    resolved = _resolve_method(model, method)
+    sets = eval_sets(benchmark, max_examples)
+    label = f"4-bit ({resolved})"
+    out = {}
+    for name, e in [(BASE, None)] + ([(EDITED, edit)] if edit is not None else []):
+        for q in (None, resolved):
+            row = _row(model, tokenizer, benchmark, sets, e, batch_size=batch_size,
+                       max_new_tokens=None, only_forget=True, quantize=q)
+            key = f"{name}, {label}" if q else f"{name}, full precision"
+            out[key] = {k: v for k, v in row.metrics.items() if not k.startswith(("Model", "Final"))}
+    df = pd.DataFrame(out).T
+    df.index.name = f"group size {group_size}" if resolved == "rtn" else "NF4"
+    return df
+
+
+def compare_generations(model, tokenizer, questions: Sequence[str], edit, *,
+                        prompt_format: PromptFormat | None = None,
+                        answers: Sequence[str] | None = None, max_new_tokens: int = 48,
+                        batch_size: int = 32) -> list[dict]:
+    """Greedy answers of the base and the edited model to each question, with the
+    reference answer's probability (exp of its mean token log-likelihood) under each
+    where `answers` are given. Returns dicts: question, answer, before, after,
+    prob_before, prob_after."""
+    questions = list(questions)
+    if answers is not None and len(answers) != len(questions):
+        raise ValueError(f"{len(questions)} questions but {len(answers)} answers")
+
+    def side():
+        gens = generate(model, tokenizer, questions, prompt_format=prompt_format,
+                        max_new_tokens=max_new_tokens, batch_size=batch_size)
+        probs = ([float(np.exp(-s.avg_loss)) for s in
+                  score_answers(model, tokenizer, list(zip(questions, answers)),
+                                prompt_format=prompt_format, batch_size=batch_size)]
+                 if answers is not None else [None] * len(questions))
+        return gens, probs
+
+    before, p_before = side()
+    with (edit.applied(model) if edit is not None else nullcontext()):
+        after, p_after = side()
+    return [{"question": q, "answer": answers[i] if answers is not None else None,
+             "before": before[i], "after": after[i], "prob_before": p_before[i],
+             "prob_after": p_after[i]} for i, q in enumerate(questions)]
+
+
+def answer_probabilities(model, tokenizer, examples: Sequence, *,
+                         prompt_format: PromptFormat | None = None, batch_size: int = 32) -> np.ndarray:
+    """exp(-mean NLL) of each QA example's answer (with EOS) after its question: a fast,
+    teacher-forced measure of how much the model still knows (for sweeps)."""
+    pairs = [(ex.question, ex.answer) for ex in examples]
+    scores = score_answers(model, tokenizer, pairs, prompt_format=prompt_format, batch_size=batch_size)
+    return np.array([np.exp(-s.avg_loss) for s in scores])
