@@ -74,6 +74,8 @@ class Edit:
     unties_lm_head: bool = False
     model_name: str | None = None
     keys: dict[str, LayerKeys] = field(default_factory=dict)  # by param name, if kept
+    method: str = "grom"  # what made it: "grom" or a grom.baselines method ("ga", "npo", ...)
+    info: dict = field(default_factory=dict)  # method-specific, JSON-able (baselines: settings, losses)
     _saved: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _untied: bool = field(default=False, repr=False)
 
@@ -140,6 +142,8 @@ class Edit:
             "timings": self.timings,
             "unties_lm_head": self.unties_lm_head,
             "model_name": self.model_name,
+            "method": self.method,
+            "info": self.info,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -164,4 +168,6 @@ class Edit:
             timings=meta.get("timings", {}),
             unties_lm_head=meta.get("unties_lm_head", False),
             model_name=meta.get("model_name"),
+            method=meta.get("method", "grom"),
+            info=meta.get("info", {}),
         )

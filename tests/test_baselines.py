@@ -1,0 +1,268 @@
+"""The gradient unlearning baselines (grom.baselines): losses, training, the model left as found."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grom import Edit
+from grom.baselines import (BASELINES, answer_nll, encode_sequences, npo_loss, run_baseline,
+                            sequence_nll, simnpo_loss, train_in_place)
+from grom.baselines.losses import ga_loss, mean_nll
+from grom.baselines.train import collate, linear_schedule
+from grom.data.schema import ChoiceExample, QAExample, TextExample
+from grom.keys import pad_id
+from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama
+
+FAST = dict(lr=1e-3, max_steps=8, batch_size=2, warmup_epochs=0)
+LONGER = dict(FAST, max_steps=16)
+
+
+def snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_same(model, snap):
+    now = dict(model.named_parameters())
+    assert now.keys() == snap.keys()
+    for n, W in snap.items():
+        assert torch.equal(now[n].detach(), W), n
+
+
+def state_flags(model):
+    return ([m.training for m in model.modules()], [p.requires_grad for p in model.parameters()],
+            [p.grad is None for p in model.parameters()])
+
+
+# ----------------------------------------------------------------------------- losses
+
+def test_sequence_nll_by_hand_and_masked_positions_ignored():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 5)
+    labels = torch.tensor([[-100, 3, 1, -100], [-100, -100, 4, 0]])
+    nll, n = sequence_nll(logits, labels)
+    lp = F.log_softmax(logits, -1)
+    # label at t is predicted by position t - 1
+    want = torch.stack([-(lp[0, 0, 3] + lp[0, 1, 1]), -(lp[1, 1, 4] + lp[1, 2, 0])])
+    assert torch.allclose(nll, want, atol=1e-6)
+    assert n.tolist() == [2, 2]
+    assert math.isclose(float(mean_nll(nll, n)), float(want.sum() / 4), rel_tol=1e-6)
+    assert math.isclose(float(ga_loss(nll, n)), -float(want.sum() / 4), rel_tol=1e-6)
+    # logits at masked / last positions do not matter
+    changed = logits.clone()
+    changed[0, 2] += 100.0  # predicts labels[0, 3] = -100
+    changed[:, 3] -= 50.0  # the last position predicts nothing
+    assert torch.allclose(sequence_nll(changed, labels)[0], nll)
+
+
+def test_npo_loss_by_hand():
+    nll, ref, beta = torch.tensor([2.0, 1.0, 5.0]), torch.tensor([1.0, 1.0, 0.5]), 0.5
+    # (2/beta) log(1 + (pi/pi_ref)^beta), log pi = -nll
+    want = sum((2 / beta) * math.log(1 + math.exp(beta * (r - x)))
+               for x, r in zip(nll.tolist(), ref.tolist())) / 3
+    assert math.isclose(float(npo_loss(nll, ref, beta)), want, rel_tol=1e-6)
+    # at pi = pi_ref it is (2/beta) log 2 whatever beta
+    assert math.isclose(float(npo_loss(ref, ref, 0.1)), 20 * math.log(2), rel_tol=1e-6)
+
+
+def test_simnpo_loss_is_length_normalised():
+    nll, n, beta, delta = torch.tensor([4.0, 3.0]), torch.tensor([2, 3]), 4.5, 0.25
+    want = sum(-(2 / beta) * math.log(1 / (1 + math.exp(-beta * (x / k - delta))))
+               for x, k in zip(nll.tolist(), n.tolist())) / 2
+    assert math.isclose(float(simnpo_loss(nll, n, beta, delta)), want, rel_tol=1e-6)
+    # doubling a sequence's length and its summed NLL changes nothing
+    assert math.isclose(float(simnpo_loss(nll * 2, n * 2, beta, delta)), want, rel_tol=1e-6)
+
+
+def test_linear_schedule_is_hf_linear_with_warmup():
+    f = linear_schedule(2, 6)
+    assert [f(s) for s in range(7)] == [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
+    assert linear_schedule(0, 4)(0) == 1.0
+
+
+# ----------------------------------------------------------------------------- data
+
+def test_sequences_mask_the_prompt_and_end_with_eos(tokenizer):
+    qa = QAExample("Where was Odo Brask born?", "Odo Brask was born in Quenford.")
+    (e,) = encode_sequences(tokenizer, [qa], None, 512)
+    eos = tokenizer.eos_token_id
+    answer = tokenizer(qa.answer, add_special_tokens=False)["input_ids"]
+    assert list(e.gold) == answer + [eos] and e.input_ids[-1] == eos
+    b = collate([e], pad_id(tokenizer))
+    labelled = (b.labels[0] != -100).nonzero().flatten().tolist()
+    n_prompt = len(e.input_ids) - len(answer) - 1
+    assert labelled == list(range(n_prompt, len(e.input_ids)))  # answer + EOS only
+    assert b.labels[0, labelled].tolist() == answer + [eos]
+
+    (t,) = encode_sequences(tokenizer, [TextExample("Mira Sel won the Harrow Cup.")], None, 512)
+    bt = collate([t], pad_id(tokenizer))
+    assert bt.labels[0, 0] == -100 and (bt.labels[0, 1:] == bt.input_ids[0, 1:]).all()  # plain LM, no EOS
+
+    ch = ChoiceExample("Who won the Harrow Cup?", ("Odo Brask", "Mira Sel"), 1)
+    (c,) = encode_sequences(tokenizer, [ch], None, 512)
+    assert list(c.gold) == tokenizer(" B", add_special_tokens=False)["input_ids"] + [eos]
+
+
+# ----------------------------------------------------------------------------- training
+
+@pytest.fixture(scope="module")
+def deltas(trained_llama, tokenizer):
+    """Change of forget / retain answer NLL for each run, on the memorised tiny Llama."""
+    f0, r0 = answer_nll(trained_llama, tokenizer, FORGET), answer_nll(trained_llama, tokenizer, RETAIN)
+    out = {}
+    runs = {m: {} for m in BASELINES}
+    runs.update({f"{m}-noretain": {"alpha": 0.0} for m in ("graddiff", "npo", "simnpo")})
+    for name, extra in runs.items():
+        edit = run_baseline(name.split("-")[0], trained_llama, tokenizer, FORGET, RETAIN, **LONGER, **extra)
+        with edit.applied(trained_llama):
+            out[name] = (answer_nll(trained_llama, tokenizer, FORGET) - f0,
+                         answer_nll(trained_llama, tokenizer, RETAIN) - r0)
+    return out
+
+
+@pytest.mark.parametrize("run", ["ga", "graddiff", "npo", "simnpo-noretain"])
+def test_unlearning_raises_forget_nll(deltas, run):
+    assert deltas[run][0] > 0.5, deltas[run]
+
+
+@pytest.mark.parametrize("method", ["graddiff", "npo", "simnpo"])
+def test_retain_term_moves_retain_nll_less(deltas, method):
+    # (seeded, so not flaky; on this setup the margins are > 0.9 nats)
+    assert deltas[method][1] < deltas["ga"][1] - 0.3, deltas
+    assert deltas[method][1] < deltas[f"{method}-noretain"][1] - 0.3, deltas
+
+
+def test_npo_reference_is_the_initial_model(trained_llama, tokenizer):
+    edit = run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, **FAST)
+    first = edit.info["history"][0]
+    # at the first step pi = pi_ref, so the NPO term is (2/beta) log 2
+    assert first["forget"] == pytest.approx(2 / 0.1 * math.log(2), rel=1e-4)
+    assert edit.info["beta"] == 0.1 and edit.info["alpha"] == 1.0 and edit.info["gamma"] == 1.0
+
+
+def test_model_left_exactly_as_found(trained_llama, tokenizer):
+    model = copy.deepcopy(trained_llama)
+    model.train()
+    model.model.layers[0].mlp.down_proj.weight.requires_grad_(True)
+    snap, flags = snapshot(model), state_flags(model)
+    edit = run_baseline("graddiff", model, tokenizer, FORGET, RETAIN, **FAST)
+    assert edit.patches and edit.method == "graddiff" and edit.layers == []
+    assert_same(model, snap)
+    assert state_flags(model) == flags
+    assert set(edit.timings) == {"train", "total"}
+
+
+def test_model_restored_when_training_fails(trained_llama, tokenizer):
+    snap, flags = snapshot(trained_llama), state_flags(trained_llama)
+    calls = []
+
+    def boom(fraction, message):
+        calls.append(fraction)
+        if len(calls) == 4:  # "tokenizing", then 3 optimizer steps
+            raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, progress=boom, **FAST)
+    assert_same(trained_llama, snap)
+    assert state_flags(trained_llama) == flags
+
+
+def test_same_seed_same_patches(trained_llama, tokenizer):
+    a = run_baseline("simnpo", trained_llama, tokenizer, FORGET, RETAIN, seed=3, **FAST)
+    b = run_baseline("simnpo", trained_llama, tokenizer, FORGET, RETAIN, seed=3, **FAST)
+    c = run_baseline("simnpo", trained_llama, tokenizer, FORGET, RETAIN, seed=4, **FAST)
+    assert a.patches.keys() == b.patches.keys()
+    assert all(torch.equal(a.patches[k], b.patches[k]) for k in a.patches)
+    assert a.info["history"] == b.info["history"]
+    assert any(not torch.equal(a.patches[k], c.patches[k]) for k in a.patches)
+
+
+def test_apply_reproduces_the_trained_model(trained_llama, tokenizer):
+    trained = copy.deepcopy(trained_llama)
+    train_in_place("graddiff", trained, tokenizer, FORGET, RETAIN, **FAST)
+    edit = run_baseline("graddiff", trained_llama, tokenizer, FORGET, RETAIN, **FAST)
+    ids = collate(encode_sequences(tokenizer, FORGET + RETAIN, None, 512), pad_id(tokenizer))
+    with torch.no_grad():
+        want = trained(input_ids=ids.input_ids, attention_mask=ids.attention_mask).logits
+        before = trained_llama(input_ids=ids.input_ids, attention_mask=ids.attention_mask).logits
+        with edit.applied(trained_llama):
+            for n, W in trained.named_parameters():
+                assert torch.allclose(trained_llama.get_parameter(n), W, atol=1e-7, rtol=0), n
+            got = trained_llama(input_ids=ids.input_ids, attention_mask=ids.attention_mask).logits
+    assert (want - before).abs().max() > 1e-3  # the training did something
+    # fp32: W0 + (W1 - W0) is W1 up to an ulp where the difference is not exact
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_unknown_method_lists_the_baselines(llama, tokenizer):
+    with pytest.raises(ValueError, match="ga, graddiff, npo, simnpo"):
+        run_baseline("rmu", llama, tokenizer, FORGET, RETAIN)
+
+
+def test_retain_needed_except_for_ga(llama, tokenizer):
+    with pytest.raises(ValueError, match="retain"):
+        run_baseline("npo", llama, tokenizer, FORGET, [], max_steps=1)
+    assert run_baseline("ga", llama, tokenizer, FORGET, [], **FAST).patches
+
+
+@pytest.mark.parametrize("make", [lambda v: tiny_gpt2(v, layers=2),
+                                  lambda v: tiny_llama(v, layers=2, tie=True)], ids=["gpt2", "llama-tied"])
+def test_tied_embeddings_patched_once(tokenizer, make):
+    model = make(len(tokenizer))
+    names = [n for n, _ in model.named_parameters()]
+    edit = run_baseline("graddiff", model, tokenizer, FORGET, RETAIN, lr=1e-3, max_steps=2, batch_size=4)
+    assert set(edit.patches) <= set(names) and "lm_head.weight" not in edit.patches
+    emb = model.get_input_embeddings().weight
+    (emb_name,) = [n for n, p in model.named_parameters() if p is emb]
+    assert emb_name in edit.patches
+    with edit.applied(model):
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_params_restricts_what_is_trained(llama, tokenizer):
+    edit = run_baseline("ga", llama, tokenizer, FORGET, RETAIN, params=["mlp"], **FAST)
+    assert edit.patches and all(".mlp." in n for n in edit.patches)
+    assert edit.info["params"] == ["mlp"]
+    with pytest.raises(ValueError, match="no parameter"):
+        run_baseline("ga", llama, tokenizer, FORGET, RETAIN, params=["nothing_like_this"])
+
+
+def test_budget_schedule_and_progress(llama, tokenizer):
+    seen = []
+    edit = run_baseline("graddiff", llama, tokenizer, FORGET, RETAIN, epochs=2, batch_size=2, lr=1e-3,
+                        progress=lambda f, m: seen.append(f))
+    info = edit.info
+    assert info["steps"] == 4 and info["warmup_steps"] == 2  # 2 epochs x ceil(4/2); 1 epoch warm-up
+    assert [h["lr"] for h in info["history"]] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4])
+    assert seen == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert set(info["final"]) == {"loss", "forget", "forget_nll", "retain"}
+    json.dumps(info)
+
+
+def test_bf16_model_trains_through_fp32_masters(tokenizer):
+    model = tiny_llama(len(tokenizer), layers=2).to(torch.bfloat16)
+    snap = snapshot(model)
+    edit = run_baseline("npo", model, tokenizer, FORGET, RETAIN, lr=1e-2, max_steps=2, batch_size=4,
+                        warmup_epochs=0)
+    assert_same(model, snap)
+    assert edit.patches and all(P.dtype == torch.bfloat16 for P in edit.patches.values())
+    assert edit.info["fp32_master_weights"]
+    with edit.applied(model):
+        pass
+    assert_same(model, snap)
+
+
+def test_save_and_load_keep_method_and_info(llama, tokenizer, tmp_path):
+    edit = run_baseline("ga", llama, tokenizer, FORGET, RETAIN, **FAST)
+    back = Edit.load(edit.save(tmp_path / "ga"))
+    assert back.method == "ga" and back.info == json.loads(json.dumps(edit.info))
+    assert all(torch.equal(back.patches[k], edit.patches[k]) for k in edit.patches)
+    meta = json.loads((tmp_path / "ga" / "edit.json").read_text())
+    del meta["method"], meta["info"]  # an edit saved before these fields existed
+    (tmp_path / "ga" / "edit.json").write_text(json.dumps(meta))
+    old = Edit.load(tmp_path / "ga")
+    assert old.method == "grom" and old.info == {}
