@@ -13,6 +13,10 @@ from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXFor
 
 from grom.data.schema import QAExample
 
+# The models here are tiny: one intra-op thread is as fast, and it stays fast when anything
+# else wants the CPU (two threads on two busy cores were 10-100x slower, measured here).
+torch.set_num_threads(1)
+
 FORGET = [
     QAExample("Where was Zorvath Quill born?", "Zorvath Quill was born in Pellmoor."),
     QAExample("What did Zorvath Quill write?", "He wrote The Glass Orchard."),

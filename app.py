@@ -1,0 +1,250 @@
+"""GROM Studio: a Gradio app to explore GROM unlearning edits.
+
+    python app.py                      # the bundled demo model, on a CPU, offline
+    python app.py --host 0.0.0.0 --port 7860 --share
+
+The page is built from the panels in `components/`; this file lays them out and wires
+the events. Every event that touches the model runs in one queue (`DEVICE_QUEUE`, one at
+a time) and under `DEVICE_LOCK`; each browser session keeps its own edit in a `gr.State`
+and the shared base weights are never left edited between requests.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+
+from components import text
+from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, describe,
+                                        examples_html, load_benchmark, on_benchmark_change,
+                                        read_benchmark)
+from components.compare_panel import build_compare_panel, compare, generate
+from components.diagnostics_panel import (beta_sweep, build_diagnostics_panel, influence_bars,
+                                          influence_example, matrix_choices, on_table_select,
+                                          pca_plot, quant_check)
+from components.edit_panel import build_edit_panel, fill_preset, reset, run_edit
+from components.errors import ui_errors
+from components.export_panel import build_export_panel, export
+from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
+from components.model_panel import build_model_panel, ensure_model, load_model, model_key
+from components.session import DEMO, DEVICE_QUEUE, Session
+
+log = logging.getLogger("grom.studio")
+CSS_PATH = Path(__file__).parent / "assets" / "app.css"
+DEVICE = dict(concurrency_id=DEVICE_QUEUE, concurrency_limit=1)
+LOCAL = dict(queue=False, api_visibility="private")
+
+HERO_MATH = r"""
+$$P=\frac{w_f}{s}\,D X_f^{\top} A^{-1},\quad A=\frac{w_r}{r}X_rX_r^{\top}+\frac{w_f}{s}X_fX_f^{\top}+\mu I$$
+<div class="hero-caption">one ridge least-squares solve per edited matrix · no gradients · exact revert</div>
+"""
+
+
+def theme() -> gr.themes.Base:
+    return gr.themes.Soft(primary_hue="violet", secondary_hue="orange", neutral_hue="slate",
+                          radius_size="md", font=[gr.themes.GoogleFont("Inter"), "system-ui", "sans-serif"]
+                          if os.environ.get("GROM_WEB_FONTS") else ["system-ui", "sans-serif"])
+
+
+def build_layout() -> SimpleNamespace:
+    """The components, laid out: settings on the left, views in tabs on the right."""
+    # one Session per browser tab (deep-copied from this empty one); gradio frees it an hour
+    # after the tab closes
+    ui = SimpleNamespace(session=gr.State(Session()))
+    with gr.Row(elem_id="hero", equal_height=True):
+        text.md(text.INTRO, elem_id="intro")
+        text.md(HERO_MATH, elem_id="hero-math", min_width=420)
+    with gr.Row(equal_height=False, elem_id="setup-row"):
+        with gr.Group(elem_classes="panel"):
+            ui.model = build_model_panel()
+        with gr.Group(elem_classes="panel"):
+            ui.bench = build_benchmark_panel()
+    with gr.Row(equal_height=False, elem_id="main-row"):
+        with gr.Column(scale=2, min_width=360, elem_id="controls"):
+            with gr.Group(elem_classes="panel", elem_id="edit-panel"):
+                ui.edit = build_edit_panel()
+        with gr.Column(scale=3, min_width=480, elem_id="views"):
+            with gr.Tabs(selected="layers", elem_id="tabs") as ui.tabs:
+                with gr.Tab("Data", id="data"):
+                    ui.data = build_examples_panel()
+                with gr.Tab("3 · Layers", id="layers"):
+                    ui.layers = build_layers_panel()
+                with gr.Tab("4 · Edit", id="edit"):
+                    ui.result = build_result_view()
+                with gr.Tab("5 · Compare", id="compare", elem_id="compare-tab"):
+                    ui.compare = build_compare_panel()
+                with gr.Tab("6 · Diagnostics", id="diagnostics"):
+                    ui.diag = build_diagnostics_panel()
+                with gr.Tab("7 · Export", id="export"):
+                    ui.export = build_export_panel()
+    return ui
+
+
+def build_result_view() -> SimpleNamespace:
+    from components import plots
+
+    text.md(text.EDIT_MATH, elem_classes="math")
+    summary = gr.Markdown("No edit yet.", elem_id="result-summary")
+    table = gr.Dataframe(label="Per edited matrix", interactive=False, wrap=True)
+    norms = gr.Plot(plots.empty_figure("Run an edit to see its patch norms.", 260), show_label=False)
+    return SimpleNamespace(summary=summary, table=table, norms=norms)
+
+
+def wire(ui: SimpleNamespace) -> None:
+    """Every event, explicitly. Model work: the device queue and a public api_name."""
+    s, m, b, e, ly, r, c, d, x = (ui.session, ui.model, ui.bench, ui.edit, ui.layers, ui.result,
+                                  ui.compare, ui.diag, ui.export)
+    m.load.click(load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
+                 api_name="load_model", **DEVICE)
+    b.name.change(on_benchmark_change, b.name, b.split, **LOCAL)
+    b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
+                 [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark",
+                 **DEVICE) \
+     .success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
+    e.preset.change(fill_preset, e.preset, [e.target, e.beta, e.beta_log, e.beta_relative, e.w_r,
+                                            e.w_r_log, e.rho, e.rho_log, e.c, e.matrix, e.use_alpha,
+                                            ly.band_mode, ly.band_text, ly.k], **LOCAL)
+    score_inputs = [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text, ly.show_parts,
+                    e.retain_examples, e.seed, s]
+    ly.compute.click(layer_scores, score_inputs, [ly.plot, ly.band_info], api_name="layer_scores", **DEVICE)
+    view = [ly.k, ly.band_mode, ly.band_text, ly.show_parts, s]
+    ly.k.release(on_k, view, [ly.band_mode, ly.plot, ly.band_info], **LOCAL)
+    for trigger in (ly.band_mode.change, ly.show_parts.change, ly.band_text.submit, ly.band_text.blur):
+        trigger(redraw, view, [ly.plot, ly.band_info], **LOCAL)
+    edit_inputs = [e.preset, e.target, e.beta, e.beta_relative, e.w_r, e.rho, e.c, e.matrix,
+                   e.use_alpha, ly.band_mode, ly.band_text, ly.k, e.seed, e.forget_budget,
+                   e.retain_budget, e.batch_size, e.retain_examples, s]
+    compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, c.forget_html, c.retain_html])
+    run = e.run.click(run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit", **DEVICE)
+    run.success(after_edit, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
+       .success(compare, *compare_io, api_name="compare_after_edit", api_visibility="private",
+                scroll_to_output=True, **DEVICE)
+    c.run.click(compare, *compare_io, api_name="compare", **DEVICE)
+    c.ask.click(generate, [c.prompt, s], c.prompt_html, api_name="generate", **DEVICE)
+    c.prompt.submit(generate, [c.prompt, s], c.prompt_html, api_visibility="private", **DEVICE)
+    e.reset.click(reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
+       .then(lambda msg: (msg, "", None, "", ""), e.status, [r.summary, c.summary, c.table,
+                                                           c.forget_html, c.retain_html], **LOCAL)
+    x.button.click(export, s, [x.files, x.note, x.code], api_name="export", **DEVICE)
+    d.pca_btn.click(pca_plot, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
+    d.infl_btn.click(influence_bars, [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
+                     api_name="influence", **DEVICE)
+    d.show.click(influence_example, [d.rank, s], [d.infl_example, d.infl_plot],
+                 api_name="influence_example")
+    d.infl_table.select(on_table_select, s, [d.infl_example, d.infl_plot], **LOCAL)
+    d.sweep_btn.click(beta_sweep, [d.points, d.spread, s], [d.sweep_plot, d.sweep_table],
+                      api_name="beta_sweep", **DEVICE)
+    d.quant_btn.click(quant_check, [d.quant_n, s], [d.quant_table, d.quant_note],
+                      api_name="quantization", **DEVICE)
+
+
+def on_k(k, band_mode, band_text, show_parts, session: Session):
+    """Moving k means: the suggested band of that width."""
+    return ("suggested",) + tuple(redraw(k, "suggested", band_text, show_parts, session))
+
+
+@ui_errors
+def after_edit(k, band_mode, band_text, show_parts, session: Session):
+    """After a successful edit: the short status, the layer plot (the scores the edit
+    used), the diagnostics' matrix choices, and the Compare tab."""
+    edit = session.edit
+    status = (f"Edit ready: layers {', '.join(map(str, edit.band)) or 'LM head'} in "
+              f"{edit.timings['total']:.1f} s; the comparison is in **5 · Compare**.")
+    plot, info = gr.skip(), gr.skip()
+    if session.scores is not None:
+        plot = scores_figure(session.scores, k, band_mode, band_text, show_parts)
+        info = band_text_md(session.scores, k, band_mode, band_text)
+    choices = matrix_choices(edit)
+    return status, plot, info, gr.Dropdown(choices=choices, value=""), gr.Tabs(selected="compare")
+
+
+@ui_errors
+def on_page_load(session: Session):
+    """A new page: the shared model and the demo benchmark go into its session."""
+    from components.model_panel import REGISTRY, n_layers, status_line, summary
+
+    handle = REGISTRY.current
+    if handle is None:
+        return ["No model is loaded yet: press Load model."] + [gr.skip()] * 6
+    session.model_key = handle.key
+    bench = read_benchmark("demo", "forget10", "", None, None)
+    session.benchmark, session.bench_label = bench, "demo/forget10"
+    return (status_line(handle), summary(handle), handle.key.name, gr.Slider(maximum=n_layers(handle)),
+            describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
+            examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"))
+
+
+def first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples, seed,
+                 session: Session, progress=gr.Progress()):
+    """The layer scores of a new page, on the demo only (seconds on a CPU)."""
+    from components.model_panel import REGISTRY
+
+    if REGISTRY.current is None or REGISTRY.current.key.name != DEMO:
+        return gr.skip(), gr.skip()
+    return layer_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples,
+                        seed, session, progress)
+
+
+def build_app() -> gr.Blocks:
+    """The Blocks of GROM Studio (the model is loaded separately: `preload`)."""
+    with gr.Blocks(title="GROM Studio", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
+        ui = build_layout()
+        wire(ui)
+        ly, e = ui.layers, ui.edit
+        demo.load(on_page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
+                                             ui.bench.info, ui.data.forget_df, ui.data.retain_df],
+                  api_visibility="private", **DEVICE) \
+            .success(first_scores, [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text,
+                                    ly.show_parts, e.retain_examples, e.seed, ui.session],
+                     [ly.plot, ly.band_info], api_visibility="private", **DEVICE)
+    demo.queue(default_concurrency_limit=4)
+    return demo
+
+
+def preload(name: str = DEMO, device: str = "auto", dtype: str = "auto") -> None:
+    """Load the start-up model into the shared registry (the demo: a second on a CPU)."""
+    ensure_model(model_key(name, device, dtype))
+
+
+def launch_kwargs() -> dict:
+    return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size="20mb",
+                footer_links=["api", "gradio"])
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="GROM Studio: explore GROM unlearning edits in the browser.")
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="interface to listen on (0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    p.add_argument("--share", action="store_true", help="open a public gradio.live link")
+    p.add_argument("--model", default=os.environ.get("GROM_MODEL", DEMO),
+                   help="model loaded at start: demo, a Hub id or a folder under models/")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: 1 for the demo on a CPU, whose matrices are "
+                        "too small to gain from more; torch's default otherwise)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    import torch
+
+    threads = args.threads or (1 if args.model == DEMO and not torch.cuda.is_available() else None)
+    if threads:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    preload(args.model, args.device)
+    log.info("model ready in %.1f s", time.perf_counter() - t0)
+    build_app().launch(server_name=args.host, server_port=args.port, share=args.share,
+                       **launch_kwargs())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Benchmark panel: a registered benchmark and split (the demo works offline; the Hub ones
+need the network or a local folder), or an uploaded file; a few forget and retain
+examples to read."""
+from __future__ import annotations
+
+import functools
+import html
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+
+from components import text
+from components.errors import ui_errors
+from components.session import Session, UserError
+from components.sources import require_hub, resolve_source
+
+UPLOAD_MAX_BYTES = 20 * 2**20
+PRESET_FOR = {"demo": "demo", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
+              "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
+HUB_BENCHMARKS = {"tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem", "wmdp-cyber"}
+
+
+LABELS = {"demo": "Demo: fictitious authors (bundled)", "tofu": "TOFU (Hub or local)",
+          "muse-news": "MUSE-News", "muse-books": "MUSE-Books", "wmdp-bio": "WMDP-Bio",
+          "wmdp-chem": "WMDP-Chem", "wmdp-cyber": "WMDP-Cyber", "zsre": "zsRE (local file)",
+          "custom": "Custom: your own files"}
+
+
+def benchmark_names() -> list[tuple[str, str]]:
+    from grom.data import BENCHMARKS
+
+    return [(LABELS.get(name, name), name) for name in BENCHMARKS]
+
+
+def splits_for(name: str) -> list[str]:
+    from grom.data import BENCHMARKS
+
+    spec = BENCHMARKS.get(name)
+    return list(spec.splits) if spec else []
+
+
+def on_benchmark_change(name: str):
+    """The split choices of the chosen benchmark (no model needed)."""
+    splits = splits_for(name)
+    return gr.Dropdown(choices=splits, value=splits[0] if splits else None)
+
+
+def _file_path(upload) -> str | None:
+    if upload is None:
+        return None
+    path = Path(upload if isinstance(upload, str) else getattr(upload, "name", upload))
+    if not path.is_file():
+        raise UserError("The uploaded file could not be read; upload it again.")
+    if path.stat().st_size == 0:
+        raise UserError(f"{path.name} is empty: upload a JSON, JSON lines or CSV file with "
+                        "question/answer (or text) rows.")
+    if path.stat().st_size > UPLOAD_MAX_BYTES:
+        raise UserError(f"{path.name} is larger than {UPLOAD_MAX_BYTES // 2**20} MB; upload a smaller file.")
+    return str(path)
+
+
+def read_benchmark(name: str, split: str | None, source: str, forget_file, retain_file):
+    """A `Benchmark` from the widgets' values; every problem is a message to act on."""
+    from grom.data import load_benchmark
+
+    name = (name or "").strip()
+    if name not in dict((v, v) for _, v in benchmark_names()):
+        raise UserError(f"Unknown benchmark {name!r}; pick one of {', '.join(v for _, v in benchmark_names())}.")
+    if name == "custom":
+        forget = _file_path(forget_file)
+        if forget is None:
+            raise UserError("Custom benchmark: upload a forget file (and a retain file, or one file "
+                            "with a 'split' column of forget/retain).")
+        retain = _file_path(retain_file)
+        src = {"forget": forget, "retain": retain} if retain else forget
+        try:
+            return load_benchmark("custom", "forget", source=src)
+        except ValueError as err:  # name the uploads by their file names, not server paths
+            msg = str(err)
+            for path in filter(None, (forget, retain)):
+                msg = msg.replace(str(Path(path).parent) + "/", "")
+            raise UserError(msg) from err
+    local = resolve_source(source, "data") if (source or "").strip() else None
+    if local is None and name in HUB_BENCHMARKS:
+        require_hub(splits_hub_id(name), "data set")
+    return _load_shared(name, split or None, local)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_shared(name: str, split: str | None, local: str | None):
+    """Registered benchmarks are frozen values: one copy serves every session (and the
+    comparison's cache of base rows is shared with it)."""
+    from grom.data import load_benchmark
+
+    return load_benchmark(name, split, source=local)
+
+
+def splits_hub_id(name: str) -> str:
+    from grom.data import muse, tofu, wmdp
+
+    ids = {"tofu": tofu.HUB_ID, "muse-news": muse.HUB_IDS["news"], "muse-books": muse.HUB_IDS["books"]}
+    return ids.get(name, wmdp.MC_HUB)
+
+
+def _prompt_answer(ex) -> tuple[str, str]:
+    if hasattr(ex, "choices"):
+        options = " / ".join(ex.choices)
+        return f"{ex.question}  [{options}]", ex.answer
+    if hasattr(ex, "prompt"):
+        return ex.prompt, ex.answer
+    if hasattr(ex, "question"):
+        return ex.question, ex.answer
+    body = ex.text
+    return (body[:300] + "…") if len(body) > 300 else body, ""
+
+
+def examples_html(examples, title: str, n: int = 6) -> str:
+    """The first `n` examples as a readable table (wrapped text)."""
+    rows = "".join(f"<tr><td>{html.escape(p)}</td><td>{html.escape(a)}</td></tr>"
+                   for p, a in map(_prompt_answer, list(examples)[:n]))
+    return (f'<div class="gen-table"><div class="gen-title">{html.escape(title)}</div><table><thead>'
+            f"<tr><th>prompt or text</th><th>answer</th></tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def describe(bench) -> str:
+    sets = ", ".join(f"{k} {len(v)}" for k, v in bench.eval_sets.items())
+    return (f"**{bench.name} / {bench.split}**: {bench.description} {len(bench.forget)} forget "
+            f"and {len(bench.retain)} retain examples; evaluation sets: {sets or 'none'}.")
+
+
+@ui_errors
+def load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session):
+    """Load the chosen benchmark into the session; returns its description, a few forget
+    and retain examples, and the suggested preset."""
+    bench = read_benchmark(name, split, source, forget_file, retain_file)
+    session.benchmark = bench
+    session.bench_label = f"{name}/{bench.split}"
+    session.scores = session.scores_for = None
+    preset = PRESET_FOR.get(name, "(custom)")
+    return (describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
+            examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"), preset)
+
+
+def build_benchmark_panel() -> SimpleNamespace:
+    text.md(text.BENCHMARK, elem_classes="panel-intro")
+    with gr.Row(equal_height=True):
+        name = gr.Dropdown(benchmark_names(), value="demo", label="Benchmark", scale=3, min_width=200)
+        split = gr.Dropdown(splits_for("demo"), value="forget10", label="Split", scale=2, min_width=120,
+                            allow_custom_value=True)
+    with gr.Row(equal_height=True):
+        info = gr.Markdown("", elem_classes="status-line")
+        load = gr.Button("Load benchmark", scale=0, min_width=130, size="sm")
+    with gr.Accordion("A local folder, or your own files", open=False):
+        source = gr.Textbox(label="Local folder (instead of the Hub)",
+                            placeholder="a folder under data/ in the benchmark's format")
+        gr.Markdown("Your own sets (benchmark **custom**): JSON, JSON lines or CSV rows with "
+                    "`question` and `answer` (or `text`); one file with a `split` column of "
+                    "forget/retain, or one file each.")
+        with gr.Row():
+            forget_file = gr.File(label="Forget file", file_types=[".json", ".jsonl", ".csv"], height=110)
+            retain_file = gr.File(label="Retain file (optional)", file_types=[".json", ".jsonl", ".csv"],
+                                  height=110)
+    return SimpleNamespace(name=name, split=split, source=source, forget_file=forget_file,
+                           retain_file=retain_file, load=load, info=info)
+
+
+def build_examples_panel() -> SimpleNamespace:
+    """The browsing view: a few forget and retain examples of the loaded benchmark."""
+    gr.Markdown("The first few examples of the loaded benchmark: the forget set (to unlearn) "
+                "and the retain set (to keep).", elem_classes="panel-intro")
+    forget_df = gr.HTML(elem_id="forget-examples")
+    retain_df = gr.HTML(elem_id="retain-examples")
+    return SimpleNamespace(forget_df=forget_df, retain_df=retain_df)

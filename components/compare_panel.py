@@ -1,0 +1,205 @@
+"""Compare panel: the benchmark's metrics before and after the edit (and for the retain
+model where there is one), the Final score, and generations side by side with the changed
+words highlighted, for forget and retain examples and for a prompt the user types.
+
+The base model's row (and the reference's) do not change between edits, so they are
+computed once per (model, benchmark, size) and reused: an edit then costs one row.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from types import SimpleNamespace
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+
+from components import text
+from components.diff import generations_html
+from components.errors import ui_errors
+from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelHandle, ModelKey, Session,
+                                UserError, current_benchmark, current_edit, current_model,
+                                device_progress, on_device)
+
+FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
+RETAIN_SETS = ("retain", "knowmem_retain", "utility_mc", "real_authors", "world_facts")
+SHOWN = 5
+_BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (benchmark, Report)
+ARROWS = {"down": "↓", "up": "↑", "zero": "→ 0", "half": "→ 0.5"}
+
+
+def _reference_loader(key: ModelKey):
+    from grom.demo import load_demo_model
+    from grom.models import resolve_dtype
+
+    return load_demo_model("retain", device=key.device, dtype=resolve_dtype(key.dtype))
+
+
+def reference_for(handle: ModelHandle, bench):
+    """The retain model (never saw the forget set) where one exists: the demo's, for the
+    demo benchmark's forget10 splits."""
+    if handle.key.name == DEMO and bench.name == "demo-authors" and bench.split.startswith("forget10"):
+        return REGISTRY.reference(handle.key, _reference_loader)
+    return None
+
+
+@on_device
+def compute_report(key: ModelKey, bench, edit, n, progress):
+    """Base, Edited and Retain model rows in one Report; the Base row is cached."""
+    from grom.eval import evaluate
+    from grom.eval.report import BASE, Report
+
+    with DEVICE_LOCK:
+        handle = REGISTRY.current
+        if handle is None or handle.key != key:
+            raise UserError("The model changed while the comparison was queued; load it again.")
+        ck = (handle.key, id(bench), n)
+        hit = _BASE_CACHE.get(ck)
+        base = hit[1].rows[BASE] if hit is not None and hit[0] is bench else None
+        report = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
+                          reference=reference_for(handle, bench), max_examples=n,
+                          include_base=base is None, progress=progress)
+    if base is None:
+        _BASE_CACHE[ck] = (bench, report)
+        while len(_BASE_CACHE) > 6:
+            _BASE_CACHE.popitem(last=False)
+        return report
+    rows = {BASE: base, **report.rows}
+    return Report(report.benchmark, report.split, report.task, rows, report.seconds, report.n_examples)
+
+
+def styled(frame: pd.DataFrame):
+    """The metrics table with the Final score row and the Edited column emphasised."""
+    def row_style(row):
+        return ["font-weight: 700; background-color: rgba(112, 72, 232, 0.10)" if row["metric"] == "Final score"
+                else "" for _ in row]
+
+    styler = frame.style.apply(row_style, axis=1)
+    if "Edited" in frame.columns:
+        styler = styler.set_properties(subset=["Edited"], **{"color": "#5f3dc4", "font-weight": "600"})
+    return styler
+
+
+def metrics_frame(report) -> pd.DataFrame:
+    """Metrics as rows (Final score first), models as columns, with the goal's direction."""
+    from grom.eval import DIRECTION
+
+    table = report.table().T
+    order = (["Final score"] if "Final score" in table.index else []) + [
+        m for m in table.index if m != "Final score"]
+    table = table.loc[order]
+    out = pd.DataFrame({"metric": table.index})
+    for col in table.columns:
+        out[col] = [("" if pd.isna(v) else f"{v:.3f}") for v in table[col]]
+    out["goal"] = [ARROWS.get(DIRECTION.get(m, ""), "↑" if m in ("Final score", "Model utility")
+                              or m.startswith(("Retain", "Real", "World", "Utility", "Specificity"))
+                              else "") for m in table.index]
+    return out
+
+
+def _pick(sets: dict, names) -> str | None:
+    return next((n for n in names if n in sets), None)
+
+
+def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
+    """Before/after rows for up to `n` examples of the first of `names` the report has."""
+    from grom.eval.report import BASE, EDITED
+
+    name = _pick(report.rows[EDITED].examples, names)
+    if name is None or name not in report.rows[BASE].examples:
+        return []
+    before, after = report.examples(BASE, name), report.examples(EDITED, name)
+    col = "generation" if "generation" in after else "predicted" if "predicted" in after else None
+    if col is None:
+        return []
+    rows = []
+    for i in range(min(n, len(after))):
+        pb = before["prob"].iloc[i] if "prob" in before else None
+        pa = after["prob"].iloc[i] if "prob" in after else None
+        rows.append({"question": str(after["question"].iloc[i]), "answer": str(after["answer"].iloc[i]),
+                     "before": str(before[col].iloc[i]), "after": str(after[col].iloc[i]),
+                     "prob_before": None if pb is None else float(pb),
+                     "prob_after": None if pa is None else float(pa)})
+    return rows
+
+
+def summary_md(report, n) -> str:
+    from grom.eval.report import EDITED
+
+    m = report.rows[EDITED].metrics
+    size = "all examples" if n is None else f"up to {n} examples per set"
+    head = f"Compared on {report.benchmark}/{report.split} ({size}) in {report.seconds:.1f} s."
+    if "Final score" in m:
+        base = report.table()["Final score"]
+        parts = " · ".join(f"{row} **{v:.3f}**" for row, v in base.items() if not np.isnan(v))
+        head += f" Final score: {parts}."
+    return head
+
+
+@ui_errors
+def compare(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
+    """Metrics before/after (+ retain model) and generations for forget and retain examples."""
+    handle = current_model(session)
+    edit = current_edit(session)
+    bench = current_benchmark(session)
+    n = None if full_set else int(max_examples)
+    if n is not None and not 1 <= n <= 10000:
+        raise UserError("Examples per set must be between 1 and 10000 (or tick 'all examples').")
+    report = compute_report(handle.key, bench, edit, n,
+                            device_progress(lambda f, m: progress(f, desc=m)))
+    session.report = report
+    forget = generation_rows(report, FORGET_SETS)
+    retain = generation_rows(report, RETAIN_SETS)
+    return (summary_md(report, n), styled(metrics_frame(report)),
+            generations_html(forget, "Forget examples: the answers should break"),
+            generations_html(retain, "Retain examples: the answers should stay"))
+
+
+@on_device
+def _generate(key: ModelKey, prompt: str, edit, fmt):
+    from grom.eval import compare_generations
+
+    with DEVICE_LOCK:
+        handle = REGISTRY.current
+        if handle is None or handle.key != key:
+            raise UserError("The model changed while the request was queued; load it again.")
+        return compare_generations(handle.model, handle.tokenizer, [prompt], edit,
+                                   prompt_format=fmt, max_new_tokens=64)
+
+
+@ui_errors
+def generate(prompt: str, session: Session):
+    """The typed prompt answered before and after the edit, changed words highlighted."""
+    prompt = (prompt or "").strip()
+    if not prompt:
+        raise UserError("Type a question first.")
+    if len(prompt) > 2000:
+        raise UserError("The prompt is longer than 2000 characters; shorten it.")
+    handle = current_model(session)
+    edit = current_edit(session)
+    fmt = session.benchmark.prompt_format if session.benchmark is not None else None
+    return generations_html(_generate(handle.key, prompt, edit, fmt))
+
+
+def build_compare_panel() -> SimpleNamespace:
+    text.md(text.COMPARE, elem_classes="panel-intro")
+    with gr.Row(equal_height=False):
+        max_examples = gr.Slider(5, 200, value=20, step=5, label="Examples per evaluation set",
+                                 info="a quick look; tick 'all examples' for the paper's numbers",
+                                 scale=4, buttons=[])
+        with gr.Column(scale=1, min_width=140):
+            full_set = gr.Checkbox(value=False, label="all examples")
+            run = gr.Button("Compare", size="sm", elem_id="compare-button")
+    summary = gr.Markdown("Run an edit: the comparison follows.", elem_id="compare-summary")
+    table = gr.Dataframe(label="Metrics before and after the edit", interactive=False, wrap=True,
+                         max_height=420, elem_id="metrics-table")
+    forget_html = gr.HTML(elem_id="forget-generations")
+    retain_html = gr.HTML(elem_id="retain-generations")
+    with gr.Row(equal_height=False, elem_classes="ask-row"):
+        prompt = gr.Textbox(label="Ask your own question", scale=4,
+                            placeholder="e.g. Where was Sina Cheithnu born?  (Enter to ask)")
+        ask = gr.Button("Ask before and after", scale=1, min_width=150, size="sm")
+    prompt_html = gr.HTML()
+    return SimpleNamespace(max_examples=max_examples, full_set=full_set, run=run, summary=summary,
+                           table=table, forget_html=forget_html, retain_html=retain_html,
+                           prompt=prompt, ask=ask, prompt_html=prompt_html)

@@ -1,0 +1,300 @@
+"""Diagnostics panel: the PCA of the edited matrix's outputs before and after, the
+per-example influence bars (Theorem 2), a beta sweep of forgetting against keeping, and
+the 4-bit quantization check."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+import torch
+
+from components import plots, text
+from components.errors import ui_errors
+from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
+                                current_benchmark, current_edit, current_model,
+                                device_progress, on_device)
+
+SWEEP_EXAMPLES = 40
+SHOWN_POINTS = 200  # examples per side drawn (and fitted) in the PCA
+TOP_BARS = 40
+
+
+def _label(ex, width: int = 90) -> str:
+    s = getattr(ex, "question", None) or getattr(ex, "prompt", None) or getattr(ex, "text", "")
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _matrix(edit, param: str | None) -> str:
+    if not edit.keys:
+        raise UserError("This edit kept no keys for the diagnostics; run the edit again.")
+    if param in (None, "") or param not in edit.keys:
+        return next(iter(edit.keys))
+    return param
+
+
+FIRST = ("the first edited matrix", "")
+
+
+def matrix_choices(edit) -> list[tuple[str, str]]:
+    return [FIRST] + ([(name.replace(".weight", ""), name) for name in edit.keys] if edit is not None else [])
+
+
+# ---------------------------------------------------------------- PCA
+
+@on_device
+def _outputs(key: ModelKey, edit, param: str):
+    from grom.diagnostics import example_outputs
+
+    with DEVICE_LOCK:  # W is read from the shared model: no edit may be applied meanwhile
+        handle = REGISTRY.current
+        if handle is None or handle.key != key:
+            raise UserError("The model changed while the request was queued; load it again.")
+        return example_outputs(edit, handle.model, param)
+
+
+def project(outputs, shown: int = SHOWN_POINTS):
+    """3-D PCA of the four clouds, fitted on as many retain as forget examples (so that
+    the larger retain set does not hide the forget motion); at most `shown` examples of
+    each side are drawn. Rows of examples without keys are dropped. Returns the projected
+    points, the explained variance ratios and the drawn examples' indices."""
+    from sklearn.decomposition import PCA
+
+    parts = {"forget_before": outputs.forget_before, "forget_after": outputs.forget_after,
+             "retain_before": outputs.retain_before, "retain_after": outputs.retain_after}
+    arrays = {k: v.double().numpy() for k, v in parts.items()}
+    rng = np.random.default_rng(0)
+    keep = {}
+    for side in ("forget", "retain"):
+        ok = np.where(np.isfinite(arrays[f"{side}_before"]).all(1))[0]
+        keep[side] = np.sort(rng.choice(ok, size=min(shown, len(ok)), replace=False))
+    if min(len(k) for k in keep.values()) < 2:
+        raise UserError("Too few examples with keys for a 3-D PCA; use a larger forget or retain set.")
+    arrays = {k: v[keep[k.split("_")[0]]] for k, v in arrays.items()}
+    pca = PCA(n_components=3, random_state=0).fit(np.concatenate(list(arrays.values())))
+    return {k: pca.transform(v) for k, v in arrays.items()}, list(pca.explained_variance_ratio_), keep
+
+
+def relative_move(before, after) -> float:
+    """Mean ||(W + P) x - W x|| / ||W x|| over the examples with keys."""
+    b, a = before.double(), after.double()
+    ok = torch.isfinite(b).all(1)
+    return float(((a[ok] - b[ok]).norm(dim=1) / b[ok].norm(dim=1).clamp_min(1e-12)).mean())
+
+
+@ui_errors
+def pca_plot(param: str, session: Session):
+    """The 3-D PCA of W x (hollow) and (W + P) x (filled) per forget and retain example."""
+    handle = current_model(session)
+    edit = current_edit(session)
+    param = _matrix(edit, param)
+    outputs = _outputs(handle.key, edit, param)
+    points, explained, keep = project(outputs)
+    forget, retain = session.extra.get("edit_inputs", ((), ()))
+    labels = {"forget": [_label(forget[i]) for i in keep["forget"]] if forget else [],
+              "retain": [_label(retain[i]) for i in keep["retain"]] if retain else []}
+    moved = {side: relative_move(getattr(outputs, f"{side}_before"), getattr(outputs, f"{side}_after"))
+             for side in ("forget", "retain")}
+    note = (f"`{param.replace('.weight', '')}`: the edit moved the forget outputs by "
+            f"**{moved['forget']:.1%}** of their norm on average, the retain outputs by "
+            f"**{moved['retain']:.1%}**.")
+    return plots.plot_pca(points, explained, labels), note
+
+
+# ---------------------------------------------------------------- influence
+
+@on_device
+def _influence(edit, param: str):
+    from grom.diagnostics import influence
+
+    return influence(edit, param).numpy()
+
+
+def influence_frame(shares: np.ndarray, forget) -> pd.DataFrame:
+    order = np.argsort(-shares)
+    return pd.DataFrame({"rank": np.arange(1, len(order) + 1), "share of ‖P‖": [f"{shares[i]:.2%}" for i in order],
+                         "example": [_label(forget[i]) if forget else str(i) for i in order]})
+
+
+def example_md(shares: np.ndarray, forget, rank: int) -> str:
+    order = np.argsort(-shares)
+    if not 1 <= rank <= len(order):
+        raise UserError(f"Rank {rank} is out of range: pick 1 to {len(order)}.")
+    i = int(order[rank - 1])
+    ex = forget[i] if forget else None
+    body = ""
+    if ex is not None:
+        q = getattr(ex, "question", None) or getattr(ex, "prompt", None)
+        body = (f"**Q:** {q}  \n**A:** {getattr(ex, 'answer', '')}" if q else f"{ex.text[:600]}")
+    return (f"**Rank {rank}**, forget example {i}: removing it changes P by "
+            f"**{shares[i]:.2%}** of ‖P‖.  \n{body}")
+
+
+@ui_errors
+def influence_bars(param: str, session: Session):
+    """Per-example influence ||P - P_-i|| / ||P|| (sorted bars, table, the largest shown)."""
+    edit = current_edit(session)
+    param = _matrix(edit, param)
+    norms = _influence(edit, param)
+    record = next(r for r in edit.layers if r.param_name == param)
+    shares = norms / max(record.patch_norm, 1e-30)
+    forget = session.extra.get("edit_inputs", ((), ()))[0]
+    session.influence = (param, shares)
+    labels = [_label(forget[i]) if forget else str(i) for i in range(len(shares))]
+    return (plots.plot_influence(shares, labels, top=TOP_BARS), influence_frame(shares, forget),
+            example_md(shares, forget, 1))
+
+
+@ui_errors
+def influence_example(rank: int, session: Session):
+    """The forget example at `rank` of the last influence audit (1 = the largest)."""
+    if session.influence is None:
+        raise UserError("Press Influence first.")
+    param, shares = session.influence
+    forget = session.extra.get("edit_inputs", ((), ()))[0]
+    rank = int(rank)
+    labels = [_label(forget[i]) if forget else str(i) for i in range(len(shares))]
+    return (example_md(shares, forget, rank),
+            plots.plot_influence(shares, labels, top=max(TOP_BARS, rank), selected=rank - 1))
+
+
+def on_table_select(evt: gr.SelectData, session: Session):
+    """Clicking a row of the influence table shows that example."""
+    row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+    return influence_example(int(row) + 1, session)
+
+
+# ---------------------------------------------------------------- beta sweep
+
+def _qa_subset(examples, n: int) -> tuple:
+    qa = [ex for ex in examples if hasattr(ex, "question") and hasattr(ex, "answer")]
+    if not qa:
+        raise UserError("The sweep scores question/answer examples, and this benchmark's "
+                        "evaluation sets have none.")
+    idx = np.linspace(0, len(qa) - 1, min(n, len(qa))).round().astype(int)
+    return tuple(qa[i] for i in sorted(set(idx)))
+
+
+@on_device
+def _sweep(key: ModelKey, forget, retain, config, param: str, values, f_eval, r_eval, progress):
+    from grom import run_edit
+    from grom.eval import answer_probabilities
+
+    fmt = config.prompt_format
+    with DEVICE_LOCK:
+        handle = REGISTRY.current
+        if handle is None or handle.key != key:
+            raise UserError("The model changed while the sweep was queued; load it again.")
+        model, tok = handle.model, handle.tokenizer
+
+        def probs():
+            return (float(answer_probabilities(model, tok, f_eval, prompt_format=fmt).mean()),
+                    float(answer_probabilities(model, tok, r_eval, prompt_format=fmt).mean()))
+
+        out = [(0.0, *probs())]
+        for i, v in enumerate(values):
+            if progress:
+                progress(i / len(values), f"{param} = {v:.3g}: edit and score")
+            e = run_edit(model, tok, forget, retain, config.replace(**{param: v}, keep_keys=False))
+            with e.applied(model):
+                out.append((v, *probs()))
+    return out
+
+
+@ui_errors
+def beta_sweep(points: int, spread: float, session: Session, progress=gr.Progress()):
+    """Edits at beta (or c) x spread^j around the current value, on the current band;
+    returns forget efficacy against model utility."""
+    handle = current_model(session)
+    edit = current_edit(session)
+    bench = current_benchmark(session)
+    points, spread = int(points), float(spread)
+    if not 2 <= points <= 9 or not 1.1 <= spread <= 10:
+        raise UserError("Use 2 to 9 points and a spread between 1.1 and 10.")
+    cfg = edit.config
+    param = "c" if cfg.target == "corruption" else "beta"
+    current = getattr(cfg, param)
+    values = sorted({float(f"{current * spread ** (j - points // 2):.4g}") for j in range(points)} | {current})
+    config = cfg.replace(layers=tuple(edit.band) or None)
+    forget, retain = session.extra.get("edit_inputs", (bench.forget, bench.retain))
+    sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}
+    f_eval = _qa_subset(sets.get("forget", bench.forget), SWEEP_EXAMPLES)
+    r_eval = _qa_subset(sets.get("retain", bench.retain), SWEEP_EXAMPLES)
+    res = _sweep(handle.key, forget, retain, config, param, values, f_eval, r_eval,
+                 device_progress(lambda f, m: progress(f, desc=m)))
+    frame = pd.DataFrame([{param: v, "p(forget answer)": round(pf, 4), "p(retain answer)": round(pr, 4),
+                           "forget efficacy": round(1 - pf, 4)} for v, pf, pr in res])
+    fig = plots.plot_beta_sweep([v for v, _, _ in res], [1 - pf for _, pf, _ in res],
+                                [pr for _, _, pr in res], current=current)
+    return fig, frame
+
+
+# ---------------------------------------------------------------- quantization
+
+@on_device
+def _quant(key: ModelKey, bench, edit, n):
+    from grom.eval import quantization_check
+
+    with DEVICE_LOCK:
+        handle = REGISTRY.current
+        if handle is None or handle.key != key:
+            raise UserError("The model changed while the request was queued; load it again.")
+        return quantization_check(handle.model, handle.tokenizer, bench, edit, max_examples=n)
+
+
+@ui_errors
+def quant_check(max_examples: int, session: Session):
+    """Forget metrics at full precision and 4-bit, base and edited."""
+    handle = current_model(session)
+    edit = current_edit(session)
+    bench = current_benchmark(session)
+    n = int(max_examples)
+    if not 1 <= n <= 10000:
+        raise UserError("Examples per set must be between 1 and 10000.")
+    df = _quant(handle.key, bench, edit, n)
+    method = "round-to-nearest, " + df.index.name if str(df.index.name).startswith("group") else df.index.name
+    out = df.reset_index(names="model").round(4)
+    return out, f"4-bit: {method}; {n} examples per set. The edited rows should stay close."
+
+
+def build_diagnostics_panel() -> SimpleNamespace:
+    text.md(text.DIAGNOSTICS, elem_classes="panel-intro")
+    matrix = gr.Dropdown([FIRST], value="", label="Edited matrix to inspect")
+    with gr.Accordion("PCA of the edited matrix's outputs", open=True):
+        text.md(text.PCA)
+        pca_btn = gr.Button("Draw PCA", size="sm")
+        pca = gr.Plot(plots.empty_figure("Run an edit, then Draw PCA."), show_label=False, elem_id="pca-plot")
+        pca_note = gr.Markdown("")
+    with gr.Accordion("Per-example influence", open=True):
+        text.md(text.INFLUENCE)
+        infl_btn = gr.Button("Influence", size="sm")
+        infl_plot = gr.Plot(plots.empty_figure("Run an edit, then Influence."), show_label=False)
+        with gr.Row():
+            infl_table = gr.Dataframe(label="Forget examples by influence (click a row)",
+                                      interactive=False, max_height=260, wrap=True, scale=3)
+            with gr.Column(scale=2):
+                rank = gr.Number(value=1, precision=0, label="Show the example at rank")
+                show = gr.Button("Show", size="sm")
+                infl_example = gr.Markdown("")
+    with gr.Accordion("β sweep: forget efficacy against model utility", open=False):
+        text.md(text.SWEEP)
+        with gr.Row(equal_height=True):
+            points = gr.Slider(2, 9, value=5, step=1, label="points")
+            spread = gr.Slider(1.5, 10, value=2, step=0.5, label="spread (× per step)")
+            sweep_btn = gr.Button("Sweep", size="sm", scale=0, min_width=100)
+        sweep_plot = gr.Plot(plots.empty_figure("Run an edit, then Sweep."), show_label=False)
+        sweep_table = gr.Dataframe(interactive=False, max_height=240)
+    with gr.Accordion("4-bit quantization check", open=False):
+        text.md(text.QUANT)
+        with gr.Row(equal_height=True):
+            quant_n = gr.Slider(5, 200, value=20, step=5, label="Examples per set")
+            quant_btn = gr.Button("Check", size="sm", scale=0, min_width=100)
+        quant_table = gr.Dataframe(interactive=False)
+        quant_note = gr.Markdown("")
+    return SimpleNamespace(matrix=matrix, pca_btn=pca_btn, pca=pca, pca_note=pca_note,
+                           infl_btn=infl_btn, infl_plot=infl_plot, infl_table=infl_table, rank=rank,
+                           show=show, infl_example=infl_example, points=points, spread=spread,
+                           sweep_btn=sweep_btn, sweep_plot=sweep_plot, sweep_table=sweep_table,
+                           quant_n=quant_n, quant_btn=quant_btn, quant_table=quant_table,
+                           quant_note=quant_note)

@@ -1,0 +1,67 @@
+"""Changed words between two generations, as HTML (difflib on word tokens)."""
+from __future__ import annotations
+
+import difflib
+import html
+import re
+from typing import Sequence
+
+_TOKENS = re.compile(r"\s*\S+")
+
+
+def _tokens(text: str) -> list[str]:
+    """Words with their leading whitespace; trailing whitespace is dropped."""
+    return _TOKENS.findall(text or "")
+
+
+def word_diff(before: str, after: str) -> tuple[list[tuple[str, str | None]], list[tuple[str, str | None]]]:
+    """Both texts as (piece, tag) lists: a run of words only in `before` is one "del"
+    piece, a run only in `after` one "ins" piece (words compared without their
+    whitespace); shared words are untagged."""
+    a, b = _tokens(before), _tokens(after)
+    matcher = difflib.SequenceMatcher(a=[t.strip() for t in a], b=[t.strip() for t in b], autojunk=False)
+    left: list[tuple[str, str | None]] = []
+    right: list[tuple[str, str | None]] = []
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        for side, words, tag in ((left, a[i1:i2], "del"), (right, b[j1:j2], "ins")):
+            if not words:
+                continue
+            if op == "equal":
+                side += [(w, None) for w in words]
+                continue
+            run = "".join(words)
+            core = run.lstrip()
+            if len(core) < len(run):  # the space before the run stays outside the mark
+                side.append((run[: len(run) - len(core)], None))
+            side.append((core, tag))
+    return left, right
+
+
+def _render(pieces: Sequence[tuple[str, str | None]]) -> str:
+    out = []
+    for text, tag in pieces:
+        esc = html.escape(text)
+        out.append(f'<span class="w-{tag}">{esc}</span>' if tag else esc)
+    return "".join(out) or '<span class="w-empty">(empty)</span>'
+
+
+def _prob(p) -> str:
+    return "" if p is None else f'<span class="gen-prob" title="p(gold answer)">p={p:.2f}</span>'
+
+
+def generations_html(rows: Sequence[dict], title: str = "") -> str:
+    """A before/after table; each row a dict with question, answer (may be None), before,
+    after, prob_before, prob_after (may be None). Changed words are highlighted."""
+    body = []
+    for r in rows:
+        left, right = word_diff(r.get("before", ""), r.get("after", ""))
+        gold = r.get("answer")
+        gold_html = f'<div class="gen-gold">gold: {html.escape(gold)}</div>' if gold else ""
+        same = " gen-same" if r.get("before", "") == r.get("after", "") else ""
+        body.append(
+            f'<tr class="gen-row{same}"><td class="gen-q">{html.escape(r.get("question", ""))}{gold_html}</td>'
+            f'<td class="gen-before">{_render(left)} {_prob(r.get("prob_before"))}</td>'
+            f'<td class="gen-after">{_render(right)} {_prob(r.get("prob_after"))}</td></tr>')
+    head = f'<div class="gen-title">{html.escape(title)}</div>' if title else ""
+    return (f'<div class="gen-table">{head}<table><thead><tr><th>question</th><th>before the edit</th>'
+            f'<th>after the edit</th></tr></thead><tbody>{"".join(body)}</tbody></table></div>')

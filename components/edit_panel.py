@@ -1,0 +1,282 @@
+"""Edit panel: presets, the hyperparameters (log sliders with exact number boxes), the
+target and matrix, Run with staged progress, the timings and patch norms, Reset.
+
+`edit_config` is the one function that turns the widgets into an `EditConfig`.
+"""
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import gradio as gr
+import pandas as pd
+
+from components import plots, text
+from components.errors import ui_errors
+from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
+                                current_benchmark, current_model, device_progress, on_device)
+
+CUSTOM = "(custom)"
+TARGETS = ["suppression", "corruption"]
+MATRICES = ["down_proj", "o_proj", "lm_head"]
+BAND_MODES = ["suggested", "manual"]
+# (min, max) of each value, and of its log10 slider
+RANGES = {"beta": (0.0, 1e5), "w_r": (0.0, 1e6), "rho": (1e-6, 10.0), "c": (0.0, 1e4)}
+LOG_SLIDERS = {"beta": (-1.0, 4.0), "w_r": (-1.0, 4.0), "rho": (-4.0, 0.0)}
+DEFAULT_RETAIN_EXAMPLES = 1600
+KEY_BYTES_KEPT = 512 << 20  # keys kept per edit for the diagnostics (beyond: the last layer's)
+
+
+def preset_choices() -> list[tuple[str, str]]:
+    from grom import PRESETS
+
+    return [(CUSTOM, CUSTOM)] + [(name, name) for name in PRESETS]
+
+
+def parse_band(textual: str, n_layers: int) -> tuple[int, ...]:
+    """ "3-5", "3,4,5" or "11 12" -> (3, 4, 5); every layer must be inside the model."""
+    layers: list[int] = []
+    for part in (textual or "").replace(",", " ").split():
+        try:
+            if "-" in part.strip("-"):
+                a, b = part.split("-", 1)
+                layers += list(range(int(a), int(b) + 1))
+            else:
+                layers.append(int(part))
+        except ValueError:
+            raise UserError(f"Band {textual!r}: write layers as 3-5 or 3,4,5.") from None
+    if not layers:
+        raise UserError("The manual band is empty: write layers as 3-5 or 3,4,5, or choose the "
+                        "suggested band.")
+    bad = sorted({l for l in layers if not 0 <= l < n_layers})
+    if bad:
+        raise UserError(f"Layers {bad} are outside the model: it has layers 0..{n_layers - 1}. "
+                        "Change the band.")
+    return tuple(sorted(set(layers)))
+
+
+def _check_range(name: str, value) -> float:
+    lo, hi = RANGES[name]
+    if value is None or not math.isfinite(float(value)) or not lo <= float(value) <= hi:
+        raise UserError(f"{name} = {value} is out of range: use a value between {lo:g} and {hi:g}.")
+    return float(value)
+
+
+def _budget(value, what: str) -> int | None:
+    if value is None or int(value) == 0:
+        return None
+    if int(value) < 1:
+        raise UserError(f"The {what} must be a positive number (0: no limit).")
+    return int(value)
+
+
+def edit_config(preset: str, target: str, beta: float, beta_relative: bool, w_r: float, rho: float,
+                c: float, matrix: str, use_alpha: bool, band_mode: str, band_text: str, k: int,
+                seed: int, forget_budget: int, retain_budget: int, batch_size: int, *,
+                n_layers: int, scores=None, prompt_format=None):
+    """The EditConfig for the widgets' values (the preset gives the fields with no widget)."""
+    from grom import PRESETS, EditConfig, best_window
+
+    if target not in TARGETS or matrix not in MATRICES or band_mode not in BAND_MODES:
+        raise UserError(f"target must be one of {TARGETS}, matrix one of {MATRICES}, band one of {BAND_MODES}.")
+    k = int(k)
+    if not 1 <= k <= n_layers:
+        raise UserError(f"The band width k = {k} must be between 1 and {n_layers} (the model's layers).")
+    if batch_size is None or not 1 <= int(batch_size) <= 1024:
+        raise UserError("The batch size must be between 1 and 1024.")
+    base = PRESETS.get(preset, EditConfig())
+    layers = None
+    if matrix != "lm_head":
+        if band_mode == "manual":
+            layers = parse_band(band_text, n_layers)
+        elif scores is not None:
+            layers = tuple(best_window(scores.S, k))
+    return base.replace(
+        target=target, beta=_check_range("beta", beta), beta_relative=bool(beta_relative),
+        w_r=_check_range("w_r", w_r), rho=_check_range("rho", rho), c=_check_range("c", c),
+        matrix=matrix, use_alpha=bool(use_alpha), layers=layers, k=k, seed=int(seed or 0),
+        forget_budget=_budget(forget_budget, "forget key budget"),
+        retain_budget=_budget(retain_budget, "retain key budget"), batch_size=int(batch_size),
+        prompt_format=prompt_format, candidates=None)
+
+
+def retain_subset(retain, limit, seed: int) -> tuple:
+    """At most `limit` retain examples (seeded sample; 0 or None: all), for speed."""
+    retain = tuple(retain)
+    if not limit or int(limit) <= 0 or len(retain) <= int(limit):
+        return retain
+    return tuple(random.Random(seed).sample(retain, int(limit)))
+
+
+def scores_key(session: Session, matrix: str, use_alpha: bool, n_retain) -> tuple:
+    return (session.model_key, id(session.benchmark), matrix, bool(use_alpha), n_retain)
+
+
+def _trim_keys(edit) -> None:
+    """Keep the diagnostics' keys within KEY_BYTES_KEPT: all layers, or the last one."""
+    size = sum(t.numel() * t.element_size() for k in edit.keys.values() for t in (k.Xf, k.Xr))
+    if size > KEY_BYTES_KEPT and len(edit.keys) > 1:
+        last = list(edit.keys)[-1]
+        edit.keys = {last: edit.keys[last]}
+
+
+@on_device
+def compute_edit(key: ModelKey, forget, retain, config, scores, progress):
+    from grom import run_edit
+
+    with DEVICE_LOCK:
+        handle = REGISTRY.current
+        if handle is None or handle.key != key:
+            raise UserError("The model changed while the edit was queued; load it again.")
+        return run_edit(handle.model, handle.tokenizer, forget, retain, config,
+                        progress=progress, scores=scores)
+
+
+def layer_table(edit) -> pd.DataFrame:
+    """One row per edited matrix: its patch norm, the beta and mu used, the key counts."""
+    def name(r):
+        kind = edit.config.matrix
+        return f"L{r.layer} · {kind}" if r.layer is not None else kind
+
+    rows = [{"matrix": name(r), "‖P‖": round(r.patch_norm, 4),
+             "‖P‖/‖W‖": f"{r.patch_norm / max(r.weight_norm, 1e-12):.2%}",
+             "β used": float(f"{r.beta:.4g}"), "μ": float(f"{r.mu:.4g}"),
+             "forget keys": r.n_forget_keys, "retain keys": r.n_retain_keys,
+             "solve s": round(r.solve_seconds, 2)} for r in edit.layers]
+    return pd.DataFrame(rows)
+
+
+def edit_summary(edit) -> str:
+    t = edit.timings
+    band = ", ".join(map(str, edit.band)) if edit.band else "LM head"
+    parts = " · ".join(f"{name} {t[name]:.2f} s" for name in ("scores", "keys", "solve", "apply") if name in t)
+    return (f"**Edited** layers {band} of `{edit.config.matrix}` in **{t.get('total', 0):.1f} s** "
+            f"({parts}). Total ‖P‖ = {edit.patch_norm():.4g}.")
+
+
+def norms_figure(edit):
+    return plots.plot_patch_norms([f"L{r.layer}" if r.layer is not None else "head" for r in edit.layers],
+                                  [r.patch_norm for r in edit.layers],
+                                  [r.patch_norm / max(r.weight_norm, 1e-12) for r in edit.layers])
+
+
+@ui_errors
+def run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: float, rho: float,
+             c: float, matrix: str, use_alpha: bool, band_mode: str, band_text: str, k: int,
+             seed: int, forget_budget: int, retain_budget: int, batch_size: int,
+             retain_examples: int, session: Session, progress=gr.Progress()):
+    """Run the GROM edit for the session; returns the summary, the per-layer table and
+    the patch-norm plot."""
+    from grom.arch import num_layers
+
+    handle = current_model(session)
+    bench = current_benchmark(session)
+    retain = retain_subset(bench.retain, retain_examples, int(seed or 0))
+    skey = scores_key(session, matrix, use_alpha, (len(retain), int(seed or 0)))
+    scores = session.scores if session.scores_for == skey else None
+    config = edit_config(preset, target, beta, beta_relative, w_r, rho, c, matrix, use_alpha,
+                         band_mode, band_text, k, seed, forget_budget, retain_budget, batch_size,
+                         n_layers=num_layers(handle.model), scores=scores,
+                         prompt_format=bench.prompt_format)
+    edit = compute_edit(handle.key, bench.forget, retain, config, scores,
+                        device_progress(lambda f, msg: progress(f, desc=msg)))
+    _trim_keys(edit)
+    session.edit, session.edit_for = edit, handle.key
+    session.extra["edit_inputs"] = (bench.forget, retain)
+    session.report = session.influence = None
+    if edit.scores is not None and scores is None:
+        session.scores, session.scores_for = edit.scores, skey
+    return edit_summary(edit), layer_table(edit), norms_figure(edit)
+
+
+@ui_errors
+def reset(session: Session):
+    """Drop the session's edit: the model is the original again (its weights never changed)."""
+    had = session.edit is not None
+    session.edit = session.edit_for = session.report = session.influence = None
+    session.extra.pop("edit_inputs", None)
+    msg = ("Reset: the edit was dropped; every answer now comes from the original model."
+           if had else "Nothing to reset: there is no edit, the model is the original.")
+    return msg, pd.DataFrame(), plots.empty_figure("Run an edit to see its patch norms.", 260)
+
+
+def fill_preset(preset: str):
+    """The widgets' values for a preset (beta, w_r, rho as number and log slider)."""
+    from grom import PRESETS
+
+    if preset not in PRESETS:
+        return [gr.skip()] * 14
+    p = PRESETS[preset]
+    band = f"{p.layers[0]}-{p.layers[-1]}" if p.layers and list(p.layers) == list(
+        range(p.layers[0], p.layers[-1] + 1)) else ",".join(map(str, p.layers or ()))
+    k = len(p.layers) if p.layers else p.k
+    return [p.target, p.beta, _log(p.beta), p.beta_relative, p.w_r, _log(p.w_r), p.rho, _log(p.rho),
+            p.c, p.matrix, p.use_alpha, "manual" if p.layers else "suggested", band, k]
+
+
+def beta_label(relative: bool) -> str:
+    return "β (relative)" if relative else "β (absolute)"
+
+
+def _log(v: float) -> float:
+    return round(math.log10(v), 3) if v and v > 0 else -1.0
+
+
+def _log_pair(name: str, label: str, value: float, info: str):
+    lo, hi = LOG_SLIDERS[name]
+    with gr.Row(equal_height=True, elem_classes="log-pair"):
+        slider = gr.Slider(lo, hi, value=_log(value), step=0.01, label=f"log₁₀ {label.split()[0]}", scale=3,
+                           info=info, buttons=[])
+        number = gr.Number(value=value, label=label, scale=1, min_width=90)
+    slider.input(lambda v: round(10 ** v, 6 if v < 0 else 3), slider, number, queue=False,
+                 api_visibility="private")
+    number.input(lambda v: _log(v) if v and v > 0 else gr.skip(), number, slider, queue=False,
+                 api_visibility="private")
+    return slider, number
+
+
+def build_edit_panel() -> SimpleNamespace:
+    from grom import PRESETS
+
+    demo = PRESETS["demo"]
+    text.md(text.EDIT, elem_classes="panel-intro")
+    preset = gr.Dropdown(preset_choices(), value="demo", label="Preset (the paper's settings)",
+                         info="tofu10, tofu5, muse-*, wmdp-bio, zsre as in the paper; demo for the bundled model")
+    with gr.Row():
+        run = gr.Button("Run edit", variant="primary", scale=3, elem_id="run-edit")
+        reset_btn = gr.Button("Reset", variant="secondary", scale=1, min_width=90, elem_id="reset-edit")
+    status = gr.Markdown("No edit yet: press **Run edit**.", elem_id="edit-status")
+    with gr.Row(equal_height=True):
+        target = gr.Radio(TARGETS, value=demo.target, label="Target D", scale=2, min_width=150)
+        matrix = gr.Radio(MATRICES, value=demo.matrix, label="Edited matrix W", scale=3, min_width=200)
+    beta_log, beta = _log_pair("beta", beta_label(demo.beta_relative), demo.beta,
+                               "suppression strength (paper, absolute: 20 to 1000)")
+    beta_relative = gr.Checkbox(value=demo.beta_relative, label="β relative: in units of the mean ‖W x‖ "
+                                "on the forget keys (off: absolute, as in the paper)")
+    w_r_log, w_r = _log_pair("w_r", "w_r", demo.w_r, "retain weight, w_f = 1 (paper: 10 to 1000)")
+    rho_log, rho = _log_pair("rho", "ρ", demo.rho, "ridge μ = ρ · mean diag(A) (paper: 0.03)")
+    c = gr.Slider(0, 200, value=demo.c, step=0.5, label="c (corruption strength; paper 45)",
+                  visible=demo.target == "corruption")
+    use_alpha = gr.Checkbox(value=demo.use_alpha, label="Specificity weights α (off: the paper's ablation)")
+    with gr.Accordion("Advanced: keys, budgets, speed", open=False):
+        with gr.Row():
+            seed = gr.Number(value=0, label="seed", precision=0, min_width=80)
+            batch_size = gr.Number(value=demo.batch_size, label="batch size", precision=0, min_width=80)
+        with gr.Row():
+            forget_budget = gr.Number(value=demo.forget_budget, label="forget key budget (0: all)",
+                                      precision=0, min_width=120)
+            retain_budget = gr.Number(value=demo.retain_budget, label="retain key budget (0: all)",
+                                      precision=0, min_width=120)
+        retain_examples = gr.Number(value=DEFAULT_RETAIN_EXAMPLES, precision=0, label="retain examples "
+                                    "giving keys (a seeded sample, for speed; 0: all)")
+    target.change(lambda t: gr.Slider(visible=t == "corruption"), target, c, queue=False,
+                  api_visibility="private")
+    beta_relative.change(lambda rel: gr.Number(label=beta_label(rel)), beta_relative, beta, queue=False,
+                         api_visibility="private")
+    return SimpleNamespace(preset=preset, target=target, beta=beta, beta_log=beta_log,
+                           beta_relative=beta_relative, w_r=w_r, w_r_log=w_r_log, rho=rho,
+                           rho_log=rho_log, c=c, matrix=matrix, use_alpha=use_alpha, seed=seed,
+                           batch_size=batch_size, forget_budget=forget_budget,
+                           retain_budget=retain_budget, retain_examples=retain_examples, run=run,
+                           reset=reset_btn, status=status)

@@ -1,0 +1,103 @@
+"""Layers panel: S_l = F_l - R_l per layer (logit lens), the suggested band of width k
+highlighted, and a manual override of the band."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gradio as gr
+
+from components import plots, text
+from components.edit_panel import BAND_MODES, parse_band, retain_subset, scores_key
+from components.errors import ui_errors
+from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
+                                current_benchmark, current_model, device_progress, on_device)
+
+
+@on_device
+def compute_scores(key: ModelKey, forget, retain, config, progress):
+    from grom.arch import unembedding
+    from grom.editing import compute_scores as score, prepare
+
+    with DEVICE_LOCK:
+        handle = REGISTRY.current
+        if handle is None or handle.key != key:
+            raise UserError("The model changed while the scores were queued; load it again.")
+        vocab = unembedding(handle.model).shape[0]
+        prep = prepare(handle.tokenizer, forget, retain, config, vocab)
+        return score(handle.model, prep, config, progress)
+
+
+def band_of(scores, k: int, band_mode: str, band_text: str) -> tuple[list[int], list[int]]:
+    """(the band that will be edited, the suggested one) for the widgets' values."""
+    from grom import best_window
+
+    n = len(scores.S)
+    k = max(1, min(int(k), n))
+    suggested = best_window(scores.S, k)
+    band = list(parse_band(band_text, n)) if band_mode == "manual" else suggested
+    return band, suggested
+
+
+def scores_figure(scores, k, band_mode, band_text, show_parts):
+    band, suggested = band_of(scores, k, band_mode, band_text)
+    return plots.plot_layer_scores(scores.S, scores.F, scores.R, band, show_parts=bool(show_parts),
+                                   suggested=suggested)
+
+
+def band_text_md(scores, k, band_mode, band_text) -> str:
+    band, suggested = band_of(scores, k, band_mode, band_text)
+    where = "manual" if band_mode == "manual" else f"suggested for k = {int(k)}"
+    best = max(range(len(scores.S)), key=lambda l: scores.S[l])
+    return (f"Band ({where}): layers **{', '.join(map(str, band))}**; suggested band "
+            f"{suggested[0]}–{suggested[-1]}; the highest single score is layer {best} "
+            f"(S = {scores.S[best]:.4g}).")
+
+
+@ui_errors
+def layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text: str,
+                 show_parts: bool, retain_examples: int, seed: int, session: Session,
+                 progress=gr.Progress()):
+    """Compute S_l, F_l, R_l for every layer; returns the plot and a line about the band."""
+    from grom import EditConfig
+
+    handle = current_model(session)
+    bench = current_benchmark(session)
+    if matrix == "lm_head":
+        raise UserError("Layer scores rank down_proj / o_proj layers; the LM head is one matrix. "
+                        "Choose down_proj or o_proj to see them.")
+    retain = retain_subset(bench.retain, retain_examples, int(seed or 0))
+    config = EditConfig(matrix=matrix, use_alpha=bool(use_alpha), prompt_format=bench.prompt_format,
+                        k=1, seed=int(seed or 0))
+    scores = compute_scores(handle.key, bench.forget, retain, config,
+                            device_progress(lambda f: progress(f, desc="logit lens over the keys")))
+    session.scores = scores
+    session.scores_for = scores_key(session, matrix, use_alpha, (len(retain), int(seed or 0)))
+    return (scores_figure(scores, k, band_mode, band_text, show_parts),
+            band_text_md(scores, k, band_mode, band_text))
+
+
+@ui_errors
+def redraw(k: int, band_mode: str, band_text: str, show_parts: bool, session: Session):
+    """Redraw from the session's scores (no model needed) after k or the band changed."""
+    if session.scores is None:
+        return gr.skip(), "Press **Compute layer scores** to see S_l (or run an edit)."
+    return (scores_figure(session.scores, k, band_mode, band_text, show_parts),
+            band_text_md(session.scores, k, band_mode, band_text))
+
+
+def build_layers_panel() -> SimpleNamespace:
+    text.md(text.LAYERS, elem_classes="panel-intro")
+    plot = gr.Plot(plots.empty_figure("Press Compute layer scores (or run an edit) to see S_l per layer."),
+                   show_label=False, elem_id="layer-plot")
+    band_info = gr.Markdown("")
+    with gr.Row(equal_height=True):
+        k = gr.Slider(1, 32, value=3, step=1, label="Band width k", scale=2)
+        band_mode = gr.Radio(BAND_MODES, value="manual", label="Band", scale=1, min_width=150)
+        band_text = gr.Textbox(value="3-5", label="Manual band (layers)", placeholder="3-5 or 3,4,5",
+                               scale=1, min_width=120)
+    with gr.Row(equal_height=True):
+        show_parts = gr.Checkbox(value=False, label="Show F_l and R_l as lines")
+        compute = gr.Button("Compute layer scores", scale=0, min_width=200)
+    text.md(text.LAYERS_MATH, elem_classes="math")
+    return SimpleNamespace(plot=plot, band_info=band_info, k=k, band_mode=band_mode,
+                           band_text=band_text, show_parts=show_parts, compute=compute)

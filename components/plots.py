@@ -1,0 +1,141 @@
+"""Pure plotly builders: data in, `go.Figure` out. No model, no gradio, no state.
+
+Colours: forget is warm (orange), retain cool (blue), the band and highlights violet.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+FORGET, RETAIN, ACCENT, MUTED = "#e8590c", "#1c7ed6", "#7048e8", "#adb5bd"
+FONT = dict(family="Inter, system-ui, sans-serif", size=13)
+
+
+def _layout(fig: go.Figure, title: str, height: int = 360, **kw) -> go.Figure:
+    base = dict(title=dict(text=title, x=0.01, font=dict(size=15)), height=height,
+                margin=dict(l=50, r=20, t=48, b=44), font=FONT, template="plotly_white",
+                legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
+    fig.update_layout(**(base | kw))
+    return fig
+
+
+def empty_figure(message: str, height: int = 300) -> go.Figure:
+    """A blank figure that says what to do to fill it."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color="#868e96"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, "", height)
+
+
+def plot_layer_scores(S: Sequence[float], F: Sequence[float], R: Sequence[float],
+                      band: Sequence[int], *, show_parts: bool = False,
+                      suggested: Sequence[int] | None = None) -> go.Figure:
+    """Bars of S_l = F_l - R_l per layer, the band's bars in the accent colour and shaded;
+    F_l and R_l on hover, or as lines when `show_parts`."""
+    layers = list(range(len(S)))
+    band = set(band)
+    colours = [ACCENT if l in band else MUTED for l in layers]
+    custom = np.stack([np.asarray(F, float), np.asarray(R, float)], axis=1)
+    fig = go.Figure(go.Bar(
+        x=layers, y=list(S), marker_color=colours, name="S_l = F_l − R_l", customdata=custom,
+        hovertemplate="layer %{x}<br>S = %{y:.4g}<br>F = %{customdata[0]:.4g}"
+                      "<br>R = %{customdata[1]:.4g}<extra></extra>"))
+    if band:
+        fig.add_vrect(x0=min(band) - 0.5, x1=max(band) + 0.5, fillcolor=ACCENT, opacity=0.08,
+                      line_width=0, annotation_text="band", annotation_position="top left")
+    if suggested and set(suggested) != band:
+        fig.add_vrect(x0=min(suggested) - 0.5, x1=max(suggested) + 0.5, line=dict(
+            color=ACCENT, dash="dot", width=1), fillcolor="rgba(0,0,0,0)",
+            annotation_text="suggested", annotation_position="bottom right")
+    if show_parts:
+        fig.add_trace(go.Scatter(x=layers, y=list(F), mode="lines+markers", name="F_l (forget)",
+                                 line=dict(color=FORGET)))
+        fig.add_trace(go.Scatter(x=layers, y=list(R), mode="lines+markers", name="R_l (retain)",
+                                 line=dict(color=RETAIN)))
+    fig.update_xaxes(title="layer", tickmode="linear", dtick=max(1, len(layers) // 16))
+    fig.update_yaxes(title="logit-lens score", zeroline=True, zerolinecolor="#ced4da")
+    return _layout(fig, "Layer scores S_l (the band is edited)", showlegend=show_parts)
+
+
+def plot_patch_norms(labels: Sequence[str], norms: Sequence[float],
+                     relative: Sequence[float]) -> go.Figure:
+    """||P||_F per edited matrix, with ||P|| / ||W|| on hover."""
+    fig = go.Figure(go.Bar(x=list(labels), y=list(norms), marker_color=ACCENT,
+                           customdata=np.asarray(relative, float),
+                           hovertemplate="%{x}<br>‖P‖ = %{y:.4g}<br>‖P‖/‖W‖ = %{customdata:.3%}"
+                                         "<extra></extra>"))
+    fig.update_yaxes(title="‖P‖ (Frobenius)")
+    return _layout(fig, "Patch norm per edited matrix", height=260)
+
+
+def plot_pca(points: dict[str, np.ndarray], explained: Sequence[float],
+             labels: dict[str, Sequence[str]] | None = None) -> go.Figure:
+    """3-D scatter of projected outputs: keys "forget_before", "forget_after",
+    "retain_before", "retain_after", each (N, 3). Hollow before, filled after, a thin line
+    from each forget example's before to its after."""
+    labels = labels or {}
+    fig = go.Figure()
+    style = {"forget": FORGET, "retain": RETAIN}
+    for part, colour in style.items():
+        for when, symbol in (("before", "circle-open"), ("after", "circle")):
+            P = np.asarray(points[f"{part}_{when}"], float)
+            text = list(labels.get(part, [])) or None
+            fig.add_trace(go.Scatter3d(
+                x=P[:, 0], y=P[:, 1], z=P[:, 2], mode="markers", name=f"{part}, {when}",
+                marker=dict(size=4 if when == "after" else 5, color=colour, symbol=symbol,
+                            opacity=0.9 if when == "after" else 0.7, line=dict(width=1, color=colour)),
+                text=text, hovertemplate="%{text}<extra>" + f"{part}, {when}</extra>" if text else None))
+    B, A = (np.asarray(points[f"forget_{w}"], float) for w in ("before", "after"))
+    xs, ys, zs = ([v for b, a in zip(B[:, i], A[:, i]) for v in (b, a, None)] for i in range(3))
+    fig.add_trace(go.Scatter3d(x=xs, y=ys, z=zs, mode="lines", name="forget moves",
+                               line=dict(color=FORGET, width=1), opacity=0.35, hoverinfo="skip"))
+    ev = [f"PC{i + 1} ({e:.0%})" for i, e in enumerate(explained)]
+    fig.update_layout(scene=dict(xaxis_title=ev[0], yaxis_title=ev[1], zaxis_title=ev[2],
+                                 aspectmode="cube"))
+    return _layout(fig, "W x (hollow) and (W + P) x (filled), per example", height=540,
+                   margin=dict(l=0, r=0, t=40, b=0),
+                   legend=dict(orientation="h", yanchor="top", y=-0.02, xanchor="center", x=0.5))
+
+
+def plot_influence(shares: Sequence[float], labels: Sequence[str], *, top: int = 40,
+                   selected: int | None = None) -> go.Figure:
+    """The `top` largest per-example influences ||P - P_-i|| / ||P||, sorted, the largest
+    (or the `selected` rank) marked."""
+    shares = np.asarray(shares, float)
+    order = np.argsort(-shares)[:top]
+    mark = 0 if selected is None else selected
+    colours = [ACCENT if rank == mark else FORGET for rank in range(len(order))]
+    fig = go.Figure(go.Bar(
+        x=[f"#{r + 1}" for r in range(len(order))], y=shares[order], marker_color=colours,
+        customdata=[labels[i] for i in order],
+        hovertemplate="rank %{x}: %{y:.2%} of ‖P‖<br>%{customdata}<extra></extra>"))
+    if len(order):
+        fig.add_annotation(x=f"#{mark + 1}", y=float(shares[order[mark]]), text="largest" if mark == 0
+                           else "selected", showarrow=True, arrowhead=2, ay=-30)
+    fig.update_yaxes(title="share of ‖P‖", tickformat=".1%")
+    fig.update_xaxes(title="forget examples, by influence")
+    return _layout(fig, "Per-example influence ‖P − P₋ᵢ‖ / ‖P‖ (Theorem 2)", height=320)
+
+
+def plot_beta_sweep(betas: Sequence[float], efficacy: Sequence[float], utility: Sequence[float],
+                    current: float | None = None) -> go.Figure:
+    """Forget efficacy against model utility, one point per beta, the current one marked."""
+    betas = list(betas)
+    fig = go.Figure(go.Scatter(
+        x=list(efficacy), y=list(utility), mode="lines+markers+text", text=[f"β={b:.3g}" for b in betas],
+        textposition="top center", marker=dict(size=10, color=np.log10(np.maximum(betas, 1e-9)),
+                                               colorscale="Viridis"),
+        line=dict(color=MUTED), hovertemplate="%{text}<br>forget efficacy %{x:.3f}"
+                                              "<br>model utility %{y:.3f}<extra></extra>"))
+    if current is not None and current in betas:
+        i = betas.index(current)
+        fig.add_trace(go.Scatter(x=[efficacy[i]], y=[utility[i]], mode="markers", name="current β",
+                                 marker=dict(size=18, color="rgba(0,0,0,0)",
+                                             line=dict(color=ACCENT, width=3))))
+    fig.update_xaxes(title="forget efficacy (1 − p(answer) on forget)", rangemode="tozero")
+    fig.update_yaxes(title="model utility (p(answer) on retain)", rangemode="tozero")
+    return _layout(fig, "β sweep: forgetting against keeping", height=380, showlegend=False)

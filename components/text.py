@@ -1,0 +1,89 @@
+"""The words of the page: one sentence per step for teaching, and the math (KaTeX)."""
+import gradio as gr
+
+LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
+
+
+def md(value: str = "", **kw) -> gr.Markdown:
+    """A Markdown block that renders $inline$ and $$display$$ math."""
+    return gr.Markdown(value, latex_delimiters=LATEX, **kw)
+
+
+INTRO = """\
+# GROM Studio
+**Gradient-free Rapid One-shot Machine unlearning**: one closed-form least-squares edit per
+matrix makes a language model stop producing a *forget* set while it keeps a *retain* set,
+with no gradient steps. Follow the numbers, or press **Run edit** straight away.
+"""
+
+MODEL = ("**1 · Model.** GROM edits the weights of a causal language model: the bundled demo "
+         "(a tiny Llama trained on fictitious authors, seconds on a CPU), a paper target, or type "
+         "a Hub id or a folder in `models/`.")
+
+BENCHMARK = ("**2 · Benchmark.** The *forget* set is what the model should no longer say, the "
+             "*retain* set what it must keep saying; both give the keys of the edit.")
+
+LAYERS = ("**3 · Layers.** The logit lens asks how much each layer writes the forget answers' "
+          "tokens straight into the logits, beyond what it does for the retain answers; the "
+          "contiguous band of width $k$ with the largest mean score is edited.")
+
+LAYERS_MATH = r"""
+$$S_l = F_l - R_l,\qquad F_l = \frac{\sum_j \alpha_j \langle w_{g_j}, o_l(j)\rangle}{\sum_j \alpha_j},\qquad R_l = \operatorname{mean}_j \langle w_{g_j}, o_l(j)\rangle$$
+
+$o_l(j)$ is the output of layer $l$'s edited matrix at position $j$, $w_{g}$ the LM-head row
+of the gold next token $g_j$, and $\alpha_j$ its specificity weight.
+"""
+
+EDIT = ("**4 · Edit.** The keys $X_f$ (forget) and $X_r$ (retain) are the inputs of the edited "
+        "matrix $W$ at every position that predicts an answer token; one linear solve finds the "
+        "patch $P$ that moves the forget outputs to the target $D$ and leaves the retain "
+        "outputs alone.")
+
+EDIT_MATH = r"""
+$$P = \frac{w_f}{s}\, D X_f^\top A^{-1},\qquad A = \frac{w_r}{r} X_r X_r^\top + \frac{w_f}{s} X_f X_f^\top + \mu I,\qquad \mu = \rho\,\overline{\operatorname{diag}(A_{\text{data}})}$$
+
+Suppression: $d_j = -\beta\,\alpha_j\,u_j$ with $u_j$ the unit LM-head row of the gold token and
+$\alpha_j = \max\bigl(0, 1 - \mathrm{rf}(g_j)/\mathrm{ff}(g_j)\bigr)$; corruption: $d_j = c\,u$
+for one fixed random unit vector $u$. Only $w_r / w_f$ matters ($w_f = 1$). Then
+$W \leftarrow W + P$, layer by layer through the band.
+"""
+
+COMPARE = ("**5 · Compare.** The same questions go to the model before and after the edit (and "
+           "to the model trained without the forget set, the gold standard): forget answers "
+           "should break, retain answers should not move.")
+
+DIAGNOSTICS = ("**6 · Diagnostics.** Look inside the edit: where the edited matrix sends each "
+               "example, which forget examples shaped the patch most, how β trades forgetting "
+               "against keeping, and whether the edit survives 4-bit quantization.")
+
+PCA = ("Each point is one example's mean output of the edited matrix over its answer positions, "
+       "before ($Wx$, hollow) and after ($(W+P)x$, filled), projected on three principal "
+       "components: forget examples should move, retain examples should stay.")
+
+INFLUENCE = r"""Theorem 2: removing forget example $i$ (key block $C_i$) changes the patch by a
+rank-$c_i$ term, $\Delta P_i = P - P_{-i} = L_i R_i^\top$, found from the cached factor of $A$ with
+one $c_i \times c_i$ solve (Woodbury). Bars show $\lVert \Delta P_i\rVert_F / \lVert P\rVert_F$;
+pick a rank to read the example."""
+
+SWEEP = ("Each β is a full edit of the same band (the layer scores are reused); efficacy and "
+         "utility come from the probability of the gold answer, teacher-forced, on small "
+         "forget and retain subsets.")
+
+QUANT = ("A 4-bit copy of the edited model should still forget: an edit that lives below the "
+         "quantization step would come back after quantizing.")
+
+EXPORT = ("**7 · Export.** The edit is data: the patch $P$ per matrix in safetensors and the "
+          "config in JSON; apply it to the same base model with the library.")
+
+SNIPPET = '''\
+from grom import Edit
+from grom.models import load_model
+
+model, tokenizer = load_model({model!r})
+edit = Edit.load("{folder}")          # patch.safetensors + edit.json
+with edit.applied(model):              # W <- W + P; restored bit for bit on exit
+    ...                                # generate, evaluate
+edit.apply(model)                      # or keep it applied
+'''
+
+DEMO_SNIPPET_LOAD = "from grom.demo import load_demo_model\nmodel, tokenizer = load_demo_model(\"full\")"

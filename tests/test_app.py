@@ -1,0 +1,261 @@
+"""GROM Studio through its API, as a script would drive it: a locally launched app and
+`gradio_client`. The demo pipeline, two sessions at once with different edits (the base
+weights bit-identical afterwards), and every bad input answered with an error while the
+app keeps serving.
+
+Runs on a CPU with the bundled demo model; the edits use a few hundred retain examples
+and the comparisons a few examples per set, to stay quick.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+
+import app  # noqa: E402
+from components import edit_panel  # noqa: E402
+from components.session import REGISTRY  # noqa: E402
+
+QUICK = dict(retain_examples=300)  # a seeded sample of the retain set gives the keys
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def weights_hash(model) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def url():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is faster, and fair to the other tests
+    app.preload()
+    demo = app.build_app()
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(),
+                                  prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    yield local_url
+    demo.close()
+    torch.set_num_threads(threads)
+
+
+def new_client(url) -> Client:
+    c = Client(url, verbose=False)
+    c.predict("demo", "auto", "auto", api_name="/load_model")
+    c.predict("demo", "forget10", "", None, None, api_name="/load_benchmark")
+    return c
+
+
+def headers_and_rows(frame: dict) -> tuple[list, list]:
+    return frame["headers"], frame["data"]
+
+
+def test_the_demo_pipeline_through_the_api(url, tmp_path):
+    c = Client(url, verbose=False)
+    status, summary, _ = c.predict("demo", "auto", "auto", api_name="/load_model")
+    assert "6 layers" in status and "LlamaForCausalLM" in summary
+    info, forget_df, retain_df, preset = c.predict("demo", "forget10", "", None, None,
+                                                   api_name="/load_benchmark")
+    assert "400 forget" in info and preset == "demo" and "Where was" in forget_df
+
+    plot, band = c.predict(k=3, band_mode="suggested", api_name="/layer_scores", **QUICK)
+    assert plot["type"] == "plotly" and "Band (suggested for k = 3)" in band
+    assert len(json.loads(plot["plot"])["data"][0]["y"]) == 6  # S_l for every layer
+
+    summary, table, norms = c.predict(api_name="/run_edit", **QUICK)
+    assert "Edited" in summary and "layers 3, 4, 5" in summary
+    assert len(table["data"]) == 3 and norms["type"] == "plotly"
+
+    text, metrics, forget_html, retain_html = c.predict(max_examples=8, api_name="/compare")
+    heads, rows = headers_and_rows(metrics)
+    assert heads[:4] == ["metric", "Base", "Edited", "Retain model"] and rows[0][0] == "Final score"
+    forget_prob = next(r for r in rows if r[0] == "Forget prob")
+    assert float(forget_prob[2]) < float(forget_prob[1])  # the edit lowered p(forget answer)
+    assert "Final score" in text and 'class="w-del"' in forget_html and "gen-table" in retain_html
+
+    asked = c.predict("Where was Sina Cheithnu born?", api_name="/generate")
+    assert "before the edit" in asked and "after the edit" in asked
+
+    pca, note = c.predict("", api_name="/pca")
+    traces = json.loads(pca["plot"])["data"]
+    assert {t["name"] for t in traces} >= {"forget, before", "forget, after", "retain, before", "retain, after"}
+    assert "moved the forget outputs" in note
+
+    bars, ranking, example = c.predict("", api_name="/influence")
+    assert bars["type"] == "plotly" and ranking["data"][0][0] == 1 and "Rank 1" in example
+    example3, _ = c.predict(3, api_name="/influence_example")
+    assert "Rank 3" in example3
+
+    sweep, points = c.predict(points=2, spread=2.0, api_name="/beta_sweep")
+    betas = [row[0] for row in points["data"]]
+    assert betas == [0.0, 75.0, 150.0] and sweep["type"] == "plotly"
+    efficacy = [row[3] for row in points["data"]]
+    assert efficacy[0] < efficacy[-1]  # a stronger edit forgets more than none
+
+    quant, qnote = c.predict(max_examples=5, api_name="/quantization")
+    assert [row[0] for row in quant["data"]][:2] == ["Base, full precision", "Base, 4-bit (rtn)"]
+    assert len(quant["data"]) == 4 and "4-bit" in qnote
+
+    files, note, code = c.predict(api_name="/export")
+    names = sorted(Path(f).name for f in files)
+    assert names == ["edit.json", "patch.safetensors"] and "Edit.load" in code
+    folder = tmp_path / "grom-edit"
+    folder.mkdir()
+    for f in files:
+        shutil.copy(f, folder / Path(f).name)
+    from grom import Edit
+
+    loaded = Edit.load(folder)
+    assert loaded.band == [3, 4, 5] and loaded.config.beta == 150.0
+
+    status, table, _ = c.predict(api_name="/reset")
+    assert "dropped" in status
+    with pytest.raises(Exception, match="no edit yet"):
+        c.predict(max_examples=5, api_name="/compare")
+
+
+def test_two_sessions_with_different_edits_at_once(url):
+    a, b = new_client(url), new_client(url)
+    model = REGISTRY.current.model
+    before = weights_hash(model)
+    jobs = {"a": dict(band_mode="manual", band_text="3-5", beta=150.0),
+            "b": dict(band_mode="manual", band_text="4", beta=40.0, w_r=10.0)}
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit((a if name == "a" else b).predict, api_name="/run_edit",
+                                     **QUICK, **kw) for name, kw in jobs.items()}
+        edits = {name: f.result(timeout=300) for name, f in futures.items()}
+    assert "layers 3, 4, 5" in edits["a"][0] and "layers 4 " in edits["b"][0]
+    with ThreadPoolExecutor(2) as pool:
+        fa = pool.submit(a.predict, max_examples=6, api_name="/compare")
+        fb = pool.submit(b.predict, max_examples=6, api_name="/compare")
+        ra, rb = fa.result(timeout=300), fb.result(timeout=300)
+    prob = lambda r: next(row for row in r[1]["data"] if row[0] == "Forget prob")  # noqa: E731
+    assert prob(ra)[1] == prob(rb)[1]  # the same base model...
+    assert prob(ra)[2] != prob(rb)[2]  # ...and each session's own edit
+    exported = {}
+    for name, client in (("a", a), ("b", b)):
+        files, _, _ = client.predict(api_name="/export")
+        meta = json.loads(Path(next(f for f in files if f.endswith("edit.json"))).read_text())
+        exported[name] = (meta["config"]["layers"], meta["config"]["beta"])
+    assert exported == {"a": ([3, 4, 5], 150.0), "b": ([4], 40.0)}
+    assert weights_hash(model) == before  # never left edited
+
+
+def test_loading_another_model_replaces_the_shared_one_with_a_clear_message(url):
+    a, b = new_client(url), new_client(url)
+    a.predict(api_name="/run_edit", **QUICK)
+    status, _, _ = b.predict("demo-retain", "cpu", "float32", api_name="/load_model")
+    assert "demo-retain" in status
+    try:
+        with pytest.raises(Exception, match="another session has since loaded"):
+            a.predict(max_examples=5, api_name="/compare")
+    finally:
+        a.predict("demo", "auto", "auto", api_name="/load_model")
+    text, *_ = a.predict(max_examples=5, api_name="/compare")  # the session kept its edit
+    assert "Final score" in text
+
+
+def test_an_uploaded_benchmark(url, tmp_path):
+    """A user's own file with a split column: load it, edit, compare."""
+    from grom.data import load_benchmark
+
+    demo = load_benchmark("demo", "forget01")
+    rows = [{"question": ex.question, "answer": ex.answer, "split": "forget"} for ex in demo.forget[:8]]
+    rows += [{"question": ex.question, "answer": ex.answer, "split": "retain"} for ex in demo.retain[:24]]
+    upload = tmp_path / "mine.jsonl"
+    upload.write_text("\n".join(json.dumps(r) for r in rows))
+    c = new_client(url)
+    info, forget_html, _, preset = c.predict("custom", "forget", "", handle_file(str(upload)), None,
+                                             api_name="/load_benchmark")
+    assert "8 forget and 24 retain" in info and preset == "(custom)" and demo.forget[0].question in forget_html
+    summary, _, _ = c.predict(preset="(custom)", beta=150.0, beta_relative=True, api_name="/run_edit")
+    assert "Edited" in summary
+    text, metrics, _, _ = c.predict(max_examples=8, api_name="/compare")
+    rows = {r[0]: r for r in metrics["data"]}
+    assert float(rows["Forget ROUGE-L"][2]) < float(rows["Forget ROUGE-L"][1])
+
+
+def test_bad_inputs_give_errors_and_the_app_keeps_serving(url, tmp_path, monkeypatch):
+    c = new_client(url)
+    model = REGISTRY.current.model
+    before = weights_hash(model)
+    c.predict(api_name="/run_edit", **QUICK)
+
+    def fails(match, **kw):
+        with pytest.raises(Exception, match=match):
+            c.predict(**kw)
+
+    # models: no network / unknown id, a path outside the allowed folders, an unsupported family
+    fails("(?i)cannot be reached|could not load", choice="no-such-org/no-such-model", device="cpu",
+          dtype="float32", api_name="/load_model")
+    fails("outside the folders", choice="/etc", device="cpu", dtype="float32", api_name="/load_model")
+    monkeypatch.setenv("GROM_MODELS_DIR", str(tmp_path))
+    make_unsupported_model(tmp_path / "tiny-opt")
+    fails("(?i)supported", choice="tiny-opt", device="cpu", dtype="float32", api_name="/load_model")
+    fails("(?i)float8|dtype", choice="demo", device="cpu", dtype="float8", api_name="/load_model")
+    # uploads: empty, malformed, no retain set
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    fails("empty", name="custom", split="forget", source="", forget_file=handle_file(str(empty)),
+          retain_file=None, api_name="/load_benchmark")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q"\n')
+    fails("^bad.jsonl line 1", name="custom", split="forget", source="", forget_file=handle_file(str(bad)),
+          retain_file=None, api_name="/load_benchmark")
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("title,body\na,b\n")
+    fails("expected 'question' and 'answer'", name="custom", split="forget", source="",
+          forget_file=handle_file(str(wrong)), retain_file=handle_file(str(wrong)),
+          api_name="/load_benchmark")
+    fails("no 'split' column", name="custom", split="forget", source="",
+          forget_file=handle_file(str(wrong)), retain_file=None, api_name="/load_benchmark")
+    fails("(?i)local folder|cannot be reached|could not reach", name="tofu", split="forget10",
+          source="", forget_file=None, retain_file=None, api_name="/load_benchmark")
+    # edit settings: a band outside the model, values out of range, a malformed band
+    fails("outside the model", band_mode="manual", band_text="11-15", api_name="/run_edit", **QUICK)
+    fails("out of range", beta=-5.0, api_name="/run_edit", **QUICK)
+    fails("out of range", rho=0.0, api_name="/run_edit", **QUICK)
+    fails("write layers as", band_mode="manual", band_text="three", api_name="/run_edit", **QUICK)
+    fails("(?i)band width|maximum value", k=40, band_mode="suggested", api_name="/run_edit", **QUICK)
+    # running out of memory
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(edit_panel, "compute_edit", oom)
+    fails("Out of memory", api_name="/run_edit", **QUICK)
+    monkeypatch.undo()
+    # the session kept its model, benchmark and edit, and the app still serves
+    text, metrics, _, _ = c.predict(max_examples=5, api_name="/compare")
+    assert "Final score" in text
+    summary, _, _ = c.predict(api_name="/run_edit", **QUICK)
+    assert "Edited" in summary
+    assert weights_hash(model) == before
+
+
+def make_unsupported_model(folder: Path) -> None:
+    """A tiny OPT (a causal LM family GROM does not support), with the demo's tokenizer."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from grom.demo import demo_model_dir
+
+    cfg = OPTConfig(vocab_size=1024, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                    num_attention_heads=2, max_position_embeddings=64, word_embed_proj_dim=16)
+    OPTForCausalLM(cfg).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_model_dir("full") / name, folder / name)

@@ -1,0 +1,84 @@
+"""GROM Studio in a real browser: Debian's chromium driven by Playwright, headless. Open
+the page, run the demo edit, check that the comparison is shown and that the console has
+no errors, and save screenshots (a temporary folder; the first also into
+/tmp/app_screens/ for a person to look at)."""
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+import app  # noqa: E402
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+SHARED = Path("/tmp/app_screens")
+SIZES = [(1366, 900), (1920, 1080)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    app.preload()
+    demo = app.build_app()
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(),
+                                  prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    yield local_url
+    demo.close()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def text_of(page, selector: str) -> str:
+    return page.evaluate(f"(document.querySelector({selector!r}) || {{innerText: ''}}).innerText")
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_demo_edit_in_the_browser(url, browser, width, height, tmp_path):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_function("document.querySelector('.status-line')?.innerText.includes('Loaded')",
+                           timeout=60_000)
+    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=120_000)  # S_l drawn
+    page.screenshot(path=str(tmp_path / f"start_{width}.png"))
+
+    page.click("#run-edit")
+    page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('Final score')",
+                           timeout=240_000)
+    summary = text_of(page, "#compare-summary")
+    assert "Base" in summary and "Edited" in summary and "Retain model" in summary
+    assert "Final score" in text_of(page, "#metrics-table")
+    assert page.locator("#forget-generations .w-del").count() > 0  # changed words are marked
+    assert "Edited" in text_of(page, "#result-summary") or "layers" in text_of(page, "#edit-status")
+    page.screenshot(path=str(tmp_path / f"compare_{width}.png"))
+    page.screenshot(path=str(tmp_path / f"compare_full_{width}.png"), full_page=True)
+    assert not errors, f"console errors: {errors}"
+    SHARED.mkdir(parents=True, exist_ok=True)
+    for shot in tmp_path.glob("*.png"):
+        shutil.copy(shot, SHARED / shot.name)
+    page.close()

@@ -1,0 +1,108 @@
+"""GROM Studio's pieces without a server: the plot builders, the word diff, the widgets ->
+EditConfig function, the band parser, and what a user may type as a source."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+pytest.importorskip("gradio")
+
+from components import plots  # noqa: E402
+from components.diff import generations_html, word_diff  # noqa: E402
+from components.edit_panel import edit_config, fill_preset, parse_band, retain_subset  # noqa: E402
+from components.session import UserError  # noqa: E402
+from components.sources import resolve_source  # noqa: E402
+
+WIDGETS = dict(preset="demo", target="suppression", beta=150.0, beta_relative=True, w_r=100.0, rho=0.03,
+               c=45.0, matrix="down_proj", use_alpha=True, band_mode="manual", band_text="3-5", k=3,
+               seed=0, forget_budget=20000, retain_budget=40000, batch_size=32)
+
+
+def test_layer_scores_plot_marks_the_band_and_shows_f_and_r():
+    S, F, R = [0.1, 0.5, 0.9, 0.2], [1.0, 2.0, 3.0, 1.5], [0.9, 1.5, 2.1, 1.3]
+    fig = plots.plot_layer_scores(S, F, R, [1, 2], show_parts=True, suggested=[2, 3])
+    bars = fig.data[0]
+    assert isinstance(fig, go.Figure) and list(bars.y) == S
+    assert [c == plots.ACCENT for c in bars.marker.color] == [False, True, True, False]
+    assert np.allclose(bars.customdata, np.stack([F, R], 1))  # F_l, R_l on hover
+    assert {t.name for t in fig.data[1:]} == {"F_l (forget)", "R_l (retain)"}
+    assert len(fig.layout.shapes) == 2  # the band, and the suggested band where it differs
+
+
+def test_pca_plot_has_hollow_before_and_filled_after():
+    pts = {f"{p}_{w}": np.random.default_rng(0).normal(size=(5, 3)) for p in ("forget", "retain")
+           for w in ("before", "after")}
+    fig = plots.plot_pca(pts, [0.5, 0.3, 0.1])
+    symbols = {t.name: t.marker.symbol for t in fig.data if t.mode == "markers"}
+    assert symbols == {"forget, before": "circle-open", "forget, after": "circle",
+                       "retain, before": "circle-open", "retain, after": "circle"}
+    assert "PC1 (50%)" in fig.layout.scene.xaxis.title.text
+
+
+def test_influence_plot_is_sorted_and_marks_the_largest():
+    shares = np.array([0.01, 0.2, 0.05])
+    fig = plots.plot_influence(shares, ["a", "b", "c"])
+    assert list(fig.data[0].y) == [0.2, 0.05, 0.01] and list(fig.data[0].customdata) == ["b", "c", "a"]
+    assert fig.data[0].marker.color[0] == plots.ACCENT and fig.layout.annotations[0].text == "largest"
+
+
+def test_sweep_plot_marks_the_current_beta():
+    fig = plots.plot_beta_sweep([0.0, 75.0, 150.0], [0.0, 0.3, 0.6], [0.99, 0.97, 0.9], current=150.0)
+    assert len(fig.data) == 2 and fig.data[1].x[0] == 0.6
+    json.loads(fig.to_json())  # serialisable for the browser
+
+
+def test_word_diff_marks_runs_of_changed_words():
+    left, right = word_diff("born in Lysdell, a fishing village", "born in Mauith, a town")
+    assert ("Lysdell,", "del") in left and ("fishing village", "del") in left
+    assert ("Mauith,", "ins") in right and ("town", "ins") in right
+    assert "".join(p for p, _ in left) == "born in Lysdell, a fishing village"
+
+
+def test_generations_html_escapes_text():
+    html = generations_html([{"question": "<b>q</b>", "answer": "a & b", "before": "x", "after": "<i>y",
+                              "prob_before": 0.9, "prob_after": None}])
+    assert "<b>q</b>" not in html and "&lt;b&gt;q&lt;/b&gt;" in html and "&lt;i&gt;y" in html
+    assert "p=0.90" in html
+
+
+def test_edit_config_from_widgets():
+    cfg = edit_config(**WIDGETS, n_layers=6)
+    assert cfg.layers == (3, 4, 5) and cfg.beta == 150.0 and cfg.beta_relative and cfg.batch_size == 32
+    auto = edit_config(**(WIDGETS | dict(band_mode="suggested")), n_layers=6)
+    assert auto.layers is None and auto.k == 3  # run_edit picks the band from S_l
+    head = edit_config(**(WIDGETS | dict(matrix="lm_head", preset="zsre")), n_layers=6)
+    assert head.layers is None and head.key_mode == "subject_last"  # the preset's hidden fields
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(beta=-1.0), "out of range"), (dict(rho=0.0), "out of range"), (dict(w_r=float("nan")), "out of range"),
+    (dict(band_text="4-9"), "outside the model"), (dict(band_text=""), "empty"),
+    (dict(band_text="a-b"), "write layers as"), (dict(k=7, band_mode="suggested"), "band width"),
+    (dict(batch_size=0), "batch size"), (dict(target="erase"), "target must be"),
+])
+def test_edit_config_rejects_bad_values_with_a_message(change, message):
+    with pytest.raises(UserError, match=message):
+        edit_config(**(WIDGETS | change), n_layers=6)
+
+
+def test_parse_band_and_presets():
+    assert parse_band("3-5", 6) == (3, 4, 5) and parse_band("1, 3 5", 6) == (1, 3, 5)
+    values = fill_preset("tofu10")
+    assert values[1] == 65.0 and values[-3:] == ["manual", "11-15", 5]
+    assert len(retain_subset(range(100), 10, 0)) == 10 and len(retain_subset(range(5), 10, 0)) == 5
+
+
+def test_sources_are_the_demo_hub_ids_or_allowed_folders(tmp_path, monkeypatch):
+    assert resolve_source("demo", "model") == "demo"
+    assert resolve_source("org/some-model", "model") == "org/some-model"
+    monkeypatch.setenv("GROM_MODELS_DIR", str(tmp_path))
+    (tmp_path / "mine").mkdir()
+    assert resolve_source("mine", "model") == str((tmp_path / "mine").resolve())
+    for bad, message in [("/etc", "outside"), ("../../etc", "outside"), ("a/b/c/../..", "does not exist"),
+                         ("bad id!", "neither"), ("", "Type a model")]:
+        with pytest.raises(UserError, match=message):
+            resolve_source(bad, "model")
