@@ -253,7 +253,8 @@ def quant_check(max_examples: int, session: Session):
     if not 1 <= n <= 10000:
         raise UserError("Examples per set must be between 1 and 10000.")
     df = _quant(handle.key, bench, edit, n)
-    method = "round-to-nearest, " + df.index.name if str(df.index.name).startswith("group") else df.index.name
+    method = (f"round-to-nearest, group size {df.attrs['group_size']}" if df.attrs.get("method") == "rtn"
+              else "NF4 (bitsandbytes)")
     out = df.reset_index(names="model").round(4)
     return out, f"4-bit: {method}; {n} examples per set. The edited rows should stay close."
 

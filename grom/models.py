@@ -36,20 +36,23 @@ def resolve_device(device: str | None) -> str:
 
 
 def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="float32",
-               device_map: str | dict | None = None):
+               device_map: str | dict | None = None, local_files_only: bool = False):
     """(model, tokenizer) from a local folder or a Hub id, in eval mode, gradients off.
 
     `device_map` ("auto" or an accelerate map) spreads a large model over devices; then
-    `device` is ignored.
+    `device` is ignored. `local_files_only` never touches the network (a Hub id must then
+    be in the local cache).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = resolve_dtype(dtype)
-    kw = dict(dtype=torch_dtype, use_safetensors=True, trust_remote_code=False)
+    kw = dict(dtype=torch_dtype, use_safetensors=True, trust_remote_code=False,
+              local_files_only=local_files_only)
     if device_map is not None:
         kw["device_map"] = device_map
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False,
+                                                  local_files_only=local_files_only)
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **kw)
     except OSError as err:  # not found, no network, no safetensors weights
         raise ModelLoadError(

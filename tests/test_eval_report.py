@@ -146,6 +146,7 @@ def test_quantization_check_on_the_demo_model(demo):
     assert list(df.index) == ["Base, full precision", "Base, 4-bit (rtn)",
                               "Edited, full precision", "Edited, 4-bit (rtn)"]
     assert "Forget ROUGE-L" in df.columns and "Retain ROUGE-L" not in df.columns
+    assert df.attrs == {"method": "rtn", "group_size": 128}
     assert _same(model, state)
     # 4 bits keep a tiny model's knowledge roughly where it was
     assert abs(df.loc["Base, 4-bit (rtn)", "Forget prob"] - df.loc["Base, full precision", "Forget prob"]) < 0.3
@@ -174,3 +175,19 @@ def test_wmdp_muse_and_zsre_tasks_run_on_local_files(tmp_path, tokenizer, plain_
     t = evaluate(model, plain_tokenizer, zsre).table()
     assert {"Efficacy", "Generalisation", "Specificity"} <= set(t.columns)
     assert ((t >= 0) & (t <= 1)).all().all()
+
+
+def test_reuse_takes_unedited_rows_from_an_earlier_report(tokenizer, trained_llama):
+    bench = _tofu_like()
+    ref = tiny_llama(len(tokenizer), seed=3)
+    first = evaluate(trained_llama, tokenizer, bench, reference=ref)
+    edit = run_edit(trained_llama, tokenizer, bench.forget, bench.retain,
+                    EditConfig(layers=(1, 2), beta=30.0, w_r=30.0))
+    again = evaluate(trained_llama, tokenizer, bench, edit=edit, reference=ref, reuse=first)
+    assert again.rows["Base"] is first.rows["Base"]
+    assert again.rows["Retain model"] is first.rows["Retain model"]
+    fresh = evaluate(trained_llama, tokenizer, bench, edit=edit, reference=ref)
+    assert again.table().equals(fresh.table())
+    # another subset size is not compatible: computed again
+    other = evaluate(trained_llama, tokenizer, bench, reference=ref, max_examples=2, reuse=first)
+    assert other.rows["Base"] is not first.rows["Base"]

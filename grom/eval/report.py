@@ -358,7 +358,7 @@ def _reference_pair(reference, tokenizer):
 
 
 def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens, only_forget=False,
-         quantize: str | None = None) -> Row:
+         quantize: str | None = None, group_size: int = 128) -> Row:
     from grom.eval.quant import quantized
 
     fn = ROWS.get(benchmark.task)
@@ -370,7 +370,7 @@ def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens,
     model.eval()
     try:
         with (edit.applied(model) if edit is not None else nullcontext()):
-            with (quantized(model, method=quantize) if quantize else nullcontext()):
+            with (quantized(model, method=quantize, group_size=group_size) if quantize else nullcontext()):
                 row = fn(run, sets, only_forget)
     finally:
         model.train(was_training)
@@ -381,7 +381,7 @@ def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens,
 def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, *,
              max_examples: int | None = None, progress: Callable | None = None,
              batch_size: int = 32, max_new_tokens: int | None = None,
-             include_base: bool = True) -> Report:
+             include_base: bool = True, reuse: Report | None = None) -> Report:
     """The benchmark's metrics for the base model ("Base"), the model with `edit` applied
     ("Edited", applied and reverted here) and the reference model ("Retain model":
     `reference` is a model sharing `tokenizer`, or a `(model, tokenizer)` pair).
@@ -389,6 +389,9 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     max_examples: evaluate at most this many examples of each set (evenly spread), for a
     quick look; None evaluates all. max_new_tokens: the generation budget (None: room
     for each set's longest answer, see `grom.eval.runner.answer_budget`).
+    reuse: an earlier report of the same benchmark, split and example counts whose "Base"
+    and "Retain model" rows are taken as they are instead of being computed again (the
+    unedited models give the same numbers); an incompatible report is ignored.
     """
     progress = progress or (lambda *_: None)
     t0 = time.perf_counter()
@@ -399,8 +402,16 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         jobs.append((EDITED, model, tokenizer, edit))
     if ref is not None:
         jobs.append((REFERENCE, ref[0], ref[1], None))
+    n_examples = {k: len(v) for k, v in sets.items()}
+    reusable = {}
+    if reuse is not None and (reuse.benchmark, reuse.split, reuse.n_examples) == \
+            (benchmark.name, benchmark.split, n_examples):
+        reusable = {k: v for k, v in reuse.rows.items() if k in (BASE, REFERENCE)}
     rows: dict[str, Row] = {}
     for i, (name, m, tok, e) in enumerate(jobs):
+        if name in reusable:
+            rows[name] = reusable[name]
+            continue
         progress(i / len(jobs), f"evaluating: {name}")
         rows[name] = _row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens)
     if benchmark.task == "tofu":
@@ -409,7 +420,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         _muse_relative(rows)
     progress(1.0, "evaluated")
     return Report(benchmark.name, benchmark.split, benchmark.task, rows, time.perf_counter() - t0,
-                  {k: len(v) for k, v in sets.items()})
+                  n_examples)
 
 
 def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
@@ -428,11 +439,12 @@ def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
     for name, e in [(BASE, None)] + ([(EDITED, edit)] if edit is not None else []):
         for q in (None, resolved):
             row = _row(model, tokenizer, benchmark, sets, e, batch_size=batch_size,
-                       max_new_tokens=None, only_forget=True, quantize=q)
+                       max_new_tokens=None, only_forget=True, quantize=q, group_size=group_size)
             key = f"{name}, {label}" if q else f"{name}, full precision"
             out[key] = {k: v for k, v in row.metrics.items() if not k.startswith(("Model", "Final"))}
     df = pd.DataFrame(out).T
-    df.index.name = f"group size {group_size}" if resolved == "rtn" else "NF4"
+    df.index.name = "model, precision"
+    df.attrs.update(method=resolved, group_size=group_size if resolved == "rtn" else None)
     return df
 
 
