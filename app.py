@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components import text
+from components.baseline_panel import on_method_change, run_baseline
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, describe,
                                         examples_html, load_benchmark, on_benchmark_change,
                                         read_benchmark)
@@ -99,8 +100,10 @@ def wire(ui: SimpleNamespace) -> None:
     """Every event, explicitly. Model work: the device queue and a public api_name."""
     s, m, b, e, ly, r, c, d, x = (ui.session, ui.model, ui.bench, ui.edit, ui.layers, ui.result,
                                   ui.compare, ui.diag, ui.export)
+    bl = c.baseline
     m.load.click(load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
-                 api_name="load_model", **DEVICE)
+                 api_name="load_model", **DEVICE) \
+     .success(on_method_change, bl.method, bl.lr, **LOCAL)  # the new model's default lr
     b.name.change(on_benchmark_change, b.name, b.split, **LOCAL)
     b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
                  [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark",
@@ -126,6 +129,9 @@ def wire(ui: SimpleNamespace) -> None:
                 scroll_to_output=True, **DEVICE)
     c.run.click(compare, *compare_io, api_name="compare", **DEVICE)
     c.ask.click(generate, [c.prompt, s], c.prompt_html, api_name="generate", **DEVICE)
+    bl.method.change(on_method_change, bl.method, bl.lr, **LOCAL)
+    bl.run.click(run_baseline, [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
+                 [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **DEVICE)
     c.prompt.submit(generate, [c.prompt, s], c.prompt_html, api_visibility="private", **DEVICE)
     e.reset.click(reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
        .then(lambda msg: (msg, "", None, "", ""), e.status, [r.summary, c.summary, c.table,

@@ -1,6 +1,7 @@
 """Compare panel: the benchmark's metrics before and after the edit (and for the retain
 model where there is one), the Final score, and generations side by side with the changed
-words highlighted, for forget and retain examples and for a prompt the user types.
+words highlighted, for forget and retain examples and for a prompt the user types; below
+the metrics, the comparison with a gradient baseline (`components.baseline_panel`).
 
 The base model's row (and the reference's) do not change between edits, so they are
 computed once per (model, benchmark, size) and reused: an edit then costs one row.
@@ -43,16 +44,28 @@ def reference_for(handle: ModelHandle, bench):
     return None
 
 
+def shared_model(key: ModelKey, what: str = "comparison") -> ModelHandle:
+    """The loaded model, checked to be still `key` (call with DEVICE_LOCK held)."""
+    handle = REGISTRY.current
+    if handle is None or handle.key != key:
+        raise UserError(f"The model changed while the {what} was queued; load it again.")
+    return handle
+
+
 @on_device
 def compute_report(key: ModelKey, bench, edit, n, progress):
     """Base, Edited and Retain model rows in one Report; the Base row is cached."""
+    with DEVICE_LOCK:
+        return report_rows(shared_model(key), bench, edit, n, progress)
+
+
+def report_rows(handle: ModelHandle, bench, edit, n, progress):
+    """Base, Edited (with `edit`) and Retain model rows; the Base row is cached per (model,
+    benchmark, n). Runs under DEVICE_LOCK (re-entrant: callers may hold it already)."""
     from grom.eval import evaluate
     from grom.eval.report import BASE, Report
 
     with DEVICE_LOCK:
-        handle = REGISTRY.current
-        if handle is None or handle.key != key:
-            raise UserError("The model changed while the comparison was queued; load it again.")
         ck = (handle.key, id(bench), n)
         hit = _BASE_CACHE.get(ck)
         base = hit[1].rows[BASE] if hit is not None and hit[0] is bench else None
@@ -82,8 +95,6 @@ def styled(frame: pd.DataFrame):
 
 def metrics_frame(report) -> pd.DataFrame:
     """Metrics as rows (Final score first), models as columns, with the goal's direction."""
-    from grom.eval import DIRECTION
-
     table = report.table().T
     order = (["Final score"] if "Final score" in table.index else []) + [
         m for m in table.index if m != "Final score"]
@@ -91,10 +102,17 @@ def metrics_frame(report) -> pd.DataFrame:
     out = pd.DataFrame({"metric": table.index})
     for col in table.columns:
         out[col] = [("" if pd.isna(v) else f"{v:.3f}") for v in table[col]]
-    out["goal"] = [ARROWS.get(DIRECTION.get(m, ""), "↑" if m in ("Final score", "Model utility")
-                              or m.startswith(("Retain", "Real", "World", "Utility", "Specificity"))
-                              else "") for m in table.index]
+    out["goal"] = [goal_arrow(m) for m in table.index]
     return out
+
+
+def goal_arrow(metric: str) -> str:
+    """Which way a metric should go for a good unlearning edit: ↓, ↑, → 0, → 0.5 or ''."""
+    from grom.eval import DIRECTION
+
+    return ARROWS.get(DIRECTION.get(metric, ""), "↑" if metric in ("Final score", "Model utility")
+                      or metric.startswith(("Retain", "Real", "World", "Utility", "Specificity"))
+                      else "")
 
 
 def _pick(sets: dict, names) -> str | None:
@@ -147,7 +165,7 @@ def compare(max_examples: int, full_set: bool, session: Session, progress=gr.Pro
         raise UserError("Examples per set must be between 1 and 10000 (or tick 'all examples').")
     report = compute_report(handle.key, bench, edit, n,
                             device_progress(lambda f, m: progress(f, desc=m)))
-    session.report = report
+    session.report, session.report_for = report, (bench, edit, n)
     forget = generation_rows(report, FORGET_SETS)
     retain = generation_rows(report, RETAIN_SETS)
     return (summary_md(report, n), styled(metrics_frame(report)),
@@ -193,6 +211,9 @@ def build_compare_panel() -> SimpleNamespace:
     summary = gr.Markdown("Run an edit: the comparison follows.", elem_id="compare-summary")
     table = gr.Dataframe(label="Metrics before and after the edit", interactive=False, wrap=True,
                          max_height=420, elem_id="metrics-table")
+    from components.baseline_panel import build_baseline_panel
+
+    baseline = build_baseline_panel()
     forget_html = gr.HTML(elem_id="forget-generations")
     retain_html = gr.HTML(elem_id="retain-generations")
     with gr.Row(equal_height=False, elem_classes="ask-row"):
@@ -202,4 +223,4 @@ def build_compare_panel() -> SimpleNamespace:
     prompt_html = gr.HTML()
     return SimpleNamespace(max_examples=max_examples, full_set=full_set, run=run, summary=summary,
                            table=table, forget_html=forget_html, retain_html=retain_html,
-                           prompt=prompt, ask=ask, prompt_html=prompt_html)
+                           prompt=prompt, ask=ask, prompt_html=prompt_html, baseline=baseline)

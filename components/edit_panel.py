@@ -184,7 +184,7 @@ def run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: fl
     _trim_keys(edit)
     session.edit, session.edit_for = edit, handle.key
     session.extra["edit_inputs"] = (bench.forget, retain)
-    session.report = session.influence = None
+    session.report = session.report_for = session.influence = None
     if edit.scores is not None and scores is None:
         session.scores, session.scores_for = edit.scores, skey
     return edit_summary(edit), layer_table(edit), norms_figure(edit)
@@ -194,7 +194,7 @@ def run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: fl
 def reset(session: Session):
     """Drop the session's edit: the model is the original again (its weights never changed)."""
     had = session.edit is not None
-    session.edit = session.edit_for = session.report = session.influence = None
+    session.edit = session.edit_for = session.report = session.report_for = session.influence = None
     session.extra.pop("edit_inputs", None)
     msg = ("Reset: the edit was dropped; every answer now comes from the original model."
            if had else "Nothing to reset: there is no edit, the model is the original.")

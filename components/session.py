@@ -3,7 +3,8 @@
 - `REGISTRY` holds the one loaded base model of the process, keyed by (name, device,
   dtype); loading another model replaces it. Every session shares it.
 - `Session` is what a browser tab owns (inside a `gr.State`): its benchmark, layer
-  scores, Edit (patches as CPU data) and last comparison.
+  scores, Edit (patches as CPU data), last comparison and last gradient baseline (an
+  Edit too, kept apart from the GROM edit).
 - `DEVICE_LOCK` and the queue id `DEVICE_QUEUE` serialise everything that touches the
   model. A request that needs the edited model applies its session's patch, computes and
   reverts in a `finally` (`Edit.applied`, inside the library's `run_edit`, `evaluate`,
@@ -40,6 +41,16 @@ def _gpu_decorator() -> tuple[Callable, bool]:
 
 
 on_device, ON_SPACES = _gpu_decorator()
+
+
+def on_device_for(seconds: int) -> Callable:
+    """`on_device` for long work (training a baseline): on ZeroGPU, a GPU slot of up to
+    `seconds` (`spaces.GPU(duration=...)`; the default slot is 60 s); elsewhere a no-op."""
+    if not ON_SPACES:
+        return lambda fn: fn
+    import spaces
+
+    return spaces.GPU(duration=seconds)
 
 
 def device_progress(callback: Callable | None) -> Callable | None:
@@ -135,6 +146,9 @@ class Session:
         self.edit = None  # grom.Edit
         self.edit_for: ModelKey | None = None
         self.report = None  # the last comparison (grom.eval Report)
+        self.report_for: tuple | None = None  # (benchmark, edit, max_examples) it was made for
+        self.baseline = None  # a gradient baseline's Edit (grom.baselines), beside the GROM edit
+        self.baseline_for: ModelKey | None = None
         self.influence = None  # (param name, shares) of the last influence audit
         self.extra: dict = {}
 

@@ -52,6 +52,18 @@ COMPARE = ("**5 · Compare.** The same questions go to the model before and afte
            "to the model trained without the forget set, the gold standard): forget answers "
            "should break, retain answers should not move.")
 
+BASELINE = ("The gradient baselines unlearn by fine-tuning: for several epochs they take gradient "
+            "steps that push the likelihood of the forget answers down (GA alone; GradDiff, NPO and "
+            "SimNPO with a term that keeps the retain answers likely), while GROM's time is one "
+            "least-squares solve per edited layer.")
+
+BASELINE_RECIPE = ("OpenUnlearning's TOFU recipe: AdamW, batch 8 × 4 accumulation steps (32), "
+                   "linear warm-up over the first epoch then decay. The learning rate starts at a "
+                   "default for the loaded model (the recipe's 1e-5 for Hub models; for the demo, "
+                   "each method's best from a sweep). The metrics use the examples set above; the "
+                   "shared model is left unchanged and the baseline is kept for this session "
+                   "apart from the GROM edit.")
+
 DIAGNOSTICS = ("**6 · Diagnostics.** Look inside the edit: where the edited matrix sends each "
                "example, which forget examples shaped the patch most, how β trades forgetting "
                "against keeping, and whether the edit survives 4-bit quantization.")

@@ -82,3 +82,33 @@ def test_demo_edit_in_the_browser(url, browser, width, height, tmp_path):
     for shot in tmp_path.glob("*.png"):
         shutil.copy(shot, SHARED / shot.name)
     page.close()
+
+
+def test_a_gradient_baseline_in_the_browser(url, browser, tmp_path):
+    """Compare tab: open the baseline accordion, train SimNPO for one epoch, read the table
+    Base / GROM / SimNPO / Retain model (saved as /tmp/app_screens/baseline.png)."""
+    page = browser.new_page(viewport={"width": 1366, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=120_000)
+    page.click("#run-edit")
+    page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('Final score')",
+                           timeout=240_000)
+    page.get_by_text("Compare with a gradient baseline").click()
+    assert page.locator("#baseline-panel input[type=number]").nth(1).input_value() == "0.001"  # demo lr
+    page.locator("#baseline-panel input[type=number]").first.fill("1")
+    page.click("#baseline-run")
+    page.wait_for_function("document.querySelector('#baseline-summary')?.innerText.includes('as long')",
+                           timeout=240_000)
+    table = text_of(page, "#baseline-table")
+    for name in ("Base", "GROM", "SimNPO", "Retain model", "× GROM's time"):
+        assert name in table
+    panel = page.locator("#baseline-panel")
+    panel.scroll_into_view_if_needed()
+    panel.screenshot(path=str(tmp_path / "baseline.png"))
+    assert not errors, f"console errors: {errors}"
+    SHARED.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "baseline.png", SHARED / "baseline.png")
+    page.close()

@@ -106,3 +106,42 @@ def test_sources_are_the_demo_hub_ids_or_allowed_folders(tmp_path, monkeypatch):
                          ("bad id!", "neither"), ("", "Type a model")]:
         with pytest.raises(UserError, match=message):
             resolve_source(bad, "model")
+
+
+def test_baseline_settings_defaults_and_data_checks():
+    from components import baseline_panel as bp
+    from components.session import ModelKey
+    from grom.data.schema import Benchmark, QAExample
+
+    assert bp.parse_method("SimNPO") == "simnpo" and bp.parse_method("ga") == "ga"
+    with pytest.raises(UserError, match="Unknown baseline"):
+        bp.parse_method("sgd")
+    assert bp.default_lr("npo", ModelKey("demo", "cpu", "float32")) == 3e-3
+    assert bp.default_lr("npo", ModelKey("org/model", "cuda", "bfloat16")) == 1e-5  # the recipe's
+    assert bp.check_settings(10, 1e-5) == (10.0, 1e-5)
+    for epochs, lr, message in [(0, 1e-3, "Epochs"), (float("nan"), 1e-3, "Epochs"), (1, 0.0, "Learning rate"),
+                                (1, None, "Learning rate"), (1000, 1e-3, "Epochs")]:
+        with pytest.raises(UserError, match=message):
+            bp.check_settings(epochs, lr)
+    qa = (QAExample("q?", "a."),)
+    no_retain = Benchmark("mine", "forget", qa, ())
+    bp.check_trainable(no_retain, "ga")  # GA has no retain term
+    with pytest.raises(UserError, match="no retain examples: choose GA"):
+        bp.check_trainable(no_retain, "npo")
+    odd = Benchmark("odd", "forget", ("not an example",), qa)
+    with pytest.raises(UserError, match="no question/answer or text examples"):
+        bp.check_trainable(odd, "simnpo")
+
+
+def test_baseline_table_puts_the_models_side_by_side():
+    from components.baseline_panel import table_frame
+
+    rows = [("Base", {"Final score": 0.37, "Forget prob": 0.99, "Model utility": 0.75, "Retain prob": 0.9}, None),
+            ("GROM", {"Final score": 0.58, "Forget prob": 0.25, "Model utility": 0.76, "Retain prob": 0.9}, 5.0),
+            ("NPO", {"Final score": 0.5, "Forget prob": 0.5, "Model utility": 0.7, "Retain prob": 0.8}, 120.0)]
+    df = table_frame(rows, 5.0, "tofu")
+    assert list(df.columns) == ["metric", "Base", "GROM", "NPO", "goal"]
+    assert list(df["metric"]) == ["Time of update", "× GROM's time", "Final score", "Forget prob",
+                                  "Retain prob", "Model utility"]
+    assert list(df.iloc[1, 1:4]) == ["", "1.0×", "24×"] and df.iloc[0, 3] == "120.0 s"
+    assert list(df["goal"])[2:4] == ["↑", "↓"]

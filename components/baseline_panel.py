@@ -1,0 +1,253 @@
+"""Compare with a gradient baseline: train GA, GradDiff, NPO or SimNPO on the session's
+benchmark (`grom.baselines.run_baseline`, OpenUnlearning's recipe) and put its time of
+update and its metrics beside GROM's.
+
+The baseline trains the shared model in place under DEVICE_LOCK and gives it back bit for
+bit; what it learned is kept as an `Edit` (a patch) in the session, apart from the GROM
+edit, and applied only while its row is evaluated. The Base and Retain model rows (and
+GROM's, when the last comparison fits) are reused, so a baseline costs its training and
+one evaluation row.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import gradio as gr
+import pandas as pd
+
+from components import text
+from components.compare_panel import goal_arrow, reference_for, report_rows, shared_model
+from components.errors import ui_errors
+from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
+                                current_benchmark, current_model, device_progress, on_device_for)
+
+METHODS = [("GA: gradient ascent", "ga"), ("GradDiff: gradient difference", "graddiff"),
+           ("NPO: negative preference optimisation", "npo"), ("SimNPO: simple NPO", "simnpo")]
+LABELS = {"ga": "GA", "graddiff": "GradDiff", "npo": "NPO", "simnpo": "SimNPO"}
+DEFAULT_METHOD = "simnpo"
+DEFAULT_EPOCHS = 10  # OpenUnlearning's TOFU recipe
+MAX_EPOCHS = 100
+HUB_LR = 1e-5  # the recipe's, for 1B-parameter models
+# The demo's per-method learning rates: bench/bench_baselines.py's LR (best Final Score of
+# an lr sweep at 10 epochs; the recipe's 1e-5 barely moves a 1.2M-parameter model).
+DEMO_LR = {"ga": 1e-3, "graddiff": 1e-3, "npo": 3e-3, "simnpo": 1e-3}
+BATCH_SIZE, GRAD_ACCUM = 8, 4  # the recipe's effective batch of 32
+TIME_ROW, RATIO_ROW = "Time of update", "× GROM's time"
+TRAIN_SHARE = 0.8  # of the progress bar; the evaluation takes the rest
+# the columns of the table for TOFU-style benchmarks (others: every metric, Final score first)
+TOFU_COLUMNS = ["Final score", "Forget ROUGE-L", "Forget fact recall", "Forget prob",
+                "Forget truth ratio", "Forget quality", "Retain ROUGE-L", "Retain prob",
+                "Model utility"]
+
+
+def default_lr(method: str, key: ModelKey | None = None) -> float:
+    """The learning rate a run starts from: the demo's per-method value, else the recipe's."""
+    key = key if key is not None else (REGISTRY.current.key if REGISTRY.current else None)
+    if key is None or key.name == DEMO:
+        return DEMO_LR.get(method, DEMO_LR[DEFAULT_METHOD])
+    return HUB_LR
+
+
+def on_method_change(method: str):
+    """A new method (or model): its default learning rate."""
+    return default_lr(method)
+
+
+def parse_method(method) -> str:
+    name = str(method or "").strip().lower()
+    for label, value in METHODS:
+        if name in (value, label.lower(), LABELS[value].lower()):
+            return value
+    raise UserError(f"Unknown baseline {method!r}: choose one of {', '.join(LABELS.values())}.")
+
+
+def check_settings(epochs, lr) -> tuple[float, float]:
+    if epochs is None or not math.isfinite(float(epochs)) or not 0 < float(epochs) <= MAX_EPOCHS:
+        raise UserError(f"Epochs = {epochs}: use a number above 0 and at most {MAX_EPOCHS} "
+                        f"(the recipe: {DEFAULT_EPOCHS}; fractions run part of an epoch).")
+    if lr is None or not math.isfinite(float(lr)) or not 0 < float(lr) <= 1:
+        raise UserError(f"Learning rate = {lr}: use a number above 0 and at most 1 (the recipe: "
+                        f"{HUB_LR:g}; the demo: about 1e-3).")
+    return float(epochs), float(lr)
+
+
+def check_trainable(bench, method: str) -> None:
+    """The baselines train on question/answer, text, multiple-choice or fact examples, and
+    every method but GA needs a retain set for its retain term."""
+    from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
+
+    usable = (QAExample, TextExample, ChoiceExample, FactRecord)
+    label = LABELS[method]
+    if not any(isinstance(ex, usable) for ex in bench.forget):
+        raise UserError(f"{label} cannot train on {bench.name}/{bench.split}: its forget set has no "
+                        "question/answer or text examples. Load a benchmark (or your own file) with "
+                        "question/answer or text rows.")
+    if method != "ga" and not any(isinstance(ex, usable) for ex in bench.retain):
+        raise UserError(f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
+                        "has no retain examples: choose GA, or load a benchmark with a retain set.")
+
+
+@on_device_for(600)
+def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float, grom_edit,
+                     cached, n, progress):
+    """Train the baseline (the model is given back as found), then the rows of the table:
+    `cached` (a Report with Base, GROM's Edited and Retain model rows) or those rows
+    computed now, and the baseline's row. Returns (baseline Edit, GROM report, baseline
+    report)."""
+    from grom.baselines import run_baseline
+    from grom.eval import evaluate
+
+    progress = progress or (lambda *_: None)
+    with DEVICE_LOCK:
+        handle = shared_model(key, "baseline")
+        try:
+            edit = run_baseline(method, handle.model, handle.tokenizer, bench.forget, bench.retain,
+                                epochs=epochs, lr=lr, batch_size=BATCH_SIZE, grad_accum=GRAD_ACCUM,
+                                prompt_format=bench.prompt_format,
+                                progress=lambda f, m: progress(TRAIN_SHARE * f, m))
+        except (ValueError, TypeError) as err:  # the data: nothing the baseline can train on
+            raise UserError(f"{LABELS[method]} cannot train on {bench.name}/{bench.split}: {err}.") from err
+        rest = 1 - TRAIN_SHARE
+        report = cached or report_rows(handle, bench, grom_edit, n,
+                                       lambda f, m: progress(TRAIN_SHARE + rest / 2 * f, m))
+        mine = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
+                        reference=reference_for(handle, bench), max_examples=n, reuse=report,
+                        progress=lambda f, m: progress(TRAIN_SHARE + rest / 2 * (1 + f), m))
+    return edit, report, mine
+
+
+def _fmt(value, metric: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if metric == "Forget quality" and 0 < value < 1e-3:
+        return f"{value:.1e}"
+    return f"{value:.3f}"
+
+
+def _ratio(seconds: float, grom_seconds: float | None) -> str:
+    if grom_seconds is None or grom_seconds <= 0:
+        return ""
+    r = seconds / grom_seconds
+    return f"{r:.0f}×" if r >= 10 else f"{r:.1f}×"
+
+
+def table_frame(rows: list[tuple[str, dict, float | None]], grom_seconds: float | None,
+                task: str) -> pd.DataFrame:
+    """The models as columns (Base, GROM, the baseline, Retain model), as in the comparison
+    above; the time of update, its ratio to GROM's and the metrics as rows. `rows`: (name,
+    metrics, seconds of its update or None) per model."""
+    present = {m for _, metrics, _ in rows for m in metrics}
+    if task == "tofu" and sum(m in present for m in TOFU_COLUMNS) >= 3:
+        metrics = [m for m in TOFU_COLUMNS if m in present]
+    else:
+        metrics = (["Final score"] if "Final score" in present else []) + sorted(
+            m for m in present if m != "Final score")
+    out = pd.DataFrame({"metric": [TIME_ROW, RATIO_ROW] + metrics})
+    for name, values, seconds in rows:
+        out[name] = (["" if seconds is None else f"{seconds:.1f} s",
+                      "" if seconds is None else _ratio(seconds, grom_seconds)]
+                     + [_fmt(values.get(m), m) for m in metrics])
+    out["goal"] = ["↓", "↓"] + [goal_arrow(m) for m in metrics]
+    return out
+
+
+def styled(frame: pd.DataFrame, method_label: str):
+    """The time rows in bold, GROM's column in the page's violet, the baseline's in orange."""
+    styler = frame.style.apply(lambda row: ["font-weight: 700" if row["metric"] in (TIME_ROW, RATIO_ROW)
+                                            else "" for _ in row], axis=1)
+    for name, colour in (("GROM", "#5f3dc4"), (method_label, "#d9480f")):
+        if name in frame.columns:
+            styler = styler.set_properties(subset=[name], **{"color": colour, "font-weight": "600"})
+    return styler
+
+
+def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, finals: dict,
+               n, grom_note: str) -> str:
+    label = LABELS[method]
+    t = edit.timings.get("total", edit.timings.get("train", 0.0))
+    epochs = f"{settings['epochs']:g} epoch{'' if settings['epochs'] == 1 else 's'}"
+    head = (f"**{label}**, {epochs} ({edit.info.get('steps', '?')} optimizer steps "
+            f"of 8 × 4 examples, lr {settings['lr']:g}): updated the weights in **{t:.1f} s**")
+    if grom_seconds:
+        r = t / grom_seconds
+        times = f"{r:.0f}" if r >= 10 else f"{r:.1f}"
+        head += (f"; GROM's edit took **{grom_seconds:.1f} s**, so {label} took **{times}×** as "
+                 f"long{grom_note}.")
+    else:
+        head += ". Press **Run edit** to put GROM's time and metrics beside it."
+    if finals:
+        head += " Final score: " + " · ".join(f"{k} **{v:.3f}**" for k, v in finals.items()) + "."
+    size = "all examples" if n is None else f"up to {n} examples per set"
+    return head + f" Evaluated on {size}; the shared model's weights are unchanged."
+
+
+def _cached_report(session: Session, bench, grom_edit, n):
+    """The session's last comparison when it was made for this benchmark, edit and size."""
+    for report, made_for in ((session.report, session.report_for),
+                             session.extra.get("baseline_grom_report", (None, None))):
+        if report is not None and made_for is not None and made_for[0] is bench \
+                and made_for[1] is grom_edit and made_for[2] == n:
+            return report
+    return None
+
+
+@ui_errors
+def run_baseline(method: str, epochs: float, lr: float, max_examples: int, full_set: bool,
+                 session: Session, progress=gr.Progress()):
+    """Train a gradient baseline on the session's benchmark and compare it with GROM:
+    a summary (times and their ratio) and the table Base / GROM / method / Retain model."""
+    from grom.eval.report import BASE, EDITED, REFERENCE
+
+    handle = current_model(session)
+    bench = current_benchmark(session)
+    method = parse_method(method)
+    epochs, lr = check_settings(epochs, lr)
+    n = None if full_set else int(max_examples or 0)
+    if n is not None and not 1 <= n <= 10000:
+        raise UserError("Examples per set must be between 1 and 10000 (or tick 'all examples').")
+    check_trainable(bench, method)
+    grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
+    cached = _cached_report(session, bench, grom, n)
+    edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,
+                                          device_progress(lambda f, m: progress(f, desc=m)))
+    session.baseline, session.baseline_for = edit, handle.key
+    session.extra["baseline_report"] = mine
+    if cached is None and grom is not None:
+        session.extra["baseline_grom_report"] = (report, (bench, grom, n))
+    label = LABELS[method]
+    grom_seconds = grom.timings.get("total") if grom is not None else None
+    seconds = edit.timings.get("total", edit.timings.get("train"))
+    rows = [("Base", mine.rows[BASE].metrics, None)]
+    if grom is not None:
+        rows.append(("GROM", report.rows[EDITED].metrics, grom_seconds))
+    rows.append((label, mine.rows[EDITED].metrics, seconds))
+    if REFERENCE in mine.rows:
+        rows.append(("Retain model", mine.rows[REFERENCE].metrics, None))
+    finals = {name: m["Final score"] for name, m, _ in rows if "Final score" in m}
+    inputs = session.extra.get("edit_inputs")
+    note = ("" if grom is None or inputs is None or inputs[0] is bench.forget
+            else " (GROM's edit was made for another forget set: run it again to compare on this one)")
+    return (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note),
+            styled(table_frame(rows, grom_seconds, mine.task), label))
+
+
+def build_baseline_panel() -> SimpleNamespace:
+    """The accordion's widgets: method, epochs, learning rate, Run; the summary and table."""
+    with gr.Accordion("Compare with a gradient baseline: GA, GradDiff, NPO, SimNPO", open=False,
+                      elem_id="baseline-panel"):
+        text.md(text.BASELINE, elem_classes="panel-intro")
+        with gr.Row(equal_height=True):
+            method = gr.Dropdown(METHODS, value=DEFAULT_METHOD, label="Method", scale=3, min_width=220,
+                                 info="OpenUnlearning's losses")
+            epochs = gr.Number(value=DEFAULT_EPOCHS, label="Epochs", scale=1, min_width=110,
+                               info="the recipe: 10")
+            lr = gr.Number(value=default_lr(DEFAULT_METHOD), label="Learning rate", scale=1,
+                           min_width=140, info="this model's default")
+        gr.Markdown(text.BASELINE_RECIPE, elem_classes="panel-intro baseline-recipe")
+        run = gr.Button("Train the baseline and compare", variant="primary", elem_id="baseline-run")
+        summary = gr.Markdown("Pick a method and press **Train the baseline and compare** (the demo "
+                              "on a CPU: about 10 s per epoch).", elem_id="baseline-summary")
+        table = gr.Dataframe(label="Time of update and metrics: Base, GROM, the baseline",
+                             interactive=False, wrap=True, max_height=540, elem_id="baseline-table")
+    return SimpleNamespace(method=method, epochs=epochs, lr=lr, run=run, summary=summary, table=table)

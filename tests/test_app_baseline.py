@@ -1,0 +1,71 @@
+"""GROM Studio's "Compare with a gradient baseline" through its API: after a GROM edit,
+train SimNPO for one epoch on the demo and get Base / GROM / SimNPO / Retain model side
+by side (the models as columns, as in the comparison) with the time ratio; the base weights are bit-identical afterwards; bad settings
+are errors and the app keeps serving.
+
+One epoch of SimNPO on the demo's forget10 (400 examples, 13 optimizer steps) takes about
+10 s on one CPU thread; the evaluation uses a few examples per set.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gradio_client")
+
+from components.session import REGISTRY  # noqa: E402
+from tests.test_app import QUICK, new_client, url, weights_hash  # noqa: E402,F401  (url: the fixture)
+
+N = 5  # examples per evaluation set
+
+
+def test_a_baseline_beside_the_grom_edit(url):  # noqa: F811
+    c = new_client(url)
+    model = REGISTRY.current.model
+    before = weights_hash(model)
+    summary, _, _ = c.predict(api_name="/run_edit", **QUICK)
+    assert "Edited" in summary
+    c.predict(max_examples=N, api_name="/compare")  # the comparison's Base / GROM rows are reused
+
+    text, table = c.predict("simnpo", 1, 1e-3, max_examples=N, api_name="/run_baseline")
+    heads, rows = table["headers"], {r[0]: r for r in table["data"]}
+    assert heads == ["metric", "Base", "GROM", "SimNPO", "Retain model", "goal"]
+    assert [r[0] for r in table["data"]][:3] == ["Time of update", "× GROM's time", "Final score"]
+    assert rows["× GROM's time"][1:5] == ["", "1.0×", rows["× GROM's time"][3], ""]
+    assert re.fullmatch(r"\d+(\.\d)?×", rows["× GROM's time"][3])  # the time ratio
+    assert rows["Time of update"][3].endswith(" s") and rows["Time of update"][1] == ""
+    assert re.search(r"\*\*SimNPO\*\*, 1 epoch \(13 optimizer steps.*took \*\*[\d.]+×\*\* as long", text)
+    assert "Final score: Base" in text and "SimNPO **" in text
+    assert all(rows["Final score"][1:5])  # every model has a Final score
+    assert float(rows["Forget prob"][2]) < float(rows["Forget prob"][1])  # GROM forgot
+    assert weights_hash(model) == before  # the model was trained and given back bit for bit
+    files, _, _ = c.predict(api_name="/export")  # the session's GROM edit is still its own
+    meta = json.loads(Path(next(f for f in files if f.endswith("edit.json"))).read_text())
+    assert meta["config"]["layers"] == [3, 4, 5] and meta.get("method", "grom") == "grom"
+
+    # bad settings: errors with what to do; then the session still works
+    with pytest.raises(Exception, match="Epochs = 0"):
+        c.predict("simnpo", 0, 1e-3, max_examples=N, api_name="/run_baseline")
+    with pytest.raises(Exception, match="Learning rate"):
+        c.predict("ga", 1, -1.0, max_examples=N, api_name="/run_baseline")
+    with pytest.raises(Exception, match="(?i)not in the list of choices|unknown baseline"):
+        c.predict("sgd", 1, 1e-3, max_examples=N, api_name="/run_baseline")
+    text, *_ = c.predict(max_examples=N, api_name="/compare")
+    assert "Final score" in text
+    assert weights_hash(model) == before
+
+
+def test_a_baseline_needs_a_benchmark_and_not_a_grom_edit(url):  # noqa: F811
+    from gradio_client import Client
+
+    c = Client(url, verbose=False)  # a fresh session: the page load is not run for API clients
+    c.predict("demo", "auto", "auto", api_name="/load_model")
+    with pytest.raises(Exception, match="No benchmark is loaded"):
+        c.predict("ga", 1, 1e-3, max_examples=N, api_name="/run_baseline")
+    c.predict("demo", "forget10", "", None, None, api_name="/load_benchmark")
+    text, table = c.predict("ga", 0.25, 1e-3, max_examples=N, api_name="/run_baseline")  # 4 steps
+    assert table["headers"] == ["metric", "Base", "GA", "Retain model", "goal"]
+    assert "Press **Run edit**" in text and "4 optimizer steps" in text
