@@ -25,7 +25,6 @@ import argparse
 import ctypes
 import gc
 import platform
-import random
 import resource
 import sys
 import time
@@ -38,10 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from grom import EditConfig, run_edit  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
-from grom.data.schema import QAExample  # noqa: E402
 from grom.keys import encode_examples  # noqa: E402
 from grom.solve import build_system  # noqa: E402
 from grom.targets import as_target  # noqa: E402
+
+from bench_edit import CharTokenizer, synthetic_qa  # noqa: E402  (this folder is on sys.path)
 
 
 HOW = {"rss": "VmHWM - VmRSS", "maxrss": "ru_maxrss (a process high-water mark)",
@@ -123,30 +123,8 @@ def time_solve(n: int, s: int, device: str, seed: int = 0) -> dict:
                 how=mem.how)
 
 
-class CharTokenizer:
-    """A stand-in tokenizer (one id per character) so the bench needs no files."""
-
-    chat_template = None
-    pad_token_id, eos_token_id = 0, 1
-
-    def __init__(self, vocab: int):
-        self.vocab = vocab
-
-    def __call__(self, text, add_special_tokens=True, **_):
-        ids = [2 + (ord(c) * 7919) % (self.vocab - 2) for c in text]
-        return {"input_ids": ([1] if add_special_tokens else []) + ids}
-
-
-def synthetic_qa(n: int, seed: int, answer_words: int = 8) -> list[QAExample]:
-    rng = random.Random(seed)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    word = lambda: "".join(rng.choice(letters) for _ in range(rng.randint(3, 8)))  # noqa: E731
-    return [QAExample(f"What is known about {word()} {word()}?",
-                      " ".join(word() for _ in range(answer_words)) + ".") for _ in range(n)]
-
-
 def time_keys(model, tok, n_forget: int, device: str, batch_size: int) -> dict:
-    forget, retain = synthetic_qa(n_forget, 1), synthetic_qa(2 * n_forget, 2)
+    forget, retain = synthetic_qa(n_forget, 1, 8), synthetic_qa(2 * n_forget, 2, 8)
     fmt = PromptFormat(kind="template")
     tokens = sum(len(e.input_ids) for e in encode_examples(tok, forget + retain, fmt=fmt))
     cfg = EditConfig(layers=(model.config.num_hidden_layers // 2,), batch_size=batch_size,
