@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,17 +20,11 @@ import torch
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 
-import app  # noqa: E402
 from components import edit_panel  # noqa: E402
 from components.session import REGISTRY  # noqa: E402
+from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 
 QUICK = dict(retain_examples=300)  # a seeded sample of the retain set gives the keys
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def weights_hash(model) -> str:
@@ -40,19 +33,6 @@ def weights_hash(model) -> str:
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-@pytest.fixture(scope="module")
-def url():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is faster, and fair to the other tests
-    app.preload()
-    demo = app.build_app()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(),
-                                  prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
-    yield local_url
-    demo.close()
-    torch.set_num_threads(threads)
 
 
 def new_client(url) -> Client:

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("gradio_client")
 
 from components.session import REGISTRY  # noqa: E402
-from tests.test_app import QUICK, new_client, url, weights_hash  # noqa: E402,F401  (url: the fixture)
+from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
+from tests.test_app import QUICK, new_client, weights_hash  # noqa: E402
 
 N = 5  # examples per evaluation set
 

@@ -5,42 +5,22 @@ no errors, and save screenshots (a temporary folder; the first also into
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
-import torch
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-import app  # noqa: E402
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 SHARED = Path("/tmp/app_screens")
 SIZES = [(1366, 900), (1920, 1080)]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def url():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    app.preload()
-    demo = app.build_app()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(),
-                                  prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
-    yield local_url
-    demo.close()
-    torch.set_num_threads(threads)
+from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 
 
 @pytest.fixture(scope="module")
