@@ -116,7 +116,7 @@ def test_baseline_settings_defaults_and_data_checks():
     assert bp.parse_method("SimNPO") == "simnpo" and bp.parse_method("ga") == "ga"
     with pytest.raises(UserError, match="Unknown baseline"):
         bp.parse_method("sgd")
-    assert bp.default_lr("npo", ModelKey("demo", "cpu", "float32")) == 3e-3
+    assert bp.default_lr("npo", ModelKey("demo", "cpu", "float32")) == 1e-3
     assert bp.default_lr("npo", ModelKey("org/model", "cuda", "bfloat16")) == 1e-5  # the recipe's
     assert bp.check_settings(10, 1e-5) == (10.0, 1e-5)
     for epochs, lr, message in [(0, 1e-3, "Epochs"), (float("nan"), 1e-3, "Epochs"), (1, 0.0, "Learning rate"),

@@ -131,7 +131,7 @@ def test_demo_full_and_retain_rows_differ_like_tofu_original_and_retain(demo):
     assert full["Forget fact recall"] > 0.9 and retain["Forget fact recall"] < 0.2
     assert full["Forget prob"] > 0.8 and retain["Forget prob"] < full["Forget prob"] / 2
     assert retain["Forget quality"] == pytest.approx(1.0)  # the same model as the reference
-    assert full["Forget quality"] < 0.1  # 0.054 on these 40 (on all 400: about 1e-40)
+    assert full["Forget quality"] < 0.1  # 0.054 on these 40 (on all 400: 6e-14)
     assert abs(retain["Model utility"] - full["Model utility"]) < 0.1  # both know the rest
     assert full["MIA AUC"] > 0.9 and 0.2 < retain["MIA AUC"] < 0.8
 
