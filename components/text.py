@@ -60,7 +60,7 @@ BASELINE = ("The gradient baselines unlearn by fine-tuning: for several epochs t
 BASELINE_RECIPE = ("OpenUnlearning's TOFU recipe: AdamW, batch 8 × 4 accumulation steps (32), "
                    "linear warm-up over the first epoch then decay. The learning rate starts at a "
                    "default for the loaded model (the recipe's 1e-5 for Hub models; for the demo, "
-                   "each method's best from a sweep). The metrics use the examples set above; the "
+                   "a rate from a sweep that forgets without wrecking the rest, BENCHMARKS.md). The metrics use the examples set above; the "
                    "shared model is left unchanged and the baseline is kept for this session "
                    "apart from the GROM edit.")
 
