@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import grom.demo.model as demo_model
 from grom.demo import load_demo_benchmark, load_demo_model
-from grom.demo.train import greedy_answers, main, qa_tokens
+from grom.demo.train import main, qa_tokens
+from grom.eval.runner import generate
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def test_full_model_knows_forget_and_retain(full, forget10):
     assert not model.training and model.dtype == torch.float32
     for name in ("forget", "retain"):
         examples = forget10.eval_sets[name][:: len(forget10.eval_sets[name]) // 12][:12]
-        answers = greedy_answers(model, tok, [ex.question for ex in examples])
+        answers = generate(model, tok, [ex.question for ex in examples])
         hits = sum(ex.fact in a for ex, a in zip(examples, answers))
         assert hits >= 10, (name, list(zip([ex.fact for ex in examples], answers)))
 
@@ -78,16 +79,16 @@ def test_batched_generation_matches_single(full, forget10):
     model, tok = full
     questions = [ex.question for ex in forget10.eval_sets["retain"][:4]]
     questions[1] = "In one word, who is " + questions[1]  # unequal prompt lengths
-    batched = greedy_answers(model, tok, questions, max_new_tokens=24)
-    single = [greedy_answers(model, tok, [q], max_new_tokens=24)[0] for q in questions]
+    batched = generate(model, tok, questions, max_new_tokens=24)
+    single = [generate(model, tok, [q], max_new_tokens=24)[0] for q in questions]
     assert batched == single
 
 
 def test_retain_model_does_not_know_forget_facts(forget10):
     model, tok = load_demo_model("retain")
     examples = forget10.forget[::10]
-    answers = greedy_answers(model, tok, [ex.question for ex in examples])
+    answers = generate(model, tok, [ex.question for ex in examples])
     assert sum(ex.fact in a for ex, a in zip(examples, answers)) / len(examples) < 0.25
     known = forget10.eval_sets["retain"][:10]
-    answers = greedy_answers(model, tok, [ex.question for ex in known])
+    answers = generate(model, tok, [ex.question for ex in known])
     assert sum(ex.fact in a for ex, a in zip(known, answers)) >= 9

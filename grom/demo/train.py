@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grom.data.prompts import encode_prompt
 from grom.demo.model import demo_model_dir
 from grom.demo.tokenizer import VOCAB_SIZE, build_tokenizer
 from grom.demo.world import World, generate_world, load_demo_benchmark
+from grom.eval.runner import encode_pair
 
 log = logging.getLogger(__name__)
 IGNORE = -100
@@ -40,10 +40,9 @@ def model_config(tok, layers: int = 6, hidden: int = 128) -> LlamaConfig:
 
 
 def qa_tokens(tok, question: str, answer: str) -> tuple[list[int], list[int]]:
-    """Chat prompt + answer + EOS; labels mask the prompt."""
-    prompt = encode_prompt(tok, question)
-    target = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    return prompt + target, [IGNORE] * len(prompt) + target
+    """Chat prompt + answer + EOS (as the evaluation scores it); labels mask the prompt."""
+    ids, start = encode_pair(tok, question, answer, None)
+    return ids, [IGNORE] * start + ids[start:]
 
 
 def text_tokens(tok, text: str) -> tuple[list[int], list[int]]:
@@ -119,30 +118,14 @@ def train(model, examples, pad_id: int, *, epochs: int, steps: int | None, seed:
             "final_loss": round(sum(recent) / len(recent), 4)}
 
 
-@torch.no_grad()
-def greedy_answers(model, tok, questions, max_new_tokens: int = 64, batch_size: int = 64):
-    """Greedy answers to `questions` from the chat prompt (left-padded batches)."""
-    out = []
-    for start in range(0, len(questions), batch_size):
-        prompts = [encode_prompt(tok, q) for q in questions[start:start + batch_size]]
-        width = max(map(len, prompts))
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                             max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)
-        out += tok.batch_decode(gen[:, width:], skip_special_tokens=True)
-    return out
-
-
 def recall_scores(model, tok, examples) -> dict:
     """Mean ROUGE-L recall (stemmed) of greedy answers, and the share containing the fact."""
-    from rouge_score import rouge_scorer
+    from grom.eval.metrics import fact_recall, rouge_l_recall
+    from grom.eval.runner import generate
 
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    answers = greedy_answers(model, tok, [ex.question for ex in examples])
-    rouge = [scorer.score(ex.answer, a)["rougeL"].recall for ex, a in zip(examples, answers)]
-    facts = [ex.fact in a for ex, a in zip(examples, answers)]
+    answers = generate(model, tok, [ex.question for ex in examples], batch_size=64)
+    rouge = [rouge_l_recall(ex.answer, a) for ex, a in zip(examples, answers)]
+    facts = [fact_recall(ex.fact, a) for ex, a in zip(examples, answers)]
     return {"rougeL_recall": round(sum(rouge) / len(rouge), 4),
             "fact_recall": round(sum(facts) / len(facts), 4), "n": len(examples)}
 
