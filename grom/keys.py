@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from grom.data.prompts import PromptFormat, encode_prompt
+from grom.data.prompts import PromptFormat, encode_prompt, uses_chat_template
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 
 KEY_MODES = ("auto", "qa", "corpus", "subject_last")
@@ -51,11 +51,21 @@ class Batch:
         return x[self.rows.to(x.device), self.cols.to(x.device)]
 
 
+LETTERS = "ABCDEFGHIJ"
+
+
 def choice_question(ex: ChoiceExample) -> str:
     """The standard multiple-choice prompt body (question, lettered options, 'Answer:')."""
-    letters = "ABCDEFGHIJ"
-    opts = "\n".join(f"{letters[i]}. {c}" for i, c in enumerate(ex.choices))
+    opts = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(ex.choices))
     return f"{ex.question}\n{opts}\nAnswer:"
+
+
+def answer_letter(tokenizer, fmt: PromptFormat | None, index: int) -> str:
+    """The answer text of option `index` after `choice_question`: " A" after a plain prompt
+    ending in "Answer:" (as the lm-evaluation-harness scores it), the bare "A" after a chat
+    template, where the assistant turn starts. Keys, baselines and the accuracy metric all
+    use this one answer."""
+    return LETTERS[index] if uses_chat_template(tokenizer, fmt) else " " + LETTERS[index]
 
 
 def _answer_ids(tokenizer, answer: str) -> list[int]:
@@ -117,7 +127,7 @@ def encode_example(tokenizer, example, i: int, *, mode: str = "auto",
             return _subject_last(tokenizer, example.prompt, example.subject, example.answer, max_length, i)
         q, a = example.prompt, example.answer
     elif isinstance(example, ChoiceExample):
-        q, a = choice_question(example), " " + "ABCDEFGHIJ"[example.answer_index]
+        q, a = choice_question(example), answer_letter(tokenizer, fmt, example.answer_index)
     elif isinstance(example, QAExample):
         q, a = example.question, example.answer
         if mode == "subject_last":

@@ -15,7 +15,7 @@ from grom.baselines import (BASELINES, answer_nll, encode_sequences, npo_loss, r
 from grom.baselines.losses import ga_loss, mean_nll
 from grom.baselines.train import collate, linear_schedule
 from grom.data.schema import ChoiceExample, QAExample, TextExample
-from grom.keys import pad_id
+from grom.keys import answer_letter, pad_id
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama
 
 FAST = dict(lr=1e-3, max_steps=8, batch_size=2, warmup_epochs=0)
@@ -104,7 +104,8 @@ def test_sequences_mask_the_prompt_and_end_with_eos(tokenizer):
 
     ch = ChoiceExample("Who won the Harrow Cup?", ("Odo Brask", "Mira Sel"), 1)
     (c,) = encode_sequences(tokenizer, [ch], None, 512)
-    assert list(c.gold) == tokenizer(" B", add_special_tokens=False)["input_ids"] + [eos]
+    # the option letter as the keys and the accuracy metric take it ("B" after a chat template)
+    assert list(c.gold) == tokenizer(answer_letter(tokenizer, None, 1), add_special_tokens=False)["input_ids"] + [eos]
 
 
 # ----------------------------------------------------------------------------- training

@@ -191,3 +191,24 @@ def test_reuse_takes_unedited_rows_from_an_earlier_report(tokenizer, trained_lla
     # another subset size is not compatible: computed again
     other = evaluate(trained_llama, tokenizer, bench, reference=ref, max_examples=2, reuse=first)
     assert other.rows["Base"] is not first.rows["Base"]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_choice_keys_and_accuracy_use_the_same_answer_letter(chat, tokenizer, plain_tokenizer):
+    """GROM's keys (and the baselines, which share the encoding) push on the very token
+    the accuracy metric reads: "C" after a chat template, " C" after a plain prompt."""
+    from grom.data.schema import ChoiceExample
+    from grom.eval.runner import choice_logprobs
+    from grom.keys import encode_example
+
+    tok = tokenizer if chat else plain_tokenizer
+    ex = ChoiceExample("Which prize did Mira Sel win?", ("Tessaly Medal", "Oak Prize", "Harrow Cup"), 2)
+    (enc,) = encode_example(tok, ex, 0)
+    letter = tok("C" if chat else " C", add_special_tokens=False)["input_ids"][-1]
+    assert enc.gold[-1] == letter
+    model = tiny_llama(len(tok))
+    lp = choice_logprobs(model, tok, [ex])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([enc.input_ids])).logits[0].double(), -1)
+    keyed = sum(float(logp[p, g]) for p, g in zip(enc.positions, enc.gold))  # every letter token
+    assert lp[0, 2] == pytest.approx(keyed, abs=1e-5)

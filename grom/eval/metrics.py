@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -208,7 +208,7 @@ def quantizable_weights(model: nn.Module, include_lm_head: bool = False):
     return out, skipped
 
 
-def _resolve_method(model: nn.Module, method: str) -> str:
+def resolve_method(model: nn.Module, method: str) -> str:
     if method not in ("auto", "rtn", "nf4"):
         raise ValueError(f"method must be 'auto', 'rtn' or 'nf4', got {method!r}")
     if method != "auto":
@@ -217,9 +217,9 @@ def _resolve_method(model: nn.Module, method: str) -> str:
         if method == "nf4":
             _import_bnb()
         return method
-    p = next(iter(model.parameters()), None)
-    on_cuda = p is not None and p.device.type == "cuda"
-    return "nf4" if on_cuda and nf4_available() else "rtn"
+    from grom.arch import model_device
+
+    return "nf4" if model_device(model).type == "cuda" and nf4_available() else "rtn"
 
 
 @contextlib.contextmanager
@@ -244,7 +244,7 @@ def quantized(model: nn.Module, method: str = "auto", group_size: int = 128,
     normal or by exception, copies the saved originals back bit for bit. Originals are
     kept on the CPU. Yields a :class:`QuantInfo`.
     """
-    resolved = _resolve_method(model, method)
+    resolved = resolve_method(model, method)
     if resolved == "rtn":
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")

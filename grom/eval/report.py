@@ -33,6 +33,7 @@ import pandas as pd
 from grom.data.prompts import RAW_TEXT, PromptFormat
 from grom.data.schema import Benchmark, ChoiceExample, FactRecord, QAExample, TextExample
 from grom.eval import metrics as M
+from grom.eval.quant import quantized, resolve_method
 from grom.eval.runner import (answer_budget, choice_logprobs, generate, score_answers,
                               score_texts)
 
@@ -72,10 +73,6 @@ class Report:
     rows: dict[str, Row]
     seconds: float
     n_examples: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def row_names(self) -> list[str]:
-        return list(self.rows)
 
     def table(self) -> pd.DataFrame:
         """One row per model, one column per metric (NaN where a metric does not apply)."""
@@ -334,7 +331,7 @@ def _custom_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False)
         texts = [e for e in sets.get(name, ()) if isinstance(e, TextExample)]
         if texts:
             s = score_texts(run.model, run.tok, [e.text for e in texts])
-            row.metrics[f"{name.capitalize()} text loss"] = float(np.mean([-x.logprobs.mean() for x in s]))
+            row.metrics[f"{name.capitalize()} text loss"] = float(np.mean([x.avg_loss for x in s]))
     return row
 
 
@@ -359,8 +356,6 @@ def _reference_pair(reference, tokenizer):
 
 def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens, only_forget=False,
          quantize: str | None = None, group_size: int = 128) -> Row:
-    from grom.eval.quant import quantized
-
     fn = ROWS.get(benchmark.task)
     if fn is None:
         raise ValueError(f"no metrics for task {benchmark.task!r}; known: {', '.join(ROWS)}")
@@ -430,9 +425,7 @@ def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
     bits (NF4 on CUDA with bitsandbytes, else round-to-nearest in groups of 128), for the
     base model and, with `edit`, the edited one. The paper's claim: gradient unlearning is
     undone by 4-bit quantization, GROM is not (the edited rows stay close)."""
-    from grom.eval.quant import _resolve_method
-
-    resolved = _resolve_method(model, method)
+    resolved = resolve_method(model, method)
     sets = eval_sets(benchmark, max_examples)
     label = f"4-bit ({resolved})"
     out = {}

@@ -14,10 +14,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from grom.arch import model_device
 from grom.data.prompts import PromptFormat, encode_prompt
-from grom.keys import choice_question
-
-LETTERS = "ABCDEFGHIJ"
+from grom.keys import answer_letter, choice_question, pad_id
 
 
 @dataclass(frozen=True)
@@ -34,18 +33,6 @@ class TokenScores:
     def avg_loss(self) -> float:
         """Mean negative log-likelihood per answer token (TOFU's length normalisation)."""
         return float(-self.logprobs.mean()) if len(self.logprobs) else float("nan")
-
-
-def model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _pad_id(tokenizer) -> int:
-    if tokenizer.pad_token_id is not None:
-        return tokenizer.pad_token_id
-    if tokenizer.eos_token_id is not None:
-        return tokenizer.eos_token_id
-    return 0
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -84,7 +71,7 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
     longest first (less padding)."""
     device = model_device(model)
     head = model.get_output_embeddings()
-    pad = _pad_id(tokenizer)
+    pad = pad_id(tokenizer)
     order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i][0]))
     out: list[TokenScores | None] = [None] * len(sequences)
     for b in range(0, len(order), batch_size):
@@ -133,7 +120,7 @@ def score_texts(model: nn.Module, tokenizer, texts: Sequence[str], *, batch_size
     seqs = []
     for t in texts:
         ids = list(tokenizer(t, add_special_tokens=True)["input_ids"])[:max_length]
-        seqs.append((ids, 1) if len(ids) >= 2 else (ids + [_pad_id(tokenizer)], 1))
+        seqs.append((ids, 1) if len(ids) >= 2 else (ids + [pad_id(tokenizer)], 1))
     return score_sequences(model, tokenizer, seqs, batch_size)
 
 
@@ -143,7 +130,7 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
              batch_size: int = 32, max_length: int = 1024) -> list[str]:
     """Greedy continuations of the formatted prompts (left padding; stops at EOS)."""
     device = model_device(model)
-    pad = _pad_id(tokenizer)
+    pad = pad_id(tokenizer)
     eos = _eos_ids(model, tokenizer)
     encoded = [encode_prompt(tokenizer, p, prompt_format)[-(max_length - max_new_tokens):]
                for p in prompts]
@@ -176,41 +163,25 @@ def answer_budget(tokenizer, answers: Sequence[str], cap: int = 200) -> int:
     return int(min(cap, 2 * longest + 16))
 
 
-@torch.no_grad()
 def choice_logprobs(model: nn.Module, tokenizer, examples, *,
                     prompt_format: PromptFormat | None = None, batch_size: int = 32) -> np.ndarray:
-    """(N, max options) log-probability of each option's letter as the next token after the
-    standard lettered prompt ("...\\nAnswer:"), -inf where an item has fewer options.
+    """(N, max options) log-likelihood of each option's letter after the standard lettered
+    prompt ("...\\nAnswer:"), -inf where an item has fewer options.
 
-    The letter is scored as a single token (" A" after a plain prompt, "A" after a chat
-    template), as the lm-evaluation-harness scores WMDP and MMLU."""
-    from grom.data.prompts import uses_chat_template
-
-    chat = uses_chat_template(tokenizer, prompt_format)
-    letter_ids = []
-    for letter in LETTERS:
-        ids = tokenizer(letter if chat else " " + letter, add_special_tokens=False)["input_ids"]
-        letter_ids.append(ids[-1] if chat else ids[0])
-    seqs = [(encode_prompt(tokenizer, choice_question(ex), prompt_format) + [letter_ids[0]],
-             None) for ex in examples]
-    device = model_device(model)
-    head = model.get_output_embeddings()
-    pad = _pad_id(tokenizer)
-    width_opts = max(len(ex.choices) for ex in examples)
-    out = np.full((len(examples), width_opts), -np.inf)
-    for b in range(0, len(seqs), batch_size):
-        chunk = [s for s, _ in seqs[b:b + batch_size]]
-        width = max(map(len, chunk))
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, s in enumerate(chunk):
-            ids[r, :len(s)] = torch.tensor(s)
-            mask[r, :len(s)] = 1
-        hidden = _final_hidden(model, ids.to(device), mask.to(device))
-        last = torch.tensor([len(s) - 2 for s in chunk], device=device)
-        sel = hidden[torch.arange(len(chunk), device=hidden.device), last.to(hidden.device)]
-        logp = torch.log_softmax(head(sel.to(head.weight.device)).float(), -1)
-        for r in range(len(chunk)):
-            n = len(examples[b + r].choices)
-            out[b + r, :n] = logp[r, letter_ids[:n]].double().cpu().numpy()
+    The letter is `grom.keys.answer_letter` (" A" after a plain prompt, as the
+    lm-evaluation-harness scores WMDP and MMLU; "A" after a chat template), the same
+    answer GROM's keys and the baselines train on; its tokens' log-probabilities are
+    summed (one token with most tokenizers)."""
+    width = max(len(ex.choices) for ex in examples)
+    letters = [tokenizer(answer_letter(tokenizer, prompt_format, i), add_special_tokens=False)["input_ids"]
+               for i in range(width)]
+    seqs, where = [], []
+    for n, ex in enumerate(examples):
+        prompt = encode_prompt(tokenizer, choice_question(ex), prompt_format)
+        for i in range(len(ex.choices)):
+            seqs.append((prompt + letters[i], len(prompt)))
+            where.append((n, i))
+    out = np.full((len(examples), width), -np.inf)
+    for (n, i), s in zip(where, score_sequences(model, tokenizer, seqs, batch_size)):
+        out[n, i] = s.logprobs.sum()
     return out
