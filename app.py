@@ -106,8 +106,7 @@ def wire(ui: SimpleNamespace) -> None:
      .success(on_method_change, bl.method, bl.lr, **LOCAL)  # the new model's default lr
     b.name.change(on_benchmark_change, b.name, b.split, **LOCAL)
     b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
-                 [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark",
-                 **DEVICE) \
+                 [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark") \
      .success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
     e.preset.change(fill_preset, e.preset, [e.target, e.beta, e.beta_log, e.beta_relative, e.w_r,
                                             e.w_r_log, e.rho, e.rho_log, e.c, e.matrix, e.use_alpha,
@@ -136,7 +135,7 @@ def wire(ui: SimpleNamespace) -> None:
     e.reset.click(reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
        .then(lambda msg: (msg, "", None, "", ""), e.status, [r.summary, c.summary, c.table,
                                                            c.forget_html, c.retain_html], **LOCAL)
-    x.button.click(export, s, [x.files, x.note, x.code], api_name="export", **DEVICE)
+    x.button.click(export, s, [x.files, x.note, x.code], api_name="export")  # data only: no device
     d.pca_btn.click(pca_plot, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
     d.infl_btn.click(influence_bars, [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
                      api_name="influence", **DEVICE)

@@ -3,8 +3,8 @@ benchmark (`grom.baselines.run_baseline`, OpenUnlearning's recipe) and put its t
 update and its metrics beside GROM's.
 
 The baseline trains the shared model in place under DEVICE_LOCK and gives it back bit for
-bit; what it learned is kept as an `Edit` (a patch) in the session, apart from the GROM
-edit, and applied only while its row is evaluated. The Base and Retain model rows (and
+bit; what it learned (an `Edit`, a patch of every trained parameter) is applied only while
+its row is evaluated and not kept afterwards, so a session holds no model-sized copy. The Base and Retain model rows (and
 GROM's, when the last comparison fits) are reused, so a baseline costs its training and
 one evaluation row.
 """
@@ -212,8 +212,6 @@ def run_baseline(method: str, epochs: float, lr: float, max_examples: int, full_
     cached = _cached_report(session, bench, grom, n)
     edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,
                                           device_progress(lambda f, m: progress(f, desc=m)))
-    session.baseline, session.baseline_for = edit, handle.key
-    session.extra["baseline_report"] = mine
     if cached is None and grom is not None:
         session.extra["baseline_grom_report"] = (report, (bench, grom, n))
     label = LABELS[method]

@@ -3,7 +3,7 @@ model where there is one), the Final score, and generations side by side with th
 words highlighted, for forget and retain examples and for a prompt the user types; below
 the metrics, the comparison with a gradient baseline (`components.baseline_panel`).
 
-The base model's row (and the reference's) do not change between edits, so they are
+The base model's row and the reference's do not change between edits, so they are
 computed once per (model, benchmark, size) and reused: an edit then costs one row.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelHandle, ModelK
 FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
 RETAIN_SETS = ("retain", "knowmem_retain", "utility_mc", "real_authors", "world_facts")
 SHOWN = 5
-_BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (benchmark, Report)
+_BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (benchmark, first Report)
 ARROWS = {"down": "↓", "up": "↑", "zero": "→ 0", "half": "→ 0.5"}
 
 
@@ -60,25 +60,23 @@ def compute_report(key: ModelKey, bench, edit, n, progress):
 
 
 def report_rows(handle: ModelHandle, bench, edit, n, progress):
-    """Base, Edited (with `edit`) and Retain model rows; the Base row is cached per (model,
-    benchmark, n). Runs under DEVICE_LOCK (re-entrant: callers may hold it already)."""
+    """Base, Edited (with `edit`) and Retain model rows; the unedited rows come from the
+    first report per (model, benchmark, n) (`evaluate(reuse=)`). Runs under DEVICE_LOCK
+    (re-entrant: callers may hold it already)."""
     from grom.eval import evaluate
-    from grom.eval.report import BASE, Report
 
     with DEVICE_LOCK:
         ck = (handle.key, id(bench), n)
         hit = _BASE_CACHE.get(ck)
-        base = hit[1].rows[BASE] if hit is not None and hit[0] is bench else None
+        prior = hit[1] if hit is not None and hit[0] is bench else None
         report = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
                           reference=reference_for(handle, bench), max_examples=n,
-                          include_base=base is None, progress=progress)
-    if base is None:
+                          progress=progress, reuse=prior)
+    if prior is None:
         _BASE_CACHE[ck] = (bench, report)
         while len(_BASE_CACHE) > 6:
             _BASE_CACHE.popitem(last=False)
-        return report
-    rows = {BASE: base, **report.rows}
-    return Report(report.benchmark, report.split, report.task, rows, report.seconds, report.n_examples)
+    return report
 
 
 def styled(frame: pd.DataFrame):

@@ -177,7 +177,9 @@ def _qa_subset(examples, n: int) -> tuple:
 
 
 @on_device
-def _sweep(key: ModelKey, forget, retain, config, param: str, values, f_eval, r_eval, progress):
+def _sweep(key: ModelKey, forget, retain, config, param: str, values, f_eval, r_eval, progress,
+           current=None):
+    """`current`: the session's edit, reused for its own value instead of being solved again."""
     from grom import run_edit
     from grom.eval import answer_probabilities
 
@@ -196,7 +198,9 @@ def _sweep(key: ModelKey, forget, retain, config, param: str, values, f_eval, r_
         for i, v in enumerate(values):
             if progress:
                 progress(i / len(values), f"{param} = {v:.3g}: edit and score")
-            e = run_edit(model, tok, forget, retain, config.replace(**{param: v}, keep_keys=False))
+            same = current is not None and v == getattr(current.config, param)
+            e = current if same else run_edit(model, tok, forget, retain,
+                                              config.replace(**{param: v}, keep_keys=False))
             with e.applied(model):
                 out.append((v, *probs()))
     return out
@@ -222,7 +226,7 @@ def beta_sweep(points: int, spread: float, session: Session, progress=gr.Progres
     f_eval = _qa_subset(sets.get("forget", bench.forget), SWEEP_EXAMPLES)
     r_eval = _qa_subset(sets.get("retain", bench.retain), SWEEP_EXAMPLES)
     res = _sweep(handle.key, forget, retain, config, param, values, f_eval, r_eval,
-                 device_progress(lambda f, m: progress(f, desc=m)))
+                 device_progress(lambda f, m: progress(f, desc=m)), current=edit)
     frame = pd.DataFrame([{param: v, "p(forget answer)": round(pf, 4), "p(retain answer)": round(pr, 4),
                            "forget efficacy": round(1 - pf, 4)} for v, pf, pr in res])
     fig = plots.plot_beta_sweep([v for v, _, _ in res], [1 - pf for _, pf, _ in res],

@@ -147,8 +147,6 @@ class Session:
         self.edit_for: ModelKey | None = None
         self.report = None  # the last comparison (grom.eval Report)
         self.report_for: tuple | None = None  # (benchmark, edit, max_examples) it was made for
-        self.baseline = None  # a gradient baseline's Edit (grom.baselines), beside the GROM edit
-        self.baseline_for: ModelKey | None = None
         self.influence = None  # (param name, shares) of the last influence audit
         self.extra: dict = {}
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from components.session import DEMO, UserError
+from grom.data.sources import hub_offline
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -64,7 +65,7 @@ def resolve_source(text: str, kind: str) -> str:
 
 def hub_reachable(timeout: float = 2.0) -> bool:
     """Whether the Hugging Face Hub answers a TCP connection (cached for a minute)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+    if hub_offline():  # HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     now = time.monotonic()

@@ -60,9 +60,9 @@ BASELINE = ("The gradient baselines unlearn by fine-tuning: for several epochs t
 BASELINE_RECIPE = ("OpenUnlearning's TOFU recipe: AdamW, batch 8 × 4 accumulation steps (32), "
                    "linear warm-up over the first epoch then decay. The learning rate starts at a "
                    "default for the loaded model (the recipe's 1e-5 for Hub models; for the demo, "
-                   "a rate from a sweep that forgets without wrecking the rest, BENCHMARKS.md). The metrics use the examples set above; the "
-                   "shared model is left unchanged and the baseline is kept for this session "
-                   "apart from the GROM edit.")
+                   "a rate from a sweep that forgets without wrecking the rest, BENCHMARKS.md). The metrics "
+                   "use the examples set above; the shared model is left unchanged and the "
+                   "GROM edit stays as it is.")
 
 DIAGNOSTICS = ("**6 · Diagnostics.** Look inside the edit: where the edited matrix sends each "
                "example, which forget examples shaped the patch most, how β trades forgetting "
