@@ -18,10 +18,10 @@ from typing import Any, Callable, Mapping
 from grom.data import custom, muse, tofu, wmdp, zsre
 from grom.data.schema import Benchmark
 from grom.data.sources import BenchmarkError
+from grom.demo.world import SPLITS as DEMO_SPLITS  # no work at import: the world is made on first use
 
 logger = logging.getLogger(__name__)
 
-DEMO_SPLITS = ("forget01", "forget05", "forget10", "forget10-mc", "forget10-text")
 
 
 @dataclass(frozen=True)

@@ -130,9 +130,9 @@ def recall_scores(model, tok, examples) -> dict:
             "fact_recall": round(sum(facts) / len(facts), 4), "n": len(examples)}
 
 
-def evaluate(model, tok) -> dict:
+def evaluate(model, tok, world: World) -> dict:
     """Recall on the forget10 benchmark's QA evaluation sets."""
-    sets = load_demo_benchmark("forget10").eval_sets
+    sets = load_demo_benchmark("forget10", seed=world.seed).eval_sets  # the world it learned
     return {name: recall_scores(model, tok, sets[name])
             for name in ("forget", "retain", "real_authors", "world_facts", "holdout")}
 
@@ -157,7 +157,7 @@ def train_kind(kind: str, world: World, tok, args) -> dict:
     model.float()
     report = {"kind": kind, "sequences": len(examples), **stats, "size_mb": dir_size_mb(out)}
     if not args.no_eval:
-        report["recall"] = evaluate(model, tok)
+        report["recall"] = evaluate(model, tok, world)
     return report
 
 
