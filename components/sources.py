@@ -45,18 +45,21 @@ def resolve_source(text: str, kind: str) -> str:
         return DEMO
     folders = allowed_dirs(kind)
     if _looks_like_path(text):
-        path = Path(text).expanduser().resolve()
-    else:  # a bare name: a folder inside an allowed one, a relative folder, else a Hub id
-        path = next((f / text for f in folders if (f / text).exists()), None)
-        path = path or (Path(text) if Path(text).exists() else None)
+        path = Path(text).expanduser()
+        if not path.is_absolute():  # relative to the allowed folders, never to the server's cwd
+            path = next((f / path for f in folders if (f / path).exists()), folders[0] / path)
+        path = path.resolve()
+    else:  # a bare name: a folder inside an allowed one or the repository (assets/...), else a Hub id
+        path = next((f / text for f in [*folders, REPO_ROOT] if (f / text).exists()), None)
         path = path.resolve() if path is not None else None
     if path is not None:
-        if not path.exists():
-            raise UserError(f"{text} does not exist. Put the {kind} in a folder inside "
-                            f"{folders[0]} and type its name.")
+        # Containment first: a path outside gets the same answer whether it exists or not.
         if not _inside(path, folders):
             raise UserError(f"{text} is outside the folders the studio may read "
                             f"({', '.join(map(str, folders))}); copy it there and type its name.")
+        if not path.exists():
+            raise UserError(f"{text} does not exist. Put the {kind} in a folder inside "
+                            f"{folders[0]} and type its name.")
         return str(path)
     if ".." in text or not HUB_ID.match(text):
         raise UserError(f"{text!r} is neither a Hub id (org/name) nor a folder inside {folders[0]}.")

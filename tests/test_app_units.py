@@ -102,6 +102,10 @@ def test_sources_are_the_demo_hub_ids_or_allowed_folders(tmp_path, monkeypatch):
     monkeypatch.setenv("GROM_MODELS_DIR", str(tmp_path))
     (tmp_path / "mine").mkdir()
     assert resolve_source("mine", "model") == str((tmp_path / "mine").resolve())
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "deep" / "er")  # relative paths never depend on the server's cwd
+    assert resolve_source("./mine", "model") == str((tmp_path / "mine").resolve())
+    assert resolve_source("assets/demo-full", "model").endswith("assets/demo-full")
     for bad, message in [("/etc", "outside"), ("../../etc", "outside"), ("a/b/c/../..", "does not exist"),
                          ("bad id!", "neither"), ("", "Type a model")]:
         with pytest.raises(UserError, match=message):
