@@ -27,6 +27,29 @@ def compute_scores(key: ModelKey, forget, retain, config, progress):
         return score(handle.model, prep, config, progress)
 
 
+SCORES_CACHE_SIZE = 16
+
+
+def cached_scores(handle, forget, retain, config, progress):
+    """The layer scores of the unedited model, once per (forget, retain, config) and model:
+    every new page of the demo, and every visitor of a Space, asks for the same ones. The
+    cache lives in this process (on ZeroGPU, `compute_scores` runs in another one)."""
+    key = (tuple(forget), tuple(retain), config)
+    try:
+        hit = handle.scores_cache.get(key)
+    except TypeError:  # unhashable examples: computed every time
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    scores = compute_scores(handle.key, forget, retain, config,
+                            device_progress(lambda f: progress(f, desc="logit lens over the keys")))
+    if key is not None:
+        if len(handle.scores_cache) >= SCORES_CACHE_SIZE:
+            handle.scores_cache.pop(next(iter(handle.scores_cache)))  # the oldest
+        handle.scores_cache[key] = scores
+    return scores
+
+
 def band_of(scores, k: int, band_mode: str, band_text: str) -> tuple[list[int], list[int]]:
     """(the band that will be edited, the suggested one) for the widgets' values."""
     from grom import best_window
@@ -68,8 +91,7 @@ def layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text
     retain = retain_subset(bench.retain, retain_examples, int(seed or 0))
     config = EditConfig(matrix=matrix, use_alpha=bool(use_alpha), prompt_format=bench.prompt_format,
                         k=1, seed=int(seed or 0))
-    scores = compute_scores(handle.key, bench.forget, retain, config,
-                            device_progress(lambda f: progress(f, desc="logit lens over the keys")))
+    scores = cached_scores(handle, bench.forget, retain, config, progress)
     session.scores = scores
     session.scores_for = scores_key(session, matrix, use_alpha, (len(retain), int(seed or 0)))
     return (scores_figure(scores, k, band_mode, band_text, show_parts),

@@ -20,7 +20,7 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -83,6 +83,9 @@ class ModelHandle:
     model: Any
     tokenizer: Any
     seconds: float
+    # Layer scores of this (unedited) model, by (forget, retain, config): every new page
+    # and every visitor of a Space asks for the same demo scores. Gone with the model.
+    scores_cache: dict = field(default_factory=dict, repr=False)
 
 
 class ModelRegistry:
