@@ -17,7 +17,7 @@ import gradio as gr
 import pandas as pd
 
 from components import text
-from components.compare_panel import goal_arrow, reference_for, report_rows, shared_model
+from components.compare_panel import format_metric, goal_arrow, reference_for, report_rows, shared_model
 from components.errors import ui_errors
 from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
                                 current_benchmark, current_model, device_progress, on_device_for)
@@ -118,14 +118,6 @@ def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float
     return edit, report, mine
 
 
-def _fmt(value, metric: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if metric == "Forget quality" and 0 < value < 1e-3:
-        return f"{value:.1e}"
-    return f"{value:.3f}"
-
-
 def _ratio(seconds: float, grom_seconds: float | None) -> str:
     if grom_seconds is None or grom_seconds <= 0:
         return ""
@@ -148,7 +140,7 @@ def table_frame(rows: list[tuple[str, dict, float | None]], grom_seconds: float 
     for name, values, seconds in rows:
         out[name] = (["" if seconds is None else f"{seconds:.1f} s",
                       "" if seconds is None else _ratio(seconds, grom_seconds)]
-                     + [_fmt(values.get(m), m) for m in metrics])
+                     + [format_metric(values.get(m)) for m in metrics])
     out["goal"] = ["↓", "↓"] + [goal_arrow(m) for m in metrics]
     return out
 

@@ -99,9 +99,20 @@ def metrics_frame(report) -> pd.DataFrame:
     table = table.loc[order]
     out = pd.DataFrame({"metric": table.index})
     for col in table.columns:
-        out[col] = [("" if pd.isna(v) else f"{v:.3f}") for v in table[col]]
+        out[col] = [format_metric(v) for v in table[col]]
     out["goal"] = [goal_arrow(m) for m in table.index]
     return out
+
+
+def format_metric(value) -> str:
+    """Three decimals; a tiny nonzero value (a KS p-value such as forget quality 5.8e-14)
+    in scientific notation rather than a misleading 0.000; a missing one blank."""
+    if value is None or pd.isna(value):
+        return ""
+    value = float(value)
+    if value != 0 and abs(value) < 5e-4:
+        return f"{value:.1e}"
+    return f"{value:.3f}"
 
 
 def goal_arrow(metric: str) -> str:

@@ -149,3 +149,34 @@ def test_baseline_table_puts_the_models_side_by_side():
                                   "Retain prob", "Model utility"]
     assert list(df.iloc[1, 1:4]) == ["", "1.0×", "24×"] and df.iloc[0, 3] == "120.0 s"
     assert list(df["goal"])[2:4] == ["↑", "↓"]
+
+
+def test_layer_scores_are_cached_per_model_data_and_config(monkeypatch):
+    from components import layers_panel as lp
+    from components.session import ModelHandle, ModelKey
+    from grom import EditConfig
+    from grom.data.schema import QAExample
+
+    calls = []
+    monkeypatch.setattr(lp, "compute_scores", lambda key, f, r, config, progress: calls.append(config) or object())
+    handle = ModelHandle(ModelKey("demo", "cpu", "float32"), None, None, 0.0)
+    forget, retain = [QAExample("q", "a")], [QAExample("r", "b"), QAExample("s", "c")]
+    first = lp.cached_scores(handle, forget, retain, EditConfig(seed=0), None)
+    assert lp.cached_scores(handle, list(forget), list(retain), EditConfig(seed=0), None) is first
+    assert len(calls) == 1
+    assert lp.cached_scores(handle, forget, retain[:1], EditConfig(seed=0), None) is not first
+    assert lp.cached_scores(handle, forget, retain, EditConfig(seed=1), None) is not first
+    other = ModelHandle(handle.key, None, None, 0.0)  # a reloaded model starts empty
+    assert lp.cached_scores(other, forget, retain, EditConfig(seed=0), None) is not first
+    assert len(calls) == 4
+    for i in range(lp.SCORES_CACHE_SIZE + 3):
+        lp.cached_scores(handle, forget, retain, EditConfig(seed=10 + i), None)
+    assert len(handle.scores_cache) == lp.SCORES_CACHE_SIZE
+
+
+def test_metric_values_keep_tiny_p_values_readable():
+    from components.compare_panel import format_metric
+
+    assert format_metric(0.58034) == "0.580" and format_metric(0.0) == "0.000"
+    assert format_metric(5.8e-14) == "5.8e-14" and format_metric(-100.0) == "-100.000"
+    assert format_metric(None) == "" and format_metric(float("nan")) == ""
