@@ -3,7 +3,11 @@ the replay path (a full forward pass per edited layer), split into keys / solve 
 
     python bench/bench_edit.py                      # random Llama, CPU, synthetic QA
     python bench/bench_edit.py --layers 16 --hidden 512 --examples 400 --band 11-15
-    python bench/bench_edit.py --device cuda --dtype bfloat16 --preset tofu-1b
+    python bench/bench_edit.py --device cuda --dtype bfloat16 --preset tofu-1b   # paper: 0.5 min on an H100
+    python bench/bench_edit.py --device cuda --dtype bfloat16 --preset tofu-7b   # paper: 1.8 min
+
+A preset takes the paper's model shape (randomly initialised: nothing is downloaded), its
+band, beta and w_r (grom.PRESETS tofu10 / tofu5) and its forget / retain counts.
 
 Prints a table; numbers go into BENCHMARKS.md with the machine they came from.
 """
@@ -12,22 +16,38 @@ from __future__ import annotations
 import argparse
 import platform
 import random
+import resource
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grom import EditConfig, run_edit
-from grom.cli import _ints
-from grom.data.prompts import PromptFormat
-from grom.data.schema import QAExample
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, not installed
+from grom import PRESETS, EditConfig, run_edit  # noqa: E402
+from grom.cli import _ints  # noqa: E402
+from grom.data.prompts import PromptFormat  # noqa: E402
+from grom.data.schema import QAExample  # noqa: E402
 
 SHAPES = {  # the paper's models, randomly initialised (nothing is downloaded)
-    "tofu-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
-    "tofu-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+    "tofu-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,  # Llama-3.2-1B
+                    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                    tie_word_embeddings=True),
+    "tofu-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,  # Llama-2-7B
                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
 }
+PAPER = {  # preset -> (grom.PRESETS entry, forget QA pairs, retain QA pairs)
+    "tofu-1b": ("tofu10", 400, 3600),  # TOFU-10%
+    "tofu-7b": ("tofu5", 200, 3800),  # TOFU-5%
+}
+
+
+def peak_memory_gb(device: str) -> float:
+    """Peak GPU memory allocated (CUDA), else the process's peak resident set."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
 
 
 class CharTokenizer:
@@ -56,8 +76,10 @@ def main() -> None:
     p.add_argument("--preset", choices=sorted(SHAPES), help="a paper model's shape")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--examples", type=int, default=200, help="forget QA pairs (retain: 9x)")
-    p.add_argument("--band", type=_ints, default=(3, 4, 5))
+    p.add_argument("--examples", type=int, help="forget QA pairs (default: the preset's, else 200)")
+    p.add_argument("--retain", type=int, help="retain QA pairs (default: the preset's, else 9x forget)")
+    p.add_argument("--band", type=_ints, help="layers to edit (default: the preset's, else 3-5)")
+    p.add_argument("--paths", default="stream,replay", help="stream, replay or both")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch-size", type=int, default=32)
@@ -67,20 +89,37 @@ def main() -> None:
     shape = SHAPES.get(args.preset) or dict(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                                             num_hidden_layers=args.layers, num_attention_heads=8,
                                             num_key_value_heads=4, vocab_size=4096)
+    paper, n_forget, n_retain = PAPER.get(args.preset, ("tofu10", 200, None))
+    if args.examples:  # a count of one's own: retain 9x unless given
+        n_forget, n_retain = args.examples, None
+    n_retain = args.retain or n_retain or 9 * n_forget
+    recipe = PRESETS[paper]
+    band = tuple(args.band) if args.band else (recipe.layers if args.preset else (3, 4, 5))
     torch.manual_seed(0)
     dtype = getattr(torch, args.dtype)
+    t0 = time.perf_counter()
+    torch.set_default_dtype(dtype)  # built in the target dtype: no float32 copy of a 7B model
     with torch.device(args.device):
-        model = LlamaForCausalLM(LlamaConfig(**shape)).to(dtype).eval().requires_grad_(False)
+        model = LlamaForCausalLM(LlamaConfig(**shape)).eval().requires_grad_(False)
+    torch.set_default_dtype(torch.float32)
+    built = time.perf_counter() - t0
     tok = CharTokenizer(shape["vocab_size"])
-    forget, retain = synthetic_qa(args.examples, 1), synthetic_qa(9 * args.examples, 2)
-    base = EditConfig(layers=tuple(args.band), beta=65.0, w_r=100.0, batch_size=args.batch_size,
-                      prompt_format=PromptFormat(kind="template"), keep_keys=False)
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"device {args.device}, {args.dtype}, threads {torch.get_num_threads()}")
-    print(f"# model {shape}, forget {len(forget)} / retain {len(retain)} QA pairs, band {list(args.band)}")
-    print(f"{'path':>8} {'total s':>8} {'keys s':>8} {'solve s':>8} {'apply s':>8} {'fwd/keys':>9}")
-    for stream in (True, False):
+    forget, retain = synthetic_qa(n_forget, 1), synthetic_qa(n_retain, 2)
+    base = recipe.replace(layers=band, batch_size=args.batch_size,
+                          prompt_format=PromptFormat(kind="template"), keep_keys=False)
+    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else \
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    print(f"# {where}, torch {torch.__version__}, {args.dtype}; model built in {built:.1f} s")
+    print(f"# model {shape}, {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters")
+    print(f"# forget {len(forget)} / retain {len(retain)} QA pairs, band {list(band)}, beta {base.beta}, "
+          f"w_r {base.w_r}, rho {base.rho} (preset {paper})")
+    print(f"{'path':>8} {'total s':>8} {'keys s':>8} {'solve s':>8} {'apply s':>8} "
+          f"{'forget/retain keys':>19} {'peak GB':>8}")
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    for stream in [p == "stream" for p in paths]:
         best = None
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
         for _ in range(args.repeats):
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
@@ -92,8 +131,9 @@ def main() -> None:
             if best is None or wall < best[0]:
                 best = (wall, edit.timings, edit.layers)
         wall, t, layers = best
+        keys = f"{layers[0].n_forget_keys}/{layers[0].n_retain_keys}"
         print(f"{'stream' if stream else 'replay':>8} {wall:>8.2f} {t['keys']:>8.2f} {t['solve']:>8.2f} "
-              f"{t['apply']:>8.3f} {layers[0].n_forget_keys:>5}/{layers[0].n_retain_keys}")
+              f"{t['apply']:>8.3f} {keys:>19} {peak_memory_gb(args.device):>8.2f}", flush=True)
 
 
 if __name__ == "__main__":
