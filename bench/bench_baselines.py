@@ -8,7 +8,8 @@ time of the update, the Final Score and key TOFU metrics, and the 4-bit check.
 
 Model `load_demo_model("full")`, reference `load_demo_model("retain")`, benchmark
 `load_benchmark("demo", "forget10")` (400 forget / 3,200 retain training QA pairs). GROM
-runs `PRESETS["demo"]` with the benchmark's prompt format; each baseline runs
+runs the split's demo preset (`demo_preset(split)`: `demo` for forget10) with the
+benchmark's prompt format; each baseline runs
 `run_baseline` with OpenUnlearning's recipe (AdamW, linear warm-up over 1 epoch then
 decay, 10 epochs) at batch 8 x grad_accum 4, upstream's effective batch of 32 (it costs
 the same as grad_accum 1: the same forward/backward passes, 4x fewer optimizer steps).
@@ -53,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from grom import PRESETS, run_edit  # noqa: E402
+from grom import PRESETS, demo_preset, run_edit  # noqa: E402
 from grom.baselines import BASELINES, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
@@ -116,7 +117,7 @@ class Bench:
         self._sync()
         t0, c0 = time.perf_counter(), time.process_time()
         edit = run_edit(self.model, self.tok, self.bench.forget, self.bench.retain,
-                        PRESETS["demo"].replace(prompt_format=self.fmt))
+                        PRESETS[demo_preset(self.args.split)].replace(prompt_format=self.fmt))
         self._sync()
         return edit, (time.perf_counter() - t0, time.process_time() - c0)
 
@@ -187,7 +188,7 @@ def run_bench(b: Bench, methods: list[str], lrs: dict[str, float]) -> None:
     g = reports["grom"]
     print(f"\nexamples per set: {g.n_examples}; baselines: {a.epochs:g} epochs, batch {a.batch_size} x "
           f"grad_accum {a.grad_accum} (effective {a.batch_size * a.grad_accum}), seed {a.seed}\n")
-    names = {m: "GROM (preset demo)" if m == "grom" else m for m in ["grom", *methods]}
+    names = {m: f"GROM (preset {demo_preset(a.split)})" if m == "grom" else m for m in ["grom", *methods]}
     g_wall, g_cpu = secs["grom"]
     trows = []
     for m in ["grom", *methods]:

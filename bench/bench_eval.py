@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from grom import PRESETS, run_edit  # noqa: E402
+from grom import PRESETS, demo_preset, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
 from grom.eval import evaluate, quantization_check  # noqa: E402
@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     t_base = time.perf_counter() - t0
     t0 = time.perf_counter()
     edit = run_edit(model, tok, bench.forget, bench.retain,
-                    PRESETS["demo"].replace(prompt_format=bench.prompt_format))
+                    PRESETS[demo_preset(args.split)].replace(prompt_format=bench.prompt_format))
     t_edit = time.perf_counter() - t0
     full = evaluate(model, tok, bench, edit=edit, reference=ref, **kw)
     t0 = time.perf_counter()

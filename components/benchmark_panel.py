@@ -18,6 +18,15 @@ from components.sources import require_hub, resolve_source
 UPLOAD_MAX_BYTES = 20 * 2**20
 PRESET_FOR = {"demo": "demo", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
               "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
+
+
+def preset_for(name: str, split: str) -> str:
+    """The preset the edit panel takes for a benchmark's split: the demo's are per split."""
+    from grom import demo_preset
+
+    return demo_preset(split) if name == "demo" else PRESET_FOR.get(name, "(custom)")
+
+
 HUB_BENCHMARKS = {"tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem", "wmdp-cyber"}
 
 
@@ -137,7 +146,7 @@ def load_benchmark(name: str, split: str, source: str, forget_file, retain_file,
     session.benchmark = bench
     session.bench_label = f"{name}/{bench.split}"
     session.scores = session.scores_for = None
-    preset = PRESET_FOR.get(name, "(custom)")
+    preset = preset_for(name, bench.split)
     return (describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"), preset)
 

@@ -2,11 +2,11 @@
 
 The public names: the math (`solve_update`, `ridge_mu`, `specificity_weights`,
 `best_window`, `example_influence`, `example_influence_bruteforce`), the edit
-(`EditConfig`, `PRESETS`, `run_edit`, `Edit`) and the layer scores (`LayerScores`,
+(`EditConfig`, `PRESETS`, `demo_preset`, `run_edit`, `Edit`) and the layer scores (`LayerScores`,
 `score_layers`).
 """
 from grom.attribution import LayerScores, best_window, score_layers
-from grom.config import PRESETS, EditConfig, preset
+from grom.config import PRESETS, EditConfig, demo_preset, preset
 from grom.edit import Edit
 from grom.editing import run_edit
 from grom.influence import example_influence, example_influence_bruteforce
@@ -14,7 +14,7 @@ from grom.solve import ridge_mu, solve_update
 from grom.targets import specificity_weights
 
 __all__ = [
-    "Edit", "EditConfig", "LayerScores", "PRESETS", "best_window", "example_influence",
+    "Edit", "EditConfig", "LayerScores", "PRESETS", "best_window", "demo_preset", "example_influence",
     "example_influence_bruteforce", "preset", "ridge_mu", "run_edit", "score_layers",
     "solve_update", "specificity_weights",
 ]

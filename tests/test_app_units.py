@@ -180,3 +180,10 @@ def test_metric_values_keep_tiny_p_values_readable():
     assert format_metric(0.58034) == "0.580" and format_metric(0.0) == "0.000"
     assert format_metric(5.8e-14) == "5.8e-14" and format_metric(-100.0) == "-100.000"
     assert format_metric(None) == "" and format_metric(float("nan")) == ""
+
+
+def test_a_benchmark_split_suggests_its_preset():
+    from components.benchmark_panel import preset_for
+
+    assert preset_for("demo", "forget10") == "demo" and preset_for("demo", "forget01") == "demo-forget01"
+    assert preset_for("tofu", "forget05") == "tofu10" and preset_for("custom", "") == "(custom)"
