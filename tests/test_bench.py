@@ -1,0 +1,46 @@
+"""The benchmark scripts run, as a user runs them (another working directory, a fresh
+interpreter), at their smallest sizes, and print their tables. Nothing here is timed:
+the numbers belong in BENCHMARKS.md."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_script(tmp_path, *args: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    done = subprocess.run([sys.executable, str(BENCH / args[0]), *args[1:]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_bench_edit_splits_the_time_for_both_paths(tmp_path):
+    out = run_script(tmp_path, "bench_edit.py", "--layers", "4", "--hidden", "64", "--examples", "6",
+                     "--band", "1-2", "--repeats", "1")
+    assert "forget 6 / retain 54 QA pairs, band [1, 2]" in out
+    assert "keys s" in out and "solve s" in out and "peak GB" in out
+    assert sum(line.split()[0] in ("stream", "replay") for line in out.splitlines()) == 2
+
+
+def test_bench_scaling_and_influence_quick(tmp_path):
+    out = run_script(tmp_path, "bench_scaling.py", "--quick")
+    assert "## solve vs key dimension n" in out and "## key collection vs tokens" in out
+    out = run_script(tmp_path, "bench_influence.py", "--quick")
+    difference = float(out.split("largest relative difference:")[1].split()[0])
+    assert difference < 1e-6  # the Woodbury influences match the re-solves
+
+
+@pytest.mark.parametrize("script, args", [
+    ("bench_baselines.py", ["--quick"]),
+    ("bench_eval.py", ["--split", "forget01", "--max-examples", "2"]),
+])
+def test_bench_demo_scripts_quick(tmp_path, script, args):
+    out = run_script(tmp_path, script, *args)
+    assert "Final" in out and "Forget" in out
