@@ -27,6 +27,15 @@ def preset_for(name: str, split: str) -> str:
     return demo_preset(split) if name == "demo" else PRESET_FOR.get(name, "(custom)")
 
 
+def preset_note(name: str, split: str) -> str:
+    """A word where the suggested preset was tuned on another split of the benchmark."""
+    if name == "tofu" and split in ("forget01", "forget05"):
+        factor = {"forget01": 10, "forget05": 2}[split]
+        return (f" The tofu10 preset was tuned on forget10: with fewer forget keys each weighs "
+                f"more (the forget term is a mean), so raise w_r about {factor}x to keep the retain set.")
+    return ""
+
+
 HUB_BENCHMARKS = {"tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem", "wmdp-cyber"}
 
 
@@ -147,7 +156,8 @@ def load_benchmark(name: str, split: str, source: str, forget_file, retain_file,
     session.bench_label = f"{name}/{bench.split}"
     session.scores = session.scores_for = None
     preset = preset_for(name, bench.split)
-    return (describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
+    info = describe(bench) + preset_note(name, bench.split)
+    return (info, examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"), preset)
 
 
