@@ -242,7 +242,8 @@ def build_edit_panel() -> SimpleNamespace:
     demo = PRESETS["demo"]
     text.md(text.EDIT, elem_classes="panel-intro")
     preset = gr.Dropdown(preset_choices(), value="demo", label="Preset (the paper's settings)",
-                         info="tofu10, tofu5, muse-*, wmdp-bio, zsre as in the paper; demo for the bundled model")
+                         info="tofu10, tofu5, muse-*, wmdp-bio, zsre as in the paper; demo, demo-forget05, "
+                              "demo-forget01 for the bundled model's splits")
     with gr.Row():
         run = gr.Button("Run edit", variant="primary", scale=3, elem_id="run-edit")
         reset_btn = gr.Button("Reset", variant="secondary", scale=1, min_width=90, elem_id="reset-edit")
