@@ -16,7 +16,7 @@ from components.session import Session, UserError
 from components.sources import require_hub, resolve_source
 
 UPLOAD_MAX_BYTES = 20 * 2**20
-PRESET_FOR = {"demo": "demo", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
+PRESET_FOR = {"tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
               "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
 
 
@@ -29,8 +29,8 @@ def preset_for(name: str, split: str) -> str:
 
 def preset_note(name: str, split: str) -> str:
     """A word where the suggested preset was tuned on another split of the benchmark."""
-    if name == "tofu" and split in ("forget01", "forget05"):
-        factor = {"forget01": 10, "forget05": 2}[split]
+    factor = {"forget01": 10, "forget05": 2}.get(split) if name == "tofu" else None
+    if factor:
         return (f" The tofu10 preset was tuned on forget10: with fewer forget keys each weighs "
                 f"more (the forget term is a mean), so raise w_r about {factor}x to keep the retain set.")
     return ""

@@ -34,20 +34,14 @@ def cached_scores(handle, forget, retain, config, progress):
     """The layer scores of the unedited model, once per (forget, retain, config) and model:
     every new page of the demo, and every visitor of a Space, asks for the same ones. The
     cache lives in this process (on ZeroGPU, `compute_scores` runs in another one)."""
-    key = (tuple(forget), tuple(retain), config)
-    try:
-        hit = handle.scores_cache.get(key)
-    except TypeError:  # unhashable examples: computed every time
-        key, hit = None, None
-    if hit is not None:
-        return hit
-    scores = compute_scores(handle.key, forget, retain, config,
-                            device_progress(lambda f: progress(f, desc="logit lens over the keys")))
-    if key is not None:
+    key = (tuple(forget), tuple(retain), config)  # examples and configs are frozen dataclasses
+    if key not in handle.scores_cache:
         if len(handle.scores_cache) >= SCORES_CACHE_SIZE:
             handle.scores_cache.pop(next(iter(handle.scores_cache)))  # the oldest
-        handle.scores_cache[key] = scores
-    return scores
+        handle.scores_cache[key] = compute_scores(
+            handle.key, forget, retain, config,
+            device_progress(lambda f: progress(f, desc="logit lens over the keys")))
+    return handle.scores_cache[key]
 
 
 def band_of(scores, k: int, band_mode: str, band_text: str) -> tuple[list[int], list[int]]:

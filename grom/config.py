@@ -107,6 +107,7 @@ def _band(a: int, b: int) -> tuple[int, ...]:
     return tuple(range(a, b + 1))
 
 
+_DEMO = EditConfig(layers=(3, 4, 5), beta=150.0, beta_relative=True, w_r=100.0, rho=0.03, batch_size=32)
 PRESETS: dict[str, EditConfig] = {
     "tofu10": EditConfig(layers=_band(11, 15), beta=65.0, w_r=100.0, rho=0.03),
     "tofu5": EditConfig(layers=_band(26, 31), beta=1000.0, w_r=300.0, rho=0.03),
@@ -117,23 +118,19 @@ PRESETS: dict[str, EditConfig] = {
     # The bundled demo model (6 layers, width 128): beta is relative to the mean norm of
     # each layer's down_proj output on the forget keys; tuned on forget10 (BENCHMARKS.md:
     # forget fact recall 0.98 -> 0.46, retain 0.99 -> 0.96).
-    "demo": EditConfig(layers=(3, 4, 5), beta=150.0, beta_relative=True, w_r=100.0, rho=0.03,
-                       batch_size=32),
+    "demo": _DEMO,
     # The smaller demo splits: the forget term is a mean over s keys (w_f / s), so with
     # fewer forget keys each one weighs more and w_r must grow about as 1/s to keep the
     # retain set (the forget10 preset on forget01 drops retain fact recall to 0.18).
     # Tuned on each split, 40 examples per set (BENCHMARKS.md).
-    "demo-forget05": EditConfig(layers=(3, 4, 5), beta=150.0, beta_relative=True, w_r=200.0, rho=0.03,
-                                batch_size=32),
-    "demo-forget01": EditConfig(layers=(3, 4, 5), beta=200.0, beta_relative=True, w_r=1000.0, rho=0.03,
-                                batch_size=32),
+    "demo-forget05": _DEMO.replace(w_r=200.0),
+    "demo-forget01": _DEMO.replace(beta=200.0, w_r=1000.0),
 }
-DEMO_PRESETS = {"forget01": "demo-forget01", "forget05": "demo-forget05"}  # other splits: "demo"
 
 
 def demo_preset(split: str) -> str:
-    """The preset tuned for a split of the bundled demo world."""
-    return DEMO_PRESETS.get(split, "demo")
+    """The preset tuned for a split of the bundled demo world: demo-<split>, else demo."""
+    return f"demo-{split}" if f"demo-{split}" in PRESETS else "demo"
 
 
 def preset(name: str) -> EditConfig:
