@@ -79,12 +79,15 @@ def main() -> None:
     p.add_argument("--examples", type=int, help="forget QA pairs (default: the preset's, else 200)")
     p.add_argument("--retain", type=int, help="retain QA pairs (default: the preset's, else 9x forget)")
     p.add_argument("--band", type=_ints, help="layers to edit (default: the preset's, else 3-5)")
-    p.add_argument("--paths", default="stream,replay", help="stream, replay or both")
+    p.add_argument("--paths", default="stream,replay", help="stream, replay, or stream,replay")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args()
+    paths = [name.strip() for name in args.paths.split(",") if name.strip()]
+    if not paths or set(paths) - {"stream", "replay"}:
+        p.error(f"--paths takes stream, replay or both comma-separated, not {args.paths!r}")
 
     shape = SHAPES.get(args.preset) or dict(hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                                             num_hidden_layers=args.layers, num_attention_heads=8,
@@ -110,13 +113,12 @@ def main() -> None:
     where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else \
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     print(f"# {where}, torch {torch.__version__}, {args.dtype}; model built in {built:.1f} s")
-    print(f"# model {shape}, {sum(p.numel() for p in model.parameters()) / 1e6:,.0f} M parameters")
+    print(f"# model {shape}, {sum(t.numel() for t in model.parameters()) / 1e6:,.0f} M parameters")
     print(f"# forget {len(forget)} / retain {len(retain)} QA pairs, band {list(band)}, beta {base.beta}, "
           f"w_r {base.w_r}, rho {base.rho} (preset {paper})")
     print(f"{'path':>8} {'total s':>8} {'keys s':>8} {'solve s':>8} {'apply s':>8} "
           f"{'forget/retain keys':>19} {'peak GB':>8}")
-    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    for stream in [p == "stream" for p in paths]:
+    for stream in [path == "stream" for path in paths]:
         best = None
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
