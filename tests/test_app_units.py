@@ -183,10 +183,8 @@ def test_metric_values_keep_tiny_p_values_readable():
 
 
 def test_a_benchmark_split_suggests_its_preset():
-    from components.benchmark_panel import preset_for
+    from components.benchmark_panel import preset_for, preset_note
 
     assert preset_for("demo", "forget10") == "demo" and preset_for("demo", "forget01") == "demo-forget01"
     assert preset_for("tofu", "forget05") == "tofu10" and preset_for("custom", "") == "(custom)"
-    from components.benchmark_panel import preset_note
-
     assert "10x" in preset_note("tofu", "forget01") and preset_note("demo", "forget01") == ""
