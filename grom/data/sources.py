@@ -16,10 +16,13 @@ import io
 import json
 import logging
 import os
+import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence, Union
+from urllib.parse import urlparse
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +251,27 @@ def hub_offline() -> bool:
     """Whether offline mode is asked for now (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, ...)."""
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
     return any(os.environ.get(n, "").upper() in _TRUE for n in names)
+
+
+_probe: dict[str, tuple[float, bool]] = {}
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face Hub answers a TCP connection (cached for a minute), so that
+    no network fails in a second instead of after retries."""
+    if hub_offline():
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    now = time.monotonic()
+    if host in _probe and now - _probe[host][0] < 60:
+        return _probe[host][1]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        ok = True
+    except OSError:
+        ok = False
+    _probe[host] = (now, ok)
+    return ok
 
 
 @contextmanager
