@@ -7,7 +7,7 @@ Everything else in the library asks this module, never the model's attribute nam
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -25,6 +25,12 @@ class ArchSpec:
     lm_head: the unembedding Linear; down_proj / o_proj: the MLP output and attention
     output matrices inside a block; conv1d: the block matrices are GPT-2 `Conv1D`s, which
     store their weight transposed, as (in, out).
+
+    How down_proj's output reaches the residual stream (read from each family's decoder
+    layer in transformers): mlp_norm: the block normalises the MLP output before adding it
+    (OLMo2's and Gemma2's post_feedforward_layernorm); residual_scale: the config attribute
+    by which the block multiplies the MLP output before adding it (Granite's
+    residual_multiplier), None for no scale.
     """
 
     layers: str
@@ -33,6 +39,8 @@ class ArchSpec:
     down_proj: str
     o_proj: str
     conv1d: bool = False
+    mlp_norm: bool = False
+    residual_scale: str | None = None
 
 
 _LLAMA = ArchSpec("model.layers", "model.norm", "lm_head", "mlp.down_proj", "self_attn.o_proj")
@@ -41,8 +49,10 @@ _NEOX = ArchSpec("gpt_neox.layers", "gpt_neox.final_layer_norm", "lm_head",
                  "mlp.dense_4h_to_h", "attention.dense")
 
 ARCHITECTURES: dict[str, ArchSpec] = {
-    **{t: _LLAMA for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo",
-                           "olmo2", "phi3", "granite", "smollm3")},
+    **{t: _LLAMA for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "olmo", "phi3", "smollm3")},
+    "gemma2": replace(_LLAMA, mlp_norm=True),
+    "olmo2": replace(_LLAMA, mlp_norm=True),
+    "granite": replace(_LLAMA, residual_scale="residual_multiplier"),
     "gpt2": _GPT2,
     "gpt_neox": _NEOX,
 }
@@ -114,6 +124,29 @@ def edit_target(model: nn.Module, kind: str, layer: int | None = None) -> EditTa
         raise ValueError(f"layer {layer} is outside the model: it has layers 0..{n - 1}")
     name = f"{spec.layers}.{layer}.{getattr(spec, kind)}"
     return EditTarget(kind, layer, name, name + ".weight", transposed=spec.conv1d)
+
+
+def residual_gain(model: nn.Module, kind: str) -> float | None:
+    """g such that adding P to the `kind` matrix of a decoder layer moves the layer's output
+    by exactly ``g * P x`` (x the matrix's input, at every position); None where no such g
+    exists: o_proj (its output also feeds the MLP), the LM head, or a down_proj whose output
+    is normalised before the residual add. Where it is None, a patched layer is re-run.
+    """
+    spec = arch_spec(model)
+    if kind != "down_proj" or spec.mlp_norm:
+        return None
+    return float(getattr(model.config, spec.residual_scale)) if spec.residual_scale else 1.0
+
+
+def layer_kinds(model: nn.Module) -> tuple:
+    """Per decoder layer, a label; the model passes layers with equal labels the same
+    arguments (attention mask, position embeddings). The config's `layer_types` where it
+    has them (sliding-window vs full attention: Gemma2, Qwen2/Qwen3/SmolLM3 with sliding
+    windows each get their own mask), else one label for every layer.
+    """
+    n = num_layers(model)
+    types = getattr(getattr(model, "config", None), "layer_types", None)
+    return tuple(types[:n]) if types else (None,) * n
 
 
 def lm_head_is_tied(model: nn.Module) -> bool:

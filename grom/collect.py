@@ -5,13 +5,16 @@ Two ways to get a layer's keys:
 - `collect_keys`: run the model from the start with a hook on the matrix, stopping right
   after it (used for the LM head, and as the reference path);
 - `LayerStream`: run the model once up to the first layer of the band, keep the hidden
-  states entering it (and the arguments the model passes its layers), then advance one
-  decoder layer at a time. For matrices that write linearly into the residual stream
-  (down_proj) a layer's patch moves the next layer's input by exactly ``P x``, so the
-  stream advances without re-running the layer.
+  states entering it (and the arguments the model passes the band's layers: one call per
+  layer kind, since sliding-window and full-attention layers get different masks), then
+  advance one decoder layer at a time. Where a matrix's output reaches the residual
+  stream linearly (`grom.arch.residual_gain`: down_proj in most families), a layer's
+  patch moves the next layer's input by exactly ``g P x``, so the stream advances without
+  re-running the layer; elsewhere it re-runs the layer as patched.
 """
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -62,20 +65,42 @@ def collect_keys(model: nn.Module, batches: Sequence[Batch], module: nn.Module, 
     return Keys.concat(parts, batches, device)
 
 
-def _capture_layer_call(model: nn.Module, layer: nn.Module, batch: Batch):
-    """The (args, kwargs) the model passes `layer` for this batch; stops there."""
-    calls = []
+def _call_sources(kinds: Sequence, first: int, last: int) -> dict[int, int]:
+    """Layer l in first..last -> the first layer from `first` on with l's kind, whose call
+    arguments l reuses."""
+    seen: dict = {}
+    return {l: seen.setdefault(kinds[l], l) for l in range(first, last + 1)}
 
-    def hook(_module, args, kwargs):
-        calls.append((args, dict(kwargs)))
-        raise StopForward
+
+def _capture_layer_calls(model: nn.Module, layers: nn.ModuleList, wanted: Sequence[int],
+                         batch: Batch) -> dict[int, tuple]:
+    """The (args, kwargs) the model passes each layer of `wanted` for this batch; the
+    forward pass stops before the last of them runs."""
+    calls: dict[int, tuple] = {}
+    stop = max(wanted)
+
+    def hook_for(j: int):
+        def hook(_module, args, kwargs):
+            calls[j] = (args, dict(kwargs))
+            if j == stop:
+                raise StopForward
+        return hook
 
     try:
-        with hooked(layer, hook, pre=True, with_kwargs=True):
+        with ExitStack() as stack:
+            for j in wanted:
+                stack.enter_context(hooked(layers[j], hook_for(j), pre=True, with_kwargs=True))
             forward(model, batch)
     except StopForward:
         pass
-    return calls[0]
+    return calls
+
+
+def _split_hidden(call: tuple) -> tuple[torch.Tensor, tuple]:
+    """(args, kwargs) of a layer call -> (hidden states, (other args, other kwargs))."""
+    args, kwargs = call
+    hidden = args[0] if args else kwargs.pop("hidden_states")
+    return hidden, (args[1:], kwargs)
 
 
 def _first(x):
@@ -83,20 +108,30 @@ def _first(x):
 
 
 class LayerStream:
-    """The residual stream of every batch, entering one decoder layer at a time."""
+    """The residual stream of every batch, entering one decoder layer at a time, from
+    layer `first` up to `last`.
+
+    kinds: per decoder layer, a label (`grom.arch.layer_kinds`; None: one for all); the
+    model's call arguments are captured once per label met in first..last and reused for
+    every layer with that label.
+    """
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList, first: int,
-                 batches: Sequence[Batch]):
+                 batches: Sequence[Batch], last: int | None = None, kinds: Sequence | None = None):
+        kinds = kinds if kinds is not None else [None] * len(layers)
+        self.source = _call_sources(kinds, first, first if last is None else last)
         self.layers, self.batches, self.at = layers, list(batches), first
         self.hidden, self.calls = [], []
+        wanted = sorted(set(self.source.values()))
         with torch.no_grad():
             for batch in self.batches:
-                args, kwargs = _capture_layer_call(model, layers[first], batch)
-                self.hidden.append(args[0] if args else kwargs.pop("hidden_states"))
-                self.calls.append((args[1:], kwargs))
+                parts = {j: _split_hidden(c)
+                         for j, c in _capture_layer_calls(model, layers, wanted, batch).items()}
+                self.hidden.append(parts[first][0])
+                self.calls.append({j: rest for j, (_, rest) in parts.items()})
 
     def _run(self, i: int, layer: nn.Module):
-        rest, kwargs = self.calls[i]
+        rest, kwargs = self.calls[i][self.source[self.at]]
         return _first(layer(self.hidden[i], *rest, **kwargs))
 
     def keys(self, matrix: nn.Module, device, keep_inputs: bool) -> Keys:
@@ -120,9 +155,12 @@ class LayerStream:
                 parts.extend(got)
         return Keys.concat(parts, self.batches, device)
 
-    def advance_linear(self, P: torch.Tensor) -> None:
-        """Next layer's input = unpatched output + P x (for residual-linear matrices)."""
-        self.hidden = [out + nn.functional.linear(x, P.to(x.device, x.dtype))
+    def advance_linear(self, P: torch.Tensor, gain: float = 1.0) -> None:
+        """Next layer's input = unpatched output + gain * P x, for a matrix whose output
+        reaches the residual stream scaled by `gain` and nothing else
+        (`grom.arch.residual_gain`); P is (m, n) in the math layout."""
+        gP = P * gain
+        self.hidden = [out + nn.functional.linear(x, gP.to(x.device, x.dtype))
                        for out, x in zip(self._outs, self._inputs)]
         self._outs, self._inputs = [], []
         self.at += 1

@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.arch import EditTarget, decoder_layers, edit_target, lm_head_is_tied, num_layers
-from grom.arch import retie_lm_head, unembedding, untie_lm_head
+from grom.arch import EditTarget, decoder_layers, edit_target, layer_kinds, lm_head_is_tied, num_layers
+from grom.arch import residual_gain, retie_lm_head, unembedding, untie_lm_head
 from grom.attribution import LayerScores, score_layers
 from grom.collect import MAX_INPUT_CACHE_BYTES, Keys, LayerStream, collect_keys
 from grom.config import EditConfig
@@ -165,8 +165,10 @@ def _edit_band(editor: _Editor, band: list[int], progress: Progress) -> float:
     model, prep, cfg = editor.model, editor.prep, editor.config
     batches = prep.forget + prep.retain
     n_f = sum(b.gold.numel() for b in prep.forget)
+    gain = residual_gain(model, cfg.matrix)  # None: a patched layer must be re-run
     t0 = time.perf_counter()
-    stream = LayerStream(model, decoder_layers(model), band[0], batches)
+    stream = LayerStream(model, decoder_layers(model), band[0], batches, last=band[-1],
+                         kinds=layer_kinds(model))
     key_s = time.perf_counter() - t0
     for step, l in enumerate(range(band[0], band[-1] + 1)):
         if l not in band:
@@ -176,7 +178,7 @@ def _edit_band(editor: _Editor, band: list[int], progress: Progress) -> float:
         t = edit_target(model, cfg.matrix, l)
         matrix = model.get_submodule(t.module_name)
         width = t.from_param(matrix.weight).shape[1]
-        linear = cfg.matrix == "down_proj" and stream.input_cache_bytes(width) <= MAX_INPUT_CACHE_BYTES
+        linear = gain is not None and stream.input_cache_bytes(width) <= MAX_INPUT_CACHE_BYTES
         keep = linear and l != band[-1]
         t1 = time.perf_counter()
         fkeys, rkeys = _split(stream.keys(matrix, _solve_device(matrix.weight), keep), n_f)
@@ -184,7 +186,7 @@ def _edit_band(editor: _Editor, band: list[int], progress: Progress) -> float:
         P = editor.solve_layer(t, fkeys, rkeys)
         if l != band[-1]:
             t2 = time.perf_counter()
-            stream.advance_linear(P) if keep else stream.advance()
+            stream.advance_linear(P, gain) if keep else stream.advance()
             key_s += time.perf_counter() - t2
     return key_s
 
