@@ -299,11 +299,37 @@ def test_tofu_final_score_by_hand():
         M.tofu_final_score(1.2, 0.0, 0.0, 0.0)
 
 
-def test_muse_final_score_by_hand():
-    # (1-0.2) + (1-0.3) + 0.5 + (1 - 20/100) = 0.8 + 0.7 + 0.5 + 0.8 = 2.8 -> /4 = 0.7
-    assert M.muse_final_score(0.2, 0.3, 0.5, -20.0) == pytest.approx(0.7)
-    # |PrivLeak| >= 100 clips the privacy term to 0: (0.8+0.7+0.5+0)/4 = 0.5
-    assert M.muse_final_score(0.2, 0.3, 0.5, 150.0) == pytest.approx(0.5)
+# Rows computed by hand (the GROM paper's printed MUSE-News rows could not be found to test
+# against): (VerbMem_f, KnowMem_f, KnowMem_r as fractions, PrivLeak %, Final %).
+MUSE_ROWS = [
+    # ForgetAvg = (80 + 70 + 80)/3 = 76.667; Final = (50 + 76.667)/2 = 63.333
+    (0.2, 0.3, 0.5, -20.0, 63.3333),
+    # |PrivLeak| 150 is not clipped: ForgetAvg = (80 + 70 - 50)/3 = 33.333; Final = 41.667
+    (0.2, 0.3, 0.5, 150.0, 41.6667),
+    # perfect forgetting and retention: ForgetAvg = 100; Final = (100 + 100)/2 = 100
+    (0.0, 0.0, 1.0, 0.0, 100.0),
+    # ForgetAvg = (41.6 + 36.1 + 0.2)/3 = 25.967; Final = (55.2 + 25.967)/2 = 40.583
+    (0.584, 0.639, 0.552, -99.8, 40.5833),
+    # ForgetAvg = (100 + 100 + 87.5)/3 = 95.833; Final = (32 + 95.833)/2 = 63.917
+    (0.0, 0.0, 0.32, 12.5, 63.9167),
+]
+
+
+@pytest.mark.parametrize("vf,kf,kr,pl,final", MUSE_ROWS)
+def test_muse_final_score_by_hand(vf, kf, kr, pl, final):
+    assert M.muse_final_score(vf, kf, kr, pl, percent=True) == pytest.approx(final, abs=1e-3)
+    assert M.muse_final_score(vf, kf, kr, pl) == pytest.approx(final / 100, abs=1e-5)
+
+
+def test_muse_final_score_sign_of_privleak_does_not_matter():
+    assert M.muse_final_score(0.1, 0.2, 0.4, -30.0) == M.muse_final_score(0.1, 0.2, 0.4, 30.0)
+
+
+def test_muse_final_score_refuses_percentages_for_rouge():
+    with pytest.raises(ValueError, match=r"verbmem_forget must be a ROUGE-L F1 fraction.*percentage"):
+        M.muse_final_score(58.4, 0.3, 0.5, -20.0)
+    with pytest.raises(ValueError, match=r"knowmem_retain"):
+        M.muse_final_score(0.2, 0.3, 55.2, -20.0)
 
 
 def test_wmdp_final_score_by_hand():
