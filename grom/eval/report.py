@@ -16,6 +16,11 @@ Which metrics apply follows the benchmark's `task`:
   (MMLU-style, or the retain questions), the Final Score.
 - "zsre": efficacy, generalisation and specificity (token accuracy of the original answer).
 - "custom": ROUGE-L recall, probability and fact recall on forget and retain.
+- "knowledge" (the real-knowledge benchmark): fact recall on the facts the unedited model
+  knew (forget, its paraphrases, neighbouring targets, general knowledge) with the counts,
+  ROUGE-L and answer probability, the perplexity of neutral texts, and what the edited
+  model says instead on the forget questions (repetition, and perplexity under the
+  unedited model: a fluent non-answer, not noise); the headline `knowledge_score`.
 
 The edit (a GROM `Edit` or a baseline's) is applied for its row and reverted in a
 `finally`; the model is left as found.
@@ -48,7 +53,9 @@ DIRECTION = {
     "Forget truth ratio": "up", "Forget ES": "down", "Forget quality": "up",
     "Privacy leakage": "zero", "MIA AUC": "half", "VerbMem forget": "down",
     "KnowMem forget": "down", "Forget accuracy": "down", "Efficacy": "down",
-    "Generalisation": "down",
+    "Generalisation": "down", "Forget paraphrase recall": "down", "Forget repetition": "zero",
+    "Forget answer perplexity": "zero", "Text perplexity": "zero", "Retain cost": "zero",
+    "Retain broken": "zero",
 }
 
 
@@ -87,6 +94,18 @@ class Report:
         if set_name not in sets:
             raise KeyError(f"no per-example values for {set_name!r}; sets: {', '.join(sets)}")
         return sets[set_name]
+
+    def known_facts(self, row: str = EDITED) -> dict[str, tuple[int, int]]:
+        """Per evaluation set with facts: (facts the unedited model knew, of those the ones
+        `row` still states), e.g. {"forget": (18, 2), "neighbours": (40, 39)}."""
+        base, out = self.rows.get(BASE), {}
+        if base is None or row not in self.rows:
+            return out
+        for name, df in self.rows[row].examples.items():
+            known = _known(base, name)
+            if known is not None and "fact_recall" in df:
+                out[name] = (int(known.sum()), int((df["fact_recall"].to_numpy()[known] == 1.0).sum()))
+        return out
 
     def to_dict(self) -> dict:
         return {"benchmark": self.benchmark, "split": self.split, "task": self.task,
@@ -335,8 +354,131 @@ def _custom_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False)
     return row
 
 
+# ---------------------------------------------------------------- real knowledge
+
+KNOWLEDGE_SETS = {"forget": "Forget", "neighbours": "Neighbour", "general": "General"}
+KNOWLEDGE_BUDGET = 40  # new tokens: a one-sentence answer names its fact well before this
+
+
+def _knowledge_qa(run: _Runner, examples: tuple, paraphrase: bool) -> pd.DataFrame:
+    """Greedy answers, fact recall, ROUGE-L and answer probability of one QA set (and of
+    the paraphrased questions, for the forget set)."""
+    qs, answers = [ex.question for ex in examples], [ex.answer for ex in examples]
+    budget = run.max_new_tokens or min(KNOWLEDGE_BUDGET, answer_budget(run.tok, answers))
+    prompts = qs + ([ex.paraphrased_question or ex.question for ex in examples] if paraphrase else [])
+    gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
+                    batch_size=run.batch_size)
+    avg = np.array([s.avg_loss for s in run.losses(list(zip(qs, answers)))])
+    df = pd.DataFrame({"question": qs, "answer": answers, "fact": [ex.fact for ex in examples],
+                       "generation": gens[:len(qs)],
+                       "fact_recall": [M.fact_recall(ex.fact, g) for ex, g in zip(examples, gens)],
+                       "rougeL_recall": [M.rouge_l_recall(a, g) for a, g in zip(answers, gens)],
+                       "prob": M.probability(avg),
+                       "repetition": [M.repetition_rate(g) for g in gens[:len(qs)]]})
+    if paraphrase:
+        df["paraphrase"] = [ex.paraphrased_question or ex.question for ex in examples]
+        df["paraphrase_generation"] = gens[len(qs):]
+        df["paraphrase_recall"] = [M.fact_recall(ex.fact, g) for ex, g in zip(examples, gens[len(qs):])]
+    return df
+
+
+def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
+    """Per-set answers and plain metrics; the known-fact metrics need the Base row and are
+    added by `_knowledge_relative`."""
+    row = Row()
+    for name, label in KNOWLEDGE_SETS.items():
+        ex = tuple(e for e in sets.get(name, ()) if isinstance(e, QAExample) and e.fact)
+        if not ex or (only_forget and name != "forget"):
+            continue
+        df = _knowledge_qa(run, ex, paraphrase=name == "forget")
+        row.examples[name] = df
+        row.metrics[f"{label} ROUGE-L"] = float(df["rougeL_recall"].mean())
+        row.metrics[f"{label} prob"] = float(df["prob"].mean())
+    if "forget" in row.examples:
+        row.metrics["Forget repetition"] = float(row.examples["forget"]["repetition"].mean())
+    texts = [e.text for e in sets.get("fluency", ()) if isinstance(e, TextExample)]
+    if texts and not only_forget:
+        scores = score_texts(run.model, run.tok, texts, batch_size=run.batch_size)
+        row.metrics["Text perplexity"] = M.perplexity([s.avg_loss for s in scores])
+    return row
+
+
+def _known(base: Row, name: str, column: str = "fact_recall") -> np.ndarray | None:
+    df = base.examples.get(name)
+    return None if df is None or column not in df else df[column].to_numpy() == 1.0
+
+
+def _knowledge_relative(rows: dict[str, Row]) -> None:
+    """Fact recall on the facts the unedited model knew (its greedy answer held the fact),
+    the counts, and the headline `knowledge_score` of each row."""
+    base = rows.get(BASE)
+    if base is None:
+        return
+    for row in rows.values():
+        m, kept = row.metrics, []
+        for name, label in KNOWLEDGE_SETS.items():
+            known, df = _known(base, name), row.examples.get(name)
+            if known is None or df is None:
+                continue
+            m[f"{label} facts known"] = float(known.sum())
+            if known.any():
+                m[f"{label} fact recall"] = float(df["fact_recall"].to_numpy()[known].mean())
+                if name != "forget":
+                    kept.append(m[f"{label} fact recall"])
+            if name == "forget":
+                para = _known(base, name, "paraphrase_recall")
+                if para is not None and para.any():
+                    m["Forget paraphrase recall"] = float(df["paraphrase_recall"].to_numpy()[para].mean())
+        if "Forget fact recall" in m and kept:
+            m["Kept fact recall"] = float(np.mean(kept))
+            m["Knowledge score"] = M.knowledge_score(m["Forget fact recall"], m["Kept fact recall"])
+
+
+def _judge_fluency(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int) -> None:
+    """Perplexity, under the unedited model, of each row's answers to the forget questions:
+    a fluent non-answer reads as ordinary text (low), noise does not (high)."""
+    for row in rows.values():
+        df = row.examples.get("forget")
+        if df is None:
+            continue
+        pairs = [(q, g if g.strip() else ".") for q, g in zip(df["question"], df["generation"])]
+        scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size)
+        row.metrics["Forget answer perplexity"] = M.perplexity([s.avg_loss for s in scores])
+
+
+# ---------------------------------------------------------------- retain cost
+
+# The metrics that say how much of what should stay was kept, per task (higher is better).
+RETAIN_METRICS = {
+    "tofu": ("Model utility", "Retain fact recall"), "custom": ("Retain fact recall", "Retain ROUGE-L"),
+    "knowledge": ("Kept fact recall",), "muse": ("KnowMem retain",),
+    "wmdp": ("Utility accuracy", "Retain accuracy"), "zsre": ("Specificity",),
+}
+RETAIN_BROKEN = 0.10
+"""A row whose retain cost exceeds this (it lost more than a tenth of a retain metric
+relative to the unedited model) is marked as having broken the retain set: a Final score
+it raised is not a win."""
+
+
+def _retain_cost(rows: dict[str, Row], task: str) -> None:
+    """"Retain cost" of every row but Base: the largest relative drop, against Base, of the
+    task's retain metrics (0 where nothing was lost); "Retain broken" 1.0 above
+    `RETAIN_BROKEN`, else 0.0. A headline can then never hide a wrecked retain set."""
+    base = rows.get(BASE)
+    if base is None:
+        return
+    names = [k for k in RETAIN_METRICS.get(task, ()) if k in base.metrics and base.metrics[k] > 0]
+    for label, row in rows.items():
+        if label == BASE or not names:
+            continue
+        drops = [1 - row.metrics[k] / base.metrics[k] for k in names if k in row.metrics]
+        if drops:
+            row.metrics["Retain cost"] = max(0.0, float(max(drops)))
+            row.metrics["Retain broken"] = float(row.metrics["Retain cost"] > RETAIN_BROKEN)
+
+
 ROWS: dict[str, Callable] = {"tofu": _tofu_row, "muse": _muse_row, "wmdp": _wmdp_row,
-                             "zsre": _zsre_row, "custom": _custom_row}
+                             "zsre": _zsre_row, "custom": _custom_row, "knowledge": _knowledge_row}
 
 
 def eval_sets(benchmark: Benchmark, max_examples: int | None = None) -> dict[str, tuple]:
@@ -413,6 +555,11 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         _tofu_relative(rows)
     elif benchmark.task == "muse":
         _muse_relative(rows)
+    elif benchmark.task == "knowledge":
+        _knowledge_relative(rows)
+        _judge_fluency(model, tokenizer, {k: v for k, v in rows.items() if k not in reusable},
+                       benchmark.prompt_format, batch_size)
+    _retain_cost(rows, benchmark.task)
     progress(1.0, "evaluated")
     return Report(benchmark.name, benchmark.split, benchmark.task, rows, time.perf_counter() - t0,
                   n_examples)
