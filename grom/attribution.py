@@ -19,7 +19,7 @@ from torch import nn
 
 from grom.arch import decoder_layers, edit_target, unembedding
 from grom.collect import forward
-from grom.hooks import capture_outputs
+from grom.hooks import capture_outputs, stop_after
 from grom.keys import Batch
 
 
@@ -72,6 +72,7 @@ def _logit_dots(model, batches, modules, unembed, weights, progress) -> torch.Te
         for bi, batch in enumerate(batches):
             with ExitStack() as stack:
                 got = [stack.enter_context(capture_outputs(m, batch.select)) for m in modules]
+                stack.enter_context(stop_after(modules[-1]))  # the rest and the LM head: not needed
                 forward(model, batch)
             w = weights(batch)
             for l, outs in enumerate(got):
