@@ -74,8 +74,9 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
         _muse_spec("news"),
         _muse_spec("books"),
         *(_wmdp_spec(s) for s in wmdp.SUBJECTS),
-        BenchmarkSpec("zsre", zsre.load_zsre, zsre.SPLITS,
-                      description=f"zsRE facts from a local {zsre.FILE_NAME}"),
+        BenchmarkSpec("zsre", zsre.load_zsre, zsre.SPLITS, aliases=zsre.ALIASES,
+                      description=f"zsRE facts from a local {zsre.FILE_NAME}: {zsre.N_FORGET} to "
+                                  f"forget, {zsre.N_RETAIN} to retain, one draw per seed split"),
         BenchmarkSpec("custom", custom.load_custom, custom.SPLITS,
                       description="your own forget and retain files (JSON, JSON lines, CSV)"),
     )
