@@ -3,7 +3,7 @@ forget, 1,000 disjoint facts to retain), efficacy / generalisation / specificity
 Base and Edited rows, averaged over the seeds.
 
     python bench/bench_zsre.py --source data/zsre_mend_eval.json --model smollm2-135m-instruct
-    python bench/bench_zsre.py --quick      # a tiny random model on hand-built records
+    python bench/bench_zsre.py --quick      # the bundled demo model on hand-built records
 
 Prints the per-seed table and the mean and standard deviation over seeds.
 """
@@ -53,23 +53,15 @@ def average_over_seeds(per_seed: pd.DataFrame) -> pd.DataFrame:
     return per_seed.groupby("row", sort=False)[list(METRICS)].agg(["mean", "std"])
 
 
-def _quick_setup(folder: Path):
-    """A tiny random Llama and a file of 1,100 hand-built records, for a smoke run."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tests.conftest import make_tokenizer
-
+def _quick_records(folder: Path) -> Path:
+    """A file of 1,100 hand-built records (enough for 50 + 1000), for a smoke run."""
     records = [{"subject": f"Ann Vell {k}", "src": f"Where did Ann Vell {k} study?",
                 "answers": [f"Kell College {k % 7}"], "rephrase": f"Which school did Ann Vell {k} attend?",
                 "loc": f"nq question: who wrote book number {k}", "loc_ans": f"Author {k % 5}"}
                for k in range(zsre.N_FORGET + zsre.N_RETAIN + 50)]
     path = folder / zsre.FILE_NAME
     path.write_text(json.dumps(records))
-    tok = make_tokenizer(chat=False)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    return LlamaForCausalLM(cfg).eval(), tok, path
+    return path
 
 
 def main(argv=None) -> None:
@@ -80,13 +72,15 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--quick", action="store_true", help="tiny random model, hand-built records, 2 seeds")
+    ap.add_argument("--quick", action="store_true", help="the bundled demo model, hand-built records, 2 seeds")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         if args.quick:
-            model, tok, source = _quick_setup(Path(tmp))
+            from grom.demo import load_demo_model
+
+            (model, tok), source = load_demo_model("full"), _quick_records(Path(tmp))
             seeds = zsre.SEEDS[:2]
         else:
             if not args.source:
