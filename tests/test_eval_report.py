@@ -170,8 +170,8 @@ def test_wmdp_muse_and_zsre_tasks_run_on_local_files(tmp_path, tokenizer, plain_
     t = evaluate(model, plain_tokenizer, muse, max_new_tokens=4).table()
     assert {"VerbMem forget", "KnowMem forget", "KnowMem retain", "MIA AUC", "Privacy leakage",
             "Final score"} <= set(t.columns)
-    path = write_json(tmp_path / "zsre_mend_eval.json", [zsre_record(k) for k in range(3)])
-    zsre = load_benchmark("zsre", "eval", source=path)
+    path = write_json(tmp_path / "zsre_mend_eval.json", [zsre_record(k) for k in range(1050)])
+    zsre = load_benchmark("zsre", source=path)
     t = evaluate(model, plain_tokenizer, zsre).table()
     assert {"Efficacy", "Generalisation", "Specificity"} <= set(t.columns)
     assert ((t >= 0) & (t <= 1)).all().all()
