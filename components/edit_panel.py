@@ -208,11 +208,9 @@ def fill_preset(preset: str):
     if preset not in PRESETS:
         return [gr.skip()] * 14
     p = PRESETS[preset]
-    band = f"{p.layers[0]}-{p.layers[-1]}" if p.layers and list(p.layers) == list(
-        range(p.layers[0], p.layers[-1] + 1)) else ",".join(map(str, p.layers or ()))
-    k = len(p.layers) if p.layers else p.k
+    mode, band, k = band_widgets(preset)
     return [p.target, p.beta, _log(p.beta), p.beta_relative, p.w_r, _log(p.w_r), p.rho, _log(p.rho),
-            p.c, p.matrix, p.use_alpha, "manual" if p.layers else "suggested", band, k]
+            p.c, p.matrix, p.use_alpha, mode, band if band else gr.skip(), k]
 
 
 def beta_label(relative: bool) -> str:
@@ -236,14 +234,26 @@ def _log_pair(name: str, label: str, value: float, info: str):
     return slider, number
 
 
-def build_edit_panel() -> SimpleNamespace:
+def band_widgets(preset: str) -> tuple[str, str, int]:
+    """(band mode, band text, k) for a preset: its fixed layers, or the suggested band of k."""
     from grom import PRESETS
 
-    demo = PRESETS["demo"]
+    p = PRESETS[preset]
+    if not p.layers:
+        return "suggested", "", p.k
+    contiguous = list(p.layers) == list(range(p.layers[0], p.layers[-1] + 1))
+    text_ = f"{p.layers[0]}-{p.layers[-1]}" if contiguous else ",".join(map(str, p.layers))
+    return "manual", text_, len(p.layers)
+
+
+def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
+    from grom import PRESETS
+
+    demo = PRESETS[start_preset]
     text.md(text.EDIT, elem_classes="panel-intro")
-    preset = gr.Dropdown(preset_choices(), value="demo", label="Preset (the paper's settings)",
-                         info="tofu10, tofu5, muse-*, wmdp-bio, zsre as in the paper; demo, demo-forget05, "
-                              "demo-forget01 for the bundled model's splits")
+    preset = gr.Dropdown(preset_choices(), value=start_preset, label="Preset (the paper's settings)",
+                         info="tofu10, tofu5, muse-*, wmdp-bio, zsre as in the paper; smollm2 for the real "
+                              "chat model; demo, demo-forget05, demo-forget01 for the bundled toy's splits")
     with gr.Row():
         run = gr.Button("Run edit", variant="primary", scale=3, elem_id="run-edit")
         reset_btn = gr.Button("Reset", variant="secondary", scale=1, min_width=90, elem_id="reset-edit")
@@ -252,14 +262,17 @@ def build_edit_panel() -> SimpleNamespace:
         target = gr.Radio(TARGETS, value=demo.target, label="Target D", scale=2, min_width=150)
         matrix = gr.Radio(MATRICES, value=demo.matrix, label="Edited matrix W", scale=3, min_width=200)
     beta_log, beta = _log_pair("beta", beta_label(demo.beta_relative), demo.beta,
-                               "suppression strength (paper, absolute: 20 to 1000)")
+                               "raise it to forget harder (too high and answers turn to noise); "
+                               "paper, absolute: 20 to 1000")
     beta_relative = gr.Checkbox(value=demo.beta_relative, label="β relative: in units of the mean ‖W x‖ "
                                 "on the forget keys (off: absolute, as in the paper)")
-    w_r_log, w_r = _log_pair("w_r", "w_r", demo.w_r, "retain weight, w_f = 1 (paper: 10 to 1000)")
-    rho_log, rho = _log_pair("rho", "ρ", demo.rho, "ridge μ = ρ · mean diag(A) (paper: 0.03)")
+    w_r_log, w_r = _log_pair("w_r", "w_r", demo.w_r, "raise it to protect the retain set more (w_f = 1); paper: 10 to 1000")
+    rho_log, rho = _log_pair("rho", "ρ", demo.rho, "raise it for a smoother, smaller edit (ridge μ = ρ · mean diag A); paper: 0.03")
     c = gr.Slider(0, 200, value=demo.c, step=0.5, label="c (corruption strength; paper 45)",
                   visible=demo.target == "corruption")
-    use_alpha = gr.Checkbox(value=demo.use_alpha, label="Specificity weights α (off: the paper's ablation)")
+    use_alpha = gr.Checkbox(value=demo.use_alpha, label="Specificity weights α (off: the paper's ablation)",
+                            info="α = max(0, 1 − rf/ff): ff and rf are how often the answer token occurs "
+                                 "among forget and among retain answers; tokens common in both are not pushed")
     with gr.Accordion("Advanced: keys, budgets, speed", open=False):
         with gr.Row():
             seed = gr.Number(value=0, label="seed", precision=0, min_width=80)

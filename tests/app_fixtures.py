@@ -12,14 +12,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch(model: str):
+    """Preload `model`, build the app and launch it on a free port; (blocks, url)."""
+    import app
+
+    assert app.preload(model) == model, f"{model} could not be loaded"
+    blocks = app.build_app()
+    _, local_url, _ = blocks.launch(server_name="127.0.0.1", server_port=free_port(),
+                                    prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    return blocks, local_url
+
+
 @pytest.fixture(scope="module")
 def url():
     """The local URL of a freshly built app on the demo model (closed after the module)."""
-    import app
+    from components.session import DEMO
 
-    app.preload()
-    demo = app.build_app()
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(),
-                                  prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
+    blocks, local_url = launch(DEMO)
     yield local_url
-    demo.close()
+    blocks.close()
+
+
+@pytest.fixture(scope="module")
+def real_url():
+    """The app on the real chat model, as `python app.py` opens it (fetched on first use)."""
+    from components.session import REAL
+
+    blocks, local_url = launch(REAL)
+    yield local_url
+    blocks.close()

@@ -1,0 +1,211 @@
+"""GROM on a real chat model: SmolLM2-135M-Instruct on the real-knowledge benchmark.
+
+    python bench/bench_knowledge.py sweep --betas 30,65,100,150 --w-r 10,100,1000
+    python bench/bench_knowledge.py speed                   # edit time against forward passes
+    python bench/bench_knowledge.py ablate                  # alpha off, early and random bands
+    python bench/bench_knowledge.py baselines --epochs 5 --lr ga=1e-5,npo=1e-5 ...
+
+Every row is an edit of the model (fetched once by `grom.models.load_model`) evaluated on
+the facts it knew before (`grom.eval.evaluate`, task "knowledge"): fact recall on the
+forget target(s), its paraphrases, the neighbouring targets and general knowledge, the
+headline Knowledge score (harmonic mean of forgotten and kept shares), the retain cost,
+and what the model says instead (repetition, perplexity under the unedited model). A row
+whose retain set broke (lost more than a tenth of its known facts) is marked "broken".
+Prints markdown tables; numbers go into BENCHMARKS.md with the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from grom import PRESETS, run_edit  # noqa: E402
+from grom.baselines import BASELINES, run_baseline  # noqa: E402
+from grom.data import load_benchmark  # noqa: E402
+from grom.eval import evaluate, quantization_check  # noqa: E402
+from grom.models import load_model  # noqa: E402
+
+COLUMNS = ["Forget fact recall", "Forget paraphrase recall", "Kept fact recall", "Knowledge score",
+           "Forget prob", "Forget answer perplexity", "Forget repetition", "Text perplexity",
+           "Retain cost"]
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def md_table(headers, rows) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def cells(metrics: dict) -> list[str]:
+    out = [f"{metrics[k]:.3g}" if k in metrics else "-" for k in COLUMNS]
+    return out + (["broken"] if metrics.get("Retain broken") else [""])
+
+
+class Run:
+    """The model, one split, and the Base report every row reuses."""
+
+    def __init__(self, args, split: str):
+        self.args = args
+        self.model, self.tok = load_model(args.model)
+        self.bench = load_benchmark("real-knowledge", split)
+        self.base = None
+
+    def edit(self, config):
+        t0 = time.perf_counter()
+        edit = run_edit(self.model, self.tok, self.bench.forget, self.bench.retain, config)
+        return edit, time.perf_counter() - t0
+
+    def report(self, edit):
+        rep = evaluate(self.model, self.tok, self.bench, edit=edit, max_examples=self.args.max_examples,
+                       reuse=self.base, batch_size=self.args.eval_batch_size)
+        if self.base is None:
+            self.base = rep
+            facts = rep.known_facts("Base")
+            _log("known facts (of those evaluated): " + ", ".join(f"{k} {v[0]}/{rep.n_examples[k]}"
+                                                                   for k, v in facts.items()))
+        return rep.rows["Edited"].metrics
+
+
+def sweep(args) -> None:
+    for split in args.splits.split(","):
+        run = Run(args, split)
+        rows = []
+        for beta in map(float, args.betas.split(",")):
+            for w_r in map(float, args.w_r.split(",")):
+                edit, secs = run.edit(PRESETS[args.preset].replace(beta=beta, w_r=w_r))
+                m = run.report(edit)
+                _log(f"{split} beta {beta:g} w_r {w_r:g}: {secs:.1f} s, score {m.get('Knowledge score', 0):.3f}")
+                rows.append([f"{beta:g}", f"{w_r:g}", "-".join(map(str, (edit.band[0], edit.band[-1]))),
+                             f"{secs:.1f}", *cells(m)])
+        print(f"\n### {split}: GROM sweep from preset {args.preset} (evaluation on up to "
+              f"{args.max_examples} examples per set; known facts: {run.base.known_facts('Base')})\n")
+        print(md_table(["beta", "w_r", "band", "edit s", *COLUMNS, "retain"], rows))
+
+
+def speed(args) -> None:
+    """The edit's time against one forward pass over the same key sequences."""
+    from grom.collect import forward
+    from grom.editing import prepare
+
+    run = Run(args, args.splits.split(",")[0])
+    config = PRESETS[args.preset]
+    prep = prepare(run.tok, run.bench.forget, run.bench.retain, config, run.model.config.vocab_size)
+    batches = prep.forget + prep.retain
+    tokens = sum(int(b.attention_mask.sum()) for b in batches)
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for b in batches:
+                forward(run.model, b)
+        times.append(time.perf_counter() - t0)
+    fwd = min(times)
+    rows = []
+    for label, cfg, scores in (("automatic band (scores + keys)", config, None),
+                               ("scores given (the app: computed at page load)", config, "reuse"),
+                               ("band fixed", config.replace(layers=tuple(range(24, 29))), None)):
+        best = None
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            sc = run_edit(run.model, run.tok, run.bench.forget, run.bench.retain, config).scores \
+                if scores == "reuse" else None
+            t1 = time.perf_counter()
+            edit = run_edit(run.model, run.tok, run.bench.forget, run.bench.retain, cfg, scores=sc)
+            secs = time.perf_counter() - t1 if scores == "reuse" else time.perf_counter() - t0
+            best = min(best or 1e9, secs)
+        t = edit.timings
+        rows.append([label, f"{best:.2f}", f"{best / fwd:.2f}",
+                     *(f"{t.get(k, 0):.2f}" for k in ("scores", "keys", "solve"))])
+    print(f"\n### speed: {len(batches)} batches, {tokens} key-sequence tokens; one forward pass "
+          f"(model(...) over every batch, best of {args.repeats}) {fwd:.2f} s\n")
+    print(md_table(["edit", "seconds (best)", "x one forward pass", "scores s", "keys s", "solve s"], rows))
+
+
+def ablate(args) -> None:
+    run = Run(args, args.splits.split(",")[0])
+    config = PRESETS[args.preset]
+    edit, secs = run.edit(config)
+    band = list(edit.band)
+    k = len(band)
+    rng = random.Random(args.seed)
+    start = rng.randrange(0, run.model.config.num_hidden_layers - k + 1)
+    variants = [(f"attribution band {band[0]}-{band[-1]}", config.replace(layers=tuple(band))),
+                ("alpha off", config.replace(layers=tuple(band), use_alpha=False)),
+                (f"early band 0-{k - 1}", config.replace(layers=tuple(range(k)))),
+                (f"random band {start}-{start + k - 1}", config.replace(layers=tuple(range(start, start + k))))]
+    rows = []
+    for label, cfg in variants:
+        e, secs = run.edit(cfg)
+        rows.append([label, f"{secs:.1f}", *cells(run.report(e))])
+    print(f"\n### ablations ({args.preset}, {run.bench.split})\n")
+    print(md_table(["variant", "edit s", *COLUMNS, "retain"], rows))
+
+
+def baselines(args) -> None:
+    run = Run(args, args.splits.split(",")[0])
+    edit, secs = run.edit(PRESETS[args.preset])
+    m = run.report(edit)
+    rows = [["GROM " + args.preset, "-", f"{secs:.1f}", "1.0", *cells(m)]]
+    edits = {"GROM": edit}
+    lrs = dict(p.split("=") for p in args.lr.split(",")) if args.lr else {}
+    for spec in args.methods.split(","):
+        method, lr = spec, float(lrs.get(spec, 1e-5))
+        _log(f"{method} lr {lr:g}: training {args.epochs} epochs")
+        t0 = time.perf_counter()
+        e = run_baseline(method, run.model, run.tok, run.bench.forget, run.bench.retain,
+                         epochs=args.epochs, lr=lr, batch_size=8, grad_accum=4, seed=args.seed)
+        bs = time.perf_counter() - t0
+        edits[f"{method} {lr:g}"] = e
+        rows.append([method, f"{lr:g}", f"{bs:.1f}", f"{bs / secs:.1f}", *cells(run.report(e))])
+    print(f"\n### GROM and the gradient baselines ({run.bench.split}; {args.epochs} epochs, batch 8 x 4)\n")
+    print(md_table(["method", "lr", "update s", "x GROM", *COLUMNS, "retain"], rows))
+    if args.quant:
+        qrows = []
+        for name, e in edits.items():
+            df = quantization_check(run.model, run.tok, run.bench, e, max_examples=args.max_examples)
+            col = "Forget ROUGE-L"
+            qrows.append([name, f"{df[col].iloc[2]:.3f} -> {df[col].iloc[3]:.3f}",
+                          f"{df['Forget prob'].iloc[2]:.3f} -> {df['Forget prob'].iloc[3]:.3f}"])
+        print("\n4-bit check (RTN, groups of 128): forget set, full precision -> 4-bit\n")
+        print(md_table(["edit", "Forget ROUGE-L", "Forget prob"], qrows))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["sweep", "speed", "ablate", "baselines"])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--splits", default="harry-potter")
+    ap.add_argument("--preset", default="smollm2")
+    ap.add_argument("--betas", default="30,65,100")
+    ap.add_argument("--w-r", default="30,100,300")
+    ap.add_argument("--max-examples", type=int, default=40)
+    ap.add_argument("--eval-batch-size", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--methods", default=",".join(BASELINES))
+    ap.add_argument("--lr", default=None, help="method=lr pairs (default 1e-5, the recipe's)")
+    ap.add_argument("--epochs", type=float, default=5)
+    ap.add_argument("--quant", action="store_true", help="the 4-bit check for every edit")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{datetime.date.today()}")
+    print("# " + " ".join(["python", "bench/bench_knowledge.py", *(sys.argv[1:] if argv is None else argv)]))
+    {"sweep": sweep, "speed": speed, "ablate": ablate, "baselines": baselines}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
