@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components import text
-from components.errors import ui_errors
+from components.errors import shorten, ui_errors
 from components.session import Session, UserError
 from components.sources import require_hub, resolve_source
 
@@ -72,10 +72,10 @@ def _file_path(upload) -> str | None:
     if not path.is_file():
         raise UserError("The uploaded file could not be read; upload it again.")
     if path.stat().st_size == 0:
-        raise UserError(f"{path.name} is empty: upload a JSON, JSON lines or CSV file with "
+        raise UserError(f"{shorten(path.name)} is empty: upload a JSON, JSON lines or CSV file with "
                         "question/answer (or text) rows.")
     if path.stat().st_size > UPLOAD_MAX_BYTES:
-        raise UserError(f"{path.name} is larger than {UPLOAD_MAX_BYTES // 2**20} MB; upload a smaller file.")
+        raise UserError(f"{shorten(path.name)} is larger than {UPLOAD_MAX_BYTES // 2**20} MB; upload a smaller file.")
     return str(path)
 
 
@@ -85,7 +85,7 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
 
     name = (name or "").strip()
     if name not in dict((v, v) for _, v in benchmark_names()):
-        raise UserError(f"Unknown benchmark {name!r}; pick one of {', '.join(v for _, v in benchmark_names())}.")
+        raise UserError(f"Unknown benchmark {shorten(name)!r}; pick one of {', '.join(v for _, v in benchmark_names())}.")
     if name == "custom":
         forget = _file_path(forget_file)
         if forget is None:

