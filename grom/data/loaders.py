@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Mapping
 
-from grom.data import custom, muse, tofu, wmdp, zsre
+from grom.data import custom, knowledge, muse, tofu, wmdp, zsre
 from grom.data.schema import Benchmark
 from grom.data.sources import BenchmarkError
 from grom.demo.world import SPLITS as DEMO_SPLITS  # no work at import: the world is made on first use
@@ -69,6 +69,9 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
     for spec in (
         BenchmarkSpec("demo", _load_demo, DEMO_SPLITS, options=(),
                       description="the bundled fictitious-authors world (offline)"),
+        BenchmarkSpec("real-knowledge", knowledge.load_knowledge, knowledge.SPLITS,
+                      options=("prompt_format", "known_only"),
+                      description="facts a small chat model knows, by target: forget one, keep the rest (offline)"),
         BenchmarkSpec("tofu", tofu.load_tofu, tofu.SPLITS,
                       description=f"TOFU fictitious authors (Hub {tofu.HUB_ID})"),
         _muse_spec("news"),
@@ -105,8 +108,9 @@ def resolve_split(spec: BenchmarkSpec, split: str | None) -> str:
 def load_benchmark(name: str, split: str | None = None, source: Any = None, **options: Any) -> Benchmark:
     """Load benchmark `name`, split `split` (None: its default).
 
-    source: None (the Hugging Face Hub, or bundled data for "demo"), a local folder or
-    file in the benchmark's format, or for "custom" {"forget": path, "retain": path}.
+    source: None (the Hugging Face Hub, or the bundled data of "demo" and "real-knowledge"),
+    a local folder or file in the benchmark's format, or for "custom" {"forget": path,
+    "retain": path}.
     options: benchmark options, e.g. prompt_format= (all but demo), retain= and utility=
     (WMDP). Every data problem raises `BenchmarkError` (a ValueError).
     """
