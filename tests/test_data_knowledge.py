@@ -208,3 +208,18 @@ def test_the_bundled_probe_result_is_current():
     ids = {ex.id for g in [*know.targets.values(), know.general] for ex in g.qa}
     assert set(know.known) == ids
     assert len(load_knowledge(TARGETS[0], known_only=True).forget) >= 10
+
+
+def test_the_probe_writes_what_the_loader_reads(folder):
+    """bench/probe_knowledge.py's table and known.json, without a model."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from probe_knowledge import table, write_known
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    every = [ex for g in [*knowledge().targets.values(), knowledge().general] for ex in g.qa]
+    rows = [{"id": ex.id, "known": int(ex.subject == "japan"), "paraphrase_known": 0} for ex in every]
+    write_known(folder / "known.json", "tiny", 32, rows)
+    assert load_knowledge("japan", folder, known_only=True).forget == load_knowledge("japan").forget
+    md = table({"japan": ("place", rows[:3])}).splitlines()
+    assert md[2] == "| japan | place | 3 | 0 | 0 | 0 |" and md[-1].startswith("| **all** | | **3** |")
