@@ -197,6 +197,9 @@ def test_known_only_keeps_the_probed_facts(folder):
     (folder / "known.json").write_text(json.dumps({"known": {"narnia/01": [1, 1]}}))
     with pytest.raises(BenchmarkError, match="unknown pair id 'narnia/01'"):
         load_knowledge("japan", folder)
+    (folder / "known.json").write_text(json.dumps({"known": {"japan/01": 1}}))
+    with pytest.raises(BenchmarkError, match=r"'japan/01' should map to \[question known"):
+        load_knowledge("japan", folder)
 
 
 def test_the_bundled_probe_result_is_current():

@@ -146,6 +146,9 @@ def _read_known(path: Path, ids: set[str]) -> Mapping[str, tuple[bool, bool]] | 
     stray = sorted(set(known) - ids)
     if stray:
         raise BenchmarkError(f"{path}: unknown pair id {stray[0]!r}; re-run bench/probe_knowledge.py")
+    bad = [k for k, v in known.items() if not (isinstance(v, list) and len(v) == 2)]
+    if bad:
+        raise BenchmarkError(f"{path}: {bad[0]!r} should map to [question known, paraphrase known] (0 or 1)")
     return {k: (bool(v[0]), bool(v[1])) for k, v in known.items()}
 
 
@@ -205,7 +208,7 @@ def _rank(ex: QAExample) -> str:
 def split_retain(qa: tuple[QAExample, ...]) -> tuple[tuple[QAExample, ...], tuple[QAExample, ...]]:
     """(retain part, held-out part): the first `RETAIN_FRACTION` of the pairs in the order
     of a hash of their ids, each part in file order. A pair is on the same side whatever
-    the split, and editing the other pairs does not move it."""
+    the split, and rewording other pairs does not move it."""
     n = round(RETAIN_FRACTION * len(qa))
     keep = {ex.id for ex in sorted(qa, key=_rank)[:n]}
     return tuple(ex for ex in qa if ex.id in keep), tuple(ex for ex in qa if ex.id not in keep)
