@@ -24,7 +24,8 @@ from components.baseline_panel import on_method_change, run_baseline
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, describe,
                                         examples_html, load_benchmark, on_benchmark_change,
                                         read_benchmark, splits_for)
-from components.compare_panel import build_compare_panel, compare, generate
+from components.compare_panel import (build_compare_panel, compare, generate, result_card,
+                                      warm_base_rows)
 from components.diagnostics_panel import (beta_sweep, build_diagnostics_panel, influence_bars,
                                           influence_example, matrix_choices, on_table_select,
                                           pca_plot, quant_check)
@@ -127,10 +128,12 @@ def wire(ui: SimpleNamespace) -> None:
                    e.use_alpha, ly.band_mode, ly.band_text, ly.k, e.seed, e.forget_budget,
                    e.retain_budget, e.batch_size, e.retain_examples, s]
     compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, c.forget_html, c.retain_html])
-    run = e.run.click(run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit", **DEVICE)
+    run = e.run.click(run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
+                      show_progress_on=[e.status, r.summary], **DEVICE)  # progress where the user looks
     run.success(after_edit, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
        .success(compare, *compare_io, api_name="compare_after_edit", api_visibility="private",
-                scroll_to_output=True, **DEVICE)
+                show_progress_on=[e.status, c.summary], **DEVICE) \
+       .success(result_card, s, e.status, scroll_to_output=True, **LOCAL)
     c.run.click(compare, *compare_io, api_name="compare", **DEVICE)
     c.ask.click(generate, [c.prompt, s], c.prompt_html, api_name="generate", **DEVICE)
     bl.method.change(on_method_change, bl.method, bl.lr, **LOCAL)
@@ -164,7 +167,7 @@ def after_edit(k, band_mode, band_text, show_parts, session: Session):
     used), the diagnostics' matrix choices, and the Compare tab."""
     edit = session.edit
     status = (f"Edit ready: layers {', '.join(map(str, edit.band)) or 'LM head'} in "
-              f"{edit.timings['total']:.1f} s; the comparison is in **5 · Compare**.")
+              f"{edit.timings['total']:.1f} s; comparing before and after…")
     plot, info = gr.skip(), gr.skip()
     if session.scores is not None:
         plot = scores_figure(session.scores, k, band_mode, band_text, show_parts)
@@ -213,6 +216,15 @@ def first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_
                         seed, session, progress)
 
 
+def warm_comparison(max_examples, session: Session) -> None:
+    """The real model's unedited rows, computed while the visitor reads the page (cached
+    for every later page), so that Run edit is followed by the comparison in seconds."""
+    from components.model_panel import REGISTRY
+
+    if REGISTRY.current is not None and REGISTRY.current.key.name == REAL:
+        warm_base_rows(max_examples, session)
+
+
 def build_app() -> gr.Blocks:
     """The Blocks of GROM Studio (the model is loaded separately: `preload`)."""
     from components.model_panel import REGISTRY
@@ -228,7 +240,9 @@ def build_app() -> gr.Blocks:
                   api_visibility="private", **DEVICE) \
             .success(first_scores, [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text,
                                     ly.show_parts, e.retain_examples, e.seed, ui.session],
-                     [ly.plot, ly.band_info], api_visibility="private", **DEVICE)
+                     [ly.plot, ly.band_info], api_visibility="private", **DEVICE) \
+            .success(warm_comparison, [ui.compare.max_examples, ui.session], None,
+                     api_visibility="private", **DEVICE)
     demo.queue(default_concurrency_limit=4)
     return demo
 

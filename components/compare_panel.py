@@ -8,6 +8,7 @@ computed once per (model, benchmark, size) and reused: an edit then costs one ro
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from types import SimpleNamespace
 
@@ -22,6 +23,7 @@ from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelHandle, ModelK
                                 UserError, current_benchmark, current_edit, current_model,
                                 device_progress, on_device)
 
+log = logging.getLogger(__name__)
 FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
 RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc", "real_authors", "world_facts",
                "general")
@@ -144,10 +146,14 @@ def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
     for i in range(min(n, len(after))):
         pb = before["prob"].iloc[i] if "prob" in before else None
         pa = after["prob"].iloc[i] if "prob" in after else None
-        rows.append({"question": str(after["question"].iloc[i]), "answer": str(after["answer"].iloc[i]),
-                     "before": str(before[col].iloc[i]), "after": str(after[col].iloc[i]),
-                     "prob_before": None if pb is None else float(pb),
-                     "prob_after": None if pa is None else float(pa)})
+        row = {"question": str(after["question"].iloc[i]), "answer": str(after["answer"].iloc[i]),
+               "before": str(before[col].iloc[i]), "after": str(after[col].iloc[i]),
+               "prob_before": None if pb is None else float(pb),
+               "prob_after": None if pa is None else float(pa)}
+        if "fact_recall" in after and "fact_recall" in before:  # did the answer state the fact?
+            row["fact_before"] = bool(before["fact_recall"].iloc[i])
+            row["fact_after"] = bool(after["fact_recall"].iloc[i])
+        rows.append(row)
     return rows
 
 
@@ -173,6 +179,68 @@ def summary_md(report, n) -> str:
     return head
 
 
+def warm_base_rows(max_examples: int, session: Session) -> None:
+    """Compute the unedited rows of the session's benchmark ahead of the first comparison
+    (a new page of the real model: the first Run edit then costs only the Edited row).
+    Cached per model, benchmark and size for every session; silent on any problem."""
+    try:
+        handle, bench = current_model(session), current_benchmark(session)
+        if (handle.key, id(bench), int(max_examples)) not in _BASE_CACHE:
+            compute_report(handle.key, bench, None, int(max_examples), None)
+    except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
+        log.info("base rows not precomputed: %s", err)
+
+
+def _headline(report) -> str:
+    """One sentence a stakeholder reads in five seconds: what was forgotten, what was kept."""
+    from grom.eval.report import BASE, EDITED
+
+    facts = report.known_facts()
+    if "forget" in facts and any(s in facts for s in ("neighbours", "general", "retain")):
+        known, still = facts["forget"]
+        kept = [facts[s] for s in ("neighbours", "general", "retain") if s in facts]
+        k_known, k_still = sum(k for k, _ in kept), sum(s for _, s in kept)
+        return (f"Forgot **{known - still} of the {known}** forget facts it knew · kept **{k_still} of "
+                f"{k_known}** other facts it knew")
+    base, after = report.rows[BASE].metrics, report.rows[EDITED].metrics
+    pairs = [(k, base[k], after[k]) for k in ("Forget fact recall", "Retain fact recall", "Forget accuracy",
+                                               "Utility accuracy", "Efficacy", "Specificity",
+                                               "KnowMem forget", "KnowMem retain") if k in after and k in base]
+    return " · ".join(f"{k} {b:.2f} → **{a:.2f}**" for k, b, a in pairs[:2]) or "Compared."
+
+
+def result_card(session: Session) -> str:
+    """The plain-language result under Run edit: forgotten and kept, the time, the retain
+    set's state, and two before/after forget answers."""
+    import html as _html
+
+    report, edit = session.report, session.edit
+    if report is None or edit is None:
+        return gr.skip()
+    from grom.eval.report import EDITED
+
+    m = report.rows[EDITED].metrics
+    card = [f'<div class="result-card"><div class="rc-head">{_md_bold(_headline(report))} · '
+            f'{edit.timings.get("total", 0):.1f} s</div>']
+    if m.get("Retain broken"):
+        card.append(f'<div class="rc-broken">⚠ The retain set broke: it lost {m["Retain cost"]:.0%} of a retain '
+                    'metric. Lower β or raise w_r.</div>')
+    elif "Retain cost" in m:
+        card.append(f'<div class="rc-ok">Retain set intact (cost {m["Retain cost"]:.0%}).</div>')
+    for row in generation_rows(report, FORGET_SETS, n=2):
+        card.append(f'<div class="rc-ex"><b>{_html.escape(row["question"])}</b><br>before: '
+                    f'{_html.escape(row["before"][:160])}<br>after: {_html.escape(row["after"][:160])}</div>')
+    card.append('<div class="rc-more">Every metric and more examples: <b>5 · Compare</b>.</div></div>')
+    return "".join(card)
+
+
+def _md_bold(text: str) -> str:
+    import html as _html
+    import re
+
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", _html.escape(text))
+
+
 @ui_errors
 def compare(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
     """Metrics before/after (+ retain model) and generations for forget and retain examples."""
@@ -188,8 +256,8 @@ def compare(max_examples: int, full_set: bool, session: Session, progress=gr.Pro
     forget = generation_rows(report, FORGET_SETS)
     retain = generation_rows(report, RETAIN_SETS)
     return (summary_md(report, n), styled(metrics_frame(report)),
-            generations_html(forget, "Forget examples: the answers should break"),
-            generations_html(retain, "Retain examples: the answers should stay"))
+            generations_html(forget, "Forget examples: the answers should break", kind="forget"),
+            generations_html(retain, "Retain examples: the answers should stay", kind="retain"))
 
 
 @on_device

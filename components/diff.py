@@ -49,9 +49,24 @@ def _prob(p) -> str:
     return "" if p is None else f'<span class="gen-prob" title="p(gold answer)">p={p:.2f}</span>'
 
 
-def generations_html(rows: Sequence[dict], title: str = "") -> str:
+# (kind, fact before, fact after) -> the row's verdict: a forgotten forget fact is the goal,
+# a lost retain fact is damage; each gets its own mark.
+VERDICTS = {("forget", True, False): ("forgotten", "v-good"), ("forget", True, True): ("still stated", "v-warn"),
+            ("retain", True, False): ("lost: broken", "v-bad"), ("retain", True, True): ("kept", "v-good")}
+
+
+def _verdict(r: dict, kind: str | None) -> str:
+    if kind is None or "fact_before" not in r:
+        return ""
+    label, cls = VERDICTS.get((kind, r["fact_before"], r["fact_after"]), ("not known before", "v-none"))
+    return f'<span class="verdict {cls}">{label}</span>'
+
+
+def generations_html(rows: Sequence[dict], title: str = "", kind: str | None = None) -> str:
     """A before/after table; each row a dict with question, answer (may be None), before,
-    after, prob_before, prob_after (may be None). Changed words are highlighted."""
+    after, prob_before, prob_after (may be None), and optionally fact_before / fact_after
+    (whether each answer states the fact). Changed words are highlighted; with `kind`
+    ("forget" or "retain") each row is marked forgotten / still stated, or kept / lost."""
     body = []
     for r in rows:
         left, right = word_diff(r.get("before", ""), r.get("after", ""))
@@ -61,7 +76,7 @@ def generations_html(rows: Sequence[dict], title: str = "") -> str:
         body.append(
             f'<tr class="gen-row{same}"><td class="gen-q">{html.escape(r.get("question", ""))}{gold_html}</td>'
             f'<td class="gen-before">{_render(left)} {_prob(r.get("prob_before"))}</td>'
-            f'<td class="gen-after">{_render(right)} {_prob(r.get("prob_after"))}</td></tr>')
+            f'<td class="gen-after">{_render(right)} {_prob(r.get("prob_after"))} {_verdict(r, kind)}</td></tr>')
     head = f'<div class="gen-title">{html.escape(title)}</div>' if title else ""
     return (f'<div class="gen-table">{head}<table><thead><tr><th>question</th><th>before the edit</th>'
             f'<th>after the edit</th></tr></thead><tbody>{"".join(body)}</tbody></table></div>')

@@ -92,3 +92,36 @@ def test_a_gradient_baseline_in_the_browser(url, browser, tmp_path):
     SHARED.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "baseline.png", SHARED / "baseline.png")
     page.close()
+
+
+from tests.app_fixtures import real_url  # noqa: E402,F401  (the fixture)
+
+
+@pytest.mark.parametrize("width,height", [(1366, 768), (390, 844)])
+def test_the_real_model_from_page_to_result_card(real_url, browser, width, height, tmp_path):
+    """The default studio as a visitor sees it: SmolLM2 and real-knowledge load with the
+    page, Run edit ends in the plain-language result card beside the button, and the page
+    fits the width (no sideways scroll, also on a phone)."""
+    import time
+
+    page = browser.new_page(viewport={"width": width, "height": height})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    t0 = time.perf_counter()
+    page.goto(real_url)
+    page.wait_for_function("document.querySelector('.status-line')?.innerText.includes('SmolLM2')",
+                           timeout=120_000)
+    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
+    page.click("#run-edit")
+    page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+    seconds = time.perf_counter() - t0
+    card = text_of(page, "#edit-status")
+    assert "Forgot" in card and "kept" in card and "before:" in card, card
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    page.screenshot(path=str(tmp_path / f"real_card_{width}.png"))
+    SHARED.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / f"real_card_{width}.png", SHARED / f"real_card_{width}.png")
+    print(f"page to result card at {width}px: {seconds:.1f} s")
+    assert overflow <= 1, f"the page scrolls sideways by {overflow}px at {width}px"
+    assert not errors, f"page errors: {errors}"
+    page.close()

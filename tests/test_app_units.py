@@ -69,6 +69,39 @@ def test_generations_html_escapes_text():
     assert "p=0.90" in html
 
 
+def test_generations_mark_forgotten_and_lost_facts_differently():
+    row = lambda before, after: {"question": "q", "answer": "a", "before": "x", "after": "y",  # noqa: E731
+                                 "fact_before": before, "fact_after": after}
+    forget = generations_html([row(True, False), row(True, True)], kind="forget")
+    retain = generations_html([row(True, False), row(True, True), row(False, False)], kind="retain")
+    assert "v-good\">forgotten" in forget and "v-warn\">still stated" in forget
+    assert "v-bad\">lost: broken" in retain and "v-good\">kept" in retain and "not known before" in retain
+    assert "verdict" not in generations_html([row(True, False)])  # no kind: no verdict
+
+
+def test_the_result_card_says_what_was_forgotten_and_kept():
+    import pandas as pd
+    from components.compare_panel import result_card
+    from components.session import Session
+    from grom.eval.report import Report, Row
+
+    def frame(recall):
+        return pd.DataFrame({"question": ["q1", "q2"], "answer": ["a1", "a2"], "generation": ["g1", "g2"],
+                             "fact_recall": recall, "prob": [0.5, 0.5]})
+
+    base = Row({"Kept fact recall": 1.0}, {"forget": frame([1.0, 1.0]), "neighbours": frame([1.0, 0.0])})
+    edited = Row({"Retain cost": 0.0, "Retain broken": 0.0},
+                 {"forget": frame([0.0, 1.0]), "neighbours": frame([1.0, 1.0])})
+    session = Session()
+    session.report = Report("real-knowledge", "s", "knowledge", {"Base": base, "Edited": edited}, 1.0)
+    session.edit = type("E", (), {"timings": {"total": 6.2}})()
+    card = result_card(session)
+    assert "Forgot <b>1 of the 2</b> forget facts" in card and "kept <b>1 of 1</b>" in card
+    assert "6.2 s" in card and "Retain set intact" in card and "before: g1" in card
+    edited.metrics.update({"Retain broken": 1.0, "Retain cost": 0.3})
+    assert "The retain set broke" in result_card(session)
+
+
 def test_edit_config_from_widgets():
     cfg = edit_config(**WIDGETS, n_layers=6)
     assert cfg.layers == (3, 4, 5) and cfg.beta == 150.0 and cfg.beta_relative and cfg.batch_size == 32
@@ -187,4 +220,5 @@ def test_a_benchmark_split_suggests_its_preset():
 
     assert preset_for("demo", "forget10") == "demo" and preset_for("demo", "forget01") == "demo-forget01"
     assert preset_for("tofu", "forget05") == "tofu10" and preset_for("custom", "") == "(custom)"
+    assert preset_for("real-knowledge", "the-solar-system") == "smollm2"
     assert "10x" in preset_note("tofu", "forget01") and preset_note("demo", "forget01") == ""

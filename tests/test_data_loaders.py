@@ -9,7 +9,7 @@ from grom.data.prompts import LLAMA2_INST, LLAMA3_CHAT, PLAIN_QA, format_prompt
 
 
 def test_every_benchmark_is_registered_with_its_splits():
-    assert list(BENCHMARKS) == ["demo", "tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem",
+    assert list(BENCHMARKS) == ["demo", "real-knowledge", "tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem",
                                 "wmdp-cyber", "zsre", "custom"]
     assert BENCHMARKS["demo"].splits == ("forget01", "forget05", "forget10", "forget10-mc", "forget10-text")
     assert BENCHMARKS["tofu"].splits == ("forget01", "forget05", "forget10")
@@ -17,7 +17,7 @@ def test_every_benchmark_is_registered_with_its_splits():
 
 
 def test_an_unknown_benchmark_lists_the_known_ones():
-    with pytest.raises(BenchmarkError, match=r"unknown benchmark 'tofu2'; known: demo, tofu, muse-news"):
+    with pytest.raises(BenchmarkError, match=r"unknown benchmark 'tofu2'; known: demo, real-knowledge, tofu, muse-news"):
         load_benchmark("tofu2", "forget10")
 
 

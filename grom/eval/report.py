@@ -357,14 +357,15 @@ def _custom_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False)
 # ---------------------------------------------------------------- real knowledge
 
 KNOWLEDGE_SETS = {"forget": "Forget", "neighbours": "Neighbour", "general": "General"}
-KNOWLEDGE_BUDGET = 40  # new tokens: a one-sentence answer names its fact well before this
+KNOWLEDGE_BUDGET = 32  # new tokens at most: a one-sentence answer names its fact well before this
 
 
 def _knowledge_qa(run: _Runner, examples: tuple, paraphrase: bool) -> pd.DataFrame:
     """Greedy answers, fact recall, ROUGE-L and answer probability of one QA set (and of
     the paraphrased questions, for the forget set)."""
     qs, answers = [ex.question for ex in examples], [ex.answer for ex in examples]
-    budget = run.max_new_tokens or min(KNOWLEDGE_BUDGET, answer_budget(run.tok, answers))
+    longest = max(len(run.tok(a, add_special_tokens=False)["input_ids"]) for a in answers)
+    budget = run.max_new_tokens or min(KNOWLEDGE_BUDGET, longest + 8)
     prompts = qs + ([ex.paraphrased_question or ex.question for ex in examples] if paraphrase else [])
     gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
                     batch_size=run.batch_size)
