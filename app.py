@@ -29,7 +29,7 @@ from components.compare_panel import (build_compare_panel, compare, generate, re
 from components.diagnostics_panel import (beta_sweep, build_diagnostics_panel, influence_bars,
                                           influence_example, matrix_choices, on_table_select,
                                           pca_plot, quant_check)
-from components.edit_panel import build_edit_panel, fill_preset, reset, run_edit
+from components.edit_panel import build_edit_panel, fill_preset, reset, run_edit, warm_edit
 from components.errors import ui_errors
 from components.export_panel import build_export_panel, export
 from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
@@ -84,7 +84,8 @@ def build_layout(start_model: str = DEMO) -> SimpleNamespace:
                 with gr.Tab("4 · Edit details", id="edit"):
                     ui.result = build_result_view()
                 with gr.Tab("5 · Compare", id="compare", elem_id="compare-tab"):
-                    ui.compare = build_compare_panel()
+                    # a 135M model on a CPU: ~0.3 s per generated answer, so a shorter first look
+                    ui.compare = build_compare_panel(10 if start_model == REAL else 20)
                 with gr.Tab("6 · Diagnostics", id="diagnostics"):
                     ui.diag = build_diagnostics_panel()
                 with gr.Tab("7 · Export", id="export"):
@@ -196,7 +197,7 @@ def on_page_load(session: Session):
         return ["No model is loaded yet: press Load model."] + [gr.skip()] * 9
     session.model_key = handle.key
     name, split = start_benchmark(handle.key.name)
-    bench = read_benchmark(name, split, "", None, None)
+    bench = read_benchmark(name, split, "", None, None, handle.key.name)
     session.benchmark, session.bench_label = bench, f"{name}/{split}"
     return (status_line(handle), summary(handle), handle.key.name, gr.Slider(maximum=n_layers(handle)),
             describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
@@ -216,12 +217,14 @@ def first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_
                         seed, session, progress)
 
 
-def warm_comparison(max_examples, session: Session) -> None:
-    """The real model's unedited rows, computed while the visitor reads the page (cached
-    for every later page), so that Run edit is followed by the comparison in seconds."""
+def warm_comparison(max_examples, k, retain_examples, seed, session: Session) -> None:
+    """On the real model, while the visitor reads the page: the forward pass up to the
+    suggested band (Run edit then runs only the band) and the unedited rows of the
+    comparison (then only the Edited row is left); both cached for every later page."""
     from components.model_panel import REGISTRY
 
     if REGISTRY.current is not None and REGISTRY.current.key.name == REAL:
+        warm_edit(k, retain_examples, seed, session)
         warm_base_rows(max_examples, session)
 
 
@@ -241,7 +244,8 @@ def build_app() -> gr.Blocks:
             .success(first_scores, [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text,
                                     ly.show_parts, e.retain_examples, e.seed, ui.session],
                      [ly.plot, ly.band_info], api_visibility="private", **DEVICE) \
-            .success(warm_comparison, [ui.compare.max_examples, ui.session], None,
+            .success(warm_comparison, [ui.compare.max_examples, ly.k, e.retain_examples, e.seed,
+                                       ui.session], None,
                      api_visibility="private", **DEVICE)
     demo.queue(default_concurrency_limit=4)
     return demo

@@ -16,6 +16,7 @@ Prints markdown tables; numbers go into BENCHMARKS.md with the machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import platform
 import random
@@ -59,6 +60,9 @@ class Run:
         self.args = args
         self.model, self.tok = load_model(args.model)
         self.bench = load_benchmark("real-knowledge", split)
+        if args.retain_examples:  # the app's seeded retain sample (components.edit_panel.retain_subset)
+            retain = tuple(random.Random(args.seed).sample(self.bench.retain, args.retain_examples))
+            self.bench = dataclasses.replace(self.bench, retain=retain)
         self.base = None
 
     def edit(self, config):
@@ -88,7 +92,8 @@ def sweep(args) -> None:
                 _log(f"{split} beta {beta:g} w_r {w_r:g}: {secs:.1f} s, score {m.get('Knowledge score', 0):.3f}")
                 rows.append([f"{beta:g}", f"{w_r:g}", "-".join(map(str, (edit.band[0], edit.band[-1]))),
                              f"{secs:.1f}", *cells(m)])
-        print(f"\n### {split}: GROM sweep from preset {args.preset} (evaluation on up to "
+        print(f"\n### {split}, {len(run.bench.retain)} retain examples: GROM sweep from preset {args.preset} "
+              f"(evaluation on up to "
               f"{args.max_examples} examples per set; known facts: {run.base.known_facts('Base')})\n")
         print(md_table(["beta", "w_r", "band", "edit s", *COLUMNS, "retain"], rows))
 
@@ -185,11 +190,13 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["sweep", "speed", "ablate", "baselines"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--splits", default="harry-potter")
+    ap.add_argument("--splits", default="the-solar-system")
     ap.add_argument("--preset", default="smollm2")
     ap.add_argument("--betas", default="30,65,100")
     ap.add_argument("--w-r", default="30,100,300")
     ap.add_argument("--max-examples", type=int, default=40)
+    ap.add_argument("--retain-examples", type=int, default=None,
+                    help="a seeded sample of the retain set gives the keys (the app's default: 128)")
     ap.add_argument("--eval-batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--methods", default=",".join(BASELINES))

@@ -12,7 +12,7 @@ import gradio as gr
 
 from components import text
 from components.errors import shorten, ui_errors
-from components.session import Session, UserError
+from components.session import REAL, Session, UserError
 from components.sources import require_hub, resolve_source
 
 UPLOAD_MAX_BYTES = 20 * 2**20
@@ -79,7 +79,8 @@ def _file_path(upload) -> str | None:
     return str(path)
 
 
-def read_benchmark(name: str, split: str | None, source: str, forget_file, retain_file):
+def read_benchmark(name: str, split: str | None, source: str, forget_file, retain_file,
+                   model_name: str | None = None):
     """A `Benchmark` from the widgets' values; every problem is a message to act on."""
     from grom.data import load_benchmark
 
@@ -103,16 +104,19 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
     local = resolve_source(source, "data") if (source or "").strip() else None
     if local is None and name in HUB_BENCHMARKS:
         require_hub(splits_hub_id(name), "data set")
-    return _load_shared(name, split or None, local)
+    known_only = name == "real-knowledge" and local is None and model_name == REAL
+    return _load_shared(name, split or None, local, known_only)
 
 
 @functools.lru_cache(maxsize=8)
-def _load_shared(name: str, split: str | None, local: str | None):
+def _load_shared(name: str, split: str | None, local: str | None, known_only: bool = False):
     """Registered benchmarks are frozen values: one copy serves every session (and the
-    comparison's cache of base rows is shared with it)."""
+    comparison's cache of base rows is shared with it). known_only: the real-knowledge
+    facts SmolLM2 was probed to know (grom/data/knowledge/known.json), so that every
+    example a quick comparison evaluates is a fact the model knew."""
     from grom.data import load_benchmark
 
-    return load_benchmark(name, split, source=local)
+    return load_benchmark(name, split, source=local, **({"known_only": True} if known_only else {}))
 
 
 def splits_hub_id(name: str) -> str:
@@ -152,7 +156,8 @@ def describe(bench) -> str:
 def load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session):
     """Load the chosen benchmark into the session; returns its description, a few forget
     and retain examples, and the suggested preset."""
-    bench = read_benchmark(name, split, source, forget_file, retain_file)
+    bench = read_benchmark(name, split, source, forget_file, retain_file,
+                           session.model_key.name if session.model_key else None)
     session.benchmark = bench
     session.bench_label = f"{name}/{bench.split}"
     session.scores = session.scores_for = None

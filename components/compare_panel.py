@@ -85,7 +85,7 @@ def report_rows(handle: ModelHandle, bench, edit, n, progress):
 def styled(frame: pd.DataFrame):
     """The metrics table with the Final score row and the Edited column emphasised."""
     def row_style(row):
-        return ["font-weight: 700; background-color: rgba(112, 72, 232, 0.10)" if row["metric"] == "Final score"
+        return ["font-weight: 700; background-color: rgba(112, 72, 232, 0.10)" if row["metric"] in HEADLINES[:2]
                 else "" for _ in row]
 
     styler = frame.style.apply(row_style, axis=1)
@@ -94,11 +94,15 @@ def styled(frame: pd.DataFrame):
     return styler
 
 
+HEADLINES = ("Final score", "Knowledge score", "Retain cost", "Retain broken")
+
+
 def metrics_frame(report) -> pd.DataFrame:
-    """Metrics as rows (Final score first), models as columns, with the goal's direction."""
+    """Metrics as rows (the headline and the retain cost first), models as columns, with
+    the goal's direction."""
     table = report.table().T
-    order = (["Final score"] if "Final score" in table.index else []) + [
-        m for m in table.index if m != "Final score"]
+    first = [m for m in HEADLINES if m in table.index]
+    order = first + [m for m in table.index if m not in first]
     table = table.loc[order]
     out = pd.DataFrame({"metric": table.index})
     for col in table.columns:
@@ -227,7 +231,9 @@ def result_card(session: Session) -> str:
                     'metric. Lower β or raise w_r.</div>')
     elif "Retain cost" in m:
         card.append(f'<div class="rc-ok">Retain set intact (cost {m["Retain cost"]:.0%}).</div>')
-    for row in generation_rows(report, FORGET_SETS, n=2):
+    rows = generation_rows(report, FORGET_SETS, n=SHOWN)
+    rows.sort(key=lambda r: not (r.get("fact_before") and not r.get("fact_after")))  # forgotten first
+    for row in rows[:2]:
         card.append(f'<div class="rc-ex"><b>{_html.escape(row["question"])}</b><br>before: '
                     f'{_html.escape(row["before"][:160])}<br>after: {_html.escape(row["after"][:160])}</div>')
     card.append('<div class="rc-more">Every metric and more examples: <b>5 · Compare</b>.</div></div>')
@@ -286,10 +292,10 @@ def generate(prompt: str, session: Session):
     return generations_html(_generate(handle.key, prompt, edit, fmt))
 
 
-def build_compare_panel() -> SimpleNamespace:
+def build_compare_panel(examples: int = 20) -> SimpleNamespace:
     text.md(text.COMPARE, elem_classes="panel-intro")
     with gr.Row(equal_height=False):
-        max_examples = gr.Slider(5, 200, value=20, step=5, label="Examples per evaluation set",
+        max_examples = gr.Slider(5, 200, value=examples, step=5, label="Examples per evaluation set",
                                  info="a quick look; tick 'all examples' for the paper's numbers",
                                  scale=4, buttons=[])
         with gr.Column(scale=1, min_width=140):

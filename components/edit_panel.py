@@ -5,6 +5,7 @@ target and matrix, Run with staged progress, the timings and patch norms, Reset.
 """
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
@@ -26,8 +27,12 @@ BAND_MODES = ["suggested", "manual"]
 RANGES = {"beta": (0.0, 1e5), "w_r": (0.0, 1e6), "rho": (1e-6, 10.0), "c": (0.0, 1e4)}
 LOG_SLIDERS = {"beta": (-1.0, 4.0), "w_r": (-1.0, 4.0), "rho": (-4.0, 0.0)}
 DEFAULT_RETAIN_EXAMPLES = 1600
+# A 135M model costs ~2 ms of CPU per key token (the toy: ~0.02 ms): its page starts with a
+# smaller seeded retain sample so that Run edit answers in seconds (BENCHMARKS.md).
+RETAIN_EXAMPLES_FOR = {"smollm2": 128}
 MAX_SEED = 2**32 - 1  # numpy's RandomState takes seeds below 2**32
 MAX_COUNT = 10**9  # the largest budget or example count a widget may hold
+STREAM_CACHE_ENTRIES = 4  # hidden states entering a band kept per model (~20 MB each for SmolLM2's page)
 KEY_BYTES_KEPT = 512 << 20  # keys kept per edit for the diagnostics (beyond: the last layer's)
 
 
@@ -159,8 +164,38 @@ def compute_edit(key: ModelKey, forget, retain, config, scores, progress):
         handle = REGISTRY.current
         if handle is None or handle.key != key:
             raise UserError("The model changed while the edit was queued; load it again.")
-        return run_edit(handle.model, handle.tokenizer, forget, retain, config,
-                        progress=progress, scores=scores)
+        edit = run_edit(handle.model, handle.tokenizer, forget, retain, config,
+                        progress=progress, scores=scores, stream_cache=handle.stream_cache)
+        while len(handle.stream_cache) > STREAM_CACHE_ENTRIES:  # oldest first (dicts keep order)
+            handle.stream_cache.pop(next(iter(handle.stream_cache)))
+        return edit
+
+
+@on_device
+def _warm(key: ModelKey, forget, retain, config, band) -> None:
+    from grom.editing import warm_stream
+
+    with DEVICE_LOCK:
+        handle = REGISTRY.current
+        if handle is not None and handle.key == key:
+            warm_stream(handle.model, handle.tokenizer, forget, retain, config, band, handle.stream_cache)
+
+
+def warm_edit(k: int, retain_examples: int, seed: int, session: Session) -> None:
+    """The forward pass up to the suggested band, ahead of the first Run edit (the page's
+    defaults; any other choice just misses the cache). Silent on any problem."""
+    from grom import EditConfig, best_window
+
+    try:
+        handle, bench = current_model(session), current_benchmark(session)
+        if session.scores is None:
+            return
+        retain = retain_subset(bench.retain, retain_examples, int(seed or 0))
+        band = best_window(session.scores.S, int(k))
+        _warm(handle.key, bench.forget, retain,
+              EditConfig(prompt_format=bench.prompt_format, seed=int(seed or 0)), band)
+    except Exception as err:  # noqa: BLE001  (a warm-up: Run edit reports real problems)
+        logging.getLogger(__name__).info("stream not precomputed: %s", err)
 
 
 def layer_table(edit) -> pd.DataFrame:
@@ -315,7 +350,8 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
                                       min_width=120)
             retain_budget = gr.Number(value=demo.retain_budget, label="retain key budget (0: all)",
                                       min_width=120)
-        retain_examples = gr.Number(value=DEFAULT_RETAIN_EXAMPLES, label="retain examples "
+        retain_examples = gr.Number(value=RETAIN_EXAMPLES_FOR.get(start_preset, DEFAULT_RETAIN_EXAMPLES),
+                                    label="retain examples "
                                     "giving keys (a seeded sample, for speed; 0: all)")
     target.change(lambda t: gr.Slider(visible=t == "corruption"), target, c, queue=False,
                   api_visibility="private")

@@ -87,6 +87,9 @@ class ModelHandle:
     # Layer scores of this (unedited) model, by (forget, retain, config): every new page
     # and every visitor of a Space asks for the same demo scores. Gone with the model.
     scores_cache: dict = field(default_factory=dict, repr=False)
+    # The hidden states entering a band, by (band, key batches): the next edit of the same
+    # data (a new beta, w_r or rho) skips the forward pass up to the band. Gone with the model.
+    stream_cache: dict = field(default_factory=dict, repr=False)
 
 
 class ModelRegistry:

@@ -130,6 +130,21 @@ class LayerStream:
                 self.hidden.append(parts[first][0])
                 self.calls.append({j: rest for j, (_, rest) in parts.items()})
 
+    def start(self) -> tuple:
+        """The stream as it enters its first layer (what the forward pass up to it gave),
+        to `resume` later without that pass: valid while the layers before it are unchanged."""
+        return (self.at, dict(self.source), list(self.hidden), list(self.calls))
+
+    @classmethod
+    def resume(cls, layers: nn.ModuleList, batches: Sequence[Batch], start: tuple) -> "LayerStream":
+        """A stream from `start()` of one over the same batches (its tensors are shared,
+        never written: every step makes new ones)."""
+        stream = cls.__new__(cls)
+        stream.at, source, hidden, calls = start
+        stream.source, stream.hidden, stream.calls = dict(source), list(hidden), list(calls)
+        stream.layers, stream.batches = layers, list(batches)
+        return stream
+
     def _run(self, i: int, layer: nn.Module):
         rest, kwargs = self.calls[i][self.source[self.at]]
         return _first(layer(self.hidden[i], *rest, **kwargs))

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -160,15 +161,45 @@ def _split(keys: Keys, n_forget_cols: int) -> tuple[Keys, Keys]:
     return f, r
 
 
-def _edit_band(editor: _Editor, band: list[int], progress: Progress) -> float:
+def _batches_key(batches) -> str:
+    """A fingerprint of the key batches (token ids, masks, key positions)."""
+    h = hashlib.sha256()
+    for b in batches:
+        for t in (b.input_ids, b.attention_mask, b.rows, b.cols):
+            h.update(t.cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _open_stream(model, band: list[int], batches, cache: dict | None) -> LayerStream:
+    """The stream entering band[0]: one forward pass up to it, or the pass an earlier edit
+    of the same (unedited) model made over the same batches, kept in `cache`."""
+    layers = decoder_layers(model)
+    key = (band[0], band[-1], _batches_key(batches)) if cache is not None else None
+    if key is not None and key in cache:
+        return LayerStream.resume(layers, batches, cache[key])
+    stream = LayerStream(model, layers, band[0], batches, last=band[-1], kinds=layer_kinds(model))
+    if key is not None:
+        cache[key] = stream.start()
+    return stream
+
+
+def warm_stream(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
+                band: Sequence[int], cache: dict) -> None:
+    """Put into `cache` (see `run_edit`'s stream_cache) the hidden states entering `band`
+    for an edit of these examples with `config`, ahead of the edit itself."""
+    prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
+    with torch.no_grad():
+        _open_stream(model, sorted(band), prep.forget + prep.retain, cache)
+
+
+def _edit_band(editor: _Editor, band: list[int], progress: Progress, cache: dict | None = None) -> float:
     """Edit the band's layers in order on one residual stream; returns key seconds."""
     model, prep, cfg = editor.model, editor.prep, editor.config
     batches = prep.forget + prep.retain
     n_f = sum(b.gold.numel() for b in prep.forget)
     gain = residual_gain(model, cfg.matrix)  # None: a patched layer must be re-run
     t0 = time.perf_counter()
-    stream = LayerStream(model, decoder_layers(model), band[0], batches, last=band[-1],
-                         kinds=layer_kinds(model))
+    stream = _open_stream(model, band, batches, cache)
     key_s = time.perf_counter() - t0
     for step, l in enumerate(range(band[0], band[-1] + 1)):
         if l not in band:
@@ -209,11 +240,15 @@ def _edit_by_replay(editor: _Editor, targets: list[EditTarget], progress: Progre
 
 
 def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
-             progress: Progress | None = None, scores: LayerScores | None = None) -> Edit:
+             progress: Progress | None = None, scores: LayerScores | None = None,
+             stream_cache: dict | None = None) -> Edit:
     """Compute a GROM edit of `model`; the model is returned as it was found.
 
     forget / retain: sequences of benchmark examples (grom.data.schema). `scores`, if
     given, are reused instead of being computed again for the automatic band.
+    `stream_cache`, a dict the caller keeps for this model while its weights stay as they
+    are, holds the hidden states entering the band from the first edit's forward pass, so
+    later edits of the same data and band (a hyperparameter search) skip that pass.
     `progress(fraction, message)` is called as the stages go.
     """
     progress = progress or (lambda *_: None)
@@ -236,7 +271,7 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
             targets = [edit_target(model, config.matrix, l) for l in (band or [None])]
             key_s = _edit_by_replay(editor, targets, progress)
         else:
-            key_s = _edit_band(editor, band, progress)
+            key_s = _edit_band(editor, band, progress, stream_cache)
     finally:
         editor.restore()
         if untied:

@@ -207,3 +207,21 @@ def test_subsampling_respects_budgets(tokenizer):
     again = run_edit(model, tokenizer, FORGET, RETAIN,
                      EditConfig(layers=(1,), forget_budget=7, retain_budget=9, beta=5.0))
     assert torch.equal(next(iter(edit.patches.values())), next(iter(again.patches.values())))
+
+
+def test_a_stream_cache_skips_the_pass_and_gives_the_same_patches(tokenizer, trained_llama):
+    """Edits of the same data and band reuse the hidden states entering the band: the
+    patches equal the uncached edit's exactly, at any beta and w_r."""
+    from grom import EditConfig, run_edit
+    from tests.conftest import FORGET, RETAIN
+
+    cache: dict = {}
+    for beta, w_r in ((30.0, 30.0), (60.0, 10.0)):
+        cfg = EditConfig(layers=(1, 2), beta=beta, w_r=w_r)
+        plain = run_edit(trained_llama, tokenizer, FORGET, RETAIN, cfg)
+        cached = run_edit(trained_llama, tokenizer, FORGET, RETAIN, cfg, stream_cache=cache)
+        assert len(cache) == 1  # one entry: same band, same batches
+        for name, P in plain.patches.items():
+            assert torch.equal(P, cached.patches[name]), name
+    run_edit(trained_llama, tokenizer, FORGET[:2], RETAIN, EditConfig(layers=(1, 2)), stream_cache=cache)
+    assert len(cache) == 2  # other data: another entry

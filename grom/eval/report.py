@@ -411,7 +411,8 @@ def _known(base: Row, name: str, column: str = "fact_recall") -> np.ndarray | No
 
 def _knowledge_relative(rows: dict[str, Row]) -> None:
     """Fact recall on the facts the unedited model knew (its greedy answer held the fact),
-    the counts, and the headline `knowledge_score` of each row."""
+    the counts, "Kept fact recall" (pooled over the known neighbour and general facts) and
+    the headline `knowledge_score` of each row."""
     base = rows.get(BASE)
     if base is None:
         return
@@ -425,13 +426,13 @@ def _knowledge_relative(rows: dict[str, Row]) -> None:
             if known.any():
                 m[f"{label} fact recall"] = float(df["fact_recall"].to_numpy()[known].mean())
                 if name != "forget":
-                    kept.append(m[f"{label} fact recall"])
+                    kept.extend(df["fact_recall"].to_numpy()[known])
             if name == "forget":
                 para = _known(base, name, "paraphrase_recall")
                 if para is not None and para.any():
                     m["Forget paraphrase recall"] = float(df["paraphrase_recall"].to_numpy()[para].mean())
         if "Forget fact recall" in m and kept:
-            m["Kept fact recall"] = float(np.mean(kept))
+            m["Kept fact recall"] = float(np.mean(kept))  # pooled: every known kept fact counts once
             m["Knowledge score"] = M.knowledge_score(m["Forget fact recall"], m["Kept fact recall"])
 
 
