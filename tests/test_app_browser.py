@@ -54,7 +54,8 @@ def test_demo_edit_in_the_browser(url, browser, width, height, tmp_path):
     assert "Base" in summary and "Edited" in summary and "Retain model" in summary
     assert "Final score" in text_of(page, "#metrics-table")
     assert page.locator("#forget-generations .w-del").count() > 0  # changed words are marked
-    assert "Edited" in text_of(page, "#result-summary") or "layers" in text_of(page, "#edit-status")
+    card = text_of(page, "#edit-status")  # the result card beside Run edit
+    assert "Forgot" in card and "forget facts it knew" in card and "kept" in card, card
     page.screenshot(path=str(tmp_path / f"compare_{width}.png"))
     page.screenshot(path=str(tmp_path / f"compare_full_{width}.png"), full_page=True)
     assert not errors, f"console errors: {errors}"
