@@ -164,12 +164,14 @@ def baselines(args) -> None:
     rows = [["GROM " + args.preset, "-", f"{secs:.1f}", "1.0", *cells(m)]]
     edits = {"GROM": edit}
     lrs = dict(p.split("=") for p in args.lr.split(",")) if args.lr else {}
-    for spec in args.methods.split(","):
-        method, lr = spec, float(lrs.get(spec, 1e-5))
+    for spec in args.methods.split(","):  # "npo" (lr from --lr, else the recipe's 1e-5) or "npo@1e-4"
+        method, _, at = spec.partition("@")
+        lr = float(at or lrs.get(method, 1e-5))
         _log(f"{method} lr {lr:g}: training {args.epochs} epochs")
         t0 = time.perf_counter()
         e = run_baseline(method, run.model, run.tok, run.bench.forget, run.bench.retain,
-                         epochs=args.epochs, lr=lr, batch_size=8, grad_accum=4, seed=args.seed)
+                         epochs=args.epochs, lr=lr, batch_size=8, grad_accum=4, seed=args.seed,
+                         prompt_format=run.bench.prompt_format)
         bs = time.perf_counter() - t0
         edits[f"{method} {lr:g}"] = e
         rows.append([method, f"{lr:g}", f"{bs:.1f}", f"{bs / secs:.1f}", *cells(run.report(e))])
