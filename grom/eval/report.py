@@ -360,15 +360,13 @@ KNOWLEDGE_SETS = {"forget": "Forget", "neighbours": "Neighbour", "general": "Gen
 KNOWLEDGE_BUDGET = 32  # new tokens at most: a one-sentence answer names its fact well before this
 
 
-def _knowledge_qa(run: _Runner, examples: tuple, paraphrase: bool) -> pd.DataFrame:
-    """Greedy answers, fact recall, ROUGE-L and answer probability of one QA set (and of
-    the paraphrased questions, for the forget set)."""
+KNOWLEDGE_GEN_BATCH = 64  # prompts per generate call: one decoding loop serves every set of a row
+
+
+def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bool) -> pd.DataFrame:
+    """Fact recall, ROUGE-L and answer probability of one QA set from its greedy answers
+    `gens` (the questions', then the paraphrased questions' for the forget set)."""
     qs, answers = [ex.question for ex in examples], [ex.answer for ex in examples]
-    longest = max(len(run.tok(a, add_special_tokens=False)["input_ids"]) for a in answers)
-    budget = run.max_new_tokens or min(KNOWLEDGE_BUDGET, longest + 8)
-    prompts = qs + ([ex.paraphrased_question or ex.question for ex in examples] if paraphrase else [])
-    gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
-                    batch_size=run.batch_size)
     avg = np.array([s.avg_loss for s in run.losses(list(zip(qs, answers)))])
     df = pd.DataFrame({"question": qs, "answer": answers, "fact": [ex.fact for ex in examples],
                        "generation": gens[:len(qs)],
@@ -385,13 +383,36 @@ def _knowledge_qa(run: _Runner, examples: tuple, paraphrase: bool) -> pd.DataFra
 
 def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
     """Per-set answers and plain metrics; the known-fact metrics need the Base row and are
-    added by `_knowledge_relative`."""
+    added by `_knowledge_relative`.
+
+    Every set's questions (and the forget set's paraphrases) are answered in one batched
+    greedy generation with one budget: on a CPU a decoding step costs about as much for 40
+    prompts as for 10, so one loop instead of four is ~2x faster. The budget is room for the
+    longest reference answer of the row plus 8 tokens, at most `KNOWLEDGE_BUDGET`; greedy
+    decoding makes a longer budget only extend an answer, never change its start."""
     row = Row()
-    for name, label in KNOWLEDGE_SETS.items():
+    chosen = {}
+    for name in KNOWLEDGE_SETS:
         ex = tuple(e for e in sets.get(name, ()) if isinstance(e, QAExample) and e.fact)
-        if not ex or (only_forget and name != "forget"):
-            continue
-        df = _knowledge_qa(run, ex, paraphrase=name == "forget")
+        if ex and not (only_forget and name != "forget"):
+            chosen[name] = ex
+    prompts, spans = [], {}
+    for name, ex in chosen.items():
+        start = len(prompts)
+        prompts += [e.question for e in ex]
+        if name == "forget":
+            prompts += [e.paraphrased_question or e.question for e in ex]
+        spans[name] = (start, len(prompts))
+    if prompts:
+        longest = max(len(run.tok(e.answer, add_special_tokens=False)["input_ids"])
+                      for ex in chosen.values() for e in ex)
+        budget = run.max_new_tokens or min(KNOWLEDGE_BUDGET, longest + 8)
+        gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
+                        batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH))
+    for name, ex in chosen.items():
+        a, b = spans[name]
+        df = _knowledge_qa(run, ex, gens[a:b], paraphrase=name == "forget")
+        label = KNOWLEDGE_SETS[name]
         row.examples[name] = df
         row.metrics[f"{label} ROUGE-L"] = float(df["rougeL_recall"].mean())
         row.metrics[f"{label} prob"] = float(df["prob"].mean())
