@@ -4,6 +4,7 @@
     python bench/bench_knowledge.py speed                   # edit time against forward passes
     python bench/bench_knowledge.py ablate                  # alpha off, early and random bands
     python bench/bench_knowledge.py baselines --epochs 5 --lr ga=1e-5,npo=1e-5 ...
+    python bench/bench_knowledge.py influence --sizes 4,8,16,34   # Theorem 2 against forget-set size
 
 Every row is an edit of the model (fetched once by `grom.models.load_model`) evaluated on
 the facts it knew before (`grom.eval.evaluate`, task "knowledge"): fact recall on the
@@ -188,9 +189,50 @@ def baselines(args) -> None:
         print(md_table(["edit", "Forget ROUGE-L", "Forget prob"], qrows))
 
 
+def influence_vs_size(args) -> None:
+    """Theorem 2 on the real model as the forget set grows: for the first s forget
+    examples (band fixed to the preset's automatic band on the whole split), each
+    example's ||P - P_-i||_F on the first band layer by Woodbury from one factorisation
+    and by re-solving without it (the reference), their largest relative difference, the
+    times, and the share of ||P|| the most and the median influential example carries."""
+    from grom.diagnostics import _layer_keys
+    from grom.influence import example_influence_bruteforce, influence_norms
+    from grom.solve import build_system
+
+    run = Run(args, args.splits.split(",")[0])
+    config = PRESETS[args.preset]
+    band = tuple(run_edit(run.model, run.tok, run.bench.forget, run.bench.retain,
+                          config.replace(keep_keys=False)).band)
+    rows = []
+    for size in map(int, args.sizes.split(",")):
+        forget = run.bench.forget[:size]
+        edit = run_edit(run.model, run.tok, forget, run.bench.retain, config.replace(layers=band))
+        name, k = _layer_keys(edit, None)
+        cfg = edit.config
+        t0 = time.perf_counter()
+        system = build_system(k.Xf, k.Xr, w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
+        P = system.update(k.target.right_product(k.Xf))
+        wood = influence_norms(system, P, k.Xf, k.target, k.forget_example, k.n_forget)
+        tw = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        brute = example_influence_bruteforce(k.Xf, k.Xr, k.target, k.forget_example,
+                                             w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
+        tb = time.perf_counter() - t0
+        share = wood / float(torch.linalg.matrix_norm(P))
+        err = float(((wood - brute).abs() / brute.clamp_min(1e-300)).max())
+        _log(f"{size} examples: Woodbury {tw:.2f} s, re-solve {tb:.2f} s, max rel diff {err:.1e}")
+        rows.append([str(size), str(k.Xf.shape[1]), f"{tw:.2f}", f"{tb:.2f}", f"{err:.1e}",
+                     f"{float(share.max()):.3f}", f"{float(share.median()):.3f}",
+                     f"{float(share.median()) * size:.2f}"])
+    print(f"\n### influence against forget-set size ({run.bench.split}, band {band[0]}-{band[-1]}, "
+          f"first band layer, {len(run.bench.retain)} retain examples)\n")
+    print(md_table(["forget examples", "forget keys", "Woodbury s", "re-solve s", "max rel. diff",
+                    "max share of ||P||", "median share", "median share x examples"], rows))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["sweep", "speed", "ablate", "baselines"])
+    ap.add_argument("what", choices=["sweep", "speed", "ablate", "baselines", "influence"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--splits", default="the-solar-system")
     ap.add_argument("--preset", default="smollm2")
@@ -205,6 +247,7 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", default=None, help="method=lr pairs (default 1e-5, the recipe's)")
     ap.add_argument("--epochs", type=float, default=5)
     ap.add_argument("--quant", action="store_true", help="the 4-bit check for every edit")
+    ap.add_argument("--sizes", default="4,8,16,34", help="forget-set sizes for influence")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
@@ -213,7 +256,8 @@ def main(argv=None) -> None:
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"{datetime.date.today()}")
     print("# " + " ".join(["python", "bench/bench_knowledge.py", *(sys.argv[1:] if argv is None else argv)]))
-    {"sweep": sweep, "speed": speed, "ablate": ablate, "baselines": baselines}[args.what](args)
+    {"sweep": sweep, "speed": speed, "ablate": ablate, "baselines": baselines,
+     "influence": influence_vs_size}[args.what](args)
 
 
 if __name__ == "__main__":
