@@ -163,6 +163,7 @@ def baselines(args) -> None:
     edit, secs = run.edit(PRESETS[args.preset])
     m = run.report(edit)
     rows = [["GROM " + args.preset, "-", f"{secs:.1f}", "1.0", *cells(m)]]
+    _log("row: " + " | ".join(rows[-1]))
     edits = {"GROM": edit}
     lrs = dict(p.split("=") for p in args.lr.split(",")) if args.lr else {}
     for spec in args.methods.split(","):  # "npo" (lr from --lr, else the recipe's 1e-5) or "npo@1e-4"
@@ -176,6 +177,7 @@ def baselines(args) -> None:
         bs = time.perf_counter() - t0
         edits[f"{method} {lr:g}"] = e
         rows.append([method, f"{lr:g}", f"{bs:.1f}", f"{bs / secs:.1f}", *cells(run.report(e))])
+        _log("row: " + " | ".join(rows[-1]))  # each row as it comes: a long run can be read early
     print(f"\n### GROM and the gradient baselines ({run.bench.split}; {args.epochs} epochs, batch 8 x 4)\n")
     print(md_table(["method", "lr", "update s", "x GROM", *COLUMNS, "retain"], rows))
     if args.quant:
