@@ -34,11 +34,14 @@ from components.errors import ui_errors
 from components.export_panel import build_export_panel, export
 from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
 from components.model_panel import build_model_panel, ensure_model, load_model, model_key
+from components.guard import UploadGuard, queue_guard
+from components.limits import limit
 from components.session import DEMO, DEVICE_QUEUE, REAL, Session
 
 log = logging.getLogger("grom.studio")
 CSS_PATH = Path(__file__).parent / "assets" / "app.css"
-DEVICE = dict(concurrency_id=DEVICE_QUEUE, concurrency_limit=1)
+QUEUED = dict(validator=queue_guard)  # at most GROM_MAX_QUEUED_PER_SESSION jobs per page
+DEVICE = dict(concurrency_id=DEVICE_QUEUE, concurrency_limit=1, **QUEUED)
 LOCAL = dict(queue=False, api_visibility="private")
 
 HERO_MATH = r"""
@@ -113,7 +116,8 @@ def wire(ui: SimpleNamespace) -> None:
      .success(on_method_change, bl.method, bl.lr, **LOCAL)  # the new model's default lr
     b.name.change(on_benchmark_change, b.name, b.split, **LOCAL)
     b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
-                 [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark") \
+                 [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark",
+                 **QUEUED) \
      .success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
     e.preset.change(fill_preset, e.preset, [e.target, e.beta, e.beta_log, e.beta_relative, e.w_r,
                                             e.w_r_log, e.rho, e.rho_log, e.c, e.matrix, e.use_alpha,
@@ -144,12 +148,13 @@ def wire(ui: SimpleNamespace) -> None:
     e.reset.click(reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
        .then(lambda msg: (msg, "", None, "", ""), e.status, [r.summary, c.summary, c.table,
                                                            c.forget_html, c.retain_html], **LOCAL)
-    x.button.click(export, s, [x.files, x.note, x.code], api_name="export")  # data only: no device
+    x.button.click(export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
+                   concurrency_id="export", concurrency_limit=1, **QUEUED)
     d.pca_btn.click(pca_plot, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
     d.infl_btn.click(influence_bars, [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
                      api_name="influence", **DEVICE)
     d.show.click(influence_example, [d.rank, s], [d.infl_example, d.infl_plot],
-                 api_name="influence_example")
+                 api_name="influence_example", **QUEUED)
     d.infl_table.select(on_table_select, s, [d.infl_example, d.infl_plot], **LOCAL)
     d.sweep_btn.click(beta_sweep, [d.points, d.spread, s], [d.sweep_plot, d.sweep_table],
                       api_name="beta_sweep", **DEVICE)
@@ -199,7 +204,7 @@ def on_page_load(session: Session):
     name, split = start_benchmark(handle.key.name)
     bench = read_benchmark(name, split, "", None, None, handle.key.name)
     session.benchmark, session.bench_label = bench, f"{name}/{split}"
-    return (status_line(handle), summary(handle), handle.key.name, gr.Slider(maximum=n_layers(handle)),
+    return (status_line(handle), summary(handle), handle.key.shown, gr.Slider(maximum=n_layers(handle)),
             describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"),
             name, gr.Dropdown(choices=splits_for(name), value=split), preset_for(name, split))
@@ -233,7 +238,8 @@ def build_app() -> gr.Blocks:
     from components.model_panel import REGISTRY
 
     start = REGISTRY.current.key.name if REGISTRY.current is not None else DEMO
-    with gr.Blocks(title="GROM Studio", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
+    # uploads and exports older than half an hour go, checked every ten minutes
+    with gr.Blocks(title="GROM Studio", delete_cache=(600, 1800), analytics_enabled=False) as demo:
         ui = build_layout(start)
         wire(ui)
         ly, e = ui.layers, ui.edit
@@ -247,7 +253,7 @@ def build_app() -> gr.Blocks:
             .success(warm_comparison, [ui.compare.max_examples, ly.k, e.retain_examples, e.seed,
                                        ui.session], None,
                      api_visibility="private", **DEVICE)
-    demo.queue(default_concurrency_limit=4)
+    demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"))
     return demo
 
 
@@ -270,8 +276,10 @@ def preload(name: str = REAL, device: str = "auto", dtype: str = "auto") -> str:
 
 
 def launch_kwargs() -> dict:
-    return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size="20mb",
-                footer_links=["api", "gradio"])
+    from starlette.middleware import Middleware
+
+    return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{limit('GROM_MAX_UPLOAD_MB')}mb",
+                footer_links=["api", "gradio"], app_kwargs={"middleware": [Middleware(UploadGuard)]})
 
 
 def parse_args(argv=None) -> argparse.Namespace:
