@@ -32,16 +32,15 @@ from components.diagnostics_panel import (beta_sweep, build_diagnostics_panel, i
 from components.edit_panel import build_edit_panel, fill_preset, reset, run_edit, warm_edit
 from components.errors import ui_errors
 from components.export_panel import build_export_panel, export
+from components.guard import QueueGuard, UploadGuard
 from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
-from components.model_panel import build_model_panel, ensure_model, load_model, model_key
-from components.guard import UploadGuard, queue_guard
 from components.limits import limit
+from components.model_panel import build_model_panel, ensure_model, load_model, model_key
 from components.session import DEMO, DEVICE_QUEUE, REAL, Session
 
 log = logging.getLogger("grom.studio")
 CSS_PATH = Path(__file__).parent / "assets" / "app.css"
-QUEUED = dict(validator=queue_guard)  # at most GROM_MAX_QUEUED_PER_SESSION jobs per page
-DEVICE = dict(concurrency_id=DEVICE_QUEUE, concurrency_limit=1, **QUEUED)
+DEVICE = dict(concurrency_id=DEVICE_QUEUE, concurrency_limit=1)
 LOCAL = dict(queue=False, api_visibility="private")
 
 HERO_MATH = r"""
@@ -116,8 +115,7 @@ def wire(ui: SimpleNamespace) -> None:
      .success(on_method_change, bl.method, bl.lr, **LOCAL)  # the new model's default lr
     b.name.change(on_benchmark_change, b.name, b.split, **LOCAL)
     b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
-                 [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark",
-                 **QUEUED) \
+                 [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark") \
      .success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
     e.preset.change(fill_preset, e.preset, [e.target, e.beta, e.beta_log, e.beta_relative, e.w_r,
                                             e.w_r_log, e.rho, e.rho_log, e.c, e.matrix, e.use_alpha,
@@ -149,12 +147,12 @@ def wire(ui: SimpleNamespace) -> None:
        .then(lambda msg: (msg, "", None, "", ""), e.status, [r.summary, c.summary, c.table,
                                                            c.forget_html, c.retain_html], **LOCAL)
     x.button.click(export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
-                   concurrency_id="export", concurrency_limit=1, **QUEUED)
+                   concurrency_id="export", concurrency_limit=1)
     d.pca_btn.click(pca_plot, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
     d.infl_btn.click(influence_bars, [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
                      api_name="influence", **DEVICE)
     d.show.click(influence_example, [d.rank, s], [d.infl_example, d.infl_plot],
-                 api_name="influence_example", **QUEUED)
+                 api_name="influence_example")
     d.infl_table.select(on_table_select, s, [d.infl_example, d.infl_plot], **LOCAL)
     d.sweep_btn.click(beta_sweep, [d.points, d.spread, s], [d.sweep_plot, d.sweep_table],
                       api_name="beta_sweep", **DEVICE)
@@ -279,7 +277,7 @@ def launch_kwargs() -> dict:
     from starlette.middleware import Middleware
 
     return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{limit('GROM_MAX_UPLOAD_MB')}mb",
-                footer_links=["api", "gradio"], app_kwargs={"middleware": [Middleware(UploadGuard)]})
+                footer_links=["api", "gradio"], app_kwargs={"middleware": [Middleware(UploadGuard), Middleware(QueueGuard)]})
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -107,7 +107,7 @@ def check_sizes(bench) -> None:
     for what, examples in (("forget", bench.forget), ("retain", bench.retain)):
         if len(examples) > limit("GROM_MAX_EXAMPLES"):
             raise over(f"A baseline trains on every {what} example, and {bench.name}/{bench.split} "
-                       f"has {what} examples", len(examples), "GROM_MAX_EXAMPLES")
+                       f"has {{n}}", len(examples), "GROM_MAX_EXAMPLES")
 
 
 @on_device_for(600)

@@ -75,8 +75,8 @@ def _file_path(upload) -> str | None:
         raise UserError(f"{shorten(path.name)} is empty: upload a JSON, JSON lines or CSV file with "
                         "question/answer (or text) rows.")
     if path.stat().st_size > upload_bytes():
-        raise over(f"{shorten(path.name)} is larger than this server takes, in bytes", path.stat().st_size,
-                   "GROM_MAX_UPLOAD_MB")
+        raise UserError(f"{shorten(path.name)} is larger than the {limit('GROM_MAX_UPLOAD_MB')} MB this server "
+                        "takes: upload a smaller file (hosting the studio yourself, raise GROM_MAX_UPLOAD_MB).")
     return str(path)
 
 
@@ -104,7 +104,7 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
             raise UserError(msg) from err
         rows = len(bench.forget) + len(bench.retain)
         if rows > limit("GROM_MAX_UPLOAD_ROWS"):
-            raise over("The uploaded rows", rows, "GROM_MAX_UPLOAD_ROWS")
+            raise over("The upload has {n} rows", rows, "GROM_MAX_UPLOAD_ROWS")
         return bench
     local = resolve_source(source, "data") if (source or "").strip() else None
     if local is None and name in HUB_BENCHMARKS:

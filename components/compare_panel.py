@@ -255,8 +255,8 @@ def examples_per_set(max_examples, full_set, bench) -> int | None:
         sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}
         largest = max((len(v) for v in sets.values()), default=0)
         if largest > cap:
-            raise over(f"'All examples' would evaluate {bench.name}/{bench.split}'s largest set, of "
-                       "examples,", largest, "GROM_MAX_EVAL_EXAMPLES")
+            raise over(f"With all examples, {bench.name}/{bench.split} would evaluate {{n}} examples "
+                       "in its largest set", largest, "GROM_MAX_EVAL_EXAMPLES")
         return None
     n = whole_number(max_examples, "number of examples per set", 1, 10**9)
     if n > cap:

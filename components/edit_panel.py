@@ -148,10 +148,10 @@ def retain_subset(retain, limit, seed: int) -> tuple:
 def check_examples(forget, retain) -> None:
     """An edit's (or the layer scores') forget and retain examples within GROM_MAX_EXAMPLES."""
     if len(forget) > limit("GROM_MAX_EXAMPLES"):
-        raise over("The forget set's examples (an edit uses them all; load a smaller forget set)",
-                   len(forget), "GROM_MAX_EXAMPLES")
+        raise over("An edit uses every forget example, and this forget set has {n}", len(forget),
+                   "GROM_MAX_EXAMPLES")
     if len(retain) > limit("GROM_MAX_EXAMPLES"):
-        raise over("The retain examples (Advanced settings: set 'retain examples' lower)",
+        raise over("The edit would use {n} retain examples (Advanced settings: retain examples)",
                    len(retain), "GROM_MAX_EXAMPLES")
 
 

@@ -1,9 +1,9 @@
 """The server's gates: how many jobs one session may queue, and how many uploads (and
 how many bytes of them) the server accepts. Limits: components/limits.py.
 
-- `queue_guard` is the `validator` of every queued event: it runs when a job asks to
-  join the queue, and refuses a session's job beyond GROM_MAX_QUEUED_PER_SESSION (the
-  page shows the message at the event's first input; a script gets a ValidationError).
+- `QueueGuard` is an ASGI middleware in front of gradio's queue: it refuses a session's
+  job beyond GROM_MAX_QUEUED_PER_SESSION before gradio reads its inputs (a script gets a
+  ValidationError with the message).
 - `UploadGuard` is an ASGI middleware in front of gradio's /upload route (which needs no
   session): at most GROM_UPLOADS_PER_MINUTE uploads a minute for the whole server, and
   uploaded files beyond GROM_UPLOAD_CACHE_MB are removed, oldest first.
@@ -11,6 +11,7 @@ how many bytes of them) the server accepts. Limits: components/limits.py.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import threading
 import time
@@ -27,53 +28,88 @@ _admitted: dict[str, collections.deque] = collections.defaultdict(collections.de
 _admit_lock = threading.Lock()
 
 
-def _pending(session_hash: str) -> int:
-    from gradio.context import LocalContext
-
-    blocks = LocalContext.blocks.get(None)
-    queue = getattr(blocks, "_queue", None)
-    return len(queue.pending_event_ids_session.get(session_hash, ())) if queue is not None else 0
+def _live(queue, session: str) -> int:
+    """The session's jobs in gradio's queue, waiting or running (a job leaves it the
+    moment it ends or is cancelled)."""
+    return sum(e.session_hash == session for e in list(queue.event_ids_to_events.values()))
 
 
-def _load(pending: int, recent) -> int:
-    """Jobs of a session waiting or running: gradio's pending count, or more where jobs
-    admitted in the last ADMIT_WINDOW_S are not in it yet (each admission saw `seen`
-    pending; it and every later admission came on top)."""
-    later = len(recent)
-    estimate = pending
-    for _, seen in recent:
-        estimate = max(estimate, seen + later)
-        later -= 1
-    return estimate
+def _registered_since(queue, session: str, since: float) -> int:
+    """The session's jobs that joined the queue at or after `since` (time.time()), ended
+    or not (gradio's analytics keep every recent job with its time, newest last)."""
+    count = 0
+    for record in reversed(list(queue.event_analytics.values())):
+        if record.get("time", 0) < since:
+            break
+        count += record.get("session_hash") == session
+    return count
 
 
-def queue_guard(*inputs):
-    """Validator: refuse the job when its session has GROM_MAX_QUEUED_PER_SESSION jobs
-    waiting or running already (many submitted at once are counted too, although none of
-    them is in gradio's queue yet when they are checked)."""
-    from gradio.context import LocalContext
-
-    ok = [gr.validate(True, "")] * len(inputs)
-    request = LocalContext.request.get(None)
-    session = getattr(request, "session_hash", None)
-    if not session or not inputs:
-        return ok
+def refusal(queue, session: str | None) -> str | None:
+    """Why a new job of `session` may not join the queue (None: it may): its session has
+    GROM_MAX_QUEUED_PER_SESSION jobs waiting or running already. Jobs asked for at once are
+    checked before any of them joins, so those admitted in the last ADMIT_WINDOW_S that
+    have not joined yet count too."""
+    if not session or queue is None:
+        return None
     most = limit("GROM_MAX_QUEUED_PER_SESSION")
     with _admit_lock:
-        now = time.monotonic()
+        now = time.time()
         recent = _admitted[session]
-        while recent and now - recent[0][0] > ADMIT_WINDOW_S:
+        while recent and now - recent[0] > ADMIT_WINDOW_S:
             recent.popleft()
-        pending = _pending(session)
-        if _load(pending, recent) >= most:
-            return [gr.validate(False, f"This page has {most} jobs waiting or running already: wait for "
-                                       "them to finish (or cancel one) before asking for another. "
-                                       "(The host sets this with GROM_MAX_QUEUED_PER_SESSION.)")] + ok[1:]
-        recent.append((now, pending))
+        not_joined = max(0, len(recent) - _registered_since(queue, session, recent[0])) if recent else 0
+        if _live(queue, session) + not_joined >= most:
+            return (f"This page has {most} jobs waiting or running already: wait for them to finish "
+                    "(or cancel one) before asking for another. (The host sets this with "
+                    "GROM_MAX_QUEUED_PER_SESSION.)")
+        recent.append(now)
         if len(_admitted) > 10_000:  # sessions gone long ago: forget their windows
-            for name in [k for k, v in _admitted.items() if not v or now - v[-1][0] > ADMIT_WINDOW_S]:
+            for name in [k for k, v in _admitted.items() if not v or now - v[-1] > ADMIT_WINDOW_S]:
                 del _admitted[name]
-    return ok
+    return None
+
+
+class QueueGuard:
+    """ASGI middleware in front of gradio's queue/join and call routes: a job beyond its
+    session's share is answered 422 with the message, as a validator's refusal is (a
+    script gets a ValidationError that says it; the inputs are never parsed)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if scope.get("method") != "POST" or not ("/queue/join" in path or "/call/" in path):
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            session = json.loads(body or b"{}").get("session_hash")
+            queue = scope["app"].get_blocks()._queue
+        except Exception:  # noqa: BLE001  (not ours to judge: gradio answers it)
+            session, queue = None, None
+        reason = refusal(queue, session)
+        if reason is not None:
+            from starlette.responses import JSONResponse
+
+            detail = [{"__type__": "validate", "is_valid": False, "message": reason, "parameter_name": "page"}]
+            await JSONResponse({"detail": detail}, status_code=422)(scope, receive, send)
+            return
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 # ---------------------------------------------------------------- uploads

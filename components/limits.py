@@ -19,7 +19,7 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_RESIDENT_MODELS | 2 | models kept loaded at once (least recently used goes) |
 | GROM_MAX_SESSIONS | 32 | sessions whose edits are kept (the oldest is dropped) |
 | GROM_EXPORT_MAX_MB | 256 | exported edits kept on disk (the oldest go) |
-| GROM_EXPORTS_PER_MINUTE | 6 | exports of new edits per session and minute |
+| GROM_EXPORTS_PER_MINUTE | 6 | new exports per minute on the whole server |
 | GROM_UPLOADS_PER_MINUTE | 30 | uploads the whole server accepts per minute |
 | GROM_UPLOAD_CACHE_MB | 512 | uploaded files kept on disk (the oldest go) |
 """
@@ -57,8 +57,11 @@ def limit(name: str) -> int:
 
 
 def over(what: str, asked, name: str) -> UserError:
-    """The error for `asked` beyond the limit `name`: says the limit and who may raise it."""
-    return UserError(f"{what}: {asked:,}, more than this server allows (at most {limit(name):,}). "
+    """The error for `asked` beyond the limit `name`: says the limit and who may raise it.
+    `what` names the quantity ("Epochs") or is a phrase with `{n}` where `asked` goes."""
+    asked = int(asked) if float(asked) == int(asked) else asked
+    said = what.format(n=f"{asked:,}") if "{n}" in what else f"{what}: {asked:,}"
+    return UserError(f"{said}, more than this server allows (at most {limit(name):,}). "
                      f"Ask for less, or, hosting the studio yourself, raise {name}.")
 
 

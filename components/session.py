@@ -63,9 +63,17 @@ def on_device_for(seconds: int) -> Callable:
 
 
 def device_progress(callback: Callable | None) -> Callable | None:
-    """A progress callback to hand to an `on_device` function: on ZeroGPU those run in
-    another process and take only plain, picklable values, so none is passed there."""
-    return None if ON_SPACES else callback
+    """A progress callback to hand to an `on_device` function (it also stops a cancelled
+    job at each stage): on ZeroGPU those run in another process and take only plain,
+    picklable values, so none is passed there."""
+    if ON_SPACES or callback is None:
+        return None
+
+    def report(*args, **kwargs):
+        check_cancelled()
+        return callback(*args, **kwargs)
+
+    return report
 
 
 class UserError(ValueError):

@@ -40,7 +40,7 @@ def shown_name(name: str) -> str:
     ("models/x", never the server's absolute path), anything else as it is."""
     if not name.startswith("/"):
         return name
-    path = Path(name)
+    path = Path(name).resolve()
     for folder in allowed_dirs("model"):
         if _inside(path, [folder]):
             return (shown_dir(folder) + str(path.relative_to(folder))).rstrip("/.")
