@@ -32,7 +32,9 @@ from components.diagnostics_panel import (beta_sweep, build_diagnostics_panel, i
 from components.edit_panel import build_edit_panel, fill_preset, reset, run_edit, warm_edit
 from components.errors import ui_errors
 from components.export_panel import build_export_panel, export
+from components.guard import QueueGuard, UploadGuard
 from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
+from components.limits import limit
 from components.model_panel import build_model_panel, ensure_model, load_model, model_key
 from components.session import DEMO, DEVICE_QUEUE, REAL, Session
 
@@ -144,7 +146,8 @@ def wire(ui: SimpleNamespace) -> None:
     e.reset.click(reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
        .then(lambda msg: (msg, "", None, "", ""), e.status, [r.summary, c.summary, c.table,
                                                            c.forget_html, c.retain_html], **LOCAL)
-    x.button.click(export, s, [x.files, x.note, x.code], api_name="export")  # data only: no device
+    x.button.click(export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
+                   concurrency_id="export", concurrency_limit=1)
     d.pca_btn.click(pca_plot, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
     d.infl_btn.click(influence_bars, [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
                      api_name="influence", **DEVICE)
@@ -199,7 +202,7 @@ def on_page_load(session: Session):
     name, split = start_benchmark(handle.key.name)
     bench = read_benchmark(name, split, "", None, None, handle.key.name)
     session.benchmark, session.bench_label = bench, f"{name}/{split}"
-    return (status_line(handle), summary(handle), handle.key.name, gr.Slider(maximum=n_layers(handle)),
+    return (status_line(handle), summary(handle), handle.key.shown, gr.Slider(maximum=n_layers(handle)),
             describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"),
             name, gr.Dropdown(choices=splits_for(name), value=split), preset_for(name, split))
@@ -233,7 +236,8 @@ def build_app() -> gr.Blocks:
     from components.model_panel import REGISTRY
 
     start = REGISTRY.current.key.name if REGISTRY.current is not None else DEMO
-    with gr.Blocks(title="GROM Studio", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
+    # uploads and exports older than half an hour go, checked every ten minutes
+    with gr.Blocks(title="GROM Studio", delete_cache=(600, 1800), analytics_enabled=False) as demo:
         ui = build_layout(start)
         wire(ui)
         ly, e = ui.layers, ui.edit
@@ -247,7 +251,7 @@ def build_app() -> gr.Blocks:
             .success(warm_comparison, [ui.compare.max_examples, ly.k, e.retain_examples, e.seed,
                                        ui.session], None,
                      api_visibility="private", **DEVICE)
-    demo.queue(default_concurrency_limit=4)
+    demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"))
     return demo
 
 
@@ -270,8 +274,10 @@ def preload(name: str = REAL, device: str = "auto", dtype: str = "auto") -> str:
 
 
 def launch_kwargs() -> dict:
-    return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size="20mb",
-                footer_links=["api", "gradio"])
+    from starlette.middleware import Middleware
+
+    return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{limit('GROM_MAX_UPLOAD_MB')}mb",
+                footer_links=["api", "gradio"], app_kwargs={"middleware": [Middleware(UploadGuard), Middleware(QueueGuard)]})
 
 
 def parse_args(argv=None) -> argparse.Namespace:

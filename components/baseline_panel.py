@@ -17,8 +17,10 @@ import gradio as gr
 import pandas as pd
 
 from components import text
-from components.compare_panel import format_metric, goal_arrow, reference_for, report_rows, shared_model
-from components.errors import ui_errors
+from components.compare_panel import (examples_per_set, format_metric, goal_arrow, reference_for,
+                                      report_rows, shared_model)
+from components.errors import shorten, ui_errors
+from components.limits import limit, over
 from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
                                 current_benchmark, current_model, device_progress, on_device_for)
 
@@ -27,7 +29,6 @@ METHODS = [("GA: gradient ascent", "ga"), ("GradDiff: gradient difference", "gra
 LABELS = {"ga": "GA", "graddiff": "GradDiff", "npo": "NPO", "simnpo": "SimNPO"}
 DEFAULT_METHOD = "simnpo"
 DEFAULT_EPOCHS = 10  # OpenUnlearning's TOFU recipe
-MAX_EPOCHS = 100
 HUB_LR = 1e-5  # the recipe's, for 1B-parameter models
 # The demo's per-method learning rates, from bench/bench_baselines.py's sweep at 10 epochs
 # (BENCHMARKS.md; the recipe's 1e-5 leaves a 1.2M-parameter model as it was): its picks by
@@ -63,12 +64,24 @@ def parse_method(method) -> str:
     raise UserError(f"Unknown baseline {method!r}: choose one of {', '.join(LABELS.values())}.")
 
 
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
 def check_settings(epochs, lr) -> tuple[float, float]:
-    if epochs is None or not math.isfinite(float(epochs)) or not 0 < float(epochs) <= MAX_EPOCHS:
-        raise UserError(f"Epochs = {epochs}: use a number above 0 and at most {MAX_EPOCHS} "
+    """(epochs, lr) when both are usable: epochs above 0 and within GROM_MAX_EPOCHS, a
+    learning rate in (0, 1]; else an error that says what to type."""
+    most = limit("GROM_MAX_EPOCHS")
+    if not math.isfinite(_number(epochs)) or not 0 < _number(epochs):
+        raise UserError(f"Epochs = {shorten(epochs)}: use a number above 0 and at most {most} "
                         f"(the recipe: {DEFAULT_EPOCHS}; fractions run part of an epoch).")
-    if lr is None or not math.isfinite(float(lr)) or not 0 < float(lr) <= 1:
-        raise UserError(f"Learning rate = {lr}: use a number above 0 and at most 1 (the recipe: "
+    if _number(epochs) > most:
+        raise over("Epochs", _number(epochs), "GROM_MAX_EPOCHS")
+    if not math.isfinite(_number(lr)) or not 0 < _number(lr) <= 1:
+        raise UserError(f"Learning rate = {shorten(lr)}: use a number above 0 and at most 1 (the recipe: "
                         f"{HUB_LR:g}; the demo: about 1e-3).")
     return float(epochs), float(lr)
 
@@ -87,6 +100,14 @@ def check_trainable(bench, method: str) -> None:
     if method != "ga" and not any(isinstance(ex, usable) for ex in bench.retain):
         raise UserError(f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
                         "has no retain examples: choose GA, or load a benchmark with a retain set.")
+
+
+def check_sizes(bench) -> None:
+    """A baseline trains on the whole forget and retain sets: each within GROM_MAX_EXAMPLES."""
+    for what, examples in (("forget", bench.forget), ("retain", bench.retain)):
+        if len(examples) > limit("GROM_MAX_EXAMPLES"):
+            raise over(f"A baseline trains on every {what} example, and {bench.name}/{bench.split} "
+                       f"has {{n}}", len(examples), "GROM_MAX_EXAMPLES")
 
 
 @on_device_for(600)
@@ -196,10 +217,9 @@ def run_baseline(method: str, epochs: float, lr: float, max_examples: int, full_
     bench = current_benchmark(session)
     method = parse_method(method)
     epochs, lr = check_settings(epochs, lr)
-    n = None if full_set else int(max_examples or 0)
-    if n is not None and not 1 <= n <= 10000:
-        raise UserError("Examples per set must be between 1 and 10000 (or tick 'all examples').")
+    n = examples_per_set(max_examples, full_set, bench)
     check_trainable(bench, method)
+    check_sizes(bench)
     grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
     cached = _cached_report(session, bench, grom, n)
     edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,

@@ -12,10 +12,10 @@ import gradio as gr
 
 from components import text
 from components.errors import shorten, ui_errors
+from components.limits import limit, over, upload_bytes
 from components.session import REAL, Session, UserError
 from components.sources import require_hub, resolve_source
 
-UPLOAD_MAX_BYTES = 20 * 2**20
 PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
               "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
 
@@ -74,8 +74,9 @@ def _file_path(upload) -> str | None:
     if path.stat().st_size == 0:
         raise UserError(f"{shorten(path.name)} is empty: upload a JSON, JSON lines or CSV file with "
                         "question/answer (or text) rows.")
-    if path.stat().st_size > UPLOAD_MAX_BYTES:
-        raise UserError(f"{shorten(path.name)} is larger than {UPLOAD_MAX_BYTES // 2**20} MB; upload a smaller file.")
+    if path.stat().st_size > upload_bytes():
+        raise UserError(f"{shorten(path.name)} is larger than the {limit('GROM_MAX_UPLOAD_MB')} MB this server "
+                        "takes: upload a smaller file (hosting the studio yourself, raise GROM_MAX_UPLOAD_MB).")
     return str(path)
 
 
@@ -95,12 +96,16 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
         retain = _file_path(retain_file)
         src = {"forget": forget, "retain": retain} if retain else forget
         try:
-            return load_benchmark("custom", "forget", source=src)
+            bench = load_benchmark("custom", "forget", source=src)
         except ValueError as err:  # name the uploads by their file names, not server paths
             msg = str(err)
             for path in filter(None, (forget, retain)):
                 msg = msg.replace(str(Path(path).parent) + "/", "")
             raise UserError(msg) from err
+        rows = len(bench.forget) + len(bench.retain)
+        if rows > limit("GROM_MAX_UPLOAD_ROWS"):
+            raise over("The upload has {n} rows", rows, "GROM_MAX_UPLOAD_ROWS")
+        return bench
     local = resolve_source(source, "data") if (source or "").strip() else None
     if local is None and name in HUB_BENCHMARKS:
         require_hub(splits_hub_id(name), "data set")

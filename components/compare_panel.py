@@ -19,9 +19,10 @@ import pandas as pd
 from components import text
 from components.diff import generations_html
 from components.errors import ui_errors
+from components.limits import limit, over
 from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelHandle, ModelKey, Session,
                                 UserError, current_benchmark, current_edit, current_model,
-                                device_progress, on_device)
+                                device_progress, on_device, resident)
 
 log = logging.getLogger(__name__)
 FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
@@ -49,10 +50,7 @@ def reference_for(handle: ModelHandle, bench):
 
 def shared_model(key: ModelKey, what: str = "comparison") -> ModelHandle:
     """The loaded model, checked to be still `key` (call with DEVICE_LOCK held)."""
-    handle = REGISTRY.current
-    if handle is None or handle.key != key:
-        raise UserError(f"The model changed while the {what} was queued; load it again.")
-    return handle
+    return resident(key, what)
 
 
 @on_device
@@ -247,15 +245,32 @@ def _md_bold(text: str) -> str:
     return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", _html.escape(text))
 
 
+def examples_per_set(max_examples, full_set, bench) -> int | None:
+    """The examples per evaluation set a comparison asks for (None: all), within
+    GROM_MAX_EVAL_EXAMPLES; NaN, a fraction or too many is an error that says so."""
+    from components.edit_panel import whole_number
+
+    cap = limit("GROM_MAX_EVAL_EXAMPLES")
+    if full_set:
+        sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}
+        largest = max((len(v) for v in sets.values()), default=0)
+        if largest > cap:
+            raise over(f"With all examples, {bench.name}/{bench.split} would evaluate {{n}} examples "
+                       "in its largest set", largest, "GROM_MAX_EVAL_EXAMPLES")
+        return None
+    n = whole_number(max_examples, "number of examples per set", 1, 10**9)
+    if n > cap:
+        raise over("Examples per set", n, "GROM_MAX_EVAL_EXAMPLES")
+    return n
+
+
 @ui_errors
 def compare(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
     """Metrics before/after (+ retain model) and generations for forget and retain examples."""
     handle = current_model(session)
     edit = current_edit(session)
     bench = current_benchmark(session)
-    n = None if full_set else int(max_examples)
-    if n is not None and not 1 <= n <= 10000:
-        raise UserError("Examples per set must be between 1 and 10000 (or tick 'all examples').")
+    n = examples_per_set(max_examples, full_set, bench)
     report = compute_report(handle.key, bench, edit, n,
                             device_progress(lambda f, m: progress(f, desc=m)))
     session.report, session.report_for = report, (bench, edit, n)
@@ -271,11 +286,9 @@ def _generate(key: ModelKey, prompt: str, edit, fmt):
     from grom.eval import compare_generations
 
     with DEVICE_LOCK:
-        handle = REGISTRY.current
-        if handle is None or handle.key != key:
-            raise UserError("The model changed while the request was queued; load it again.")
+        handle = resident(key, "request")
         return compare_generations(handle.model, handle.tokenizer, [prompt], edit,
-                                   prompt_format=fmt, max_new_tokens=64)
+                                   prompt_format=fmt, max_new_tokens=limit("GROM_MAX_NEW_TOKENS"))
 
 
 @ui_errors

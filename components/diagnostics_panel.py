@@ -12,10 +12,11 @@ import torch
 
 from components import plots, text
 from components.edit_panel import whole_number
+from components.compare_panel import examples_per_set
 from components.errors import shorten, ui_errors
 from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
                                 current_benchmark, current_edit, current_model,
-                                device_progress, on_device)
+                                device_progress, on_device, resident)
 
 SWEEP_EXAMPLES = 40
 SHOWN_POINTS = 200  # examples per side drawn (and fitted) in the PCA
@@ -27,16 +28,22 @@ def _label(ex, width: int = 90) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
+def _edited(edit) -> list[str]:
+    """The edited matrices' parameter names (those whose keys it kept, when it kept some)."""
+    return list(edit.keys) if getattr(edit, "keys", None) else list(getattr(edit, "patches", {}) or {})
+
+
 def _matrix(edit, param: str | None) -> str:
     """The edited matrix `param` names: its parameter name or its short name
-    ("model.layers.4.mlp.down_proj"), "" for the first one kept for the diagnostics."""
-    if not edit.keys:
-        raise UserError("This edit kept no keys for the diagnostics; run the edit again.")
+    ("model.layers.4.mlp.down_proj"), "" for the first one."""
+    edited = _edited(edit)
+    if not edited:
+        raise UserError("This edit changed no matrix; run the edit again.")
     if param in (None, ""):
-        return next(iter(edit.keys))
-    names = {name: name for name in edit.keys} | {name.replace(".weight", ""): name for name in edit.keys}
+        return edited[0]
+    names = {name: name for name in edited} | {name.replace(".weight", ""): name for name in edited}
     if param not in names:
-        shown = ", ".join(name.replace(".weight", "") for name in edit.keys)
+        shown = ", ".join(name.replace(".weight", "") for name in edited)
         raise UserError(f"{shorten(param)!r} is not a matrix of this edit kept for the diagnostics; "
                         f"use one of: {shown} (or leave it empty for the first).")
     return names[param]
@@ -46,20 +53,35 @@ FIRST = ("the first edited matrix", "")
 
 
 def matrix_choices(edit) -> list[tuple[str, str]]:
-    return [FIRST] + ([(name.replace(".weight", ""), name) for name in edit.keys] if edit is not None else [])
+    return [FIRST] + ([(name.replace(".weight", ""), name) for name in _edited(edit)] if edit is not None else [])
+
+
+def with_keys(key: ModelKey, edit, inputs):
+    """`edit` made again with its keys kept (a session keeps only the patches: the keys of
+    a band are hundreds of MB): the same config, band and examples, so the same patches.
+    Call with DEVICE_LOCK held."""
+    from grom import run_edit
+
+    if edit.keys:
+        return edit
+    if inputs is None:
+        raise UserError("This session no longer holds the examples of its edit; press Run edit again.")
+    handle = resident(key, "request")
+    forget, retain = inputs
+    config = edit.config.replace(keep_keys=True, layers=tuple(edit.band) or None)
+    return run_edit(handle.model, handle.tokenizer, forget, retain, config,
+                    scores=edit.scores, stream_cache=handle.stream_cache)
 
 
 # ---------------------------------------------------------------- PCA
 
 @on_device
-def _outputs(key: ModelKey, edit, param: str):
+def _outputs(key: ModelKey, edit, inputs, param: str):
     from grom.diagnostics import example_outputs
 
     with DEVICE_LOCK:  # W is read from the shared model: no edit may be applied meanwhile
-        handle = REGISTRY.current
-        if handle is None or handle.key != key:
-            raise UserError("The model changed while the request was queued; load it again.")
-        return example_outputs(edit, handle.model, param)
+        full = with_keys(key, edit, inputs)
+        return example_outputs(full, resident(key, "request").model, param)
 
 
 def project(outputs, shown: int = SHOWN_POINTS):
@@ -97,7 +119,7 @@ def pca_plot(param: str, session: Session):
     handle = current_model(session)
     edit = current_edit(session)
     param = _matrix(edit, param)
-    outputs = _outputs(handle.key, edit, param)
+    outputs = _outputs(handle.key, edit, session.extra.get("edit_inputs"), param)
     points, explained, keep = project(outputs)
     forget, retain = session.extra.get("edit_inputs", ((), ()))
     labels = {"forget": [_label(forget[i]) for i in keep["forget"]] if forget else [],
@@ -113,10 +135,12 @@ def pca_plot(param: str, session: Session):
 # ---------------------------------------------------------------- influence
 
 @on_device
-def _influence(edit, param: str):
+def _influence(key: ModelKey, edit, inputs, param: str):
     from grom.diagnostics import influence
 
-    return influence(edit, param).numpy()
+    with DEVICE_LOCK:
+        full = with_keys(key, edit, inputs)
+    return influence(full, param).numpy()
 
 
 def influence_frame(shares: np.ndarray, forget) -> pd.DataFrame:
@@ -142,9 +166,10 @@ def example_md(shares: np.ndarray, forget, rank: int) -> str:
 @ui_errors
 def influence_bars(param: str, session: Session):
     """Per-example influence ||P - P_-i|| / ||P|| (sorted bars, table, the largest shown)."""
+    handle = current_model(session)
     edit = current_edit(session)
     param = _matrix(edit, param)
-    norms = _influence(edit, param)
+    norms = _influence(handle.key, edit, session.extra.get("edit_inputs"), param)
     record = next(r for r in edit.layers if r.param_name == param)
     shares = norms / max(record.patch_norm, 1e-30)
     forget = session.extra.get("edit_inputs", ((), ()))[0]
@@ -193,9 +218,7 @@ def _sweep(key: ModelKey, forget, retain, config, param: str, values, f_eval, r_
 
     fmt = config.prompt_format
     with DEVICE_LOCK:
-        handle = REGISTRY.current
-        if handle is None or handle.key != key:
-            raise UserError("The model changed while the sweep was queued; load it again.")
+        handle = resident(key, "sweep")
         model, tok = handle.model, handle.tokenizer
 
         def probs():
@@ -221,8 +244,9 @@ def beta_sweep(points: int, spread: float, session: Session, progress=gr.Progres
     handle = current_model(session)
     edit = current_edit(session)
     bench = current_benchmark(session)
-    points, spread = int(points), float(spread)
-    if not 2 <= points <= 9 or not 1.1 <= spread <= 10:
+    points = whole_number(points, "number of points", 2, 9)
+    spread = float(spread) if isinstance(spread, (int, float)) else float("nan")
+    if not 1.1 <= spread <= 10:  # NaN fails this too
         raise UserError("Use 2 to 9 points and a spread between 1.1 and 10.")
     cfg = edit.config
     param = "c" if cfg.target == "corruption" else "beta"
@@ -249,9 +273,7 @@ def _quant(key: ModelKey, bench, edit, n):
     from grom.eval import quantization_check
 
     with DEVICE_LOCK:
-        handle = REGISTRY.current
-        if handle is None or handle.key != key:
-            raise UserError("The model changed while the request was queued; load it again.")
+        handle = resident(key, "request")
         return quantization_check(handle.model, handle.tokenizer, bench, edit, max_examples=n)
 
 
@@ -261,9 +283,7 @@ def quant_check(max_examples: int, session: Session):
     handle = current_model(session)
     edit = current_edit(session)
     bench = current_benchmark(session)
-    n = int(max_examples)
-    if not 1 <= n <= 10000:
-        raise UserError("Examples per set must be between 1 and 10000.")
+    n = examples_per_set(max_examples, False, bench)
     df = _quant(handle.key, bench, edit, n)
     method = (f"round-to-nearest, group size {df.attrs['group_size']}" if df.attrs.get("method") == "rtn"
               else "NF4 (bitsandbytes)")

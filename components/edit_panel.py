@@ -16,8 +16,9 @@ import pandas as pd
 
 from components import plots, text
 from components.errors import shorten, ui_errors
-from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
-                                current_benchmark, current_model, device_progress, on_device)
+from components.limits import limit, over
+from components.session import (DEVICE_LOCK, REGISTRY, SESSIONS, ModelKey, Session, UserError,
+                                current_benchmark, current_model, device_progress, on_device, resident)
 
 CUSTOM = "(custom)"
 TARGETS = ["suppression", "corruption"]
@@ -33,7 +34,6 @@ RETAIN_EXAMPLES_FOR = {"smollm2": 128}
 MAX_SEED = 2**32 - 1  # numpy's RandomState takes seeds below 2**32
 MAX_COUNT = 10**9  # the largest budget or example count a widget may hold
 STREAM_CACHE_ENTRIES = 4  # hidden states entering a band kept per model (~20 MB each for SmolLM2's page)
-KEY_BYTES_KEPT = 512 << 20  # keys kept per edit for the diagnostics (beyond: the last layer's)
 
 
 def preset_choices() -> list[tuple[str, str]]:
@@ -132,7 +132,8 @@ def edit_config(preset: str, target: str, beta: float, beta_relative: bool, w_r:
         matrix=matrix, use_alpha=bool(use_alpha), layers=layers, k=k, seed=check_seed(seed),
         forget_budget=_budget(forget_budget, "forget key budget"),
         retain_budget=_budget(retain_budget, "retain key budget"), batch_size=batch_size,
-        prompt_format=prompt_format, candidates=None)
+        prompt_format=prompt_format, candidates=None,
+        keep_keys=False)  # a session keeps the patches; a diagnostic makes the keys again
 
 
 def retain_subset(retain, limit, seed: int) -> tuple:
@@ -144,16 +145,18 @@ def retain_subset(retain, limit, seed: int) -> tuple:
     return tuple(random.Random(check_seed(seed)).sample(retain, limit))
 
 
+def check_examples(forget, retain) -> None:
+    """An edit's (or the layer scores') forget and retain examples within GROM_MAX_EXAMPLES."""
+    if len(forget) > limit("GROM_MAX_EXAMPLES"):
+        raise over("An edit uses every forget example, and this forget set has {n}", len(forget),
+                   "GROM_MAX_EXAMPLES")
+    if len(retain) > limit("GROM_MAX_EXAMPLES"):
+        raise over("The edit would use {n} retain examples (Advanced settings: retain examples)",
+                   len(retain), "GROM_MAX_EXAMPLES")
+
+
 def scores_key(session: Session, matrix: str, use_alpha: bool, n_retain) -> tuple:
     return (session.model_key, id(session.benchmark), matrix, bool(use_alpha), n_retain)
-
-
-def _trim_keys(edit) -> None:
-    """Keep the diagnostics' keys within KEY_BYTES_KEPT: all layers, or the last one."""
-    size = sum(t.numel() * t.element_size() for k in edit.keys.values() for t in (k.Xf, k.Xr))
-    if size > KEY_BYTES_KEPT and len(edit.keys) > 1:
-        last = list(edit.keys)[-1]
-        edit.keys = {last: edit.keys[last]}
 
 
 @on_device
@@ -161,9 +164,7 @@ def compute_edit(key: ModelKey, forget, retain, config, scores, progress):
     from grom import run_edit
 
     with DEVICE_LOCK:
-        handle = REGISTRY.current
-        if handle is None or handle.key != key:
-            raise UserError("The model changed while the edit was queued; load it again.")
+        handle = resident(key, "edit")
         edit = run_edit(handle.model, handle.tokenizer, forget, retain, config,
                         progress=progress, scores=scores, stream_cache=handle.stream_cache)
         while len(handle.stream_cache) > STREAM_CACHE_ENTRIES:  # oldest first (dicts keep order)
@@ -176,8 +177,8 @@ def _warm(key: ModelKey, forget, retain, config, band) -> None:
     from grom.editing import warm_stream
 
     with DEVICE_LOCK:
-        handle = REGISTRY.current
-        if handle is not None and handle.key == key:
+        handle = REGISTRY.get(key)
+        if handle is not None:
             warm_stream(handle.model, handle.tokenizer, forget, retain, config, band, handle.stream_cache)
 
 
@@ -239,6 +240,7 @@ def run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: fl
     bench = current_benchmark(session)
     seed = check_seed(seed)
     retain = retain_subset(bench.retain, retain_examples, seed)
+    check_examples(bench.forget, retain)
     skey = scores_key(session, matrix, use_alpha, (len(retain), seed))
     scores = session.scores if session.scores_for == skey else None
     config = edit_config(preset, target, beta, beta_relative, w_r, rho, c, matrix, use_alpha,
@@ -247,10 +249,10 @@ def run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: fl
                          prompt_format=bench.prompt_format)
     edit = compute_edit(handle.key, bench.forget, retain, config, scores,
                         device_progress(lambda f, msg: progress(f, desc=msg)))
-    _trim_keys(edit)
-    session.edit, session.edit_for = edit, handle.key
+    session.edit, session.edit_for, session.dropped = edit, handle.key, ""
     session.extra["edit_inputs"] = (bench.forget, retain)
     session.report = session.report_for = session.influence = None
+    SESSIONS.touch(session)  # counted among the sessions holding an edit
     if edit.scores is not None and scores is None:
         session.scores, session.scores_for = edit.scores, skey
     return edit_summary(edit), layer_table(edit), norms_figure(edit)

@@ -78,6 +78,10 @@ def message_for(err: BaseException) -> str:
     if _is_oom(err):
         _free_memory()
         return OOM_HINT
+    from components.session import JobCancelled
+
+    if isinstance(err, JobCancelled):
+        return str(err)
     if isinstance(err, (ValueError, FileNotFoundError, TypeError, KeyError, FloatingPointError,
                         LookupError, OSError)):
         text = str(err).strip().strip("'\"") or _empty_message(err)
@@ -102,7 +106,12 @@ def ui_errors(fn):
         except gr.Error:
             raise
         except Exception as err:  # the UI edge: report, log, keep serving
-            log.warning("%s failed", fn.__name__, exc_info=True)
+            from components.session import JobCancelled
+
+            if isinstance(err, JobCancelled):
+                log.info("%s cancelled", fn.__name__)
+            else:
+                log.warning("%s failed", fn.__name__, exc_info=True)
             raise gr.Error(message_for(err), print_exception=False) from err
 
     return wrapper

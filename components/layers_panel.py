@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components import plots, text
-from components.edit_panel import (BAND_MODES, check_seed, parse_band, retain_subset, scores_key,
-                                   whole_number)
+from components.edit_panel import (BAND_MODES, check_examples, check_seed, parse_band,
+                                   retain_subset, scores_key, whole_number)
 from components.errors import ui_errors
 from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
-                                current_benchmark, current_model, device_progress, on_device)
+                                current_benchmark, current_model, device_progress, on_device, resident)
 
 
 @on_device
@@ -20,9 +20,7 @@ def compute_scores(key: ModelKey, forget, retain, config, progress):
     from grom.editing import compute_scores as score, prepare
 
     with DEVICE_LOCK:
-        handle = REGISTRY.current
-        if handle is None or handle.key != key:
-            raise UserError("The model changed while the scores were queued; load it again.")
+        handle = resident(key, "scores")
         vocab = unembedding(handle.model).shape[0]
         prep = prepare(handle.tokenizer, forget, retain, config, vocab)
         return score(handle.model, prep, config, progress)
@@ -88,6 +86,7 @@ def layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text
     if band_mode == "manual":  # a bad band fails before the model works
         parse_band(band_text, num_layers(handle.model))
     retain = retain_subset(bench.retain, retain_examples, seed)
+    check_examples(bench.forget, retain)
     config = EditConfig(matrix=matrix, use_alpha=bool(use_alpha), prompt_format=bench.prompt_format,
                         k=1, seed=seed)
     scores = cached_scores(handle, bench.forget, retain, config, progress)

@@ -8,7 +8,8 @@ import gradio as gr
 import torch
 
 from components import text
-from components.errors import ui_errors
+from components.errors import shorten, ui_errors
+from components.limits import ModelPolicy
 from components.session import (DEMO, REAL, REGISTRY, ModelHandle, ModelKey, Session, UserError,
                                 device_progress, on_device)
 from components.sources import require_hub, resolve_source
@@ -32,6 +33,10 @@ def model_key(choice: str, device: str, dtype: str) -> ModelKey:
 
     if device not in DEVICES or dtype not in DTYPES:
         raise UserError(f"Device must be one of {DEVICES} and dtype one of {DTYPES}.")
+    policy = ModelPolicy.from_env()
+    if not policy.permits((choice or "").strip()):
+        raise UserError(f"This server offers only these models: {', '.join(policy.allowed)} "
+                        f"(its host set GROM_MODELS). Pick one of them; {shorten(choice)!r} is not among them.")
     name = resolve_source(choice, "model")
     try:
         dev = resolve_device(device)
@@ -73,7 +78,7 @@ def summary(handle: ModelHandle) -> str:
     n_params = sum(p.numel() for p in m.parameters())
     n_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
     name = {DEMO: "bundled demo (assets/demo-full)",
-            REAL: "SmolLM2-135M-Instruct (package index GGUF, float32)"}.get(handle.key.name, handle.key.name)
+            REAL: "SmolLM2-135M-Instruct (package index GGUF, float32)"}.get(handle.key.name, handle.key.shown)
     mem = f"{n_bytes / 2**20:,.1f} MiB of weights"
     if handle.key.device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info()
@@ -105,7 +110,7 @@ def load_model(choice: str, device: str, dtype: str, session: Session,
 
 def status_line(handle: ModelHandle) -> str:
     name = {DEMO: "the bundled demo model", REAL: "SmolLM2-135M-Instruct"}.get(handle.key.name,
-                                                                             f"`{handle.key.name}`")
+                                                                             f"`{handle.key.shown}`")
     return (f"Loaded {name}: {type(handle.model).__name__}, {n_layers(handle)} layers, on "
             f"{handle.key.device} in {handle.key.dtype}.")
 
@@ -116,10 +121,20 @@ def n_layers(handle: ModelHandle) -> int:
     return num_layers(handle.model)
 
 
+def model_choices(policy: ModelPolicy) -> list[tuple[str, str]]:
+    """The model box's list: all of MODEL_CHOICES, or on a host with GROM_MODELS, its models."""
+    if policy.allowed is None:
+        return MODEL_CHOICES
+    listed = [(label, name) for label, name in MODEL_CHOICES if policy.permits(name)]
+    return listed + [(name, name) for name in policy.allowed if name not in dict(MODEL_CHOICES).values()]
+
+
 def build_model_panel(start: str = REAL) -> SimpleNamespace:
     text.md(text.MODEL, elem_classes="panel-intro")
+    policy = ModelPolicy.from_env()
     with gr.Row(equal_height=True):
-        choice = gr.Dropdown(MODEL_CHOICES, value=start, label="Model", allow_custom_value=True,
+        choice = gr.Dropdown(model_choices(policy), value=start, label="Model",
+                             allow_custom_value=policy.allowed is None,
                              scale=4, min_width=220)
         device = gr.Dropdown(DEVICES, value="auto", label="Device", scale=1, min_width=90)
         dtype = gr.Dropdown(DTYPES, value="auto", label="dtype", scale=1, min_width=100)

@@ -1,7 +1,9 @@
 """Per-session state, the shared model, and the one device lock.
 
-- `REGISTRY` holds the one loaded base model of the process, keyed by (name, device,
-  dtype); loading another model replaces it. Every session shares it.
+- `REGISTRY` holds the loaded base models of the process, keyed by (name, device, dtype):
+  at most GROM_RESIDENT_MODELS of them (components/limits.py), the least recently used
+  unloaded first, so that sessions on different models do not break each other. Every
+  session shares them; a session works with the model it loaded (`current_model`).
 - `Session` is what a browser tab owns (inside a `gr.State`): its benchmark, layer
   scores, Edit (patches as CPU data), last comparison and last gradient baseline (an
   Edit too, kept apart from the GROM edit).
@@ -10,6 +12,11 @@
   reverts in a `finally` (`Edit.applied`, inside the library's `run_edit`, `evaluate`,
   `compare_generations`), all while holding the lock, so the base weights are never left
   edited between requests and no request sees another session's patch.
+- A job the visitor cancelled, or whose page went away, stops at its next forward pass
+  (`JobCancelled`, raised by a hook every resident model carries), so it frees the lock
+  in a fraction of a second instead of running to its end.
+- `SESSIONS` keeps the heavy state (edits, comparisons) of at most GROM_MAX_SESSIONS
+  sessions; the least recently active one is dropped and told so when it comes back.
 - `on_device` marks the compute functions: `spaces.GPU` on a ZeroGPU Space, plain
   functions elsewhere. They take plain values and return plain values; sessions are
   only changed outside them (on ZeroGPU they run in another process).
@@ -20,6 +27,7 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -55,9 +63,17 @@ def on_device_for(seconds: int) -> Callable:
 
 
 def device_progress(callback: Callable | None) -> Callable | None:
-    """A progress callback to hand to an `on_device` function: on ZeroGPU those run in
-    another process and take only plain, picklable values, so none is passed there."""
-    return None if ON_SPACES else callback
+    """A progress callback to hand to an `on_device` function (it also stops a cancelled
+    job at each stage): on ZeroGPU those run in another process and take only plain,
+    picklable values, so none is passed there."""
+    if ON_SPACES or callback is None:
+        return None
+
+    def report(*args, **kwargs):
+        check_cancelled()
+        return callback(*args, **kwargs)
+
+    return report
 
 
 class UserError(ValueError):
@@ -72,8 +88,15 @@ class ModelKey:
     device: str
     dtype: str
 
+    @property
+    def shown(self) -> str:
+        """The name as a page shows it (a folder relative to models/, never a server path)."""
+        from components.sources import shown_name
+
+        return shown_name(self.name)
+
     def label(self) -> str:
-        return f"{self.name} ({self.device}, {self.dtype})"
+        return f"{self.shown} ({self.device}, {self.dtype})"
 
 
 @dataclass
@@ -92,45 +115,144 @@ class ModelHandle:
     stream_cache: dict = field(default_factory=dict, repr=False)
 
 
+class JobCancelled(Exception):
+    """The visitor cancelled the job or left the page: stop and free the device."""
+
+
+CANCEL_CHECK_S = 0.2  # how often a running job asks whether it was cancelled
+
+
+def _event_gone() -> bool:
+    """In gradio's event loop: whether this thread's job was cancelled or lost its client.
+    Gradio cancels by cancelling the asyncio task that waits for the handler's thread (the
+    thread itself runs on), and marks a job whose page went away as not alive."""
+    import asyncio
+
+    from gradio.context import LocalContext
+
+    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
+    queue = getattr(blocks, "_queue", None)
+    event = queue.event_ids_to_events.get(event_id) if queue is not None else None
+    if event is None or not event.alive:
+        return True
+    suffix = f"<gradio-sep>{event_id}"
+    return any(task.get_name().endswith(suffix) and task.cancelling()
+               for task in asyncio.all_tasks())
+
+
+_checked = threading.local()
+
+
+def job_cancelled() -> bool:
+    """Whether the gradio job this thread runs was cancelled (asked at most every
+    CANCEL_CHECK_S; False outside a queued gradio job: a script, a test, the preload)."""
+    try:
+        from gradio.context import LocalContext
+
+        event_id = LocalContext.event_id.get(None)
+        if event_id is None or LocalContext.blocks.get(None) is None:
+            return False
+        now = time.monotonic()
+        if getattr(_checked, "event", None) == event_id and now - _checked.at < CANCEL_CHECK_S:
+            return False
+        _checked.event, _checked.at = event_id, now
+        from anyio import from_thread
+
+        return bool(from_thread.run_sync(_event_gone))
+    except Exception:  # not in a worker thread of gradio's loop (or gradio changed): run on
+        return False
+
+
+def check_cancelled() -> None:
+    if job_cancelled():
+        raise JobCancelled("The job was cancelled; nothing was changed.")
+
+
+def _cancel_hook(module, args):
+    check_cancelled()
+
+
+def add_cancel_hooks(model) -> None:
+    """Every forward pass of `model` and of each of its decoder layers first checks that
+    its job is still wanted (a batch of keys, a generated token, a training step)."""
+    from grom.arch import decoder_layers
+
+    model.register_forward_pre_hook(_cancel_hook)
+    try:
+        layers = decoder_layers(model)
+    except Exception:  # an unsupported family is refused elsewhere
+        return
+    for layer in layers:
+        layer.register_forward_pre_hook(_cancel_hook)
+
+
 class ModelRegistry:
-    """One loaded model per process, shared by every session, plus the demo's retain
-    model (the reference row of comparisons), loaded lazily."""
+    """The loaded models of the process (at most GROM_RESIDENT_MODELS, least recently used
+    unloaded first), shared by every session, plus the demo's retain model (the reference
+    row of comparisons), loaded lazily."""
 
     def __init__(self):
-        self._handle: ModelHandle | None = None
+        self._handles: dict[ModelKey, ModelHandle] = {}  # least recently used first
         self._references: dict = {}
 
     @property
     def current(self) -> ModelHandle | None:
-        return self._handle
+        """The most recently loaded or used model (what a new page opens on)."""
+        return next(reversed(self._handles.values()), None)
+
+    def resident(self) -> list[ModelKey]:
+        return list(self._handles)
+
+    def get(self, key: ModelKey | None) -> ModelHandle | None:
+        """The loaded model for `key` (now the most recently used), or None."""
+        with DEVICE_LOCK:
+            handle = self._handles.pop(key, None) if key is not None else None
+            if handle is not None:
+                self._handles[key] = handle
+            return handle
 
     def load(self, key: ModelKey, loader: Callable[[ModelKey], tuple]) -> ModelHandle:
-        """The model for `key`: the loaded one if it matches, else `loader(key)` replaces it
-        (on failure the old one stays)."""
+        """The model for `key`: the loaded one if there is one, else `loader(key)`; beyond
+        GROM_RESIDENT_MODELS the least recently used model is unloaded (on a failed load
+        the loaded ones stay)."""
+        from components.limits import limit
+
         with DEVICE_LOCK:
-            if self._handle is not None and self._handle.key == key:
-                return self._handle
+            handle = self.get(key)
+            if handle is not None:
+                return handle
             t0 = time.perf_counter()
-            try:  # the old model stays usable if the new one fails to load
+            if len(self._handles) >= limit("GROM_RESIDENT_MODELS"):
+                try:  # the loaded ones stay usable if the new one fails to load
+                    model, tokenizer = loader(key)
+                except torch.cuda.OutOfMemoryError:
+                    self._evict(1)  # both do not fit: free room and try again
+                    model, tokenizer = loader(key)
+            else:
                 model, tokenizer = loader(key)
-            except torch.cuda.OutOfMemoryError:
-                self._release()  # both do not fit: free the old one and try again
-                model, tokenizer = loader(key)
-            self._release()
-            self._handle = ModelHandle(key, model, tokenizer, time.perf_counter() - t0)
-            log.info("loaded %s in %.1fs", key.label(), self._handle.seconds)
-            return self._handle
+            add_cancel_hooks(model)
+            self._handles[key] = ModelHandle(key, model, tokenizer, time.perf_counter() - t0)
+            self._evict(limit("GROM_RESIDENT_MODELS"))
+            log.info("loaded %s in %.1fs (resident: %s)", key.label(), self._handles[key].seconds,
+                     ", ".join(k.label() for k in self._handles))
+            return self._handles[key]
 
     def reference(self, key: ModelKey, loader: Callable[[ModelKey], tuple]) -> tuple:
         """(model, tokenizer) of the reference model for `key`, loaded once (one kept)."""
         with DEVICE_LOCK:
             if key not in self._references:
                 self._references.clear()
-                self._references[key] = loader(key)
+                model, tokenizer = loader(key)
+                add_cancel_hooks(model)
+                self._references[key] = (model, tokenizer)
             return self._references[key]
 
-    def _release(self) -> None:
-        self._handle = None
+    def _evict(self, keep: int) -> None:
+        """Unload the least recently used models until at most `keep` are loaded."""
+        while len(self._handles) > keep:
+            old = next(iter(self._handles))
+            del self._handles[old]
+            log.info("unloaded %s to make room", old.label())
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -156,23 +278,43 @@ class Session:
         self.report_for: tuple | None = None  # (benchmark, edit, max_examples) it was made for
         self.influence = None  # (param name, shares) of the last influence audit
         self.extra: dict = {}
+        self.dropped = ""  # why the edit was dropped to make room (SessionStore), if it was
+
+    def drop(self, reason: str) -> None:
+        """Let go of the heavy state (edit, comparisons), keeping the choices (model,
+        benchmark, scores); `reason` is what the session is told when it asks for the edit."""
+        self.edit = self.edit_for = self.report = self.report_for = self.influence = None
+        for name in ("edit_inputs", "baseline_grom_report", "export"):
+            self.extra.pop(name, None)
+        self.dropped = reason
 
     def __repr__(self) -> str:
         return f"Session(model={self.model_key}, benchmark={self.bench_label!r}, edit={self.edit is not None})"
 
 
 def current_model(session: Session) -> ModelHandle:
-    """The shared model, checked to be the one this session is working with."""
-    handle = REGISTRY.current
+    """The model this session works with (a session that never chose one takes the most
+    recently loaded); an error that says what to do when it was unloaded since."""
+    if session.model_key is None:
+        if REGISTRY.current is None:
+            raise UserError("No model is loaded: pick one in the Model panel and press Load.")
+        session.model_key = REGISTRY.current.key
+    SESSIONS.touch(session)
+    handle = REGISTRY.get(session.model_key)
     if handle is None:
-        raise UserError("No model is loaded: pick one in the Model panel and press Load.")
-    if session.model_key is None:  # a session that never chose: it works with what is loaded
-        session.model_key = handle.key
-    if session.model_key != handle.key:
         raise UserError(
-            f"The studio holds one model at a time, and another session has since loaded "
-            f"{handle.key.label()}; this session worked with {session.model_key.label()}. "
-            "Load it again in the Model panel (your benchmark is kept) to go on.")
+            f"{session.model_key.label()} was unloaded to make room for the models other visitors "
+            "loaded (this server keeps a few at a time). Press Load model in the Model panel to "
+            "load it again: your benchmark and edit are kept.")
+    return handle
+
+
+def resident(key: ModelKey, what: str = "request") -> ModelHandle:
+    """The loaded model for `key`, inside a compute function (call with DEVICE_LOCK held)."""
+    handle = REGISTRY.get(key)
+    if handle is None:
+        raise UserError(f"{key.label()} was unloaded while the {what} was queued (other visitors "
+                        "loaded other models); press Load model to load it again.")
     return handle
 
 
@@ -183,11 +325,47 @@ def current_benchmark(session: Session):
 
 
 def current_edit(session: Session):
-    """The session's edit, checked to belong to the loaded model."""
+    """The session's edit, checked to belong to the session's model."""
     handle = current_model(session)
     if session.edit is None:
+        if session.dropped:
+            raise UserError(session.dropped)
         raise UserError("There is no edit yet: press Run edit in the Edit panel first.")
     if session.edit_for != handle.key:
         raise UserError(f"This edit was made for {session.edit_for.label()}, and "
                         f"{handle.key.label()} is loaded: load that model again or run a new edit.")
     return session.edit
+
+
+class SessionStore:
+    """The sessions holding an edit, least recently active first: beyond GROM_MAX_SESSIONS
+    the oldest one's edit and comparisons are dropped (it is told so when it comes back),
+    so that memory does not grow with every visitor of the last hour. Sessions are held
+    weakly: gradio frees a closed tab's state as before."""
+
+    def __init__(self):
+        self._order: dict[int, weakref.ref] = {}
+        self._lock = threading.Lock()
+
+    def touch(self, session: Session) -> None:
+        """`session` was just active; when it holds an edit, it is counted."""
+        from components.limits import limit
+
+        with self._lock:
+            self._order.pop(id(session), None)
+            if session.edit is None and session.report is None:
+                return
+            self._order[id(session)] = weakref.ref(session)
+            self._order = {k: r for k, r in self._order.items() if r() is not None}
+            while len(self._order) > limit("GROM_MAX_SESSIONS"):
+                old = self._order.pop(next(iter(self._order)))()
+                if old is not None:
+                    old.drop(f"This session's edit was dropped to make room for newer visitors (this "
+                             f"server keeps the edits of {limit('GROM_MAX_SESSIONS')} sessions). "
+                             "Press Run edit to make it again: your model, benchmark and settings are kept.")
+
+    def __len__(self) -> int:
+        return sum(r() is not None for r in self._order.values())
+
+
+SESSIONS = SessionStore()

@@ -35,6 +35,18 @@ def shown_dir(folder: Path) -> str:
         return f"{folder.name}/"
 
 
+def shown_name(name: str) -> str:
+    """A model's name as a page shows it: a local folder relative to its allowed folder
+    ("models/x", never the server's absolute path), anything else as it is."""
+    if not name.startswith("/"):
+        return name
+    path = Path(name).resolve()
+    for folder in allowed_dirs("model"):
+        if _inside(path, [folder]):
+            return (shown_dir(folder) + str(path.relative_to(folder))).rstrip("/.")
+    return path.name
+
+
 def _looks_like_path(text: str) -> bool:
     return text.startswith(("/", "~", ".", "\\")) or "\\" in text or text.count("/") > 1
 

@@ -52,6 +52,18 @@ def resolve_model_name(name_or_path: str | Path, progress=None, *, prefer_hub: b
     return str(fetch_model(spec.name, progress))
 
 
+def _require_all_weights(name, info: dict) -> None:
+    """Refuse a checkpoint that lacks weights of its config: transformers would fill them
+    with random numbers, and every edit and score of such a model would be noise."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ModelLoadError(
+            f"{name} lacks {len(missing)} weight(s) its config.json names ({shown}); loading it would "
+            "fill them with random numbers. Copy the complete *.safetensors files (every shard and "
+            "model.safetensors.index.json) into the folder.")
+
+
 def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="float32",
                device_map: str | dict | None = None, local_files_only: bool = False,
                progress=None):
@@ -78,12 +90,13 @@ def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="f
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False,
                                                   local_files_only=local_files_only)
-        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **kw)
+        model, info = AutoModelForCausalLM.from_pretrained(str(name_or_path), output_loading_info=True, **kw)
     except OSError as err:  # not found, no network, no safetensors weights
         raise ModelLoadError(
             f"could not load {name_or_path!r}: {err}. Give a local folder with config.json, "
             "tokenizer files and *.safetensors weights, or a Hub id when the network is there."
         ) from err
+    _require_all_weights(name_or_path, info)
     arch_spec(model)  # an unsupported family fails here, with the list of supported ones
     if device_map is None:
         model.to(resolve_device(device))

@@ -1,0 +1,183 @@
+"""The server's gates: how many jobs one session may queue, and how many uploads (and
+how many bytes of them) the server accepts. Limits: components/limits.py.
+
+- `QueueGuard` is an ASGI middleware in front of gradio's queue: it refuses a session's
+  job beyond GROM_MAX_QUEUED_PER_SESSION before gradio reads its inputs (a script gets a
+  ValidationError with the message).
+- `UploadGuard` is an ASGI middleware in front of gradio's /upload route (which needs no
+  session): at most GROM_UPLOADS_PER_MINUTE uploads a minute for the whole server, and
+  uploaded files beyond GROM_UPLOAD_CACHE_MB are removed, oldest first.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from components.limits import limit
+
+log = logging.getLogger(__name__)
+
+ADMIT_WINDOW_S = 0.5  # a job admitted this recently may not be in gradio's pending set yet
+_admitted: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+_admit_lock = threading.Lock()
+
+
+def _live(queue, session: str) -> int:
+    """The session's jobs in gradio's queue, waiting or running (a job leaves it the
+    moment it ends or is cancelled)."""
+    return sum(e.session_hash == session for e in list(queue.event_ids_to_events.values()))
+
+
+def _registered_since(queue, session: str, since: float) -> int:
+    """The session's jobs that joined the queue at or after `since` (time.time()), ended
+    or not (gradio's analytics keep every recent job with its time, newest last)."""
+    count = 0
+    for record in reversed(list(queue.event_analytics.values())):
+        if record.get("time", 0) < since:
+            break
+        count += record.get("session_hash") == session
+    return count
+
+
+def refusal(queue, session: str | None) -> str | None:
+    """Why a new job of `session` may not join the queue (None: it may): its session has
+    GROM_MAX_QUEUED_PER_SESSION jobs waiting or running already. Jobs asked for at once are
+    checked before any of them joins, so those admitted in the last ADMIT_WINDOW_S that
+    have not joined yet count too."""
+    if not session or queue is None:
+        return None
+    most = limit("GROM_MAX_QUEUED_PER_SESSION")
+    with _admit_lock:
+        now = time.time()
+        recent = _admitted[session]
+        while recent and now - recent[0] > ADMIT_WINDOW_S:
+            recent.popleft()
+        not_joined = max(0, len(recent) - _registered_since(queue, session, recent[0])) if recent else 0
+        if _live(queue, session) + not_joined >= most:
+            return (f"This page has {most} jobs waiting or running already: wait for them to finish "
+                    "(or cancel one) before asking for another. (The host sets this with "
+                    "GROM_MAX_QUEUED_PER_SESSION.)")
+        recent.append(now)
+        if len(_admitted) > 10_000:  # sessions gone long ago: forget their windows
+            for name in [k for k, v in _admitted.items() if not v or now - v[-1] > ADMIT_WINDOW_S]:
+                del _admitted[name]
+    return None
+
+
+class QueueGuard:
+    """ASGI middleware in front of gradio's queue/join and call routes: a job beyond its
+    session's share is answered 422 with the message, as a validator's refusal is (a
+    script gets a ValidationError that says it; the inputs are never parsed)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if scope.get("method") != "POST" or not ("/queue/join" in path or "/call/" in path):
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        try:
+            session = json.loads(body or b"{}").get("session_hash")
+            queue = scope["app"].get_blocks()._queue
+        except Exception:  # noqa: BLE001  (not ours to judge: gradio answers it)
+            session, queue = None, None
+        reason = refusal(queue, session)
+        if reason is not None:
+            from starlette.responses import JSONResponse
+
+            detail = [{"__type__": "validate", "is_valid": False, "message": reason, "parameter_name": "page"}]
+            await JSONResponse({"detail": detail}, status_code=422)(scope, receive, send)
+            return
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+# ---------------------------------------------------------------- uploads
+
+def upload_folder() -> Path:
+    from gradio.utils import get_upload_folder
+
+    return Path(get_upload_folder())
+
+
+def prune(folder: Path, max_bytes: int, skip: tuple[str, ...] = (), min_age_s: float = 0.0) -> int:
+    """Remove the oldest files under `folder` (not under the subfolders named in `skip`,
+    none younger than `min_age_s`) until at most `max_bytes` remain; the bytes left."""
+    files = []
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file() and not any(part in skip for part in path.relative_to(folder).parts):
+                st = path.stat()
+                files.append((st.st_mtime, st.st_size, path))
+        except OSError:
+            continue
+    total = sum(size for _, size, _ in files)
+    now = time.time()
+    for mtime, size, path in sorted(files):
+        if total <= max_bytes or now - mtime < min_age_s:
+            break
+        try:
+            path.unlink()
+            total -= size
+        except OSError:
+            pass
+    return total
+
+
+class UploadGuard:
+    """ASGI middleware: a rate and a disk bound on gradio's /upload route."""
+
+    def __init__(self, app):
+        self.app = app
+        self.times: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+
+    def _refusal(self) -> str | None:
+        with self.lock:
+            now = time.monotonic()
+            while self.times and now - self.times[0] > 60:
+                self.times.popleft()
+            if len(self.times) >= limit("GROM_UPLOADS_PER_MINUTE"):
+                return ("This server has taken as many uploads as it accepts in a minute "
+                        "(GROM_UPLOADS_PER_MINUTE); try again in a minute.")
+            self.times.append(now)
+        folder = upload_folder()
+        if folder.is_dir():
+            from components.export_panel import EXPORT_FOLDER
+
+            kept = prune(folder, limit("GROM_UPLOAD_CACHE_MB") << 20, skip=(EXPORT_FOLDER,), min_age_s=60)
+            if kept > limit("GROM_UPLOAD_CACHE_MB") << 20:
+                return ("This server holds as many uploaded files as it keeps (GROM_UPLOAD_CACHE_MB); "
+                        "try again in a minute.")
+        return None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") == "POST" and scope["path"].rstrip("/").endswith("/upload"):
+            refusal = self._refusal()
+            if refusal is not None:
+                from starlette.responses import PlainTextResponse
+
+                log.warning("upload refused: %s", refusal)
+                await PlainTextResponse(refusal, status_code=429)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
