@@ -84,6 +84,7 @@ def build_layout(start_model: str = DEMO) -> SimpleNamespace:
                     ui.layers = build_layers_panel(preset)
                 with gr.Tab("4 · Edit details", id="edit"):
                     ui.result = build_result_view()
+                    ui.runs = build_history_panel()  # the session's runs and sweeps, under the last edit
                 with gr.Tab("5 · Compare", id="compare", elem_id="compare-tab"):
                     # a 135M model on a CPU: ~0.3 s per generated answer, so a shorter first look
                     ui.compare = build_compare_panel(10 if start_model == REAL else 20)
@@ -91,8 +92,6 @@ def build_layout(start_model: str = DEMO) -> SimpleNamespace:
                     ui.diag = build_diagnostics_panel()
                 with gr.Tab("7 · Export", id="export"):
                     ui.export = build_export_panel()
-                with gr.Tab("8 · Runs", id="runs", elem_id="runs-tab"):
-                    ui.runs = build_history_panel()
     return ui
 
 
@@ -162,8 +161,9 @@ def wire(ui: SimpleNamespace) -> None:
 
 
 def wire_runs(ui: SimpleNamespace, run) -> None:
-    """The Runs tab: the history after each edit, comparison and import; a click on a
-    history or sweep row, or an imported edit.json, restores the Edit panel."""
+    """The run history and sweeps (under Edit details): the history after each edit,
+    comparison and import; a click on a history or sweep row, or an imported edit.json,
+    restores the Edit panel."""
     s, e, ly, h, x, b = ui.session, ui.edit, ui.layers, ui.runs, ui.export, ui.bench
     restored = [e.preset, e.target, e.beta, e.beta_log, e.beta_relative, e.w_r, e.w_r_log, e.rho,
                 e.rho_log, e.c, e.matrix, e.use_alpha, ly.band_mode, ly.band_text, ly.k, e.seed,

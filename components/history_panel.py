@@ -1,4 +1,4 @@
-"""Runs panel: the session's run history (one row per edit: its settings, band, time and
+"""Run history (under Edit details): the session's run history (one row per edit: its settings, band, time and
 the headline metrics of its comparison), a forget-against-retain scatter of the runs, and
 sweeps over beta (or c), w_r, rho or the band. A click on a history or sweep row puts its
 settings back into the Edit panel.
@@ -109,8 +109,8 @@ def history_figure(rows: list[dict]):
         [r["metrics"][f] for r, f, _ in pts], [r["metrics"][k] for r, _, k in pts],
         [f"#{r['n']}: β {_beta(r['config'])}, w_r {r['config']['w_r']:g}, ρ {r['config']['rho']:g}, "
          f"band {band_text(r['run'].get('band', [])) or r['config']['matrix']}" for r, _, _ in pts],
-        x_title=" / ".join(dict.fromkeys(f for _, f, _ in pts)) + " (forget: lower is better)",
-        y_title=" / ".join(dict.fromkeys(k for _, _, k in pts)) + " (kept: higher is better)")
+        x_title=" / ".join(dict.fromkeys(f for _, f, _ in pts)) + " ↓",
+        y_title=" / ".join(dict.fromkeys(k for _, _, k in pts)) + " ↑")
 
 
 def show_history(session: Session):
@@ -160,12 +160,13 @@ def on_history_select(evt: gr.SelectData, session: Session):
 
 
 def build_history_panel() -> SimpleNamespace:
-    text.md(text.HISTORY, elem_classes="panel-intro")
-    table = gr.Dataframe(label="Runs of this session, the newest first (click a row to restore it)",
-                         interactive=False, max_height=320, wrap=True, elem_id="history-table")
-    note = gr.Markdown("", elem_id="restore-note")
-    plot = gr.Plot(plots.empty_figure("Run edits: each compared run becomes a point here.", 320),
-                   show_label=False, elem_id="history-plot")
+    with gr.Accordion("Run history: every edit of this session", open=True, elem_id="history"):
+        text.md(text.HISTORY, elem_classes="panel-intro")
+        table = gr.Dataframe(label="Runs, the newest first (click a row to restore its settings)",
+                             interactive=False, max_height=320, wrap=True, elem_id="history-table")
+        note = gr.Markdown("", elem_id="restore-note")
+        plot = gr.Plot(plots.empty_figure("Run edits: each compared run becomes a point here.", 320),
+                       show_label=False, elem_id="history-plot")
     from components.sweep_panel import build_sweep_panel
 
     sweep = build_sweep_panel()

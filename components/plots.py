@@ -133,14 +133,14 @@ def plot_sweep(labels: Sequence[str], forget: Sequence[float], retain: Sequence[
         hovertemplate="%{text}<br>forget p %{x:.3f}<br>retain p %{y:.3f}<extra></extra>"))
     if forget:
         fig.add_trace(go.Scatter(x=forget[:1], y=retain[:1], mode="markers+text", text=labels[:1],
-                                 textposition="bottom center", name="unedited",
+                                 textposition="bottom left", name="unedited",
                                  marker=dict(size=14, symbol="star", color=MUTED)))
     if current is not None and 0 < current < len(forget):
         fig.add_trace(go.Scatter(x=[forget[current]], y=[retain[current]], mode="markers", name="current edit",
                                  marker=dict(size=20, color="rgba(0,0,0,0)", line=dict(color=FORGET, width=3))))
-    fig.update_xaxes(title=f"{forget_set}: mean p(gold answer), lower = forgot more", rangemode="tozero")
-    fig.update_yaxes(title=f"{retain_set}: mean p(gold answer), higher = kept more", rangemode="tozero")
-    return _layout(fig, "Sweep: forgetting against keeping", height=380, showlegend=False)
+    fig.update_xaxes(title=f"{forget_set}: mean p(gold answer) ↓", rangemode="tozero")
+    fig.update_yaxes(title=f"{retain_set}: mean p(gold answer) ↑", rangemode="tozero")
+    return _layout(fig, "Sweep (top left is best)", height=380, showlegend=False)
 
 
 def plot_tradeoff(forget: Sequence[float], kept: Sequence[float], labels: Sequence[str], *,
@@ -156,4 +156,4 @@ def plot_tradeoff(forget: Sequence[float], kept: Sequence[float], labels: Sequen
                                  marker=dict(size=22, color="rgba(0,0,0,0)", line=dict(color=FORGET, width=3))))
     fig.update_xaxes(title=x_title, range=[-0.05, 1.05])
     fig.update_yaxes(title=y_title, range=[-0.05, 1.1])
-    return _layout(fig, "Runs: forgetting against keeping (top left is best)", height=340, showlegend=False)
+    return _layout(fig, "Runs (top left is best)", height=340, showlegend=False)

@@ -20,7 +20,7 @@ from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserEr
 
 MAX_POINTS = 8  # edits per sweep (each is a full edit of the band)
 SWEEP_EXAMPLES = 40  # forget and retain examples scored per point
-PARAMS = {"beta": "β (c for corruption)", "w_r": "w_r", "rho": "ρ", "band": "band"}
+PARAMS = {"beta": "β (or c)", "w_r": "w_r", "rho": "ρ", "band": "band"}  # c: the corruption target
 FORGET_SETS = ("forget", "knowmem_forget", "verbmem_forget")
 RETAIN_SETS = ("retain", "neighbours", "general", "knowmem_retain", "real_authors", "world_facts")
 
@@ -200,7 +200,7 @@ def on_sweep_select(evt: gr.SelectData, session: Session):
 
 
 def build_sweep_panel() -> SimpleNamespace:
-    with gr.Accordion("Sweep one setting: β, w_r, ρ or the band", open=True):
+    with gr.Accordion("Sweep one setting: β, w_r, ρ or the band", open=True, elem_id="sweep"):
         text.md(text.SWEEP)
         with gr.Row(equal_height=True):
             param = gr.Dropdown([(label, name) for name, label in PARAMS.items()], value="beta",

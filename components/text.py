@@ -82,7 +82,7 @@ SWEEP = ("Each value is a full edit of the session's last edit with that one set
          "scored by the mean probability of the gold answer, teacher-forced, on up to 40 forget and "
          "40 retain evaluation examples: a quick proxy, not the Compare tab's metrics.")
 
-HISTORY = ("**8 · Runs.** Every edit of this session (the last 50), with its settings and, once "
+HISTORY = ("Every edit of this session (the last 50), with its settings and, once "
            "compared, its headline metrics; the scatter puts forgetting against keeping for each "
            "compared run. Click a row to put its settings back into the Edit panel.")
 
