@@ -202,13 +202,13 @@ def on_sweep_select(evt: gr.SelectData, session: Session):
 def build_sweep_panel() -> SimpleNamespace:
     with gr.Accordion("Sweep one setting: β, w_r, ρ or the band", open=True, elem_id="sweep"):
         text.md(text.SWEEP)
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=True, elem_id="sweep-row"):
             param = gr.Dropdown([(label, name) for name, label in PARAMS.items()], value="beta",
                                 label="Setting", scale=1, min_width=140)
             values = gr.Textbox(label=f"Values (at most {MAX_POINTS}; empty: five around the current one)",
                                 placeholder="e.g. 50, 100, 200   ·   bands: 2-4; 3-5; 4", scale=3,
                                 min_width=200)
-            button = gr.Button("Sweep", scale=0, min_width=100, elem_id="sweep-button")
+        button = gr.Button("Sweep", elem_id="sweep-button")
         plot = gr.Plot(plots.empty_figure("Run an edit, then Sweep.", 320), show_label=False,
                        elem_id="sweep-plot")
         note = gr.Markdown("", elem_id="sweep-note")
