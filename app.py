@@ -26,17 +26,18 @@ from components.benchmark_panel import (build_benchmark_panel, build_examples_pa
                                         read_benchmark, splits_for)
 from components.compare_panel import (build_compare_panel, compare, generate, result_card,
                                       warm_base_rows)
-from components.diagnostics_panel import (beta_sweep, build_diagnostics_panel, influence_bars,
-                                          influence_example, matrix_choices, on_table_select,
-                                          pca_plot, quant_check)
+from components.diagnostics_panel import (build_diagnostics_panel, influence_bars, influence_example,
+                                          matrix_choices, on_table_select, pca_plot, quant_check)
 from components.edit_panel import build_edit_panel, fill_preset, reset, run_edit, warm_edit
 from components.errors import ui_errors
-from components.export_panel import build_export_panel, export
+from components.export_panel import build_export_panel, export, import_run
 from components.guard import QueueGuard, UploadGuard
+from components.history_panel import build_history_panel, on_history_select, show_history
 from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
 from components.limits import limit
 from components.model_panel import build_model_panel, ensure_model, load_model, model_key
 from components.session import DEMO, DEVICE_QUEUE, REAL, Session
+from components.sweep_panel import on_sweep_select, run_sweep
 
 log = logging.getLogger("grom.studio")
 CSS_PATH = Path(__file__).parent / "assets" / "app.css"
@@ -85,6 +86,7 @@ def build_layout(start_model: str = DEMO) -> SimpleNamespace:
                     ui.layers = build_layers_panel(preset)
                 with gr.Tab("4 · Edit details", id="edit"):
                     ui.result = build_result_view()
+                    ui.runs = build_history_panel()  # the session's runs and sweeps, under the last edit
                 with gr.Tab("5 · Compare", id="compare", elem_id="compare-tab"):
                     # a 135M model on a CPU: ~0.3 s per generated answer, so a shorter first look
                     ui.compare = build_compare_panel(10 if start_model == REAL else 20)
@@ -113,7 +115,7 @@ def wire(ui: SimpleNamespace) -> None:
     m.load.click(load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
                  api_name="load_model", **DEVICE) \
      .success(on_method_change, bl.method, bl.lr, **LOCAL)  # the new model's default lr
-    b.name.change(on_benchmark_change, b.name, b.split, **LOCAL)
+    b.name.change(on_benchmark_change, [b.name, b.split], b.split, **LOCAL)
     b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
                  [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark") \
      .success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
@@ -136,8 +138,10 @@ def wire(ui: SimpleNamespace) -> None:
     run.success(after_edit, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
        .success(compare, *compare_io, api_name="compare_after_edit", api_visibility="private",
                 show_progress_on=[e.status, c.summary], **DEVICE) \
-       .success(result_card, s, e.status, scroll_to_output=True, **LOCAL)
-    c.run.click(compare, *compare_io, api_name="compare", **DEVICE)
+       .success(result_card, s, e.status, scroll_to_output=True, **LOCAL) \
+       .success(show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
+    c.run.click(compare, *compare_io, api_name="compare", **DEVICE) \
+     .success(show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
     c.ask.click(generate, [c.prompt, s], c.prompt_html, api_name="generate", **DEVICE)
     bl.method.change(on_method_change, bl.method, bl.lr, **LOCAL)
     bl.run.click(run_baseline, [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
@@ -154,10 +158,30 @@ def wire(ui: SimpleNamespace) -> None:
     d.show.click(influence_example, [d.rank, s], [d.infl_example, d.infl_plot],
                  api_name="influence_example")
     d.infl_table.select(on_table_select, s, [d.infl_example, d.infl_plot], **LOCAL)
-    d.sweep_btn.click(beta_sweep, [d.points, d.spread, s], [d.sweep_plot, d.sweep_table],
-                      api_name="beta_sweep", **DEVICE)
     d.quant_btn.click(quant_check, [d.quant_n, s], [d.quant_table, d.quant_note],
                       api_name="quantization", **DEVICE)
+    wire_runs(ui, run)
+
+
+def wire_runs(ui: SimpleNamespace, run) -> None:
+    """The run history and sweeps (under Edit details): the history after each edit,
+    comparison and import; a click on a history or sweep row, or an imported edit.json,
+    restores the Edit panel."""
+    s, e, ly, h, x, b = ui.session, ui.edit, ui.layers, ui.runs, ui.export, ui.bench
+    restored = [e.preset, e.target, e.beta, e.beta_log, e.beta_relative, e.w_r, e.w_r_log, e.rho,
+                e.rho_log, e.c, e.matrix, e.use_alpha, ly.band_mode, ly.band_text, ly.k, e.seed,
+                e.forget_budget, e.retain_budget, e.batch_size, e.retain_examples]
+    shown = [h.table, h.plot]
+    run.success(show_history, s, shown, **LOCAL)  # the new row; its metrics after the comparison
+    h.table.select(on_history_select, s, restored + [h.note], **LOCAL)
+    h.sweep.table.select(on_sweep_select, s, restored + [h.sweep.note], **LOCAL)
+    h.sweep.button.click(run_sweep, [h.sweep.param, h.sweep.values, s],
+                         [h.sweep.plot, h.sweep.table, h.sweep.note], api_name="sweep", **DEVICE)
+    x.load.click(import_run, [x.uploads, s],
+                 restored + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df,
+                             ui.result.summary, ui.result.table, ui.result.norms, x.load_note],
+                 api_name="import_run", **DEVICE) \
+     .success(show_history, s, shown, **LOCAL)
 
 
 def on_k(k, band_mode, band_text, show_parts, session: Session):

@@ -59,10 +59,11 @@ def splits_for(name: str) -> list[str]:
     return list(spec.splits) if spec else []
 
 
-def on_benchmark_change(name: str):
-    """The split choices of the chosen benchmark (no model needed)."""
+def on_benchmark_change(name: str, split: str | None = None):
+    """The split choices of the chosen benchmark (no model needed); the current split stays
+    where the new benchmark has it (an import sets both at once)."""
     splits = splits_for(name)
-    return gr.Dropdown(choices=splits, value=splits[0] if splits else None)
+    return gr.Dropdown(choices=splits, value=split if split in splits else splits[0] if splits else None)
 
 
 def _file_path(upload) -> str | None:
@@ -165,6 +166,7 @@ def load_benchmark(name: str, split: str, source: str, forget_file, retain_file,
                            session.model_key.name if session.model_key else None)
     session.benchmark = bench
     session.bench_label = f"{name}/{bench.split}"
+    session.extra["bench_source"] = (source or "").strip()  # the run's record (components.runs)
     session.scores = session.scores_for = None
     preset = preset_for(name, bench.split)
     info = describe(bench) + preset_note(name, bench.split)

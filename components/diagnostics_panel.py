@@ -1,6 +1,6 @@
 """Diagnostics panel: the PCA of the edited matrix's outputs before and after, the
-per-example influence bars (Theorem 2), a beta sweep of forgetting against keeping, and
-the 4-bit quantization check."""
+per-example influence bars (Theorem 2) and the 4-bit quantization check. (Sweeps: the Runs
+tab, components.sweep_panel.)"""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -14,11 +14,10 @@ from components import plots, text
 from components.edit_panel import whole_number
 from components.compare_panel import examples_per_set
 from components.errors import shorten, ui_errors
-from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
+from components.session import (DEVICE_LOCK, ModelKey, Session, UserError,
                                 current_benchmark, current_edit, current_model,
-                                device_progress, on_device, resident)
+                                on_device, resident)
 
-SWEEP_EXAMPLES = 40
 SHOWN_POINTS = 200  # examples per side drawn (and fitted) in the PCA
 TOP_BARS = 40
 
@@ -198,74 +197,6 @@ def on_table_select(evt: gr.SelectData, session: Session):
     return influence_example(int(row) + 1, session)
 
 
-# ---------------------------------------------------------------- beta sweep
-
-def _qa_subset(examples, n: int) -> tuple:
-    qa = [ex for ex in examples if hasattr(ex, "question") and hasattr(ex, "answer")]
-    if not qa:
-        raise UserError("The sweep scores question/answer examples, and this benchmark's "
-                        "evaluation sets have none.")
-    idx = np.linspace(0, len(qa) - 1, min(n, len(qa))).round().astype(int)
-    return tuple(qa[i] for i in sorted(set(idx)))
-
-
-@on_device
-def _sweep(key: ModelKey, forget, retain, config, param: str, values, f_eval, r_eval, progress,
-           current=None):
-    """`current`: the session's edit, reused for its own value instead of being solved again."""
-    from grom import run_edit
-    from grom.eval import answer_probabilities
-
-    fmt = config.prompt_format
-    with DEVICE_LOCK:
-        handle = resident(key, "sweep")
-        model, tok = handle.model, handle.tokenizer
-
-        def probs():
-            return (float(answer_probabilities(model, tok, f_eval, prompt_format=fmt).mean()),
-                    float(answer_probabilities(model, tok, r_eval, prompt_format=fmt).mean()))
-
-        out = [(0.0, *probs())]
-        for i, v in enumerate(values):
-            if progress:
-                progress(i / len(values), f"{param} = {v:.3g}: edit and score")
-            same = current is not None and v == getattr(current.config, param)
-            e = current if same else run_edit(model, tok, forget, retain,
-                                              config.replace(**{param: v}, keep_keys=False))
-            with e.applied(model):
-                out.append((v, *probs()))
-    return out
-
-
-@ui_errors
-def beta_sweep(points: int, spread: float, session: Session, progress=gr.Progress()):
-    """Edits at beta (or c) x spread^j around the current value, on the current band;
-    returns forget efficacy against model utility."""
-    handle = current_model(session)
-    edit = current_edit(session)
-    bench = current_benchmark(session)
-    points = whole_number(points, "number of points", 2, 9)
-    spread = float(spread) if isinstance(spread, (int, float)) else float("nan")
-    if not 1.1 <= spread <= 10:  # NaN fails this too
-        raise UserError("Use 2 to 9 points and a spread between 1.1 and 10.")
-    cfg = edit.config
-    param = "c" if cfg.target == "corruption" else "beta"
-    current = getattr(cfg, param)
-    values = sorted({float(f"{current * spread ** (j - points // 2):.4g}") for j in range(points)} | {current})
-    config = cfg.replace(layers=tuple(edit.band) or None)
-    forget, retain = session.extra.get("edit_inputs", (bench.forget, bench.retain))
-    sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}
-    f_eval = _qa_subset(sets.get("forget", bench.forget), SWEEP_EXAMPLES)
-    r_eval = _qa_subset(sets.get("retain", bench.retain), SWEEP_EXAMPLES)
-    res = _sweep(handle.key, forget, retain, config, param, values, f_eval, r_eval,
-                 device_progress(lambda f, m: progress(f, desc=m)), current=edit)
-    frame = pd.DataFrame([{param: v, "p(forget answer)": round(pf, 4), "p(retain answer)": round(pr, 4),
-                           "forget efficacy": round(1 - pf, 4)} for v, pf, pr in res])
-    fig = plots.plot_beta_sweep([v for v, _, _ in res], [1 - pf for _, pf, _ in res],
-                                [pr for _, _, pr in res], current=current)
-    return fig, frame
-
-
 # ---------------------------------------------------------------- quantization
 
 @on_device
@@ -311,14 +242,6 @@ def build_diagnostics_panel() -> SimpleNamespace:
                 rank = gr.Number(value=1, label="Show the example at rank")  # checked by the handler
                 show = gr.Button("Show", size="sm")
                 infl_example = gr.Markdown("")
-    with gr.Accordion("β sweep: forget efficacy against model utility", open=False):
-        text.md(text.SWEEP)
-        with gr.Row(equal_height=True):
-            points = gr.Slider(2, 9, value=5, step=1, label="points")
-            spread = gr.Slider(1.5, 10, value=2, step=0.5, label="spread (× per step)")
-            sweep_btn = gr.Button("Sweep", size="sm", scale=0, min_width=100)
-        sweep_plot = gr.Plot(plots.empty_figure("Run an edit, then Sweep."), show_label=False)
-        sweep_table = gr.Dataframe(interactive=False, max_height=240)
     with gr.Accordion("4-bit quantization check", open=False):
         text.md(text.QUANT)
         with gr.Row(equal_height=True):
@@ -328,7 +251,5 @@ def build_diagnostics_panel() -> SimpleNamespace:
         quant_note = gr.Markdown("")
     return SimpleNamespace(matrix=matrix, pca_btn=pca_btn, pca=pca, pca_note=pca_note,
                            infl_btn=infl_btn, infl_plot=infl_plot, infl_table=infl_table, rank=rank,
-                           show=show, infl_example=infl_example, points=points, spread=spread,
-                           sweep_btn=sweep_btn, sweep_plot=sweep_plot, sweep_table=sweep_table,
-                           quant_n=quant_n, quant_btn=quant_btn, quant_table=quant_table,
-                           quant_note=quant_note)
+                           show=show, infl_example=infl_example, quant_n=quant_n, quant_btn=quant_btn,
+                           quant_table=quant_table, quant_note=quant_note)

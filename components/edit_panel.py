@@ -17,6 +17,7 @@ import pandas as pd
 from components import plots, text
 from components.errors import shorten, ui_errors
 from components.limits import limit, over
+from components.runs import portable_model_name, run_record
 from components.session import (DEVICE_LOCK, REGISTRY, SESSIONS, ModelKey, Session, UserError,
                                 current_benchmark, current_model, device_progress, on_device, resident)
 
@@ -249,6 +250,9 @@ def run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: fl
                          prompt_format=bench.prompt_format)
     edit = compute_edit(handle.key, bench.forget, retain, config, scores,
                         device_progress(lambda f, msg: progress(f, desc=msg)))
+    edit.model_name = portable_model_name(handle.key.name)  # a name, not the server's path
+    edit.run = run_record(handle.key.name, session.bench_label, session.extra.get("bench_source", ""),
+                          retain_examples, seed, len(retain), preset, band_mode, k, edit.band)
     session.edit, session.edit_for, session.dropped = edit, handle.key, ""
     session.extra["edit_inputs"] = (bench.forget, retain)
     session.report = session.report_for = session.influence = None

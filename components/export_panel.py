@@ -1,5 +1,6 @@
 """Export panel: the session's edit as files (patch.safetensors + edit.json) and a code
-snippet that applies it with the library."""
+snippet that applies it with the library; and the way back: an uploaded edit.json restores
+the benchmark and every setting (with patch.safetensors, the edit itself)."""
 from __future__ import annotations
 
 import collections
@@ -13,9 +14,9 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components import text
-from components.errors import ui_errors
+from components.errors import shorten, ui_errors
 from components.limits import limit
-from components.session import DEMO, Session, UserError, current_edit
+from components.session import DEMO, SESSIONS, Session, UserError, current_edit, current_model
 
 EXPORT_FOLDER = "grom-studio-exports"
 _export_times: collections.deque = collections.deque()  # when the last new exports were written
@@ -97,6 +98,120 @@ def export(session: Session):
     return files, note, snippet(name, "grom-edit")
 
 
+IMPORT_MAX_BYTES = {".json": 4 << 20, ".safetensors": 512 << 20}
+
+
+def _uploads(files) -> tuple[Path, Path | None]:
+    """(edit.json, patch.safetensors or None) among the uploaded files."""
+    paths = [Path(f if isinstance(f, str) else getattr(f, "name", f)) for f in (files or [])]
+    if isinstance(files, (str, Path)):
+        paths = [Path(files)]
+    by_kind: dict[str, list[Path]] = {}
+    for path in paths:
+        by_kind.setdefault(path.suffix.lower(), []).append(path)
+    other = [p.name for kind, ps in by_kind.items() if kind not in IMPORT_MAX_BYTES for p in ps]
+    if other or len(by_kind.get(".json", [])) != 1 or len(by_kind.get(".safetensors", [])) > 1:
+        raise UserError("Upload one edit.json (and, to get the edit itself back, its patch.safetensors)"
+                        + (f"; {shorten(', '.join(other))} is neither." if other else "."))
+    for kind, ps in by_kind.items():
+        if ps[0].stat().st_size > IMPORT_MAX_BYTES[kind]:
+            raise UserError(f"{shorten(ps[0].name)} is larger than {IMPORT_MAX_BYTES[kind] >> 20} MB: "
+                            "is it an exported edit?")
+    patch = by_kind.get(".safetensors", [None])[0]
+    return by_kind[".json"][0], patch
+
+
+def _read_meta(path: Path) -> dict:
+    from grom.edit import read_metadata
+
+    try:
+        return read_metadata(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{shorten(path.name)} is not a text file: upload the edit.json an export wrote.") from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def _load_edit(meta_file: Path, patch_file: Path, model):
+    """The uploaded Edit, checked to fit `model` (every patched matrix exists, same shape)."""
+    from safetensors import SafetensorError
+
+    from grom import Edit
+    from grom.edit import META_FILE, PATCH_FILE
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(meta_file, Path(tmp) / META_FILE)
+        shutil.copy(patch_file, Path(tmp) / PATCH_FILE)
+        try:
+            edit = Edit.load(tmp)
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise UserError(f"{shorten(patch_file.name)} is not a readable safetensors file ({shorten(err)}).") from None
+    params = dict(model.named_parameters())
+    for name, P in edit.patches.items():
+        W = params.get(name)
+        if W is None or tuple(W.shape) != tuple(P.shape):
+            raise UserError(f"patch.safetensors does not fit the loaded model: {shorten(name)} "
+                            f"{'is not one of its matrices' if W is None else f'has shape {tuple(P.shape)}, the model {tuple(W.shape)}'}.")
+        if not P.is_floating_point() or not bool(P.isfinite().all()):
+            raise UserError(f"patch.safetensors: {shorten(name)} is not a finite float patch.")
+    return edit
+
+
+@ui_errors
+def import_run(files, session: Session):
+    """Restore an exported run: the benchmark, every setting of the Edit panel and the band
+    (and, with its patch.safetensors, the edit). Nothing changes unless all of it fits."""
+    from components.benchmark_panel import describe, examples_html, read_benchmark
+    from components.edit_panel import edit_summary, layer_table, norms_figure, retain_subset
+    from components.history_panel import add_run, restore
+    from components.runs import check_run, portable_model_name
+    from grom import EditConfig
+
+    meta_file, patch_file = _uploads(files)
+    meta = _read_meta(meta_file)
+    run = check_run(meta.get("run"))
+    config = EditConfig.from_dict(meta["config"])
+    handle = current_model(session)
+    loaded = portable_model_name(handle.key.name)
+    if run["model"] != loaded:
+        raise UserError(f"This run was made with the model {shorten(run['model'])}, and {loaded} is loaded: "
+                        f"load {shorten(run['model'])} in the Model panel, then load the run again.")
+    custom = run["benchmark"] == "custom"
+    bench = None if custom else read_benchmark(run["benchmark"], run["split"], run.get("source", ""),
+                                               None, None, handle.key.name)
+    edit = _load_edit(meta_file, patch_file, handle.model) if patch_file is not None else None
+    if edit is not None and custom and session.benchmark is None:
+        raise UserError("This run used uploaded files (benchmark custom): load them in the Benchmark "
+                        "panel first, then load the run again.")
+    bench_out = [gr.skip()] * 6
+    if bench is not None:
+        if bench is not session.benchmark:
+            session.scores = session.scores_for = None
+        session.benchmark, session.bench_label = bench, f"{run['benchmark']}/{bench.split}"
+        session.extra["bench_source"] = run.get("source", "")
+        # the split's choices follow from the name (on_benchmark_change keeps this split)
+        bench_out = [run["benchmark"], bench.split,
+                     run.get("source", ""), describe(bench),
+                     examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
+                     examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples")]
+    values = restore(config.to_dict(), run, session, f"the run of {meta_file.name}")
+    note = values[-1] + (" Its benchmark was uploaded files (custom): load them in the Benchmark panel."
+                         if custom else "")
+    result = [gr.skip()] * 3
+    if edit is not None:
+        b = session.benchmark
+        session.edit, session.edit_for, session.dropped = edit, handle.key, ""
+        SESSIONS.touch(session)  # counted among the sessions holding an edit
+        session.extra["edit_inputs"] = (b.forget, retain_subset(b.retain, run["retain_examples"], run["seed"]))
+        session.report = session.report_for = session.influence = None
+        add_run(session, edit, source="import")
+        note += (" The edit itself is loaded: Compare and Export use it (the diagnostics need its keys: "
+                 "run it again for those).")
+        result = [f"**Loaded** from {shorten(patch_file.name)}. " + edit_summary(edit), layer_table(edit),
+                  norms_figure(edit)]
+    return values[:-1] + bench_out + result + [note]
+
+
 def build_export_panel() -> SimpleNamespace:
     text.md(text.EXPORT, elem_classes="panel-intro")
     button = gr.Button("Export the edit", variant="secondary")
@@ -104,4 +219,11 @@ def build_export_panel() -> SimpleNamespace:
     note = gr.Markdown("")
     code = gr.Code(language="python", label="Apply it with the library", interactive=False,
                    value=snippet(DEMO, "grom-edit"))
-    return SimpleNamespace(button=button, files=files, note=note, code=code)
+    text.md(text.IMPORT, elem_classes="panel-intro")
+    with gr.Row(equal_height=True):
+        uploads = gr.File(label="edit.json (and patch.safetensors)", file_count="multiple",
+                          file_types=[".json", ".safetensors"], height=110, elem_id="import-files", scale=3)
+        load = gr.Button("Load the run", scale=1, min_width=120, elem_id="import-button")
+    load_note = gr.Markdown("", elem_id="import-note")
+    return SimpleNamespace(button=button, files=files, note=note, code=code, uploads=uploads, load=load,
+                           load_note=load_note)

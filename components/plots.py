@@ -121,21 +121,39 @@ def plot_influence(shares: Sequence[float], labels: Sequence[str], *, top: int =
     return _layout(fig, "Per-example influence ‖P − P₋ᵢ‖ / ‖P‖ (Theorem 2)", height=320)
 
 
-def plot_beta_sweep(betas: Sequence[float], efficacy: Sequence[float], utility: Sequence[float],
-                    current: float | None = None) -> go.Figure:
-    """Forget efficacy against model utility, one point per beta, the current one marked."""
-    betas = list(betas)
+def plot_sweep(labels: Sequence[str], forget: Sequence[float], retain: Sequence[float],
+               forget_set: str, retain_set: str, current: int | None = None) -> go.Figure:
+    """One point per sweep value (index 0: the unedited model, a grey star): the mean
+    p(gold answer) on the forget set against that on the retain set; `current` (an index)
+    ringed. Good points sit top left: forgotten, kept."""
+    labels, forget, retain = list(labels), list(forget), list(retain)
     fig = go.Figure(go.Scatter(
-        x=list(efficacy), y=list(utility), mode="lines+markers+text", text=[f"β={b:.3g}" for b in betas],
-        textposition="top center", marker=dict(size=10, color=np.log10(np.maximum(betas, 1e-9)),
-                                               colorscale="Viridis"),
-        line=dict(color=MUTED), hovertemplate="%{text}<br>forget efficacy %{x:.3f}"
-                                              "<br>model utility %{y:.3f}<extra></extra>"))
-    if current is not None and current in betas:
-        i = betas.index(current)
-        fig.add_trace(go.Scatter(x=[efficacy[i]], y=[utility[i]], mode="markers", name="current β",
-                                 marker=dict(size=18, color="rgba(0,0,0,0)",
-                                             line=dict(color=ACCENT, width=3))))
-    fig.update_xaxes(title="forget efficacy (1 − p(answer) on forget)", rangemode="tozero")
-    fig.update_yaxes(title="model utility (p(answer) on retain)", rangemode="tozero")
-    return _layout(fig, "β sweep: forgetting against keeping", height=380, showlegend=False)
+        x=forget[1:], y=retain[1:], mode="lines+markers+text", text=labels[1:], textposition="top center",
+        marker=dict(size=11, color=ACCENT), line=dict(color=MUTED), name="edits",
+        hovertemplate="%{text}<br>forget p %{x:.3f}<br>retain p %{y:.3f}<extra></extra>"))
+    if forget:
+        fig.add_trace(go.Scatter(x=forget[:1], y=retain[:1], mode="markers+text", text=labels[:1],
+                                 textposition="bottom left", name="unedited",
+                                 marker=dict(size=14, symbol="star", color=MUTED)))
+    if current is not None and 0 < current < len(forget):
+        fig.add_trace(go.Scatter(x=[forget[current]], y=[retain[current]], mode="markers", name="current edit",
+                                 marker=dict(size=20, color="rgba(0,0,0,0)", line=dict(color=FORGET, width=3))))
+    fig.update_xaxes(title=f"{forget_set}: mean p(gold answer) ↓", rangemode="tozero")
+    fig.update_yaxes(title=f"{retain_set}: mean p(gold answer) ↑", rangemode="tozero")
+    return _layout(fig, "Sweep (top left is best)", height=380, showlegend=False)
+
+
+def plot_tradeoff(forget: Sequence[float], kept: Sequence[float], labels: Sequence[str], *,
+                  x_title: str, y_title: str) -> go.Figure:
+    """The run history's trade-off: one point per compared run, numbered, the latest ringed."""
+    forget, kept, labels = list(forget), list(kept), list(labels)
+    fig = go.Figure(go.Scatter(
+        x=forget, y=kept, mode="markers+text", text=[s.split(":")[0] for s in labels], customdata=labels,
+        textposition="top center", marker=dict(size=12, color=ACCENT, opacity=0.8),
+        hovertemplate="%{customdata}<br>forget %{x:.3f}<br>kept %{y:.3f}<extra></extra>"))
+    if forget:
+        fig.add_trace(go.Scatter(x=forget[-1:], y=kept[-1:], mode="markers", name="latest",
+                                 marker=dict(size=22, color="rgba(0,0,0,0)", line=dict(color=FORGET, width=3))))
+    fig.update_xaxes(title=x_title, range=[-0.05, 1.05])
+    fig.update_yaxes(title=y_title, range=[-0.05, 1.1])
+    return _layout(fig, "Runs (top left is best)", height=340, showlegend=False)

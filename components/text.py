@@ -77,17 +77,29 @@ rank-$c_i$ term, $\Delta P_i = P - P_{-i} = L_i R_i^\top$, found from the cached
 one $c_i \times c_i$ solve (Woodbury). Bars show $\lVert \Delta P_i\rVert_F / \lVert P\rVert_F$;
 pick a rank to read the example."""
 
-SWEEP = ("Each β is a full edit of the same band (the layer scores are reused); efficacy and "
-         "utility come from the probability of the gold answer, teacher-forced, on small "
-         "forget and retain subsets.")
+SWEEP = ("Each value is a full edit of the session's last edit with that one setting changed "
+         "(its band, data and seed kept; the forward pass up to the band is reused). A point is "
+         "scored by the mean probability of the gold answer, teacher-forced, on up to 40 forget and "
+         "40 retain evaluation examples: a quick proxy, not the Compare tab's metrics.")
+
+HISTORY = ("Every edit of this session (the last 50), with its settings and, once "
+           "compared, its headline metrics; the scatter puts forgetting against keeping for each "
+           "compared run. Click a row to put its settings back into the Edit panel.")
 
 QUANT = ("A 4-bit copy of the edited model should still forget: an edit that lives below the "
          "quantization step would come back after quantizing.")
 
 EXPORT = ("**7 · Export.** The edit is data: the patch $P$ per matrix in safetensors and the "
-          "config in JSON; apply it to the same base model with the library.")
+          "settings in JSON (the model by its name, the benchmark, split, retain sample and seed, "
+          "every setting and the band); apply it to the same base model with the library, or load "
+          "it back here.")
+
+IMPORT = ("**Load a run.** Upload an exported `edit.json`: the benchmark and every setting come back "
+          "(press Run edit to run it again). Upload `patch.safetensors` with it and, if the model "
+          "matches, the edit itself comes back too.")
 
 SNIPPET = '''\
+# pip install .   (in the GROM Studio repository: the package grom-studio, which provides grom)
 from grom import Edit
 from grom.models import load_model
 

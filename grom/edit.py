@@ -76,6 +76,9 @@ class Edit:
     keys: dict[str, LayerKeys] = field(default_factory=dict)  # by param name, if kept
     method: str = "grom"  # what made it: "grom" or a grom.baselines method ("ga", "npo", ...)
     info: dict = field(default_factory=dict)  # method-specific, JSON-able (baselines: settings, losses)
+    # How to reproduce it beyond the config, JSON-able (the studio: the model by name, the
+    # benchmark, split, retain sample size and seed, the band mode and preset)
+    run: dict = field(default_factory=dict)
     _saved: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _untied: bool = field(default=False, repr=False)
 
@@ -144,6 +147,7 @@ class Edit:
             "model_name": self.model_name,
             "method": self.method,
             "info": self.info,
+            "run": self.run,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -159,7 +163,7 @@ class Edit:
         path = Path(path)
         if not (path / PATCH_FILE).exists() or not (path / META_FILE).exists():
             raise FileNotFoundError(f"{path} holds no saved edit (expected {PATCH_FILE} and {META_FILE})")
-        meta = json.loads((path / META_FILE).read_text())
+        meta = read_metadata((path / META_FILE).read_text())
         return cls(
             config=EditConfig.from_dict(meta["config"]),
             patches=load_file(str(path / PATCH_FILE)),
@@ -170,4 +174,29 @@ class Edit:
             model_name=meta.get("model_name"),
             method=meta.get("method", "grom"),
             info=meta.get("info", {}),
+            run=meta.get("run") or {},
         )
+
+
+def read_metadata(text: str) -> dict:
+    """The contents of an ``edit.json``, checked: valid JSON, an object, with a valid
+    "config" (ValueError saying what is wrong otherwise)."""
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{META_FILE} is not valid JSON ({err.msg}, line {err.lineno} column "
+                         f"{err.colno}): upload the edit.json an export wrote.") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{META_FILE} must hold a JSON object with a \"config\", not a "
+                         f"{type(meta).__name__}.")
+    if not isinstance(meta.get("config"), dict):
+        raise ValueError(f"{META_FILE} has no \"config\" object (the edit's settings): upload the "
+                         "edit.json an export wrote.")
+    try:
+        EditConfig.from_dict(meta["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{META_FILE}: its config is not valid ({err}).") from None
+    for key, kind in (("run", dict), ("layers", list), ("info", dict), ("timings", dict)):
+        if meta.get(key) is not None and not isinstance(meta[key], kind):
+            raise ValueError(f"{META_FILE}: \"{key}\" must be a JSON {kind.__name__.replace('dict', 'object')}.")
+    return meta

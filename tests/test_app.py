@@ -82,11 +82,10 @@ def test_the_demo_pipeline_through_the_api(url, tmp_path):
     example3, _ = c.predict(3, api_name="/influence_example")
     assert "Rank 3" in example3
 
-    sweep, points = c.predict(points=2, spread=2.0, api_name="/beta_sweep")
-    betas = [row[0] for row in points["data"]]
-    assert betas == [0.0, 75.0, 150.0] and sweep["type"] == "plotly"
-    efficacy = [row[3] for row in points["data"]]
-    assert efficacy[0] < efficacy[-1]  # a stronger edit forgets more than none
+    sweep, points, _ = c.predict("beta", "75, 150", api_name="/sweep")
+    assert [row[0] for row in points["data"]] == ["base (no edit)", "β 75", "β 150"] and sweep["type"] == "plotly"
+    p_forget = [row[1] for row in points["data"]]
+    assert p_forget[0] > p_forget[-1]  # a stronger edit forgets more than none
 
     quant, qnote = c.predict(max_examples=5, api_name="/quantization")
     assert [row[0] for row in quant["data"]][:2] == ["Base, full precision", "Base, 4-bit (rtn)"]

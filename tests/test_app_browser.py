@@ -127,3 +127,36 @@ def test_the_real_model_from_page_to_result_card(real_url, browser, width, heigh
     assert overflow <= 1, f"the page scrolls sideways by {overflow}px at {width}px"
     assert not errors, f"page errors: {errors}"
     page.close()
+
+
+def test_the_run_history_restores_a_run_in_the_browser(url, browser, tmp_path):
+    """Two edits (β 150, then 60) make two history rows under Edit details; a click on the
+    first run's row puts β 150 back into the Edit panel (screenshots in /tmp/app_screens/)."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=120_000)
+    beta = page.get_by_label("β (relative)")
+    page.click("#run-edit")
+    page.wait_for_function("document.querySelector('#edit-status')?.innerText.includes('Forgot')", timeout=300_000)
+    beta.fill("60")
+    beta.press("Tab")
+    page.click("#run-edit")
+    page.wait_for_function("!document.querySelector('#edit-status')?.innerText.includes('Forgot')", timeout=60_000)
+    page.wait_for_function("document.querySelector('#edit-status')?.innerText.includes('Forgot')", timeout=300_000)
+    page.get_by_role("tab", name="4 · Edit details").click()
+    page.locator("#history-table").scroll_into_view_if_needed()
+    page.wait_for_function("document.querySelector('#history-table [data-testid=\"cell-1-0\"]')?.innerText === '1'",
+                           timeout=30_000)
+    assert page.locator('#history-table [data-testid="cell-0-3"]').inner_text() == "60 rel."
+    assert beta.input_value() == "60"
+    page.locator('#history-table [data-testid="cell-1-3"]').click()  # run #1, the second row shown
+    page.wait_for_function("document.querySelector('#restore-note')?.innerText.includes('run #1')", timeout=30_000)
+    assert beta.input_value() == "150"
+    assert "Final score" in page.locator("#history-table").inner_text()  # its comparison's metrics
+    page.screenshot(path=str(tmp_path / "history_1366.png"))
+    assert not errors, errors
+    SHARED.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "history_1366.png", SHARED / "history_1366.png")
+    page.close()

@@ -49,10 +49,22 @@ def test_influence_plot_is_sorted_and_marks_the_largest():
     assert fig.data[0].marker.color[0] == plots.ACCENT and fig.layout.annotations[0].text == "largest"
 
 
-def test_sweep_plot_marks_the_current_beta():
-    fig = plots.plot_beta_sweep([0.0, 75.0, 150.0], [0.0, 0.3, 0.6], [0.99, 0.97, 0.9], current=150.0)
-    assert len(fig.data) == 2 and fig.data[1].x[0] == 0.6
+def test_sweep_plot_names_its_axes_and_marks_the_unedited_and_current_points():
+    fig = plots.plot_sweep(["base (no edit)", "β 75", "β 150"], [0.9, 0.5, 0.2], [0.95, 0.94, 0.9],
+                           "forget", "neighbours", current=2)
+    assert list(fig.data[0].x) == [0.5, 0.2] and fig.data[1].marker.symbol == "star"
+    assert fig.data[1].x[0] == 0.9 and fig.data[2].x[0] == 0.2  # unedited; the current edit ringed
+    assert fig.layout.xaxis.title.text.startswith("forget: mean p(gold answer)")
+    assert fig.layout.yaxis.title.text.startswith("neighbours: mean p(gold answer)")
+    assert "utility" not in fig.to_json().lower()  # p(answer) is not the Compare tab's Model utility
     json.loads(fig.to_json())  # serialisable for the browser
+
+
+def test_tradeoff_plot_has_a_point_per_run_and_rings_the_latest():
+    fig = plots.plot_tradeoff([0.8, 0.3], [0.99, 0.9], ["#1: β 50", "#2: β 150"], x_title="Forget fact recall",
+                              y_title="Retain fact recall")
+    assert list(fig.data[0].text) == ["#1", "#2"] and fig.data[1].x[0] == 0.3
+    assert fig.layout.xaxis.title.text == "Forget fact recall"
 
 
 def test_word_diff_marks_runs_of_changed_words():

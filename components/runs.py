@@ -1,0 +1,114 @@
+"""A run's settings as plain data, and the widget values that bring them back.
+
+Every GROM edit of the studio carries `edit.run` (saved as "run" in edit.json): the model
+by its name, the benchmark, split and local source, the retain sample (size and seed),
+the preset, the band mode, k and the band. With `edit.config` that is everything needed
+to run it again; the run history, the sweep and the import restore the Edit panel from
+these two (`widget_values`).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from components.errors import shorten
+from components.session import DEMO, UserError
+
+# what edit.json's "run" must hold to reproduce the edit
+RUN_KEYS = ("model", "benchmark", "split", "retain_examples", "seed")
+# the widgets a restore sets, in the order of `widget_values` (app.py: restore_targets)
+RESTORED = ("preset", "target", "beta", "beta_log", "beta_relative", "w_r", "w_r_log", "rho", "rho_log",
+            "c", "matrix", "use_alpha", "band_mode", "band_text", "k", "seed", "forget_budget",
+            "retain_budget", "batch_size", "retain_examples")
+
+
+def portable_model_name(name: str) -> str:
+    """How a file names the model: "demo", a registry name or a Hub id as they are; a local
+    folder by its path relative to the folder it was found in (models/x -> "x",
+    assets/demo-retain -> "assets/demo-retain"), never the server's absolute path."""
+    from components.sources import REPO_ROOT, allowed_dirs
+
+    path = Path(name)
+    if not path.is_absolute():
+        return name
+    for folder in allowed_dirs("model"):
+        if path == folder or folder in path.parents:
+            if folder == (REPO_ROOT / "assets").resolve():
+                return DEMO if path.name == "demo-full" else str(path.relative_to(REPO_ROOT))
+            return str(path.relative_to(folder))
+    return path.name
+
+
+def run_record(model_name: str, bench_label: str, source: str, retain_examples, seed: int,
+               n_retain: int, preset: str, band_mode: str, k: int, band) -> dict:
+    """The "run" of an edit: what, besides its EditConfig, reproduces it."""
+    benchmark, _, split = (bench_label or "").partition("/")
+    return {"model": portable_model_name(model_name), "benchmark": benchmark, "split": split,
+            "source": (source or "").strip(), "retain_examples": int(retain_examples or 0),
+            "n_retain": int(n_retain), "seed": int(seed), "preset": preset, "band_mode": band_mode,
+            "k": int(k), "band": [int(layer) for layer in band]}
+
+
+def check_run(run) -> dict:
+    """`run` from a file, checked to hold every key `RUN_KEYS` names, of the right kind."""
+    if not isinstance(run, dict) or not run:
+        raise UserError('edit.json has no "run" (the model, benchmark, split, retain sample and '
+                        "seed): it was written by an older version; export the edit again.")
+    missing = [key for key in RUN_KEYS if key not in run]
+    if missing:
+        raise UserError(f'edit.json\'s "run" lacks {", ".join(missing)}: export the edit again.')
+    for key in ("model", "benchmark", "split"):
+        if not isinstance(run[key], str):
+            raise UserError(f'edit.json\'s "run.{key}" must be text (got {shorten(run[key])}).')
+    for key in ("retain_examples", "seed", "k"):
+        value = run.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f'edit.json\'s "run.{key}" must be a whole number >= 0 (got {shorten(value)}).')
+    band = run.get("band", [])
+    if not isinstance(band, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in band):
+        raise UserError(f'edit.json\'s "run.band" must be a list of layer numbers (got {shorten(band)}).')
+    return run
+
+
+def band_text(band) -> str:
+    """[3, 4, 5] -> "3-5"; [2, 7] -> "2,7"."""
+    band = [int(b) for b in band]
+    if not band:
+        return ""
+    if band == list(range(band[0], band[-1] + 1)) and len(band) > 1:
+        return f"{band[0]}-{band[-1]}"
+    return ",".join(map(str, band))
+
+
+def _log(v: float) -> float:
+    return round(math.log10(v), 3) if v and v > 0 else -1.0
+
+
+def widget_values(config: dict, run: dict) -> list:
+    """The Edit panel's (and the band widgets') values for an EditConfig as a dict and its
+    run, in the order of `RESTORED`. The preset becomes "(custom)": choosing a named preset
+    would refill the widgets with its own values."""
+    from components.edit_panel import CUSTOM
+
+    band = run.get("band") or list(config.get("layers") or [])
+    mode = run.get("band_mode") if run.get("band_mode") in ("suggested", "manual") else "manual"
+    if config.get("matrix") == "lm_head":
+        mode = "suggested"
+    k = int(run.get("k") or len(band) or config.get("k") or 1)
+    return [CUSTOM, config["target"], config["beta"], _log(config["beta"]), bool(config["beta_relative"]),
+            config["w_r"], _log(config["w_r"]), config["rho"], _log(config["rho"]), config["c"],
+            config["matrix"], bool(config["use_alpha"]), mode, band_text(band), k,
+            int(run.get("seed", config.get("seed", 0))), config.get("forget_budget") or 0,
+            config.get("retain_budget") or 0, config["batch_size"], int(run.get("retain_examples", 0))]
+
+
+def hidden_differences(config: dict) -> list[str]:
+    """The config's settings that no widget holds and that differ from EditConfig()'s (they
+    came from a preset): a restore with the "(custom)" preset cannot bring them back."""
+    from grom import EditConfig
+
+    default = EditConfig().to_dict()
+    shown = {"target", "beta", "beta_relative", "w_r", "rho", "c", "matrix", "use_alpha", "layers", "k",
+             "seed", "forget_budget", "retain_budget", "batch_size", "prompt_format", "candidates",
+             "keep_keys"}
+    return [f"{key}={config[key]!r}" for key in default if key not in shown and config.get(key) != default[key]]

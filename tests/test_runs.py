@@ -1,0 +1,174 @@
+"""Run records, the run history and the sweep's values, without a server: a run's settings
+restored into the widgets give the same EditConfig back (every preset); an exported edit
+loads back bit for bit and names its model, benchmark and retain sample, never a server
+path; bad edit.json files are refused with what to do."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("gradio")
+
+from components import history_panel as H  # noqa: E402
+from components.edit_panel import RETAIN_EXAMPLES_FOR, edit_config, fill_preset  # noqa: E402
+from components.runs import (RESTORED, band_text, check_run, hidden_differences,  # noqa: E402
+                             portable_model_name, run_record, widget_values)
+from components.session import Session, UserError  # noqa: E402
+from components.sweep_panel import MAX_POINTS, sweep_values  # noqa: E402
+from grom import PRESETS, EditConfig  # noqa: E402
+
+SCORES = SimpleNamespace(S=[0.1 * ((7 * l) % 11) for l in range(32)])  # some S_l: a suggested band
+class FakeEdit(SimpleNamespace):
+    """An edit's settings without patches (a subclass: weak-referenceable, as the history needs)."""
+
+
+EDIT_ARGS = ("preset", "target", "beta", "beta_relative", "w_r", "rho", "c", "matrix", "use_alpha",
+             "band_mode", "band_text", "k", "seed", "forget_budget", "retain_budget", "batch_size")
+
+
+def widgets_of(preset: str) -> dict:
+    """The Edit panel after choosing `preset` (as fill_preset sets it) and a few changes."""
+    (target, beta, _, rel, w_r, _, rho, _, c, matrix, alpha, mode, band, k) = fill_preset(preset)
+    return dict(preset=preset, target=target, beta=beta * 1.5, beta_relative=rel, w_r=w_r, rho=rho, c=c,
+                matrix=matrix, use_alpha=alpha, band_mode=mode, band_text=band if isinstance(band, str) else "",
+                k=k, seed=7, forget_budget=0, retain_budget=1234, batch_size=8)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_a_restored_run_gives_the_same_config_back(preset):
+    w = widgets_of(preset)
+    config = edit_config(**w, n_layers=32, scores=SCORES)
+    band = list(config.layers or [])
+    run = run_record("demo", "demo/forget10", "", 300, 7, 300, preset, w["band_mode"], w["k"], band)
+    values = dict(zip(RESTORED, widget_values(config.to_dict(), run)))
+    assert values["preset"] == "(custom)" and values["retain_examples"] == 300 and values["seed"] == 7
+    again = edit_config(**{k: values[k] for k in EDIT_ARGS}, n_layers=32, scores=SCORES)
+    hidden = hidden_differences(config.to_dict())
+    assert (preset == "zsre") == bool(hidden)  # zsre's key_mode has no widget: the note names it
+    assert again.replace(**{k: getattr(config, k) for k in ("key_mode",)}) == config
+    assert values["beta_log"] == pytest.approx(__import__("math").log10(config.beta), abs=1e-3)
+
+
+def test_model_names_are_portable_and_runs_are_checked(tmp_path, monkeypatch):
+    from components.sources import REPO_ROOT
+
+    assert portable_model_name("demo") == "demo" and portable_model_name("org/m") == "org/m"
+    assert portable_model_name(str((REPO_ROOT / "assets" / "demo-full").resolve())) == "demo"
+    assert portable_model_name(str((REPO_ROOT / "assets" / "demo-retain").resolve())) == "assets/demo-retain"
+    monkeypatch.setenv("GROM_MODELS_DIR", str(tmp_path))
+    assert portable_model_name(str(tmp_path / "my-model")) == "my-model"
+    assert portable_model_name("/somewhere/else/x") == "x"  # never the server's path
+    assert band_text([3, 4, 5]) == "3-5" and band_text([2, 7]) == "2,7" and band_text([4]) == "4"
+    run = run_record("demo", "demo/forget10", " ", 0, 0, 400, "demo", "manual", 3, (3, 4, 5))
+    assert check_run(json.loads(json.dumps(run))) == run
+    with pytest.raises(UserError, match="no \"run\""):
+        check_run({})
+    with pytest.raises(UserError, match="lacks split"):
+        check_run({k: v for k, v in run.items() if k != "split"})
+    with pytest.raises(UserError, match="run.seed"):
+        check_run(run | {"seed": -1})
+    with pytest.raises(UserError, match="run.band"):
+        check_run(run | {"band": ["3"]})
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{not json", "not valid JSON"), ("[1, 2]", "JSON object"), ('{"run": {}}', 'no "config"'),
+    ('{"config": {"beta": -1}}', "config is not valid"), ('{"config": {"colour": 1}}', "unknown EditConfig"),
+    ('{"config": {}, "run": [1]}', '"run" must be a JSON object'),
+])
+def test_bad_edit_json_is_refused_with_what_is_wrong(text, message):
+    from grom.edit import read_metadata
+
+    with pytest.raises(ValueError, match=message):
+        read_metadata(text)
+
+
+@pytest.fixture(scope="module")
+def demo_edit():
+    """A real edit of the bundled demo model (a few examples: quick)."""
+    from grom import run_edit
+    from grom.data import load_benchmark
+    from grom.demo import load_demo_model
+
+    model, tok = load_demo_model("full")
+    bench = load_benchmark("demo", "forget10")
+    config = PRESETS["demo"].replace(prompt_format=bench.prompt_format)
+    edit = run_edit(model, tok, bench.forget[:20], bench.retain[:40], config)
+    edit.run = run_record("demo", "demo/forget10", "", 40, 0, 40, "demo", "manual", 3, edit.band)
+    return model, edit
+
+
+def test_an_exported_edit_loads_back_bit_for_bit_with_its_run(demo_edit, tmp_path):
+    from grom import Edit
+
+    model, edit = demo_edit
+    edit.model_name = portable_model_name(edit.model_name)  # what the studio writes
+    edit.save(tmp_path)
+    meta = (tmp_path / "edit.json").read_text()
+    assert str(tmp_path.anchor) + "work" not in meta and '"model_name": "demo"' in meta
+    loaded = Edit.load(tmp_path)
+    assert loaded.run == edit.run and loaded.config == edit.config and loaded.band == edit.band
+    assert set(loaded.patches) == set(edit.patches)
+    for name, P in edit.patches.items():  # bit for bit
+        assert loaded.patches[name].dtype == P.dtype and torch.equal(loaded.patches[name], P)
+    values = dict(zip(RESTORED, widget_values(loaded.config.to_dict(), loaded.run)))
+    assert values["band_text"] == "3-5" and values["beta"] == edit.config.beta
+
+
+def test_the_history_keeps_settings_and_metrics_and_restores_a_row(demo_edit):
+    from grom.eval.report import BASE, EDITED, Report, Row
+
+    _, edit = demo_edit
+    session = Session()
+    session.edit, session.bench_label = edit, "demo/forget10"
+    table, _ = H.show_history(session)
+    table, _ = H.show_history(session)  # the same edit: still one row
+    assert len(table) == 1 and table.iloc[0]["#"] == 1 and table.iloc[0]["band"] == "3-5"
+    report = Report("demo-authors", "forget10", "tofu", {
+        BASE: Row({"Final score": 0.5, "Forget fact recall": 0.9, "Retain fact recall": 0.95}),
+        EDITED: Row({"Final score": 0.6, "Forget fact recall": 0.3, "Retain fact recall": 0.9,
+                     "Model utility": 0.5, "Retain cost": 0.05})}, 1.0)
+    session.report, session.report_for = report, (None, edit, 8)
+    table, fig = H.show_history(session)
+    row = table.iloc[0]
+    assert (row["Final score"], row["Forget fact recall"], row["Retain fact recall"], row["Retain cost"]) == \
+        (0.6, 0.3, 0.9, 0.05)
+    assert list(fig.data[0].x) == [0.3] and list(fig.data[0].y) == [0.9]
+    assert "patches" not in str(H.history(session)[0]) and "Tensor" not in str(H.history(session)[0])
+    second = EditConfig(**(edit.config.to_dict() | {"beta": 40.0, "layers": (2, 3)}))
+    session.edit = FakeEdit(config=second, run=edit.run | {"band": [2, 3]}, timings={"total": 1.0},
+                                   method="grom")
+    table, _ = H.show_history(session)
+    assert list(table["#"]) == [2, 1] and list(table["β"]) == ["40 rel.", "150 rel."]
+    evt = SimpleNamespace(index=[1, 3])  # a click on the second row shown: run #1
+    values = H.on_history_select.__wrapped__(evt, session)
+    restored = dict(zip(RESTORED, values))
+    assert restored["beta"] == 150.0 and restored["band_text"] == "3-5" and "run #1" in values[-1]
+
+
+def test_the_history_is_capped():
+    session = Session()
+    edits = [FakeEdit(config=EditConfig(beta=float(i + 1)), run={}, timings={}, method="grom")
+             for i in range(H.MAX_ROWS + 5)]
+    for e in edits:
+        H.add_run(session, e)
+    rows = H.history(session)
+    assert len(rows) == H.MAX_ROWS and rows[0]["n"] == 6 and rows[-1]["n"] == H.MAX_ROWS + 5
+
+
+def test_sweep_values_typed_default_and_bounded():
+    cfg = EditConfig(beta=150.0, w_r=100.0, rho=0.03, layers=(3, 4, 5))
+    assert sweep_values("beta", "", cfg, [3, 4, 5], 6) == [37.5, 75.0, 150.0, 300.0, 600.0]
+    assert sweep_values("w_r", "10, 100 100;1e3", cfg, [3, 4, 5], 6) == [10.0, 100.0, 1000.0]
+    assert sweep_values("band", "2-4; 3-5|5", cfg, [3, 4, 5], 6) == [(2, 3, 4), (3, 4, 5), (5,)]
+    assert sweep_values("band", "", cfg, [3, 4, 5], 6) == [(0, 1, 2), (1, 2, 3), (2, 3, 4), (3, 4, 5)]
+    for param, values, message in [("beta", "abc", "not a number"), ("rho", "0", "out of range"),
+                                    ("beta", ", ".join(map(str, range(1, MAX_POINTS + 2))), "at most"),
+                                    ("band", "4-9", "outside the model"), ("w_r", "1e12", "out of range")]:
+        with pytest.raises(UserError, match=message):
+            sweep_values(param, values, cfg, [3, 4, 5], 6)
+    with pytest.raises(UserError, match="no band"):
+        sweep_values("band", "", cfg.replace(matrix="lm_head", layers=None), [], 6)
