@@ -127,7 +127,7 @@ def test_every_request_is_bounded_by_the_hosts_limits(url, monkeypatch, tmp_path
     fails(c, r"Examples per set: 150.*GROM_MAX_EVAL_EXAMPLES", max_examples=150, api_name="/compare")
     # NaN from the number boxes (JSON NaN, which a script can send): a message, not an empty error
     for api, kw in (("/compare", {"max_examples": NAN}), ("/quantization", {"max_examples": NAN}),
-                    ("/run_baseline", {"max_examples": NAN}), ("/beta_sweep", {"points": NAN})):
+                    ("/run_baseline", {"max_examples": NAN})):
         assert "whole number" in raw_error(c, url, api, **kw), api
     assert "Epochs = nan" in raw_error(c, url, "/run_baseline", epochs=NAN)
     assert "Learning rate = nan" in raw_error(c, url, "/run_baseline", lr=NAN)
