@@ -103,6 +103,7 @@ def build_result_view() -> SimpleNamespace:
     text.md(text.EDIT_MATH, elem_classes="math")
     summary = gr.Markdown("No edit yet.", elem_id="result-summary")
     table = gr.Dataframe(label="Per edited matrix", interactive=False, wrap=True)
+    text.md(text.PATCH_RATIO, elem_classes="panel-intro")
     norms = gr.Plot(plots.empty_figure("Run an edit to see its patch norms.", 260), show_label=False)
     return SimpleNamespace(summary=summary, table=table, norms=norms)
 

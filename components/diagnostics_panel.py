@@ -332,7 +332,7 @@ def build_diagnostics_panel() -> SimpleNamespace:
             show = gr.Button("Show", size="sm", scale=1, min_width=80)  # the rank is checked by the handler
         infl_example = gr.Markdown("", elem_id="influence-example")
         infl_table = gr.Dataframe(label="Forget examples by influence (click a row)", interactive=False,
-                                  max_height=300, wrap=True, column_widths=["64px", "96px", "auto"],
+                                  max_height=300, wrap=True, column_widths=["15%", "20%", "65%"],
                                   elem_id="influence-table")
     with gr.Accordion("β sweep: forget efficacy against model utility", open=False):
         text.md(text.SWEEP)

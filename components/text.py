@@ -62,6 +62,11 @@ for one fixed random unit vector $u$. Only $w_r / w_f$ matters ($w_f = 1$). Then
 $W \leftarrow W + P$, layer by layer through the band.
 """
 
+PATCH_RATIO = ("**‖P‖/‖W‖** is the size of the patch against the size of the matrix (Frobenius norms, "
+               "summed over every input direction). Tens of percent sound large, but P is solved to act "
+               "only where the forget keys lie: an input feels just the part of P along its own "
+               "direction. How far each set's outputs actually moved is in **6 · Diagnostics**.")
+
 COMPARE = ("**5 · Compare.** The same questions go to the model before and after the edit (and "
            "to the model trained without the forget set, the gold standard): forget answers "
            "should break, retain answers should not move.")
