@@ -93,7 +93,7 @@ def test_the_demo_pipeline_through_the_api(url, tmp_path):
     assert quant["headers"] == ["metric", "Base", "Base 4-bit", "Edited", "Edited 4-bit"]
     metrics = [row[0] for row in quant["data"]]
     assert "Forget ROUGE-L" in metrics and "Retain ROUGE-L" in metrics  # forgotten, and kept?
-    assert "survive 4-bit quantization" in qnote and "4-bit: round-to-nearest" in qnote
+    assert "survives 4-bit quantization" in qnote and "4-bit: round-to-nearest" in qnote
 
     files, note, code = c.predict(api_name="/export")
     names = sorted(Path(f).name for f in files)
