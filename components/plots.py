@@ -63,12 +63,17 @@ def plot_layer_scores(S: Sequence[float], F: Sequence[float], R: Sequence[float]
             fig.add_trace(go.Scatter(x=layers, y=list(values), mode="lines+markers", name=name,
                                      line=dict(color=colour), marker=dict(size=5)), row=2, col=1)
         fig.update_yaxes(title="F_l, R_l", zeroline=True, zerolinecolor="#ced4da", row=2, col=1)
-    dtick = 1 if len(layers) <= 32 else max(1, len(layers) // 16)
-    fig.update_xaxes(tickmode="linear", dtick=dtick, tickfont=dict(size=11 if len(layers) > 20 else 13))
+    # every layer labelled on a small model; on a deep one plotly thins the labels to the
+    # plot's width (30 labels overlap on a phone), the hover still names each layer
+    ticks = dict(tickmode="linear", dtick=1) if len(layers) <= 16 else dict(tickmode="auto")
+    fig.update_xaxes(**ticks, tickfont=dict(size=11 if len(layers) > 20 else 13),
+                     range=[-0.6, len(layers) - 0.4])  # the lines' panel has no bar padding of its own
     fig.update_xaxes(title="layer", row=2 if show_parts else None, col=1 if show_parts else None)
     fig.update_yaxes(title="S_l", zeroline=True, zerolinecolor="#ced4da", **at)
-    return _layout(fig, "Layer scores S_l (the band is edited)", height=460 if show_parts else 360,
-                   showlegend=show_parts, bargap=0.15 if len(layers) > 20 else None)
+    below = dict(legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="center", x=0.5),
+                 margin=dict(l=50, r=20, t=48, b=90)) if show_parts else {}  # clear of the title on a phone
+    return _layout(fig, "Layer scores S_l (the band is edited)", height=500 if show_parts else 360,
+                   showlegend=show_parts, bargap=0.15 if len(layers) > 20 else None, **below)
 
 
 def plot_patch_norms(labels: Sequence[str], norms: Sequence[float],
