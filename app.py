@@ -23,7 +23,7 @@ from components import text
 from components.baseline_panel import on_method_change, run_baseline
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, describe,
                                         examples_html, load_benchmark, on_benchmark_change,
-                                        read_benchmark, splits_for)
+                                        read_benchmark, restore_benchmark, splits_for)
 from components.compare_panel import (build_compare_panel, compare, generate, result_card,
                                       warm_base_rows)
 from components.diagnostics_panel import (build_diagnostics_panel, influence_bars, influence_example,
@@ -35,7 +35,7 @@ from components.guard import QueueGuard, UploadGuard
 from components.history_panel import build_history_panel, on_history_select, show_history
 from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
 from components.limits import limit
-from components.model_panel import build_model_panel, ensure_model, load_model, model_key
+from components.model_panel import build_model_panel, ensure_model, load_model, model_key, restore_model
 from components.session import DEMO, DEVICE_QUEUE, REAL, Session
 from components.sweep_panel import on_sweep_select, run_sweep
 
@@ -66,9 +66,13 @@ def build_layout(start_model: str = DEMO) -> SimpleNamespace:
     # one Session per browser tab (deep-copied from this empty one); gradio frees it an hour
     # after the tab closes
     ui = SimpleNamespace(session=gr.State(Session()))
-    with gr.Row(elem_id="hero", equal_height=True):
-        text.md(text.INTRO, elem_id="intro")
-        text.md(HERO_MATH, elem_id="hero-math", min_width=420)
+    with gr.Row(elem_id="hero", equal_height=False):
+        with gr.Column(scale=3, min_width=300):
+            text.md(text.INTRO, elem_id="intro")
+        with gr.Column(scale=2, min_width=300):
+            text.md(text.HERO_STEPS, elem_id="hero-steps")
+            with gr.Accordion("The math: one closed-form solve per matrix", open=False, elem_id="hero-math-fold"):
+                text.md(HERO_MATH, elem_id="hero-math")
     with gr.Row(equal_height=False, elem_id="setup-row"):
         with gr.Group(elem_classes="panel"):
             ui.model = build_model_panel(start_model)
@@ -103,6 +107,7 @@ def build_result_view() -> SimpleNamespace:
     text.md(text.EDIT_MATH, elem_classes="math")
     summary = gr.Markdown("No edit yet.", elem_id="result-summary")
     table = gr.Dataframe(label="Per edited matrix", interactive=False, wrap=True)
+    text.md(text.PATCH_RATIO, elem_classes="panel-intro")
     norms = gr.Plot(plots.empty_figure("Run an edit to see its patch norms.", 260), show_label=False)
     return SimpleNamespace(summary=summary, table=table, norms=norms)
 
@@ -112,23 +117,31 @@ def wire(ui: SimpleNamespace) -> None:
     s, m, b, e, ly, r, c, d, x = (ui.session, ui.model, ui.bench, ui.edit, ui.layers, ui.result,
                                   ui.compare, ui.diag, ui.export)
     bl = c.baseline
-    m.load.click(load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
-                 api_name="load_model", **DEVICE) \
-     .success(on_method_change, bl.method, bl.lr, **LOCAL)  # the new model's default lr
-    b.name.change(on_benchmark_change, [b.name, b.split], b.split, **LOCAL)
-    b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
-                 [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark") \
-     .success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
+    view = [ly.k, ly.band_mode, ly.band_text, ly.show_parts, s]
+    loaded = m.load.click(load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
+                          api_name="load_model", **DEVICE)
+    loaded.success(on_method_change, bl.method, bl.lr, **LOCAL)  # the new model's default lr
+    loaded.success(redraw, view, [ly.plot, ly.band_info], **LOCAL)  # a new model: the old scores go
+    # a failed load leaves the old model loaded: the widgets say so instead of naming the failed one
+    loaded.failure(restore_model, s, [m.choice, m.device, m.dtype, m.status], **LOCAL)
+    b.name.input(on_benchmark_change, b.name, b.split, **LOCAL)  # the user's choice, not a restore
+    bench = b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
+                         [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark")
+    bench.success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
+    bench.success(redraw, view, [ly.plot, ly.band_info], **LOCAL)  # the scores were of the old data
+    bench.success(benchmark_status, s, e.status, **LOCAL)
+    bench.failure(restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
     e.preset.change(fill_preset, e.preset, [e.target, e.beta, e.beta_log, e.beta_relative, e.w_r,
                                             e.w_r_log, e.rho, e.rho_log, e.c, e.matrix, e.use_alpha,
                                             ly.band_mode, ly.band_text, ly.k], **LOCAL)
     score_inputs = [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text, ly.show_parts,
                     e.retain_examples, e.seed, s]
     ly.compute.click(layer_scores, score_inputs, [ly.plot, ly.band_info], api_name="layer_scores", **DEVICE)
-    view = [ly.k, ly.band_mode, ly.band_text, ly.show_parts, s]
-    ly.k.release(on_k, view, [ly.band_mode, ly.plot, ly.band_info], **LOCAL)
-    for trigger in (ly.band_mode.change, ly.show_parts.change, ly.band_text.submit, ly.band_text.blur):
-        trigger(redraw, view, [ly.plot, ly.band_info], **LOCAL)
+    # k: typed (each keystroke, Enter included) or dragged; a burst redraws once, for its last value
+    for trigger in (ly.k.input, ly.k.release):
+        trigger(on_k, view, [ly.band_mode, ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
+    for trigger in (ly.band_mode.change, ly.show_parts.change, ly.band_text.change):
+        trigger(redraw, view, [ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
     edit_inputs = [e.preset, e.target, e.beta, e.beta_relative, e.w_r, e.rho, e.c, e.matrix,
                    e.use_alpha, ly.band_mode, ly.band_text, ly.k, e.seed, e.forget_budget,
                    e.retain_budget, e.batch_size, e.retain_examples, s]
@@ -195,7 +208,7 @@ def after_edit(k, band_mode, band_text, show_parts, session: Session):
     used), the diagnostics' matrix choices, and the Compare tab."""
     edit = session.edit
     status = (f"Edit ready: layers {', '.join(map(str, edit.band)) or 'LM head'} in "
-              f"{edit.timings['total']:.1f} s; comparing before and after…")
+              f"{edit.timings['total']:.1f} s on **{session.bench_label}**; comparing before and after…")
     plot, info = gr.skip(), gr.skip()
     if session.scores is not None:
         plot = scores_figure(session.scores, k, band_mode, band_text, show_parts)
@@ -206,11 +219,16 @@ def after_edit(k, band_mode, band_text, show_parts, session: Session):
 
 def start_benchmark(model_name: str) -> tuple[str, str]:
     """The benchmark a new page opens on: the demo world for the demo model, else the
-    real-knowledge benchmark (facts a real chat model knows)."""
-    from grom.data import get_spec
+    real-knowledge benchmark (facts a real chat model knows), each on its default split."""
+    from components.benchmark_panel import default_split
 
     name = "demo" if model_name == DEMO else "real-knowledge"
-    return name, "forget10" if name == "demo" else get_spec(name).splits[0]
+    return name, default_split(name)
+
+
+def benchmark_status(session: Session) -> str:
+    """The line under Run edit once a benchmark loaded: which data the next edit uses."""
+    return f"Loaded **{session.bench_label}**: press **Run edit** to unlearn its forget set."
 
 
 @ui_errors

@@ -59,11 +59,57 @@ def splits_for(name: str) -> list[str]:
     return list(spec.splits) if spec else []
 
 
-def on_benchmark_change(name: str, split: str | None = None):
-    """The split choices of the chosen benchmark (no model needed); the current split stays
-    where the new benchmark has it (an import sets both at once)."""
+def default_split(name: str) -> str | None:
+    """The split a benchmark starts on: the demo's forget10 (the TOFU-10% analogue its presets
+    were tuned on), else the registry's first (real-knowledge: the target SmolLM2 knows best)."""
     splits = splits_for(name)
-    return gr.Dropdown(choices=splits, value=split if split in splits else splits[0] if splits else None)
+    if name == "demo" and "forget10" in splits:
+        return "forget10"
+    return splits[0] if splits else None
+
+
+def on_benchmark_change(name: str):
+    """The split choices of the chosen benchmark, on its default split (no model needed)."""
+    return gr.Dropdown(choices=splits_for(name), value=default_split(name))
+
+
+def restore_benchmark(session: Session):
+    """After a failed load: the benchmark and split boxes show what the session still has
+    loaded (what Run edit will use), and the line under them says so."""
+    bench = session.benchmark
+    if bench is None:
+        return gr.skip(), gr.skip(), "⚠ That benchmark did not load (the message says why); none is loaded yet."
+    name = session.bench_label.split("/", 1)[0] or bench.name
+    return (name, gr.Dropdown(choices=splits_for(name), value=bench.split),
+            f"⚠ That benchmark did not load (the message says why). Still loaded, and what Run edit "
+            f"uses: {describe(bench)}")
+
+
+MIN_RETAIN = 20
+
+
+def retain_needed(n_forget: int) -> int:
+    """The fewest retain examples an uploaded benchmark should have: as many as its forget
+    examples, and never fewer than 20.
+
+    Why, from the method: P leaves an output alone only along the key directions the
+    retain keys span (the retain term of A); a direction that only forget keys reach is
+    edited freely, and every other input with a component along it changes too. Retain
+    questions of the same kind as the forget ones reach those directions, and fewer retain
+    than forget examples cannot span what the forget keys span. Twenty, because below it
+    the retain metrics are noise: one answer of 3 moves a retain score by a third, one of
+    20 by 5%, half the 10% loss that marks a retain set as broken."""
+    return max(MIN_RETAIN, int(n_forget))
+
+
+def retain_warning(bench) -> str:
+    """A warning where the retain set is smaller than `retain_needed`, else ""."""
+    need, have = retain_needed(len(bench.forget)), len(bench.retain)
+    if have >= need:
+        return ""
+    return (f" ⚠ Only {have} retain example{'s' * (have != 1)}: too few for the edit to know what "
+            f"to keep, or for the retain metrics to mean much. Upload at least {need} (as many as "
+            f"the forget set, and at least {MIN_RETAIN}).")
 
 
 def _file_path(upload) -> str | None:
@@ -169,7 +215,10 @@ def load_benchmark(name: str, split: str, source: str, forget_file, retain_file,
     session.extra["bench_source"] = (source or "").strip()  # the run's record (components.runs)
     session.scores = session.scores_for = None
     preset = preset_for(name, bench.split)
-    info = describe(bench) + preset_note(name, bench.split)
+    warning = retain_warning(bench)
+    if warning:
+        gr.Warning(warning.strip())
+    info = describe(bench) + preset_note(name, bench.split) + warning
     return (info, examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"), preset)
 

@@ -30,7 +30,9 @@ RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc", "real_aut
                "general")
 SHOWN = 5
 _BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (benchmark, first Report)
-ARROWS = {"down": "↓", "up": "↑", "zero": "→ 0", "half": "→ 0.5"}
+ARROWS = {"down": "↓", "up": "↑", "zero": "→ 0", "half": "→ 0.5", "keep": "≈ base",
+          "reference": "≈ retain model"}
+RETAIN_SIDE = ("Retain", "Real authors", "World facts", "Utility", "Specificity", "Neighbour", "General")
 
 
 def _reference_loader(key: ModelKey):
@@ -121,12 +123,15 @@ def format_metric(value) -> str:
 
 
 def goal_arrow(metric: str) -> str:
-    """Which way a metric should go for a good unlearning edit: ↓, ↑, → 0, → 0.5 or ''."""
+    """Which way a metric should go for a good unlearning edit: ↓, ↑, → 0, → 0.5, ≈ base,
+    ≈ retain model, or '' (a count, such as the facts the unedited model knew)."""
     from grom.eval import DIRECTION
 
-    return ARROWS.get(DIRECTION.get(metric, ""), "↑" if metric in ("Final score", "Model utility")
-                      or metric.startswith(("Retain", "Real", "World", "Utility", "Specificity"))
-                      else "")
+    if metric in DIRECTION:
+        return ARROWS[DIRECTION[metric]]
+    if metric.endswith("facts known"):
+        return ""
+    return "↑" if metric.startswith(RETAIN_SIDE) else ""
 
 
 def _pick(sets: dict, names) -> str | None:
@@ -317,6 +322,8 @@ def build_compare_panel(examples: int = 20) -> SimpleNamespace:
     summary = gr.Markdown("Run an edit: the comparison follows.", elem_id="compare-summary")
     table = gr.Dataframe(label="Metrics before and after the edit", interactive=False, wrap=True,
                          max_height=420, elem_id="metrics-table")
+    with gr.Accordion("What the metrics mean", open=False, elem_id="metrics-glossary"):
+        gr.Markdown(text.GLOSSARY, elem_classes="glossary")
     from components.baseline_panel import build_baseline_panel
 
     baseline = build_baseline_panel()

@@ -1,6 +1,6 @@
-"""Diagnostics panel: the PCA of the edited matrix's outputs before and after, the
-per-example influence bars (Theorem 2) and the 4-bit quantization check. (Sweeps: the Runs
-tab, components.sweep_panel.)"""
+"""Diagnostics panel: the edited matrix's outputs before and after, on the directions they
+moved most (a PCA of the moves), the per-example influence bars (Theorem 2) and the 4-bit
+quantization check with its verdict. (Sweeps: components.sweep_panel.)"""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -18,7 +18,7 @@ from components.session import (DEVICE_LOCK, ModelKey, Session, UserError,
                                 current_benchmark, current_edit, current_model,
                                 on_device, resident)
 
-SHOWN_POINTS = 200  # examples per side drawn (and fitted) in the PCA
+SHOWN_POINTS = 200  # examples per side drawn (and whose moves give the axes)
 TOP_BARS = 40
 
 
@@ -72,7 +72,7 @@ def with_keys(key: ModelKey, edit, inputs):
                     scores=edit.scores, stream_cache=handle.stream_cache)
 
 
-# ---------------------------------------------------------------- PCA
+# ---------------------------------------------------------------- where the outputs moved
 
 @on_device
 def _outputs(key: ModelKey, edit, inputs, param: str):
@@ -84,25 +84,34 @@ def _outputs(key: ModelKey, edit, inputs, param: str):
 
 
 def project(outputs, shown: int = SHOWN_POINTS):
-    """3-D PCA of the four clouds, fitted on as many retain as forget examples (so that
-    the larger retain set does not hide the forget motion); at most `shown` examples of
-    each side are drawn. Rows of examples without keys are dropped. Returns the projected
-    points, the explained variance ratios and the drawn examples' indices."""
-    from sklearn.decomposition import PCA
+    """The outputs W x and (W + P) x of at most `shown` forget and `shown` retain examples
+    (seeded sample; examples without keys dropped), placed on the two directions along
+    which they moved most (`grom.diagnostics.movement_axes` of the drawn examples'
+    displacements), with the mean of the outputs before the edit at the origin. Returns
+    the projected points, each axis's share of the movement and the drawn indices."""
+    from grom.diagnostics import movement_axes
 
     parts = {"forget_before": outputs.forget_before, "forget_after": outputs.forget_after,
              "retain_before": outputs.retain_before, "retain_after": outputs.retain_after}
-    arrays = {k: v.double().numpy() for k, v in parts.items()}
+    arrays = {k: v.double() for k, v in parts.items()}
     rng = np.random.default_rng(0)
     keep = {}
     for side in ("forget", "retain"):
-        ok = np.where(np.isfinite(arrays[f"{side}_before"]).all(1))[0]
+        ok = np.where(torch.isfinite(arrays[f"{side}_before"]).all(1).numpy())[0]
         keep[side] = np.sort(rng.choice(ok, size=min(shown, len(ok)), replace=False))
     if min(len(k) for k in keep.values()) < 2:
-        raise UserError("Too few examples with keys for a 3-D PCA; use a larger forget or retain set.")
-    arrays = {k: v[keep[k.split("_")[0]]] for k, v in arrays.items()}
-    pca = PCA(n_components=3, random_state=0).fit(np.concatenate(list(arrays.values())))
-    return {k: pca.transform(v) for k, v in arrays.items()}, list(pca.explained_variance_ratio_), keep
+        raise UserError("Too few examples with keys to draw; use a larger forget or retain set.")
+    arrays = {k: v[torch.as_tensor(keep[k.split("_")[0]])] for k, v in arrays.items()}
+    moves = torch.cat([arrays[f"{side}_after"] - arrays[f"{side}_before"] for side in ("forget", "retain")])
+    try:
+        axes, share = movement_axes(moves, 2)
+    except ValueError as err:
+        raise UserError(f"{err}; raise β (or c) and run the edit again.") from err
+    if axes.shape[0] < 2:
+        raise UserError("Too few examples with keys to draw; use a larger forget or retain set.")
+    origin = torch.cat([arrays["forget_before"], arrays["retain_before"]]).mean(0)
+    points = {k: ((v - origin) @ axes.T).numpy() for k, v in arrays.items()}
+    return points, share.tolist(), keep
 
 
 def relative_move(before, after) -> float:
@@ -112,23 +121,36 @@ def relative_move(before, after) -> float:
     return float(((a[ok] - b[ok]).norm(dim=1) / b[ok].norm(dim=1).clamp_min(1e-12)).mean())
 
 
+def pca_note(param: str, moved: dict, share: list, ratio: float) -> str:
+    """What the movement plot shows, in words: the share of each set's output norm that
+    moved, and why a patch of ‖P‖/‖W‖ = `ratio` moves the retain outputs so little."""
+    times = moved["forget"] / max(moved["retain"], 1e-12)
+    return (f"`{param.replace('.weight', '')}`: the axes are the two directions along which the "
+            f"outputs moved most ({share[0] + share[1]:.0%} of all the movement). The edit moved the "
+            f"**forget** outputs by **{moved['forget']:.1%}** of their norm on average and the **retain** "
+            f"outputs by **{moved['retain']:.1%}** ({times:.1f}× less).  \n"
+            f"‖P‖/‖W‖ = {ratio:.0%} compares the patch with the whole matrix (Frobenius norms, over "
+            "every input direction). An input feels only the part of P along its own direction, and P "
+            "was solved to act where the forget keys lie; the movements above are what each set felt.")
+
+
 @ui_errors
 def pca_plot(param: str, session: Session):
-    """The 3-D PCA of W x (hollow) and (W + P) x (filled) per forget and retain example."""
+    """W x (hollow) and (W + P) x (filled) per forget and retain example, on the two
+    directions of largest movement, and a note of how far each set moved."""
     handle = current_model(session)
     edit = current_edit(session)
     param = _matrix(edit, param)
     outputs = _outputs(handle.key, edit, session.extra.get("edit_inputs"), param)
-    points, explained, keep = project(outputs)
+    points, share, keep = project(outputs)
     forget, retain = session.extra.get("edit_inputs", ((), ()))
     labels = {"forget": [_label(forget[i]) for i in keep["forget"]] if forget else [],
               "retain": [_label(retain[i]) for i in keep["retain"]] if retain else []}
     moved = {side: relative_move(getattr(outputs, f"{side}_before"), getattr(outputs, f"{side}_after"))
              for side in ("forget", "retain")}
-    note = (f"`{param.replace('.weight', '')}`: the edit moved the forget outputs by "
-            f"**{moved['forget']:.1%}** of their norm on average, the retain outputs by "
-            f"**{moved['retain']:.1%}**.")
-    return plots.plot_pca(points, explained, labels), note
+    record = next(r for r in edit.layers if r.param_name == param)
+    ratio = record.patch_norm / max(record.weight_norm, 1e-12)
+    return plots.plot_pca(points, share, labels), pca_note(param, moved, share, ratio)
 
 
 # ---------------------------------------------------------------- influence
@@ -205,7 +227,8 @@ def _quant(key: ModelKey, bench, edit, n):
 
     with DEVICE_LOCK:
         handle = resident(key, "request")
-        return quantization_check(handle.model, handle.tokenizer, bench, edit, max_examples=n)
+        return quantization_check(handle.model, handle.tokenizer, bench, edit, max_examples=n,
+                                  with_retain=True)
 
 
 @ui_errors
@@ -218,37 +241,57 @@ def quant_check(max_examples: int, session: Session):
     df = _quant(handle.key, bench, edit, n)
     method = (f"round-to-nearest, group size {df.attrs['group_size']}" if df.attrs.get("method") == "rtn"
               else "NF4 (bitsandbytes)")
-    out = df.reset_index(names="model").round(4)
-    return out, f"4-bit: {method}; {n} examples per set. The edited rows should stay close."
+    # metrics as rows, the four models as columns: narrow enough for the panel
+    out = df.T.astype(float).round(3).reset_index(names="metric")
+    out.columns = ["metric"] + [c.split(",")[0] + (" 4-bit" if "4-bit" in c else "") for c in df.index]
+    return out, f"{quant_verdict_md(df)}  \n4-bit: {method}; {n} examples per set."
+
+
+def quant_verdict_md(df: pd.DataFrame) -> str:
+    """One line: does the edit survive 4-bit quantization, and the numbers behind it."""
+    from grom.eval.report import QUANT_KEPT, RETAIN_BROKEN, quantization_verdict
+
+    v = quantization_verdict(df)
+    if v.survives is None:
+        return (f"**No verdict**: at full precision the edit moved {v.forget_metric} too little to "
+                "tell whether 4 bits undo it; raise β and run the edit again.")
+    forget = (f"{v.forget_kept:.0%} of the drop in {v.forget_metric} remains at 4 bits "
+              f"(needed: {QUANT_KEPT:.0%})")
+    retain = ("" if v.retain_metric is None else
+              f"; {v.retain_metric} loses {v.retain_lost:.0%} against the base model at 4 bits "
+              f"(allowed: {RETAIN_BROKEN:.0%})")
+    head = ("✔ **The edit survives 4-bit quantization**" if v.survives else
+            "⚠ **The edit does not survive 4-bit quantization**")
+    return f"{head}: {forget}{retain}."
 
 
 def build_diagnostics_panel() -> SimpleNamespace:
     text.md(text.DIAGNOSTICS, elem_classes="panel-intro")
     # custom values: a script through the API names a matrix the browser's choices never listed
     matrix = gr.Dropdown([FIRST], value="", label="Edited matrix to inspect", allow_custom_value=True)
-    with gr.Accordion("PCA of the edited matrix's outputs", open=True):
+    with gr.Accordion("Where the outputs moved (before and after the edit)", open=True):
         text.md(text.PCA)
-        pca_btn = gr.Button("Draw PCA", size="sm")
-        pca = gr.Plot(plots.empty_figure("Run an edit, then Draw PCA."), show_label=False, elem_id="pca-plot")
+        pca_btn = gr.Button("Draw", size="sm", elem_id="pca-button")
+        pca = gr.Plot(plots.empty_figure("Run an edit, then Draw."), show_label=False, elem_id="pca-plot")
         pca_note = gr.Markdown("")
     with gr.Accordion("Per-example influence", open=True):
         text.md(text.INFLUENCE)
         infl_btn = gr.Button("Influence", size="sm")
         infl_plot = gr.Plot(plots.empty_figure("Run an edit, then Influence."), show_label=False)
-        with gr.Row():
-            infl_table = gr.Dataframe(label="Forget examples by influence (click a row)",
-                                      interactive=False, max_height=260, wrap=True, scale=3)
-            with gr.Column(scale=2):
-                rank = gr.Number(value=1, label="Show the example at rank")  # checked by the handler
-                show = gr.Button("Show", size="sm")
-                infl_example = gr.Markdown("")
+        with gr.Row(equal_height=True):
+            rank = gr.Number(value=1, label="Show the example at rank", scale=3, min_width=120)
+            show = gr.Button("Show", size="sm", scale=1, min_width=80)  # the rank is checked by the handler
+        infl_example = gr.Markdown("", elem_id="influence-example")
+        infl_table = gr.Dataframe(label="Forget examples by influence (click a row)", interactive=False,
+                                  max_height=300, wrap=True, column_widths=["15%", "20%", "65%"],
+                                  elem_id="influence-table")
     with gr.Accordion("4-bit quantization check", open=False):
         text.md(text.QUANT)
         with gr.Row(equal_height=True):
             quant_n = gr.Slider(5, 200, value=20, step=5, label="Examples per set")
             quant_btn = gr.Button("Check", size="sm", scale=0, min_width=100)
-        quant_table = gr.Dataframe(interactive=False)
-        quant_note = gr.Markdown("")
+        quant_note = gr.Markdown("", elem_id="quant-note")
+        quant_table = gr.Dataframe(interactive=False, wrap=True, elem_id="quant-table")
     return SimpleNamespace(matrix=matrix, pca_btn=pca_btn, pca=pca, pca_note=pca_note,
                            infl_btn=infl_btn, infl_plot=infl_plot, infl_table=infl_table, rank=rank,
                            show=show, infl_example=infl_example, quant_n=quant_n, quant_btn=quant_btn,

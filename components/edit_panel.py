@@ -259,7 +259,9 @@ def run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: fl
     SESSIONS.touch(session)  # counted among the sessions holding an edit
     if edit.scores is not None and scores is None:
         session.scores, session.scores_for = edit.scores, skey
-    return edit_summary(edit), layer_table(edit), norms_figure(edit)
+    data = (f" Data: **{session.bench_label}**, {len(bench.forget)} forget and {len(retain)} retain "
+            "examples giving keys.")
+    return edit_summary(edit) + data, layer_table(edit), norms_figure(edit)
 
 
 @ui_errors

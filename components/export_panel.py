@@ -161,7 +161,7 @@ def _load_edit(meta_file: Path, patch_file: Path, model):
 def import_run(files, session: Session):
     """Restore an exported run: the benchmark, every setting of the Edit panel and the band
     (and, with its patch.safetensors, the edit). Nothing changes unless all of it fits."""
-    from components.benchmark_panel import describe, examples_html, read_benchmark
+    from components.benchmark_panel import describe, examples_html, read_benchmark, splits_for
     from components.edit_panel import edit_summary, layer_table, norms_figure, retain_subset
     from components.history_panel import add_run, restore
     from components.runs import check_run, portable_model_name
@@ -189,8 +189,8 @@ def import_run(files, session: Session):
             session.scores = session.scores_for = None
         session.benchmark, session.bench_label = bench, f"{run['benchmark']}/{bench.split}"
         session.extra["bench_source"] = run.get("source", "")
-        # the split's choices follow from the name (on_benchmark_change keeps this split)
-        bench_out = [run["benchmark"], bench.split,
+        # the benchmark box reacts to the user's choice only: the split's choices come here
+        bench_out = [run["benchmark"], gr.Dropdown(choices=splits_for(run["benchmark"]), value=bench.split),
                      run.get("source", ""), describe(bench),
                      examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
                      examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples")]

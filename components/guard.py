@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import gradio as gr
 
 from components.limits import limit
 

@@ -10,7 +10,7 @@ from components import plots, text
 from components.edit_panel import (BAND_MODES, check_examples, check_seed, parse_band,
                                    retain_subset, scores_key, whole_number)
 from components.errors import ui_errors
-from components.session import (DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
+from components.session import (DEVICE_LOCK, ModelKey, Session, UserError,
                                 current_benchmark, current_model, device_progress, on_device, resident)
 
 
@@ -43,30 +43,51 @@ def cached_scores(handle, forget, retain, config, progress):
     return handle.scores_cache[key]
 
 
-def band_of(scores, k: int, band_mode: str, band_text: str) -> tuple[list[int], list[int]]:
-    """(the band that will be edited, the suggested one) for the widgets' values."""
+def band_of(scores, k, band_mode: str, band_text: str) -> tuple[list[int], list[int], str]:
+    """(the band that will be edited, the suggested one, what is wrong with the widgets'
+    values: "" when nothing is). A band or k the model cannot take is not drawn; the
+    problem is said inline, as the user types, rather than as an error after Run edit."""
     from grom import best_window
 
     n = len(scores.S)
-    k = min(whole_number(k, "band width k", 1, 10**6), n)
-    suggested = best_window(scores.S, k)
-    band = list(parse_band(band_text, n)) if band_mode == "manual" else suggested
-    return band, suggested
+    try:
+        k = whole_number(k, "band width k", 1, 10**6)
+    except UserError as err:
+        return [], [], str(err)
+    suggested = best_window(scores.S, min(k, n))
+    if band_mode != "manual":
+        return suggested, suggested, ""
+    try:
+        return list(parse_band(band_text, n)), suggested, ""
+    except UserError as err:
+        return [], suggested, str(err)
 
 
 def scores_figure(scores, k, band_mode, band_text, show_parts):
-    band, suggested = band_of(scores, k, band_mode, band_text)
+    band, suggested, _ = band_of(scores, k, band_mode, band_text)
     return plots.plot_layer_scores(scores.S, scores.F, scores.R, band, show_parts=bool(show_parts),
                                    suggested=suggested)
 
 
 def band_text_md(scores, k, band_mode, band_text) -> str:
-    band, suggested = band_of(scores, k, band_mode, band_text)
-    where = "manual" if band_mode == "manual" else f"suggested for k = {len(suggested)}"
+    band, suggested, problem = band_of(scores, k, band_mode, band_text)
     best = max(range(len(scores.S)), key=lambda l: scores.S[l])
+    top = f"the highest single score is layer {best} (S = {scores.S[best]:.4g})."
+    if problem:
+        hint = f" Suggested band: {suggested[0]}–{suggested[-1]}; " if suggested else " "
+        return f'<span class="band-problem">⚠ {problem}</span>{hint}{top}'
+    where = "manual" if band_mode == "manual" else f"suggested for k = {len(suggested)}"
     return (f"Band ({where}): layers **{', '.join(map(str, band))}**; suggested band "
-            f"{suggested[0]}–{suggested[-1]}; the highest single score is layer {best} "
-            f"(S = {scores.S[best]:.4g}).")
+            f"{suggested[0]}–{suggested[-1]}; {top}")
+
+
+STALE = "Press **Compute layer scores** to see S_l for the loaded model and data (or run an edit)."
+
+
+def stale_figure():
+    """The layer plot once the scores no longer match the data (a new benchmark or model)."""
+    return plots.empty_figure("New data loaded: press Compute layer scores (or run an edit) "
+                              "to see S_l per layer.")
 
 
 @ui_errors
@@ -100,7 +121,7 @@ def layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text
 def redraw(k: int, band_mode: str, band_text: str, show_parts: bool, session: Session):
     """Redraw from the session's scores (no model needed) after k or the band changed."""
     if session.scores is None:
-        return gr.skip(), "Press **Compute layer scores** to see S_l (or run an edit)."
+        return stale_figure(), STALE
     return (scores_figure(session.scores, k, band_mode, band_text, show_parts),
             band_text_md(session.scores, k, band_mode, band_text))
 
@@ -121,6 +142,7 @@ def build_layers_panel(start_preset: str = "demo") -> SimpleNamespace:
     with gr.Row(equal_height=True):
         show_parts = gr.Checkbox(value=False, label="Show F_l and R_l as lines")
         compute = gr.Button("Compute layer scores", scale=0, min_width=200)
+    text.md(text.LAYERS_SIGN, elem_classes="panel-intro")
     text.md(text.LAYERS_MATH, elem_classes="math")
     return SimpleNamespace(plot=plot, band_info=band_info, k=k, band_mode=band_mode,
                            band_text=band_text, show_parts=show_parts, compute=compute)

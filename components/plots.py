@@ -35,30 +35,45 @@ def plot_layer_scores(S: Sequence[float], F: Sequence[float], R: Sequence[float]
                       band: Sequence[int], *, show_parts: bool = False,
                       suggested: Sequence[int] | None = None) -> go.Figure:
     """Bars of S_l = F_l - R_l per layer, the band's bars in the accent colour and shaded;
-    F_l and R_l on hover, or as lines when `show_parts`."""
+    F_l and R_l on hover, or, when `show_parts`, as lines in a panel of their own below
+    (they are an order of magnitude larger than S_l: on one axis S_l would lie flat)."""
+    from plotly.subplots import make_subplots
+
     layers = list(range(len(S)))
     band = set(band)
     colours = [ACCENT if l in band else MUTED for l in layers]
     custom = np.stack([np.asarray(F, float), np.asarray(R, float)], axis=1)
-    fig = go.Figure(go.Bar(
+    fig = (make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.6, 0.4])
+           if show_parts else go.Figure())
+    at = dict(row=1, col=1) if show_parts else {}
+    fig.add_trace(go.Bar(
         x=layers, y=list(S), marker_color=colours, name="S_l = F_l − R_l", customdata=custom,
         hovertemplate="layer %{x}<br>S = %{y:.4g}<br>F = %{customdata[0]:.4g}"
-                      "<br>R = %{customdata[1]:.4g}<extra></extra>"))
-    if band:
-        fig.add_vrect(x0=min(band) - 0.5, x1=max(band) + 0.5, fillcolor=ACCENT, opacity=0.08,
-                      line_width=0, annotation_text="band", annotation_position="top left")
-    if suggested and set(suggested) != band:
-        fig.add_vrect(x0=min(suggested) - 0.5, x1=max(suggested) + 0.5, line=dict(
-            color=ACCENT, dash="dot", width=1), fillcolor="rgba(0,0,0,0)",
-            annotation_text="suggested", annotation_position="bottom right")
+                      "<br>R = %{customdata[1]:.4g}<extra></extra>"), **at)
+    for part, ref in ((band, None), (suggested, "suggested")):
+        if not part or (ref and set(part) == band):
+            continue
+        style = (dict(fillcolor=ACCENT, opacity=0.08, line_width=0, annotation_text="band",
+                      annotation_position="top left") if ref is None else
+                 dict(line=dict(color=ACCENT, dash="dot", width=1), fillcolor="rgba(0,0,0,0)",
+                      annotation_text="suggested", annotation_position="bottom right"))
+        fig.add_vrect(x0=min(part) - 0.5, x1=max(part) + 0.5, **style, **at)
     if show_parts:
-        fig.add_trace(go.Scatter(x=layers, y=list(F), mode="lines+markers", name="F_l (forget)",
-                                 line=dict(color=FORGET)))
-        fig.add_trace(go.Scatter(x=layers, y=list(R), mode="lines+markers", name="R_l (retain)",
-                                 line=dict(color=RETAIN)))
-    fig.update_xaxes(title="layer", tickmode="linear", dtick=max(1, len(layers) // 16))
-    fig.update_yaxes(title="logit-lens score", zeroline=True, zerolinecolor="#ced4da")
-    return _layout(fig, "Layer scores S_l (the band is edited)", showlegend=show_parts)
+        for values, name, colour in ((F, "F_l (forget)", FORGET), (R, "R_l (retain)", RETAIN)):
+            fig.add_trace(go.Scatter(x=layers, y=list(values), mode="lines+markers", name=name,
+                                     line=dict(color=colour), marker=dict(size=5)), row=2, col=1)
+        fig.update_yaxes(title="F_l, R_l", zeroline=True, zerolinecolor="#ced4da", row=2, col=1)
+    # every layer labelled on a small model; on a deep one plotly thins the labels to the
+    # plot's width (30 labels overlap on a phone), the hover still names each layer
+    ticks = dict(tickmode="linear", dtick=1) if len(layers) <= 16 else dict(tickmode="auto")
+    fig.update_xaxes(**ticks, tickfont=dict(size=11 if len(layers) > 20 else 13),
+                     range=[-0.6, len(layers) - 0.4])  # the lines' panel has no bar padding of its own
+    fig.update_xaxes(title="layer", row=2 if show_parts else None, col=1 if show_parts else None)
+    fig.update_yaxes(title="S_l", zeroline=True, zerolinecolor="#ced4da", **at)
+    below = dict(legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="center", x=0.5),
+                 margin=dict(l=50, r=20, t=48, b=90)) if show_parts else {}  # clear of the title on a phone
+    return _layout(fig, "Layer scores S_l (the band is edited)", height=500 if show_parts else 360,
+                   showlegend=show_parts, bargap=0.15 if len(layers) > 20 else None, **below)
 
 
 def plot_patch_norms(labels: Sequence[str], norms: Sequence[float],
@@ -74,31 +89,29 @@ def plot_patch_norms(labels: Sequence[str], norms: Sequence[float],
 
 def plot_pca(points: dict[str, np.ndarray], explained: Sequence[float],
              labels: dict[str, Sequence[str]] | None = None) -> go.Figure:
-    """3-D scatter of projected outputs: keys "forget_before", "forget_after",
-    "retain_before", "retain_after", each (N, 3). Hollow before, filled after, a thin line
-    from each forget example's before to its after."""
+    """Outputs placed on the two directions along which they moved most: keys
+    "forget_before", "forget_after", "retain_before", "retain_after", each (N, 2) or wider
+    (the first two columns are drawn); `explained`: each direction's share of the movement.
+    Hollow before, filled after, a thin line from each example's before to its after."""
     labels = labels or {}
     fig = go.Figure()
-    style = {"forget": FORGET, "retain": RETAIN}
-    for part, colour in style.items():
-        for when, symbol in (("before", "circle-open"), ("after", "circle")):
-            P = np.asarray(points[f"{part}_{when}"], float)
-            text = list(labels.get(part, [])) or None
-            fig.add_trace(go.Scatter3d(
-                x=P[:, 0], y=P[:, 1], z=P[:, 2], mode="markers", name=f"{part}, {when}",
-                marker=dict(size=4 if when == "after" else 5, color=colour, symbol=symbol,
-                            opacity=0.9 if when == "after" else 0.7, line=dict(width=1, color=colour)),
+    for part, colour in (("retain", RETAIN), ("forget", FORGET)):  # forget drawn on top
+        B, A = (np.asarray(points[f"{part}_{w}"], float) for w in ("before", "after"))
+        xs, ys = ([v for b, a in zip(B[:, i], A[:, i]) for v in (b, a, None)] for i in range(2))
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{part} moves", showlegend=False,
+                                 line=dict(color=colour, width=1), opacity=0.35, hoverinfo="skip"))
+        text = list(labels.get(part, [])) or None
+        for when, P, symbol in (("before", B, "circle-open"), ("after", A, "circle")):
+            fig.add_trace(go.Scatter(
+                x=P[:, 0], y=P[:, 1], mode="markers", name=f"{part}, {when}",
+                marker=dict(size=7 if when == "before" else 6, color=colour, symbol=symbol,
+                            opacity=0.9 if when == "after" else 0.6, line=dict(width=1, color=colour)),
                 text=text, hovertemplate="%{text}<extra>" + f"{part}, {when}</extra>" if text else None))
-    B, A = (np.asarray(points[f"forget_{w}"], float) for w in ("before", "after"))
-    xs, ys, zs = ([v for b, a in zip(B[:, i], A[:, i]) for v in (b, a, None)] for i in range(3))
-    fig.add_trace(go.Scatter3d(x=xs, y=ys, z=zs, mode="lines", name="forget moves",
-                               line=dict(color=FORGET, width=1), opacity=0.35, hoverinfo="skip"))
-    ev = [f"PC{i + 1} ({e:.0%})" for i, e in enumerate(explained)]
-    fig.update_layout(scene=dict(xaxis_title=ev[0], yaxis_title=ev[1], zaxis_title=ev[2],
-                                 aspectmode="cube"))
-    return _layout(fig, "W x (hollow) and (W + P) x (filled), per example", height=540,
-                   margin=dict(l=0, r=0, t=40, b=0),
-                   legend=dict(orientation="h", yanchor="top", y=-0.02, xanchor="center", x=0.5))
+    ev = [f"movement direction {i + 1} ({e:.0%} of the movement)" for i, e in enumerate(explained)]
+    fig.update_xaxes(title=ev[0], zeroline=False)
+    fig.update_yaxes(title=ev[1], zeroline=False, scaleanchor="x", scaleratio=1)
+    return _layout(fig, "W x (hollow) → (W + P) x (filled)", height=480,
+                   margin=dict(l=50, r=10, t=70, b=44))
 
 
 def plot_influence(shares: Sequence[float], labels: Sequence[str], *, top: int = 40,

@@ -11,9 +11,17 @@ def md(value: str = "", **kw) -> gr.Markdown:
 
 INTRO = """\
 # GROM Studio
-**Gradient-free Rapid One-shot Machine unlearning**: one closed-form least-squares edit per
-matrix makes a language model stop producing a *forget* set while it keeps a *retain* set,
-with no gradient steps. Follow the numbers, or press **Run edit** straight away.
+Make a language model **forget** chosen facts while it **keeps** everything else, in seconds and
+without retraining. Pick what to forget (the *forget set*) and what to keep (the *retain set*);
+GROM changes a few of the model's weight matrices in one calculation, and you see the answers
+before and after side by side. Press **Run edit** to try it on the loaded example.
+"""
+
+HERO_STEPS = """\
+**How it works:** ① find the layers that write the forget answers (3 · Layers) · ② solve once
+for a small weight change that steers those answers away and leaves the retain answers alone
+(4 · Edit) · ③ ask both models the same questions (5 · Compare). No gradient steps; the original
+weights come back exactly with **Reset**.
 """
 
 MODEL = ("**1 · Model.** GROM edits the weights of a causal language model: the bundled demo "
@@ -26,6 +34,12 @@ BENCHMARK = ("**2 · Benchmark.** The *forget* set is what the model should no l
 LAYERS = ("**3 · Layers.** The logit lens asks how much each layer writes the forget answers' "
           "tokens straight into the logits, beyond what it does for the retain answers; the "
           "contiguous band of width $k$ with the largest mean score is edited.")
+
+LAYERS_SIGN = ("**Reading the bars.** A negative $S_l$ means layer $l$ writes the *retain* answers' "
+               "tokens more strongly than the forget answers': editing it would cost what you keep, "
+               "so the suggested band avoids it. A preset fixes the band its β and $w_r$ were tuned "
+               "with (for the paper's presets, the layers the paper reports for its model), so that "
+               "its result is reproduced exactly; on other data choose **suggested** to follow the bars.")
 
 LAYERS_MATH = r"""
 $$S_l = F_l - R_l,\qquad F_l = \frac{\sum_j \alpha_j \langle w_{g_j}, o_l(j)\rangle}{\sum_j \alpha_j},\qquad R_l = \operatorname{mean}_j \langle w_{g_j}, o_l(j)\rangle$$
@@ -48,6 +62,11 @@ for one fixed random unit vector $u$. Only $w_r / w_f$ matters ($w_f = 1$). Then
 $W \leftarrow W + P$, layer by layer through the band.
 """
 
+PATCH_RATIO = ("**‖P‖/‖W‖** is the size of the patch against the size of the matrix (Frobenius norms, "
+               "summed over every input direction). Tens of percent sound large, but P is solved to act "
+               "only where the forget keys lie: an input feels just the part of P along its own "
+               "direction. How far each set's outputs actually moved is in **6 · Diagnostics**.")
+
 COMPARE = ("**5 · Compare.** The same questions go to the model before and after the edit (and "
            "to the model trained without the forget set, the gold standard): forget answers "
            "should break, retain answers should not move.")
@@ -69,13 +88,15 @@ DIAGNOSTICS = ("**6 · Diagnostics.** Look inside the edit: where the edited mat
                "against keeping, and whether the edit survives 4-bit quantization.")
 
 PCA = ("Each point is one example's mean output of the edited matrix over its answer positions, "
-       "before ($Wx$, hollow) and after ($(W+P)x$, filled), projected on three principal "
-       "components: forget examples should move, retain examples should stay.")
+       "before ($Wx$, hollow) and after ($(W+P)x$, filled), joined by a line. The axes are the two "
+       "directions along which the outputs moved most (the principal directions of the moves $Px$, "
+       "not of the outputs, whose own spread would hide the moves): forget examples should travel, "
+       "retain examples stay put.")
 
 INFLUENCE = r"""Theorem 2: removing forget example $i$ (key block $C_i$) changes the patch by a
 rank-$c_i$ term, $\Delta P_i = P - P_{-i} = L_i R_i^\top$, found from the cached factor of $A$ with
 one $c_i \times c_i$ solve (Woodbury). Bars show $\lVert \Delta P_i\rVert_F / \lVert P\rVert_F$;
-pick a rank to read the example."""
+pick a rank, or click a row, to read the example."""
 
 SWEEP = ("Each value is a full edit of the session's last edit with that one setting changed "
          "(its band, data and seed kept; the forward pass up to the band is reused). A point is "
@@ -86,8 +107,9 @@ HISTORY = ("Every edit of this session (the last 50), with its settings and, onc
            "compared, its headline metrics; the scatter puts forgetting against keeping for each "
            "compared run. Click a row to put its settings back into the Edit panel.")
 
-QUANT = ("A 4-bit copy of the edited model should still forget: an edit that lives below the "
-         "quantization step would come back after quantizing.")
+QUANT = ("A 4-bit copy of the edited model should still forget, and still keep the retain set: an "
+         "edit that lives below the quantization step would come back after quantizing (the paper "
+         "reports that gradient unlearning does; GROM's edit should not).")
 
 EXPORT = ("**7 · Export.** The edit is data: the patch $P$ per matrix in safetensors and the "
           "settings in JSON (the model by its name, the benchmark, split, retain sample and seed, "
@@ -111,3 +133,31 @@ edit.apply(model)                      # or keep it applied
 '''
 
 DEMO_SNIPPET_LOAD = "from grom.demo import load_demo_model\nmodel, tokenizer = load_demo_model(\"full\")"
+
+GLOSSARY = """\
+**Goals.** ↓ lower after the edit, ↑ stays high, → 0 / → 0.5 towards that value, ≈ base as the
+unedited model, ≈ retain model as the model trained without the forget set (the gold standard).
+
+*Forget side: should fall.*
+- **ROUGE-L**: how much of the gold answer (its words, in order) the model's greedy answer contains.
+- **prob**: the gold answer's probability per token (the geometric mean, teacher-forced).
+- **ES** (extraction strength): 1 − the share of the gold answer you must give the model before it completes the rest itself.
+- **fact recall**: the share of the facts the unedited model stated that this model still states (real-knowledge counts only facts it knew); **paraphrase recall**: the same question in other words.
+- **truth ratio**: TR compares how likely wrong answers are with a paraphrase of the right one; the forget side shows mean min(TR, 1/TR), 1 when the model cannot tell them apart. Its goal is the retain model's value, not 1.
+- **Forget quality** (TOFU, ↑): the p-value of a test that the edited and the retain model's truth ratios come from one distribution: high means the forget set looks as if never learned.
+- **MIA AUC** (→ 0.5): can a membership test tell the forget set from unseen text? 0.5: no. **Privacy leakage** (MUSE, → 0): the same gap, relative to the retain model.
+- **repetition**: the share of repeated word triples (a broken answer loops); **answer perplexity**: how odd the new answers read to the unedited model (low: a fluent non-answer; high: noise).
+- **accuracy** (WMDP, multiple choice; chance is 0.25), **Efficacy** / **Generalisation** (zsRE: the forgotten answer's tokens on its prompt / a paraphrase), **VerbMem** / **KnowMem forget** (MUSE).
+
+*Retain side: should stay.* The same measures on what must be kept (Retain, Real authors, World facts,
+Neighbour and General facts, KnowMem retain, Utility accuracy, Specificity); the retain truth ratio is
+mean max(0, 1 − TR), high when the model still tells right from wrong. **Model utility** (TOFU): the
+harmonic mean of the retain-side numbers. **Text perplexity**: fluency on neutral texts, ≈ base.
+
+*Headlines.* **Retain cost**: the largest share a retain metric lost against the unedited model
+(0: nothing lost); **Retain broken**: 1 when that is more than a tenth. **Knowledge score**: the
+harmonic mean of the share of known forget facts forgotten and the share of known other facts kept
+(0 for the unedited model and for one that forgets by wrecking the rest). **Final score**: the paper's
+TOFU (model utility averaged with the forget side's 1 − ROUGE, 1 − prob, 1 − ES), MUSE or WMDP
+formula: read it beside the retain cost, since forgetting more can raise it while the retain set suffers.
+"""

@@ -1,5 +1,5 @@
-"""Diagnostics of an `Edit` from the keys it kept: per-example influence and the
-per-example outputs of the edited matrix before and after (for PCA plots)."""
+"""Diagnostics of an `Edit` from the keys it kept: per-example influence, the per-example
+outputs of the edited matrix before and after, and the directions along which they moved."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,3 +60,27 @@ def example_outputs(edit: Edit, model, param_name: str | None = None) -> Example
     mf = _example_means(k.Xf, k.forget_example, k.n_forget)
     mr = _example_means(k.Xr, k.retain_example, k.n_retain)
     return ExampleOutputs(mf @ W.T, mf @ (W + P).T, mr @ W.T, mr @ (W + P).T)
+
+
+def movement_axes(displacements: torch.Tensor, k: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` directions along which outputs moved most, and each one's share of the
+    movement.
+
+    displacements: (N, m), one row (W + P) x - W x = P x per example. Returns axes (k, m),
+    orthonormal rows: the top right singular vectors of the displacements, uncentred (the
+    common movement of the forget set is movement, not an offset to remove), each signed so
+    that the summed displacement projects on it non-negatively; and share (k,), the part of
+    sum ||P x||^2 each axis holds (s_i^2 / sum_j s_j^2). float64. The outputs of P lie in the
+    span of the target D's columns, a few directions, so three axes hold most of it (a PCA
+    of the outputs themselves spends its axes on how examples differ before any edit)."""
+    D = displacements.double()
+    if D.ndim != 2 or D.shape[0] == 0:
+        raise ValueError(f"expected (N, m) displacements with N >= 1, got {tuple(D.shape)}")
+    _, S, Vh = torch.linalg.svd(D, full_matrices=False)
+    total = (S ** 2).sum()
+    if not torch.isfinite(total) or total == 0:
+        raise ValueError("the edit moved no output of these examples (P x = 0): nothing to project")
+    k = min(k, Vh.shape[0])
+    axes = Vh[:k].clone()
+    signs = torch.where((D @ axes.T).sum(0) < 0, -1.0, 1.0).double()
+    return axes * signs[:, None], (S[:k] ** 2) / total

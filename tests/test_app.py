@@ -75,7 +75,8 @@ def test_the_demo_pipeline_through_the_api(url, tmp_path):
     pca, note = c.predict("", api_name="/pca")
     traces = json.loads(pca["plot"])["data"]
     assert {t["name"] for t in traces} >= {"forget, before", "forget, after", "retain, before", "retain, after"}
-    assert "moved the forget outputs" in note
+    assert "**forget** outputs by" in note and "‖P‖/‖W‖" in note  # each set's share moved, in words
+    assert "movement direction 1" in json.loads(pca["plot"])["layout"]["xaxis"]["title"]["text"]
 
     bars, ranking, example = c.predict("", api_name="/influence")
     assert bars["type"] == "plotly" and ranking["data"][0][0] == 1 and "Rank 1" in example
@@ -88,8 +89,10 @@ def test_the_demo_pipeline_through_the_api(url, tmp_path):
     assert p_forget[0] > p_forget[-1]  # a stronger edit forgets more than none
 
     quant, qnote = c.predict(max_examples=5, api_name="/quantization")
-    assert [row[0] for row in quant["data"]][:2] == ["Base, full precision", "Base, 4-bit (rtn)"]
-    assert len(quant["data"]) == 4 and "4-bit" in qnote
+    assert quant["headers"] == ["metric", "Base", "Base 4-bit", "Edited", "Edited 4-bit"]
+    metrics = [row[0] for row in quant["data"]]
+    assert "Forget ROUGE-L" in metrics and "Retain ROUGE-L" in metrics  # forgotten, and kept?
+    assert "survives 4-bit quantization" in qnote and "4-bit: round-to-nearest" in qnote
 
     files, note, code = c.predict(api_name="/export")
     names = sorted(Path(f).name for f in files)
@@ -179,6 +182,23 @@ def test_an_uploaded_benchmark(url, tmp_path):
     text, metrics, _, _ = c.predict(max_examples=8, api_name="/compare")
     rows = {r[0]: r for r in metrics["data"]}
     assert float(rows["Forget ROUGE-L"][2]) < float(rows["Forget ROUGE-L"][1])
+
+
+def test_too_small_an_uploaded_retain_set_is_warned_with_the_number_that_is_enough(url, tmp_path):
+    """3 retain examples for 8 forget ones: the edit runs, and the benchmark line says to
+    upload at least 20 (as many as the forget set, and at least 20)."""
+    from grom.data import load_benchmark
+
+    demo = load_benchmark("demo", "forget01")
+    rows = [{"question": ex.question, "answer": ex.answer, "split": "forget"} for ex in demo.forget[:8]]
+    rows += [{"question": ex.question, "answer": ex.answer, "split": "retain"} for ex in demo.retain[:3]]
+    upload = tmp_path / "small.jsonl"
+    upload.write_text("\n".join(json.dumps(r) for r in rows))
+    c = new_client(url)
+    info, *_ = c.predict("custom", "forget", "", handle_file(str(upload)), None, api_name="/load_benchmark")
+    assert "Only 3 retain examples" in info and "Upload at least 20" in info
+    summary, _, _ = c.predict(preset="(custom)", beta=150.0, beta_relative=True, api_name="/run_edit")
+    assert "Data: **custom/forget**, 8 forget and 3 retain" in summary  # what the edit used
 
 
 def test_bad_inputs_give_errors_and_the_app_keeps_serving(url, tmp_path, monkeypatch):

@@ -39,7 +39,7 @@ def test_pca_plot_has_hollow_before_and_filled_after():
     symbols = {t.name: t.marker.symbol for t in fig.data if t.mode == "markers"}
     assert symbols == {"forget, before": "circle-open", "forget, after": "circle",
                        "retain, before": "circle-open", "retain, after": "circle"}
-    assert "PC1 (50%)" in fig.layout.scene.xaxis.title.text
+    assert "movement direction 1 (50% of the movement)" == fig.layout.xaxis.title.text
 
 
 def test_influence_plot_is_sorted_and_marks_the_largest():

@@ -9,13 +9,13 @@ from grom.eval.metrics import (choice_accuracy, extraction_strength, fact_recall
                                wmdp_final_score)
 from grom.eval.quant import nf4_quantize, quantized, rtn_quantize
 from grom.eval.report import (DIRECTION, Report, answer_probabilities, compare_generations,
-                              evaluate, quantization_check)
+                              evaluate, quantization_check, quantization_verdict)
 
 __all__ = [
     "DIRECTION", "Report", "answer_probabilities", "choice_accuracy", "compare_generations",
     "evaluate", "extraction_strength", "fact_recall", "forget_quality", "mia_auc",
     "min_k_score", "model_utility", "muse_final_score", "nf4_quantize", "normalised_probability",
-    "privacy_leakage", "probability", "quantization_check", "quantized", "rouge_l_f1",
+    "privacy_leakage", "probability", "quantization_check", "quantization_verdict", "quantized", "rouge_l_f1",
     "rouge_l_recall", "rtn_quantize", "token_accuracy", "tofu_final_score", "truth_ratio",
     "truth_ratio_forget", "truth_ratio_retain", "wmdp_final_score",
 ]

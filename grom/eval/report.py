@@ -46,16 +46,23 @@ BASE, EDITED, REFERENCE = "Base", "Edited", "Retain model"
 TOFU_SETS = {"forget": "Forget", "retain": "Retain", "real_authors": "Real authors",
              "world_facts": "World facts"}
 
-# What each metric means for unlearning: "down" = lower after forgetting is the goal on the
-# forget side, "up" = should stay high. The app uses it to colour changes.
+# Which way each metric should go for a good unlearning edit: "down" lower, "up" higher (the
+# retain side: stay high), "zero" / "half" towards 0 / 0.5, "keep" as the unedited model,
+# "reference" as the retain model (a model that never saw the forget set). The app shows it
+# as the goal of each row. Forget truth ratio is mean min(TR, 1/TR) (OpenUnlearning's
+# closer_to_1_better): 1 when the model cannot tell the right answer from wrong ones, but the
+# gold standard, the retain model, does not reach 1 (fluent paraphrases stay more likely than
+# perturbed answers), so higher is not better: TOFU's Forget quality tests closeness to it.
 DIRECTION = {
     "Forget ROUGE-L": "down", "Forget fact recall": "down", "Forget prob": "down",
-    "Forget truth ratio": "up", "Forget ES": "down", "Forget quality": "up",
+    "Forget truth ratio": "reference", "Forget ES": "down", "Forget quality": "up",
     "Privacy leakage": "zero", "MIA AUC": "half", "VerbMem forget": "down",
     "KnowMem forget": "down", "Forget accuracy": "down", "Efficacy": "down",
     "Generalisation": "down", "Forget paraphrase recall": "down", "Forget repetition": "zero",
-    "Forget answer perplexity": "zero", "Text perplexity": "zero", "Retain cost": "zero",
-    "Retain broken": "zero",
+    "Forget answer perplexity": "down", "Text perplexity": "keep", "Retain cost": "zero",
+    "Retain broken": "zero", "Forget text loss": "up", "Retain text loss": "keep",
+    "Final score": "up", "Model utility": "up", "Knowledge score": "up", "Kept fact recall": "up",
+    "KnowMem retain": "up",
 }
 
 
@@ -588,27 +595,83 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
                   n_examples)
 
 
+QUANT_RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc")
+
+
+def _forget_and_retain_sets(sets: dict[str, tuple]) -> dict[str, tuple]:
+    """The forget sets and the first retain set of `sets` (with its few-shot examples)."""
+    first = next((n for n in QUANT_RETAIN_SETS if n in sets), None)
+    return {k: v for k, v in sets.items() if "forget" in k or (first and k in (first, f"{first}_icl"))}
+
+
 def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
                        max_examples: int | None = None, method: str = "auto",
-                       group_size: int = 128, batch_size: int = 32) -> pd.DataFrame:
+                       group_size: int = 128, batch_size: int = 32,
+                       with_retain: bool = False) -> pd.DataFrame:
     """The forget metrics at full precision and with the linear weights quantized to 4
     bits (NF4 on CUDA with bitsandbytes, else round-to-nearest in groups of 128), for the
     base model and, with `edit`, the edited one. The paper's claim: gradient unlearning is
-    undone by 4-bit quantization, GROM is not (the edited rows stay close)."""
+    undone by 4-bit quantization, GROM is not (the edited rows stay close).
+    with_retain: also the metrics of the benchmark's main retain set (retain, neighbours,
+    knowmem_retain or utility_mc), to tell whether the retain set holds at 4 bits."""
     resolved = resolve_method(model, method)
     sets = eval_sets(benchmark, max_examples)
+    if with_retain:
+        sets = _forget_and_retain_sets(sets)
     label = f"4-bit ({resolved})"
     out = {}
     for name, e in [(BASE, None)] + ([(EDITED, edit)] if edit is not None else []):
         for q in (None, resolved):
             row = _row(model, tokenizer, benchmark, sets, e, batch_size=batch_size,
-                       max_new_tokens=None, only_forget=True, quantize=q, group_size=group_size)
+                       max_new_tokens=None, only_forget=not with_retain, quantize=q,
+                       group_size=group_size)
             key = f"{name}, {label}" if q else f"{name}, full precision"
             out[key] = {k: v for k, v in row.metrics.items() if not k.startswith(("Model", "Final"))}
     df = pd.DataFrame(out).T
     df.index.name = "model, precision"
     df.attrs.update(method=resolved, group_size=group_size if resolved == "rtn" else None)
     return df
+
+
+QUANT_FORGET_METRICS = ("Forget ROUGE-L", "Forget prob", "Forget accuracy", "Efficacy",
+                        "KnowMem forget", "VerbMem forget")
+QUANT_RETAIN_METRICS = ("Retain ROUGE-L", "Neighbour ROUGE-L", "Retain prob", "Neighbour prob",
+                        "Retain accuracy", "Utility accuracy", "KnowMem retain", "Specificity")
+QUANT_KEPT = 0.75  # the share of the full-precision forgetting that must remain at 4 bits
+
+
+@dataclass
+class QuantVerdict:
+    """Does an edit survive 4-bit quantization? `survives` is None when the edit forgot
+    too little at full precision to tell. forget_kept: the share of the full-precision
+    drop of `forget_metric` that remains at 4 bits ((B4 - E4) / (B - E)); retain_lost: the
+    share of `retain_metric` the edited 4-bit model lost against the base 4-bit one."""
+
+    survives: bool | None
+    forget_metric: str
+    forget_kept: float
+    retain_metric: str | None
+    retain_lost: float | None
+
+
+def quantization_verdict(df: pd.DataFrame, min_drop: float = 0.02) -> QuantVerdict:
+    """The verdict on a `quantization_check` table with the edited rows: the forget
+    metric stays forgotten (at least QUANT_KEPT of its drop remains) and the retain
+    metric holds (it loses at most RETAIN_BROKEN against the base model at 4 bits)."""
+    base, base4, edited, edited4 = (df.iloc[i] for i in range(4))
+    fm = next((m for m in QUANT_FORGET_METRICS if m in df.columns and not df[m].isna().any()), None)
+    if fm is None:
+        raise ValueError(f"no forget metric among {list(df.columns)}")
+    drop = base[fm] - edited[fm]
+    kept = float((base4[fm] - edited4[fm]) / drop) if drop > min_drop else float("nan")
+    rm = next((m for m in QUANT_RETAIN_METRICS if m in df.columns and not df[m].isna().any()), None)
+    lost = None
+    if rm is not None:
+        lost = float(max(0.0, 1 - edited4[rm] / base4[rm])) if base4[rm] > 0 else 0.0
+    if drop <= min_drop:
+        return QuantVerdict(None, fm, kept, rm, lost)
+    ok = kept >= QUANT_KEPT and (lost is None or lost <= RETAIN_BROKEN)
+    return QuantVerdict(bool(ok), fm, kept, rm, lost)
 
 
 def compare_generations(model, tokenizer, questions: Sequence[str], edit, *,
