@@ -112,12 +112,10 @@ def load_model(choice: str, device: str, dtype: str, session: Session,
 def restore_model(session: Session):
     """After a failed load: the model box, device and dtype show the model that is still
     loaded (not the one that failed), and the status line says so."""
-    handle = REGISTRY.current
+    handle = REGISTRY.get(session.model_key) if session.model_key is not None else REGISTRY.current
     if handle is None:
         return gr.skip(), gr.skip(), gr.skip(), "No model is loaded: pick one and press **Load model**."
     choice, device, dtype = session.extra.get("model_widgets", (handle.key.name, "auto", "auto"))
-    if session.model_key is not None and session.model_key != handle.key:  # another session's model
-        choice, device, dtype = handle.key.name, handle.key.device, handle.key.dtype
     return (choice, device, dtype, f"⚠ That model did not load (the message says why). Still loaded: "
                                    f"{status_line(handle).removeprefix('Loaded ')}")
 

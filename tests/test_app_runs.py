@@ -53,7 +53,8 @@ def test_an_exported_run_is_restored_and_reproduced_bit_for_bit(url, tmp_path):
     out = b.predict([handle_file(str(meta_file))], api_name="/import_run")
     widgets = dict(zip(RESTORED, out))
     name, split, note = out[len(RESTORED)], out[len(RESTORED) + 1], out[-1]
-    assert (name, split) == ("demo", "forget10") and "Restored" in note
+    assert split["choices"] and ["forget10", "forget10"] in split["choices"]  # the split box gets its choices
+    assert (name, split["value"]) == ("demo", "forget10") and "Restored" in note
     assert (widgets["beta"], widgets["w_r"], widgets["band_text"], widgets["seed"], widgets["retain_examples"]) \
         == (120.0, 150.0, "3-5", 3, 300)
     b.predict(api_name="/run_edit", **{k: widgets[k] for k in RUN_EDIT})  # the restored settings, run again

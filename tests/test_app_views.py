@@ -180,7 +180,7 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
 
     key = ModelKey("demo", "cpu", "float32")
     handle = ModelHandle(key, SimpleNamespace(config=None), None, 0.0)
-    monkeypatch.setattr(model_panel.REGISTRY, "_handle", handle)
+    monkeypatch.setattr(model_panel.REGISTRY, "_handles", {key: handle})
     monkeypatch.setattr(model_panel, "n_layers", lambda h: 6)
     session = Session()
     session.model_key = key
