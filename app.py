@@ -232,12 +232,17 @@ def benchmark_status(session: Session) -> str:
 
 
 @ui_errors
-def on_page_load(session: Session):
-    """A new page: the shared model and its start benchmark go into its session."""
+def on_page_load(session: Session, start=None):
+    """A new page: the app's start model (`start`, the one it was built for, loaded again if
+    other visitors' models pushed it out) and its start benchmark go into its session. Not
+    the most recently used model: a visitor opens on what the host chose, whatever others
+    loaded since."""
     from components.benchmark_panel import preset_for
-    from components.model_panel import REGISTRY, n_layers, status_line, summary
+    from components.model_panel import REGISTRY, ensure_model, n_layers, status_line, summary
 
-    handle = REGISTRY.current
+    handle = REGISTRY.get(start) if start is not None else REGISTRY.current
+    if handle is None and start is not None:
+        handle = ensure_model(start)
     if handle is None:
         return ["No model is loaded yet: press Load model."] + [gr.skip()] * 9
     session.model_key = handle.key
@@ -254,9 +259,7 @@ def first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_
                  session: Session, progress=gr.Progress()):
     """The layer scores of a new page, on the two offline models only (seconds on a CPU;
     cached per model and data, so later pages get them at once)."""
-    from components.model_panel import REGISTRY
-
-    if REGISTRY.current is None or REGISTRY.current.key.name not in (DEMO, REAL):
+    if session.model_key is None or session.model_key.name not in (DEMO, REAL):
         return gr.skip(), gr.skip()
     return layer_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples,
                         seed, session, progress)
@@ -266,9 +269,7 @@ def warm_comparison(max_examples, k, retain_examples, seed, session: Session) ->
     """On the real model, while the visitor reads the page: the forward pass up to the
     suggested band (Run edit then runs only the band) and the unedited rows of the
     comparison (then only the Edited row is left); both cached for every later page."""
-    from components.model_panel import REGISTRY
-
-    if REGISTRY.current is not None and REGISTRY.current.key.name == REAL:
+    if session.model_key is not None and session.model_key.name == REAL:
         warm_edit(k, retain_examples, seed, session)
         warm_base_rows(max_examples, session)
 
@@ -277,13 +278,18 @@ def build_app() -> gr.Blocks:
     """The Blocks of GROM Studio (the model is loaded separately: `preload`)."""
     from components.model_panel import REGISTRY
 
-    start = REGISTRY.current.key.name if REGISTRY.current is not None else DEMO
+    start_key = REGISTRY.current.key if REGISTRY.current is not None else None
+    start = start_key.name if start_key is not None else DEMO
+
+    def page_load(session: Session):
+        return on_page_load(session, start_key)
+
     # uploads and exports older than half an hour go, checked every ten minutes
     with gr.Blocks(title="GROM Studio", delete_cache=(600, 1800), analytics_enabled=False) as demo:
         ui = build_layout(start)
         wire(ui)
         ly, e = ui.layers, ui.edit
-        demo.load(on_page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
+        demo.load(page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
                                              ui.bench.info, ui.data.forget_df, ui.data.retain_df,
                                              ui.bench.name, ui.bench.split, e.preset],
                   api_visibility="private", **DEVICE) \

@@ -193,3 +193,26 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
     session.benchmark, session.bench_label = load_benchmark("demo", "forget05"), "demo/forget05"
     name, split, info = restore_benchmark(session)
     assert name == "demo" and split.value == "forget05" and "Still loaded" in info and "forget05" in info
+
+
+def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkeypatch):
+    """Two apps in one process (or one app after a visitor loaded another model): a new page
+    opens on the model its app was built for, loaded again if it was pushed out."""
+    import app
+    from components import model_panel
+    from components.session import ModelHandle, ModelKey
+
+    model_key = model_panel.model_key
+    start = model_key("demo", "cpu", "float32")
+    real = model_panel.ensure_model(start)
+    other = ModelHandle(ModelKey("some/other-model", "cpu", "float32"), real.model, real.tokenizer, 0.0)
+    monkeypatch.setattr(model_panel.REGISTRY, "_handles", {start: real, other.key: other})
+    assert model_panel.REGISTRY.current is other  # another visitor's model is the latest
+    session = Session()
+    out = app.on_page_load(session, start)
+    assert session.model_key == start and out[2] == start.shown and session.bench_label == "demo/forget10"
+
+    monkeypatch.setattr(model_panel.REGISTRY, "_handles", {other.key: other})  # pushed out
+    session = Session()
+    app.on_page_load(session, start)
+    assert session.model_key == start and model_panel.REGISTRY.get(start) is not None

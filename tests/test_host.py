@@ -239,7 +239,7 @@ def test_a_session_keeps_patches_not_keys_and_the_oldest_is_dropped(url, monkeyp
     size = sum(P.numel() * P.element_size() for P in mine.edit.patches.values())
     print(f"a session's edit holds {size / 2**20:.2f} MiB of patches, no keys", file=sys.stderr)
     _, note = a.predict("", api_name="/pca")
-    assert "moved the forget outputs" in note
+    assert "The edit moved the **forget** outputs" in note
     _, ranking, example = a.predict("", api_name="/influence")
     assert "Rank 1" in example
     monkeypatch.setenv("GROM_MAX_SESSIONS", "2")
