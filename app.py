@@ -120,7 +120,7 @@ def wire(ui: SimpleNamespace) -> None:
     view = [ly.k, ly.band_mode, ly.band_text, ly.show_parts, s]
     loaded = m.load.click(load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
                           api_name="load_model", **DEVICE)
-    loaded.success(on_method_change, bl.method, bl.lr, **LOCAL)  # the new model's default lr
+    loaded.success(on_method_change, [bl.method, s], bl.lr, **LOCAL)  # the new model's default lr
     loaded.success(redraw, view, [ly.plot, ly.band_info], **LOCAL)  # a new model: the old scores go
     # a failed load leaves the old model loaded: the widgets say so instead of naming the failed one
     loaded.failure(restore_model, s, [m.choice, m.device, m.dtype, m.status], **LOCAL)
@@ -156,7 +156,7 @@ def wire(ui: SimpleNamespace) -> None:
     c.run.click(compare, *compare_io, api_name="compare", **DEVICE) \
      .success(show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
     c.ask.click(generate, [c.prompt, s], c.prompt_html, api_name="generate", **DEVICE)
-    bl.method.change(on_method_change, bl.method, bl.lr, **LOCAL)
+    bl.method.change(on_method_change, [bl.method, s], bl.lr, **LOCAL)
     bl.run.click(run_baseline, [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
                  [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **DEVICE)
     c.prompt.submit(generate, [c.prompt, s], c.prompt_html, api_visibility="private", **DEVICE)

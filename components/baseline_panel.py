@@ -51,9 +51,9 @@ def default_lr(method: str, key: ModelKey | None = None) -> float:
     return HUB_LR
 
 
-def on_method_change(method: str):
-    """A new method (or model): its default learning rate."""
-    return default_lr(method)
+def on_method_change(method: str, session=None):
+    """A new method (or model): its default learning rate for the session's model."""
+    return default_lr(method, getattr(session, "model_key", None))
 
 
 def parse_method(method) -> str:

@@ -167,6 +167,11 @@ def test_baseline_settings_defaults_and_data_checks():
         bp.parse_method("sgd")
     assert bp.default_lr("npo", ModelKey("demo", "cpu", "float32")) == 1e-3
     assert bp.default_lr("npo", ModelKey("org/model", "cuda", "bfloat16")) == 1e-5  # the recipe's
+    from components.session import Session
+
+    mine = Session()
+    mine.model_key = ModelKey("org/model", "cpu", "float32")
+    assert bp.on_method_change("npo", mine) == 1e-5  # the session's model, whatever was loaded last
     assert bp.check_settings(10, 1e-5) == (10.0, 1e-5)
     for epochs, lr, message in [(0, 1e-3, "Epochs"), (float("nan"), 1e-3, "Epochs"), (1, 0.0, "Learning rate"),
                                 (1, None, "Learning rate"), (1000, 1e-3, "Epochs")]:
