@@ -216,6 +216,21 @@ def _headline(report) -> str:
     return " · ".join(f"{k} {b:.2f} → **{a:.2f}**" for k, b, a in pairs[:2]) or "Compared."
 
 
+def _retain_line(report, m: dict) -> str:
+    """The retain set's state in words: intact where no retain metric fell, else which one
+    fell most and by how much, beside the line past which the studio calls it broken."""
+    from grom.eval.report import BASE, RETAIN_BROKEN, RETAIN_METRICS
+
+    if m["Retain cost"] <= 0:
+        return "Retain set intact: no retain metric fell."
+    base = report.rows[BASE].metrics if BASE in report.rows else {}
+    drops = {k: 1 - m[k] / base[k] for k in RETAIN_METRICS.get(report.task, ())
+             if k in m and base.get(k, 0) > 0}
+    worst = max(drops, key=drops.get) if drops else "a retain metric"
+    return (f"Retain set held: {worst} fell {m['Retain cost']:.0%} "
+            f"(more than {RETAIN_BROKEN:.0%} counts as broken).")
+
+
 def result_card(session: Session) -> str:
     """The plain-language result under Run edit: forgotten and kept, the time, the retain
     set's state, and two before/after forget answers."""
@@ -233,7 +248,7 @@ def result_card(session: Session) -> str:
         card.append(f'<div class="rc-broken">⚠ The retain set broke: it lost {m["Retain cost"]:.0%} of a retain '
                     'metric. Lower β or raise w_r.</div>')
     elif "Retain cost" in m:
-        card.append(f'<div class="rc-ok">Retain set intact (cost {m["Retain cost"]:.0%}).</div>')
+        card.append(f'<div class="rc-ok">{_retain_line(report, m)}</div>')
     rows = generation_rows(report, FORGET_SETS, n=SHOWN)
     rows.sort(key=lambda r: not (r.get("fact_before") and not r.get("fact_after")))  # forgotten first
     for row in rows[:2]:

@@ -109,7 +109,9 @@ def test_the_result_card_says_what_was_forgotten_and_kept():
     session.edit = type("E", (), {"timings": {"total": 6.2}})()
     card = result_card(session)
     assert "Forgot <b>1 of the 2</b> forget facts" in card and "kept <b>1 of 1</b>" in card
-    assert "6.2 s" in card and "Retain set intact" in card and "before: g1" in card
+    assert "6.2 s" in card and "Retain set intact: no retain metric fell" in card and "before: g1" in card
+    edited.metrics.update({"Retain cost": 0.1, "Kept fact recall": 0.9})  # at the line: held, named
+    assert "Retain set held: Kept fact recall fell 10% (more than 10% counts as broken)" in result_card(session)
     edited.metrics.update({"Retain broken": 1.0, "Retain cost": 0.3})
     assert "The retain set broke" in result_card(session)
 
