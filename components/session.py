@@ -197,7 +197,8 @@ class ModelRegistry:
 
     @property
     def current(self) -> ModelHandle | None:
-        """The most recently loaded or used model (what a new page opens on)."""
+        """The most recently loaded or used model (what an API call of a session that chose no
+        model works with; a new page opens on its app's start model instead)."""
         return next(reversed(self._handles.values()), None)
 
     def resident(self) -> list[ModelKey]:
