@@ -36,6 +36,7 @@ from components.history_panel import build_history_panel, on_history_select, sho
 from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
 from components.limits import limit
 from components.model_panel import build_model_panel, ensure_model, load_model, model_key, restore_model
+from components.runs import RESTORED
 from components.session import DEMO, DEVICE_QUEUE, REAL, Session
 from components.sweep_panel import on_sweep_select, run_sweep
 
@@ -181,9 +182,7 @@ def wire_runs(ui: SimpleNamespace, run) -> None:
     comparison and import; a click on a history or sweep row, or an imported edit.json,
     restores the Edit panel."""
     s, e, ly, h, x, b = ui.session, ui.edit, ui.layers, ui.runs, ui.export, ui.bench
-    restored = [e.preset, e.target, e.beta, e.beta_log, e.beta_relative, e.w_r, e.w_r_log, e.rho,
-                e.rho_log, e.c, e.matrix, e.use_alpha, ly.band_mode, ly.band_text, ly.k, e.seed,
-                e.forget_budget, e.retain_budget, e.batch_size, e.retain_examples]
+    restored = [getattr(ly if name in ("band_mode", "band_text", "k") else e, name) for name in RESTORED]
     shown = [h.table, h.plot]
     run.success(show_history, s, shown, **LOCAL)  # the new row; its metrics after the comparison
     h.table.select(on_history_select, s, restored + [h.note], **LOCAL)
@@ -240,9 +239,7 @@ def on_page_load(session: Session, start=None):
     from components.benchmark_panel import preset_for
     from components.model_panel import REGISTRY, ensure_model, n_layers, status_line, summary
 
-    handle = REGISTRY.get(start) if start is not None else REGISTRY.current
-    if handle is None and start is not None:
-        handle = ensure_model(start)
+    handle = ensure_model(start) if start is not None else REGISTRY.current
     if handle is None:
         return ["No model is loaded yet: press Load model."] + [gr.skip()] * 9
     session.model_key = handle.key

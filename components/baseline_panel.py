@@ -51,9 +51,9 @@ def default_lr(method: str, key: ModelKey | None = None) -> float:
     return HUB_LR
 
 
-def on_method_change(method: str, session=None):
+def on_method_change(method: str, session: Session):
     """A new method (or model): its default learning rate for the session's model."""
-    return default_lr(method, getattr(session, "model_key", None))
+    return default_lr(method, session.model_key)
 
 
 def parse_method(method) -> str:

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-
 from components.limits import limit
 
 log = logging.getLogger(__name__)

@@ -145,7 +145,7 @@ def restore(config: dict, run: dict, session: Session, what: str) -> list:
     return widget_values(config, run) + [restore_note(config, run, session, what)]
 
 
-def _row_index(evt: gr.SelectData) -> int:
+def row_index(evt: gr.SelectData) -> int:
     return evt.index[0] if isinstance(evt.index, (list, tuple)) else int(evt.index)
 
 
@@ -153,7 +153,7 @@ def _row_index(evt: gr.SelectData) -> int:
 def on_history_select(evt: gr.SelectData, session: Session):
     """A click on a history row: its settings into the Edit panel."""
     rows = list(reversed(history(session)))  # as the table shows them
-    i = _row_index(evt)
+    i = row_index(evt)
     if not 0 <= i < len(rows):
         raise UserError("That row is gone (the history keeps the last 50 runs); click another.")
     return restore(rows[i]["config"], rows[i]["run"], session, f"run #{rows[i]['n']}")

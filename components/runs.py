@@ -8,7 +8,6 @@ these two (`widget_values`).
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from components.errors import shorten
@@ -16,7 +15,7 @@ from components.session import DEMO, UserError
 
 # what edit.json's "run" must hold to reproduce the edit
 RUN_KEYS = ("model", "benchmark", "split", "retain_examples", "seed")
-# the widgets a restore sets, in the order of `widget_values` (app.py: restore_targets)
+# the widgets a restore sets, in the order of `widget_values` (app.py: wire_runs)
 RESTORED = ("preset", "target", "beta", "beta_log", "beta_relative", "w_r", "w_r_log", "rho", "rho_log",
             "c", "matrix", "use_alpha", "band_mode", "band_text", "k", "seed", "forget_budget",
             "retain_budget", "batch_size", "retain_examples")
@@ -80,15 +79,11 @@ def band_text(band) -> str:
     return ",".join(map(str, band))
 
 
-def _log(v: float) -> float:
-    return round(math.log10(v), 3) if v and v > 0 else -1.0
-
-
 def widget_values(config: dict, run: dict) -> list:
     """The Edit panel's (and the band widgets') values for an EditConfig as a dict and its
     run, in the order of `RESTORED`. The preset becomes "(custom)": choosing a named preset
     would refill the widgets with its own values."""
-    from components.edit_panel import CUSTOM
+    from components.edit_panel import CUSTOM, _log
 
     band = run.get("band") or list(config.get("layers") or [])
     mode = run.get("band_mode") if run.get("band_mode") in ("suggested", "manual") else "manual"

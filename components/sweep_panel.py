@@ -14,6 +14,7 @@ import pandas as pd
 
 from components import plots, text
 from components.errors import shorten, ui_errors
+from components.runs import band_text
 from components.session import (DEVICE_LOCK, ModelKey, Session, UserError,
                                 current_benchmark, current_edit, current_model,
                                 device_progress, on_device, resident)
@@ -131,13 +132,7 @@ def _sweep(key: ModelKey, forget, retain, configs, f_eval, r_eval, fmt, progress
 
 
 def _label(param: str, value) -> str:
-    return band_label(value) if param == "band" else f"{value:g}"
-
-
-def band_label(band) -> str:
-    from components.runs import band_text
-
-    return band_text(band)
+    return band_text(value) if param == "band" else f"{value:g}"
 
 
 @ui_errors
@@ -184,10 +179,10 @@ def run_sweep(param: str, values: str, session: Session, progress=gr.Progress())
 @ui_errors
 def on_sweep_select(evt: gr.SelectData, session: Session):
     """A click on a sweep point: its settings into the Edit panel."""
-    from components.history_panel import restore
+    from components.history_panel import restore, row_index
 
     points = session.extra.get("sweep") or []
-    i = evt.index[0] if isinstance(evt.index, (list, tuple)) else int(evt.index)
+    i = row_index(evt)
     if not 0 <= i < len(points):
         raise UserError("Run a sweep first.")
     if points[i] is None:

@@ -164,15 +164,21 @@ def test_sessions_on_different_models_keep_working_and_an_unloaded_one_is_told(u
     assert "Final score" in text
 
 
-def test_an_uploaded_benchmark(url, tmp_path):
-    """A user's own file with a split column: load it, edit, compare."""
+def demo_upload(path, n_forget: int, n_retain: int):
+    """(the demo benchmark, `path`): a user's JSONL file with a split column, holding the
+    first `n_forget` forget and `n_retain` retain examples of demo/forget01."""
     from grom.data import load_benchmark
 
     demo = load_benchmark("demo", "forget01")
-    rows = [{"question": ex.question, "answer": ex.answer, "split": "forget"} for ex in demo.forget[:8]]
-    rows += [{"question": ex.question, "answer": ex.answer, "split": "retain"} for ex in demo.retain[:24]]
-    upload = tmp_path / "mine.jsonl"
-    upload.write_text("\n".join(json.dumps(r) for r in rows))
+    rows = [{"question": ex.question, "answer": ex.answer, "split": "forget"} for ex in demo.forget[:n_forget]]
+    rows += [{"question": ex.question, "answer": ex.answer, "split": "retain"} for ex in demo.retain[:n_retain]]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return demo, path
+
+
+def test_an_uploaded_benchmark(url, tmp_path):
+    """A user's own file with a split column: load it, edit, compare."""
+    demo, upload = demo_upload(tmp_path / "mine.jsonl", 8, 24)
     c = new_client(url)
     info, forget_html, _, preset = c.predict("custom", "forget", "", handle_file(str(upload)), None,
                                              api_name="/load_benchmark")
@@ -187,13 +193,7 @@ def test_an_uploaded_benchmark(url, tmp_path):
 def test_too_small_an_uploaded_retain_set_is_warned_with_the_number_that_is_enough(url, tmp_path):
     """3 retain examples for 8 forget ones: the edit runs, and the benchmark line says to
     upload at least 20 (as many as the forget set, and at least 20)."""
-    from grom.data import load_benchmark
-
-    demo = load_benchmark("demo", "forget01")
-    rows = [{"question": ex.question, "answer": ex.answer, "split": "forget"} for ex in demo.forget[:8]]
-    rows += [{"question": ex.question, "answer": ex.answer, "split": "retain"} for ex in demo.retain[:3]]
-    upload = tmp_path / "small.jsonl"
-    upload.write_text("\n".join(json.dumps(r) for r in rows))
+    _, upload = demo_upload(tmp_path / "small.jsonl", 8, 3)
     c = new_client(url)
     info, *_ = c.predict("custom", "forget", "", handle_file(str(upload)), None, api_name="/load_benchmark")
     assert "Only 3 retain examples" in info and "Upload at least 20" in info

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("gradio")
 
 from components import history_panel as H  # noqa: E402
-from components.edit_panel import RETAIN_EXAMPLES_FOR, edit_config, fill_preset  # noqa: E402
+from components.edit_panel import edit_config, fill_preset  # noqa: E402
 from components.runs import (RESTORED, band_text, check_run, hidden_differences,  # noqa: E402
                              portable_model_name, run_record, widget_values)
 from components.session import Session, UserError  # noqa: E402
