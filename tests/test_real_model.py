@@ -73,3 +73,18 @@ def test_known_facts_are_forgotten_and_the_others_kept(real, bench, edited):
     assert after["Kept fact recall"] >= 0.85, facts
     assert after["Forget prob"] < base["Forget prob"] / 2
     assert after["Knowledge score"] > 0.5 and not after["Retain broken"]
+
+
+def test_the_comparison_replays_the_layers_below_the_band_exactly(real, bench, edited):
+    """The studio's comparison runs only the band and above on the batches the Base row saw
+    (`grom.eval.prefix`): on the real model too, the numbers equal a full evaluation's."""
+    from grom.eval.prefix import PrefixCache
+
+    model, tok = real
+    cache = PrefixCache()
+    fast = evaluate(model, tok, bench, edit=edited, max_examples=6, prefix=cache, record_at=(edited.band[0],))
+    assert cache.hits > 0 and cache.misses == 0
+    full = evaluate(model, tok, bench, edit=edited, max_examples=6, reuse=fast)
+    assert fast.table().equals(full.table())
+    for name, df in full.rows["Edited"].examples.items():
+        assert fast.rows["Edited"].examples[name].equals(df), name

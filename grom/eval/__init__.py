@@ -1,19 +1,21 @@
 """Evaluation: the benchmarks' metrics as pure functions (`grom.eval.metrics`), the code
 that runs the model for them (`grom.eval.runner`), before/after reports
-(`grom.eval.report`) and the 4-bit quantization check (`grom.eval.quant`)."""
+(`grom.eval.report`), the reuse of the layers below an edit (`grom.eval.prefix`) and the
+4-bit quantization check (`grom.eval.quant`)."""
 from grom.eval.metrics import (choice_accuracy, extraction_strength, fact_recall, forget_quality,
                                mia_auc, min_k_score, model_utility, muse_final_score,
                                normalised_probability, privacy_leakage, probability,
                                rouge_l_f1, rouge_l_recall, token_accuracy, tofu_final_score,
                                truth_ratio, truth_ratio_forget, truth_ratio_retain,
                                wmdp_final_score)
+from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.quant import nf4_quantize, quantized, rtn_quantize
 from grom.eval.report import (DIRECTION, Report, answer_probabilities, compare_generations,
                               evaluate, quantization_check, quantization_verdict)
 
 __all__ = [
-    "DIRECTION", "Report", "answer_probabilities", "choice_accuracy", "compare_generations",
-    "evaluate", "extraction_strength", "fact_recall", "forget_quality", "mia_auc",
+    "DIRECTION", "PrefixCache", "Report", "answer_probabilities", "choice_accuracy", "compare_generations",
+    "evaluate", "extraction_strength", "fact_recall", "first_changed_layer", "forget_quality", "mia_auc",
     "min_k_score", "model_utility", "muse_final_score", "nf4_quantize", "normalised_probability",
     "privacy_leakage", "probability", "quantization_check", "quantization_verdict", "quantized", "rouge_l_f1",
     "rouge_l_recall", "rtn_quantize", "token_accuracy", "tofu_final_score", "truth_ratio",

@@ -38,6 +38,7 @@ import pandas as pd
 from grom.data.prompts import RAW_TEXT, PromptFormat
 from grom.data.schema import Benchmark, ChoiceExample, FactRecord, QAExample, TextExample
 from grom.eval import metrics as M
+from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.quant import quantized, resolve_method
 from grom.eval.runner import (answer_budget, choice_logprobs, generate, score_answers,
                               score_texts)
@@ -527,16 +528,21 @@ def _reference_pair(reference, tokenizer):
 
 
 def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens, only_forget=False,
-         quantize: str | None = None, group_size: int = 128) -> Row:
+         quantize: str | None = None, group_size: int = 128, prefix: PrefixCache | None = None,
+         record_at: tuple[int, ...] = ()) -> Row:
     fn = ROWS.get(benchmark.task)
     if fn is None:
         raise ValueError(f"no metrics for task {benchmark.task!r}; known: {', '.join(ROWS)}")
     run = _Runner(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens)
     t0 = time.perf_counter()
     was_training = model.training
+    reuse = nullcontext()
+    if prefix is not None and not quantize:
+        reuse = prefix.reusing(model, first_changed_layer(model, edit) if edit is not None else None,
+                               capture=record_at)
     model.eval()
     try:
-        with (edit.applied(model) if edit is not None else nullcontext()):
+        with (edit.applied(model) if edit is not None else nullcontext()), reuse:
             with (quantized(model, method=quantize, group_size=group_size) if quantize else nullcontext()):
                 row = fn(run, sets, only_forget)
     finally:
@@ -548,7 +554,8 @@ def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens,
 def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, *,
              max_examples: int | None = None, progress: Callable | None = None,
              batch_size: int = 32, max_new_tokens: int | None = None,
-             include_base: bool = True, reuse: Report | None = None) -> Report:
+             include_base: bool = True, reuse: Report | None = None,
+             prefix: PrefixCache | None = None, record_at: tuple[int, ...] = ()) -> Report:
     """The benchmark's metrics for the base model ("Base"), the model with `edit` applied
     ("Edited", applied and reverted here) and the reference model ("Retain model":
     `reference` is a model sharing `tokenizer`, or a `(model, tokenizer)` pair).
@@ -559,6 +566,10 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     reuse: an earlier report of the same benchmark, split and example counts whose "Base"
     and "Retain model" rows are taken as they are instead of being computed again (the
     unedited models give the same numbers); an incompatible report is ignored.
+    prefix: a `grom.eval.prefix.PrefixCache` kept for `model`: the Edited row then runs
+    only the layers from the edit's first changed one on every batch seen before (the
+    same numbers, sooner), and records the batches it has not seen; the Base row records
+    for a band starting at each layer in `record_at` (the next edit's, where known).
     """
     progress = progress or (lambda *_: None)
     t0 = time.perf_counter()
@@ -580,7 +591,9 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
             rows[name] = reusable[name]
             continue
         progress(i / len(jobs), f"evaluating: {name}")
-        rows[name] = _row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens)
+        mine = prefix if m is model else None  # kept for `model`, not for the reference
+        rows[name] = _row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                          prefix=mine, record_at=record_at)
     if benchmark.task == "tofu":
         _tofu_relative(rows)
     elif benchmark.task == "muse":

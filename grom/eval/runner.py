@@ -60,7 +60,7 @@ def _final_hidden(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> to
     """The last hidden state (after the final norm), so the LM head is applied only at the
     positions that are scored: a full (B, T, vocab) logit tensor of a 128k-vocab model
     would not fit."""
-    out = model.base_model(input_ids=ids, attention_mask=mask)
+    out = model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 

@@ -1,0 +1,296 @@
+"""Evaluating an edit without running the layers it left alone.
+
+A GROM edit changes decoder layers from some L on (the band); every layer below L is the
+unedited model's. On the same input batch, the hidden states leaving layer L-1 and the
+attention keys and values layers 0..L-1 write while they read a prompt are therefore the
+unedited model's too. A `PrefixCache` keeps them per exact input batch, so evaluating an
+edit runs layers L.. alone on each batch it has seen: teacher-forced answer scores and
+the prompt pass of greedy generation (decoding new tokens still runs every layer, since
+those tokens differ). The results are the same bit for bit: what is kept is what the
+skipped layers would compute again.
+
+Use: ``with cache.reusing(model, first_changed_layer(model, edit))`` around the edited
+model's evaluation (it replays where an entry exists and records where none does: the
+layers below L are unedited either way), ``with cache.reusing(model, None, capture=(L,))``
+around the unedited model's to record ahead for a band starting at L. Only forward passes
+of the model's decoder stack on token ids are touched: a prompt pass with an empty
+key/value cache object, or a pass with ``use_cache=False``; decoding steps, and passes
+the cache cannot replay exactly, run as usual. Valid while the model's weights below
+each entry's layer stay as they were (an app drops it with the model).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from grom.arch import decoder_layers, num_layers
+
+DEFAULT_MAX_BYTES = 512 << 20
+
+
+def first_changed_layer(model: nn.Module, edit) -> int:
+    """The lowest decoder layer whose output `edit` changes: the first layer holding one of
+    its patched weights; the number of layers where it patches only the final norm or an
+    LM head that is not the input embedding; 0 (nothing reusable) where it touches the
+    embeddings or anything else."""
+    if edit is None:
+        return num_layers(model)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    layer_of = {id(p): i for i, layer in enumerate(decoder_layers(model)) for p in layer.parameters()}
+    unties = bool(getattr(edit, "unties_lm_head", False))  # the head gets its own copy first
+    head = model.get_output_embeddings()
+    embed = model.get_input_embeddings()
+    first = num_layers(model)
+    for name in edit.patches:
+        p = params.get(name)
+        if p is None:
+            return 0
+        if id(p) in layer_of:
+            first = min(first, layer_of[id(p)])
+        elif head is not None and p is head.weight and (unties or p is not embed.weight):
+            continue
+        elif not any(p is q for q in embed.parameters()) and _in_final_norm(model, p):
+            continue
+        else:
+            return 0
+    return first
+
+
+def _in_final_norm(model: nn.Module, p: torch.Tensor) -> bool:
+    from grom.arch import final_norm
+
+    try:
+        return any(p is q for q in final_norm(model).parameters())
+    except Exception:  # noqa: BLE001  (a family without one: not reusable)
+        return False
+
+
+def _digest(*tensors) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        if t is None:
+            h.update(b"-")
+            continue
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+@dataclass
+class _Entry:
+    """What layers 0..layer-1 gave on one input batch."""
+
+    layer: int
+    output: object  # layer-1's output (a tensor, or a tuple whose first item is one)
+    updates: list = field(default_factory=list)  # (target, args, kwargs) per key/value write
+    nbytes: int = 0
+
+
+def _bytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (tuple, list)):
+        return sum(_bytes(v) for v in x)
+    if isinstance(x, dict):
+        return sum(_bytes(v) for v in x.values())
+    return 0
+
+
+def _cloned(x):
+    """Tensors (alone or in a tuple) copied, so later in-place work cannot change them."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, tuple):
+        return tuple(_cloned(v) for v in x)
+    return x
+
+
+def _hidden(output) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _like(output, hidden: torch.Tensor):
+    """`hidden` in the shape of a layer output like `output`."""
+    if isinstance(output, tuple):
+        return (hidden,) + tuple(output[1:])
+    return hidden
+
+
+def _kv_targets(cache) -> list:
+    """The objects whose `update` the attention layers call: the cache passed, and the
+    self-attention cache inside an encoder-decoder one."""
+    inner = getattr(cache, "self_attention_cache", None)
+    return [cache] + ([inner] if inner is not None else [])
+
+
+class PrefixCache:
+    """The unedited model's lower layers on input batches seen before (module docstring),
+    least recently used dropped first beyond `max_bytes`."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.hits = self.misses = 0
+        self._model_id: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def _store(self, key: tuple, entry: _Entry) -> None:
+        entry.nbytes = _bytes(entry.output) + sum(_bytes(a) + _bytes(k) for _, a, k in entry.updates)
+        if entry.nbytes > self.max_bytes:
+            return
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while self.nbytes > self.max_bytes:
+            self._entries.popitem(last=False)
+
+    @contextmanager
+    def reusing(self, model: nn.Module, first: int | None, capture: tuple[int, ...] = ()) -> Iterator[None]:
+        """Within the block, forward passes of `model`'s decoder stack replay layers
+        0..first-1 from an entry of the same input batch, or record one (`first`: the
+        lowest layer the applied edit changes, `first_changed_layer`; None for the
+        unedited model, which then records entries for the layers in `capture`)."""
+        if self._model_id is not None and self._model_id != id(model):
+            self.clear()  # another model: nothing kept applies to it
+        self._model_id = id(model)
+        n = num_layers(model)
+        wanted = tuple(sorted({first} if first is not None else set(capture)))
+        wanted = tuple(layer for layer in wanted if 1 <= layer <= n)
+        if not wanted:
+            yield
+            return
+        base = model.base_model
+        signature = inspect.signature(base.forward)
+        layers = decoder_layers(model)
+        state: dict = {}
+
+        def finish() -> None:
+            undo = state.pop("undo", None)
+            if undo is not None:
+                undo()
+
+        def pre(_module, args, kwargs):
+            finish()  # a pass that raised left its layers replaced or hooked: put them back
+            state.clear()
+            try:
+                bound = signature.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                return None
+            extra = bound.get("kwargs", {})
+            get = lambda name: bound.get(name, extra.get(name))  # noqa: E731
+            ids, cache = get("input_ids"), get("past_key_values")
+            if ids is None or get("inputs_embeds") is not None:
+                return None
+            if cache is not None:
+                if cache.get_seq_length() != 0:
+                    return None  # a decoding step: new tokens, every layer runs
+                kind = "kv"
+            elif get("use_cache") is False:
+                kind = "plain"
+            else:
+                return None  # the model would fill a cache of its own: leave it whole
+            digest = _digest(ids, get("attention_mask"), get("position_ids"), get("cache_position"))
+            if first is not None and (hit := self._entries.get((kind, first, digest))) is not None:
+                self.hits += 1
+                self._entries.move_to_end((kind, first, digest))
+                state["undo"] = _replay(layers, hit, cache)
+                return None
+            if first is not None:
+                self.misses += 1
+            state["undo"] = _record(layers, wanted, cache, kind, digest, state)
+            return None
+
+        def post(_module, _args, _output):
+            finish()
+            for key, entry in state.pop("recorded", {}).items():
+                self._store(key, entry)
+
+        h1 = base.register_forward_pre_hook(pre, with_kwargs=True)
+        h2 = base.register_forward_hook(post)
+        try:
+            yield
+        finally:
+            h1.remove()
+            h2.remove()
+            finish()
+
+
+def _replay(layers: nn.ModuleList, entry: _Entry, cache):
+    """Layers 0..entry.layer-1 skip their work for this pass: each writes the keys and
+    values it wrote before, the last returns its output as recorded. Returns the undo."""
+    by_layer: dict[int, list] = {}
+    for target, args, kwargs in entry.updates:
+        by_layer.setdefault(args[2], []).append((target, args, kwargs))
+    targets = _kv_targets(cache) if cache is not None else []
+
+    def make(i: int):
+        def forward(hidden_states=None, *args, **kwargs):
+            for target, a, k in by_layer.get(i, ()):  # copies: the cache may keep them
+                type(targets[target]).update(targets[target], *_cloned(a), **k)
+            if i == entry.layer - 1:
+                out = entry.output
+                return _like(out, _hidden(out).clone())
+            return _like(entry.output, hidden_states)
+        return forward
+
+    for i in range(entry.layer):
+        layers[i].forward = make(i)
+
+    def undo():
+        for i in range(entry.layer):
+            layers[i].__dict__.pop("forward", None)
+    return undo
+
+
+def _record(layers: nn.ModuleList, wanted: tuple[int, ...], cache, kind: str, digest: str, state: dict):
+    """Hooks that keep, for each layer L in `wanted`, the output of layer L-1 and every
+    key/value write of layers below L in this pass. Returns the undo."""
+    top = max(wanted)
+    outputs: dict[int, object] = {}
+    updates: list = []
+    handles = []
+    for L in wanted:
+        def keep(_module, _args, output, L=L):
+            outputs[L] = _cloned(output)
+        handles.append(layers[L - 1].register_forward_hook(keep))
+    originals = []
+    if kind == "kv":
+        for t, target in enumerate(_kv_targets(cache)):
+            def update(*args, t=t, target=target, **kwargs):
+                if len(args) >= 3 and isinstance(args[2], int) and args[2] < top:
+                    updates.append((t, _cloned(args), kwargs))
+                return type(target).update(target, *args, **kwargs)
+            target.update = update
+            originals.append(target)
+
+    def undo():
+        for h in handles:
+            h.remove()
+        for target in originals:
+            target.__dict__.pop("update", None)
+        recorded = {}
+        for L in wanted:
+            if L not in outputs:
+                continue
+            mine = [u for u in updates if u[1][2] < L]
+            if kind == "kv" and sorted(u[1][2] for u in mine) != list(range(L)):
+                continue  # not one write per layer below L: this family cannot be replayed
+            recorded[(kind, L, digest)] = _Entry(L, outputs[L], mine)
+        state["recorded"] = recorded
+    return undo
