@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -265,15 +266,37 @@ def first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_
 def warm_comparison(max_examples, k, retain_examples, seed, session: Session) -> None:
     """On the real model, while the visitor reads the page: the forward pass up to the
     suggested band (Run edit then runs only the band) and the unedited rows of the
-    comparison (then only the Edited row is left); both cached for every later page."""
+    comparison, keeping what the layers below that band give on its batches (then only
+    the Edited row is left, on the band and above); all cached for every later page."""
     if session.model_key is not None and session.model_key.name == REAL:
-        warm_edit(k, retain_examples, seed, session)
-        warm_base_rows(max_examples, session)
+        band = warm_edit(k, retain_examples, seed, session)
+        warm_base_rows(max_examples, session, min(band) if band else None)
 
 
-def build_app() -> gr.Blocks:
-    """The Blocks of GROM Studio (the model is loaded separately: `preload`)."""
+def warm_first_page(start_key, score_values: list, warm_values: list) -> None:
+    """What a new page computes as it opens (`on_page_load`, `first_scores`,
+    `warm_comparison`: the layer scores, the stream entering the suggested band, the
+    unedited comparison rows), run once in the background as the server starts, with the
+    page's default widget values. Every cache it fills is shared, so the first visitor's
+    page and Run edit do not wait on them (on SmolLM2 and a 2-core CPU, ~35 s of work). A
+    failure is only logged: the page computes what it needs itself."""
+    t0 = time.perf_counter()
+    try:
+        session = Session()
+        on_page_load(session, start_key)
+        first_scores(*score_values, session, progress=lambda *_, **__: None)
+        warm_comparison(*warm_values, session)
+        log.info("first page precomputed in %.1f s", time.perf_counter() - t0)
+    except Exception as err:  # noqa: BLE001  (a warm-up: never takes the server down)
+        log.warning("first page not precomputed: %s", err)
+
+
+def build_app(warm: bool = False) -> gr.Blocks:
+    """The Blocks of GROM Studio (the model is loaded separately: `preload`); with `warm`,
+    the start model's first page is precomputed in a background thread
+    (`warm_first_page`; not on ZeroGPU, where the device exists only inside a request)."""
     from components.model_panel import REGISTRY
+    from components.session import ON_SPACES
 
     start_key = REGISTRY.current.key if REGISTRY.current is not None else None
     start = start_key.name if start_key is not None else DEMO
@@ -286,17 +309,22 @@ def build_app() -> gr.Blocks:
         ui = build_layout(start)
         wire(ui)
         ly, e = ui.layers, ui.edit
+        score_inputs = [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text, ly.show_parts,
+                        e.retain_examples, e.seed]
+        warm_inputs = [ui.compare.max_examples, ly.k, e.retain_examples, e.seed]
         demo.load(page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
                                              ui.bench.info, ui.data.forget_df, ui.data.retain_df,
                                              ui.bench.name, ui.bench.split, e.preset],
                   api_visibility="private", **DEVICE) \
-            .success(first_scores, [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text,
-                                    ly.show_parts, e.retain_examples, e.seed, ui.session],
-                     [ly.plot, ly.band_info], api_visibility="private", **DEVICE) \
-            .success(warm_comparison, [ui.compare.max_examples, ly.k, e.retain_examples, e.seed,
-                                       ui.session], None,
+            .success(first_scores, score_inputs + [ui.session], [ly.plot, ly.band_info],
+                     api_visibility="private", **DEVICE) \
+            .success(warm_comparison, warm_inputs + [ui.session], None,
                      api_visibility="private", **DEVICE)
     demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"))
+    if warm and start_key is not None and not ON_SPACES:
+        threading.Thread(target=warm_first_page, name="warm-first-page", daemon=True,
+                         args=(start_key, [c.value for c in score_inputs],
+                               [c.value for c in warm_inputs])).start()
     return demo
 
 
@@ -353,7 +381,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     preload(args.model, args.device)
     log.info("model ready in %.1f s", time.perf_counter() - t0)
-    build_app().launch(server_name=args.host, server_port=args.port, share=args.share,
+    build_app(warm=True).launch(server_name=args.host, server_port=args.port, share=args.share,
                        **launch_kwargs())
 
 

@@ -56,16 +56,18 @@ def shared_model(key: ModelKey, what: str = "comparison") -> ModelHandle:
 
 
 @on_device
-def compute_report(key: ModelKey, bench, edit, n, progress):
+def compute_report(key: ModelKey, bench, edit, n, progress, record_at: tuple[int, ...] = ()):
     """Base, Edited and Retain model rows in one Report; the Base row is cached."""
     with DEVICE_LOCK:
-        return report_rows(shared_model(key), bench, edit, n, progress)
+        return report_rows(shared_model(key), bench, edit, n, progress, record_at)
 
 
-def report_rows(handle: ModelHandle, bench, edit, n, progress):
+def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = ()):
     """Base, Edited (with `edit`) and Retain model rows; the unedited rows come from the
-    first report per (model, benchmark, n) (`evaluate(reuse=)`). Runs under DEVICE_LOCK
-    (re-entrant: callers may hold it already)."""
+    first report per (model, benchmark, n) (`evaluate(reuse=)`), and the Edited row runs
+    only the edit's layers and above on batches seen before (`evaluate(prefix=)`; the Base
+    row records them for a band starting at a layer of `record_at`). Runs under
+    DEVICE_LOCK (re-entrant: callers may hold it already)."""
     from grom.eval import evaluate
 
     with DEVICE_LOCK:
@@ -74,7 +76,8 @@ def report_rows(handle: ModelHandle, bench, edit, n, progress):
         prior = hit[1] if hit is not None and hit[0] is bench else None
         report = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
                           reference=reference_for(handle, bench), max_examples=n,
-                          progress=progress, reuse=prior)
+                          progress=progress, reuse=prior, prefix=handle.prefix_cache,
+                          record_at=record_at)
     if prior is None:
         _BASE_CACHE[ck] = (bench, report)
         while len(_BASE_CACHE) > 6:
@@ -186,14 +189,16 @@ def summary_md(report, n) -> str:
     return head
 
 
-def warm_base_rows(max_examples: int, session: Session) -> None:
+def warm_base_rows(max_examples: int, session: Session, band_start: int | None = None) -> None:
     """Compute the unedited rows of the session's benchmark ahead of the first comparison
-    (a new page of the real model: the first Run edit then costs only the Edited row).
-    Cached per model, benchmark and size for every session; silent on any problem."""
+    (a new page of the real model: the first Run edit then costs only the Edited row, and
+    on the layers from `band_start` on, the suggested band's first). Cached per model,
+    benchmark and size for every session; silent on any problem."""
     try:
         handle, bench = current_model(session), current_benchmark(session)
         if (handle.key, id(bench), int(max_examples)) not in _BASE_CACHE:
-            compute_report(handle.key, bench, None, int(max_examples), None)
+            compute_report(handle.key, bench, None, int(max_examples), None,
+                           () if band_start is None else (int(band_start),))
     except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
         log.info("base rows not precomputed: %s", err)
 

@@ -183,21 +183,24 @@ def _warm(key: ModelKey, forget, retain, config, band) -> None:
             warm_stream(handle.model, handle.tokenizer, forget, retain, config, band, handle.stream_cache)
 
 
-def warm_edit(k: int, retain_examples: int, seed: int, session: Session) -> None:
+def warm_edit(k: int, retain_examples: int, seed: int, session: Session) -> list[int] | None:
     """The forward pass up to the suggested band, ahead of the first Run edit (the page's
-    defaults; any other choice just misses the cache). Silent on any problem."""
+    defaults; any other choice just misses the cache). Returns that band (None without
+    layer scores). Silent on any problem."""
     from grom import EditConfig, best_window
 
     try:
         handle, bench = current_model(session), current_benchmark(session)
         if session.scores is None:
-            return
+            return None
         retain = retain_subset(bench.retain, retain_examples, int(seed or 0))
         band = best_window(session.scores.S, int(k))
         _warm(handle.key, bench.forget, retain,
               EditConfig(prompt_format=bench.prompt_format, seed=int(seed or 0)), band)
+        return list(band)
     except Exception as err:  # noqa: BLE001  (a warm-up: Run edit reports real problems)
         logging.getLogger(__name__).info("stream not precomputed: %s", err)
+        return None
 
 
 def layer_table(edit) -> pd.DataFrame:

@@ -39,6 +39,7 @@ DEVICE_LOCK = threading.RLock()
 DEVICE_QUEUE = "device"  # the concurrency_id of every event that touches the model
 DEMO = "demo"  # the bundled demo model's name in the model box
 REAL = "smollm2-135m-instruct"  # the real chat model the studio opens on (grom.fetch)
+PREFIX_CACHE_BYTES = 256 << 20  # per resident model: one comparison of SmolLM2's page keeps ~80 MB
 
 
 def _gpu_decorator() -> tuple[Callable, bool]:
@@ -113,6 +114,15 @@ class ModelHandle:
     # The hidden states entering a band, by (band, key batches): the next edit of the same
     # data (a new beta, w_r or rho) skips the forward pass up to the band. Gone with the model.
     stream_cache: dict = field(default_factory=dict, repr=False)
+    # The layers below an edit's band on the comparison's batches (grom.eval.prefix): an
+    # edit's comparison then runs only the band and above on them. Gone with the model.
+    prefix_cache: Any = field(default_factory=lambda: _prefix_cache(), repr=False)
+
+
+def _prefix_cache():
+    from grom.eval.prefix import PrefixCache
+
+    return PrefixCache(max_bytes=PREFIX_CACHE_BYTES)
 
 
 class JobCancelled(Exception):

@@ -68,6 +68,13 @@ def test_the_demo_pipeline_through_the_api(url, tmp_path):
     forget_prob = next(r for r in rows if r[0] == "Forget prob")
     assert float(forget_prob[2]) < float(forget_prob[1])  # the edit lowered p(forget answer)
     assert "Final score" in text and 'class="w-del"' in forget_html and "gen-table" in retain_html
+    # compared again: the layers below the band (0-2) are replayed, the numbers are the same
+    from components.model_panel import REGISTRY
+
+    prefix = REGISTRY.current.prefix_cache  # the demo, just loaded
+    hits = prefix.hits
+    _, again, again_forget, _ = c.predict(max_examples=8, api_name="/compare")
+    assert prefix.hits > hits and again == metrics and again_forget == forget_html
 
     asked = c.predict("Where was Sina Cheithnu born?", api_name="/generate")
     assert "before the edit" in asked and "after the edit" in asked

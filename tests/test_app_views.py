@@ -216,3 +216,22 @@ def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkey
     session = Session()
     app.on_page_load(session, start)
     assert session.model_key == start and model_panel.REGISTRY.get(start) is not None
+
+
+def test_the_server_precomputes_the_first_page_in_the_background(caplog):
+    """`build_app(warm=True)` (what `python app.py` runs) computes a new page's layer scores
+    with the page's default widgets in a thread, into the caches every page shares."""
+    import threading
+
+    import app
+    from components import model_panel
+
+    handle = model_panel.ensure_model(model_panel.model_key("demo", "cpu", "float32"))
+    handle.scores_cache.clear()
+    with caplog.at_level("INFO", logger="grom.studio"):
+        app.build_app(warm=True)
+        for thread in threading.enumerate():
+            if thread.name == "warm-first-page":
+                thread.join(timeout=120)
+    assert "first page precomputed" in caplog.text
+    assert handle.scores_cache  # the S_l a new demo page asks for is there
