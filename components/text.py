@@ -67,9 +67,9 @@ PATCH_RATIO = ("**‖P‖/‖W‖** is the size of the patch against the size of
                "only where the forget keys lie: an input feels just the part of P along its own "
                "direction. How far each set's outputs actually moved is in **6 · Diagnostics**.")
 
-COMPARE = ("**5 · Compare.** The same questions go to the model before and after the edit (and "
-           "to the model trained without the forget set, the gold standard): forget answers "
-           "should break, retain answers should not move.")
+COMPARE = ("**5 · Compare.** The same questions go to the model before and after the edit (and, "
+           "for the demo, to its twin trained without the forget set, the gold standard): forget "
+           "answers should break, retain answers should not move.")
 
 BASELINE = ("The gradient baselines unlearn by fine-tuning: for several epochs they take gradient "
             "steps that push the likelihood of the forget answers down (GA alone; GradDiff, NPO and "
