@@ -2,6 +2,7 @@
 
     python bench/bench_knowledge.py sweep --betas 30,65,100,150 --w-r 10,100,1000
     python bench/bench_knowledge.py speed                   # edit time against forward passes
+    python bench/bench_knowledge.py compare --max-examples 10   # the studio's Run edit + comparison
     python bench/bench_knowledge.py ablate                  # alpha off, early and random bands
     python bench/bench_knowledge.py baselines --epochs 5 --lr ga=1e-5,npo=1e-5 ...
     python bench/bench_knowledge.py influence --sizes 4,8,16,34   # Theorem 2 against forget-set size
@@ -232,9 +233,48 @@ def influence_vs_size(args) -> None:
                     "max share of ||P||", "median share", "median share x examples"], rows))
 
 
+def compare(args) -> None:
+    """The studio's Run edit and first comparison: the edit with the layer scores given and
+    the stream entering the band kept (as after the page's warm-up), then the Edited row at
+    --max-examples per set, every layer run against the layers below the band replayed
+    (`grom.eval.prefix`, recorded by the Base row as the app's warm-up does)."""
+    from grom.editing import warm_stream
+    from grom.eval.prefix import PrefixCache
+
+    args.retain_examples = args.retain_examples or 128  # the app's default sample
+    run = Run(args, args.splits.split(",")[0])
+    config = PRESETS[args.preset].replace(prompt_format=run.bench.prompt_format, seed=args.seed)
+    first = run_edit(run.model, run.tok, run.bench.forget, run.bench.retain, config)
+    stream: dict = {}
+    warm_stream(run.model, run.tok, run.bench.forget, run.bench.retain, config, first.band, stream)
+    cache = PrefixCache()
+    base = evaluate(run.model, run.tok, run.bench, max_examples=args.max_examples, prefix=cache,
+                    record_at=(first.band[0],), batch_size=args.eval_batch_size)
+    times: dict[str, list[float]] = {"edit": [], "every layer": [], "replayed": []}
+    reports = {}
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        edit = run_edit(run.model, run.tok, run.bench.forget, run.bench.retain, config,
+                        scores=first.scores, stream_cache=stream)
+        times["edit"].append(time.perf_counter() - t0)
+        for label, prefix in (("every layer", None), ("replayed", cache)):
+            t0 = time.perf_counter()
+            reports[label] = evaluate(run.model, run.tok, run.bench, edit=edit, reuse=base, prefix=prefix,
+                                      max_examples=args.max_examples, batch_size=args.eval_batch_size)
+            times[label].append(time.perf_counter() - t0)
+    same = reports["every layer"].table().equals(reports["replayed"].table())
+    e, full, fast = (min(times[k]) for k in ("edit", "every layer", "replayed"))
+    print(f"\n### compare: band {first.band[0]}-{first.band[-1]}, {args.max_examples} examples per set, "
+          f"best of {args.repeats}; prefix cache {len(cache)} entries, {cache.nbytes / 2**20:.0f} MB; "
+          f"same numbers: {same}\n")
+    print(md_table(["Edited row", "edit s", "comparison s", "edit + comparison s"],
+                   [["every layer", f"{e:.2f}", f"{full:.2f}", f"{e + full:.2f}"],
+                    ["layers below the band replayed", f"{e:.2f}", f"{fast:.2f}", f"{e + fast:.2f}"]]))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["sweep", "speed", "ablate", "baselines", "influence"])
+    ap.add_argument("what", choices=["sweep", "speed", "compare", "ablate", "baselines", "influence"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--splits", default="the-solar-system")
     ap.add_argument("--preset", default="smollm2")
@@ -258,7 +298,7 @@ def main(argv=None) -> None:
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"{datetime.date.today()}")
     print("# " + " ".join(["python", "bench/bench_knowledge.py", *(sys.argv[1:] if argv is None else argv)]))
-    {"sweep": sweep, "speed": speed, "ablate": ablate, "baselines": baselines,
+    {"sweep": sweep, "speed": speed, "compare": compare, "ablate": ablate, "baselines": baselines,
      "influence": influence_vs_size}[args.what](args)
 
 
