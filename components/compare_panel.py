@@ -224,13 +224,12 @@ def _headline(report) -> str:
 def _retain_line(report, m: dict) -> str:
     """The retain set's state in words: intact where no retain metric fell, else which one
     fell most and by how much, beside the line past which the studio calls it broken."""
-    from grom.eval.report import BASE, RETAIN_BROKEN, RETAIN_METRICS
+    from grom.eval.report import BASE, RETAIN_BROKEN, retain_drops
 
     if m["Retain cost"] <= 0:
         return "Retain set intact: no retain metric fell."
     base = report.rows[BASE].metrics if BASE in report.rows else {}
-    drops = {k: 1 - m[k] / base[k] for k in RETAIN_METRICS.get(report.task, ())
-             if k in m and base.get(k, 0) > 0}
+    drops = retain_drops(base, m, report.task)
     worst = max(drops, key=drops.get) if drops else "a retain metric"
     return (f"Retain set held: {worst} fell {m['Retain cost']:.0%} "
             f"(more than {RETAIN_BROKEN:.0%} counts as broken).")

@@ -100,6 +100,12 @@ class ModelKey:
         return f"{self.shown} ({self.device}, {self.dtype})"
 
 
+def _prefix_cache():
+    from grom.eval.prefix import PrefixCache
+
+    return PrefixCache(max_bytes=PREFIX_CACHE_BYTES)
+
+
 @dataclass
 class ModelHandle:
     """A loaded base model, its tokenizer, and how long it took."""
@@ -116,13 +122,7 @@ class ModelHandle:
     stream_cache: dict = field(default_factory=dict, repr=False)
     # The layers below an edit's band on the comparison's batches (grom.eval.prefix): an
     # edit's comparison then runs only the band and above on them. Gone with the model.
-    prefix_cache: Any = field(default_factory=lambda: _prefix_cache(), repr=False)
-
-
-def _prefix_cache():
-    from grom.eval.prefix import PrefixCache
-
-    return PrefixCache(max_bytes=PREFIX_CACHE_BYTES)
+    prefix_cache: Any = field(default_factory=_prefix_cache, repr=False)
 
 
 class JobCancelled(Exception):

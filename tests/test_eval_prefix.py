@@ -53,6 +53,8 @@ def test_replayed_layers_give_the_same_scores_and_generations(tokenizer, model_t
     with cache.reusing(model, None, capture=(2,)):
         base = run(model, tokenizer)
     assert len(cache) > 0 and cache.hits == 0
+    batches = -(-len(PAIRS) // 4)
+    assert len(cache) == 2 * batches  # each scored batch, and each prompt pass with its keys/values
     with edit.applied(model), cache.reusing(model, 2):
         replayed = run(model, tokenizer)
     assert cache.hits == len(cache) and cache.misses == 0  # every prompt pass and scored batch

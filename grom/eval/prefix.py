@@ -37,9 +37,8 @@ DEFAULT_MAX_BYTES = 512 << 20
 
 def first_changed_layer(model: nn.Module, edit) -> int:
     """The lowest decoder layer whose output `edit` changes: the first layer holding one of
-    its patched weights; the number of layers where it patches only the final norm or an
-    LM head that is not the input embedding; 0 (nothing reusable) where it touches the
-    embeddings or anything else."""
+    its patched weights; the number of layers where it patches only an LM head that is not
+    the input embedding; 0 (nothing reusable) where it touches anything else."""
     if edit is None:
         return num_layers(model)
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -54,22 +53,9 @@ def first_changed_layer(model: nn.Module, edit) -> int:
             return 0
         if id(p) in layer_of:
             first = min(first, layer_of[id(p)])
-        elif head is not None and p is head.weight and (unties or p is not embed.weight):
-            continue
-        elif not any(p is q for q in embed.parameters()) and _in_final_norm(model, p):
-            continue
-        else:
+        elif not (head is not None and p is head.weight and (unties or p is not embed.weight)):
             return 0
     return first
-
-
-def _in_final_norm(model: nn.Module, p: torch.Tensor) -> bool:
-    from grom.arch import final_norm
-
-    try:
-        return any(p is q for q in final_norm(model).parameters())
-    except Exception:  # noqa: BLE001  (a family without one: not reusable)
-        return False
 
 
 def _digest(*tensors) -> str:
@@ -90,7 +76,7 @@ class _Entry:
 
     layer: int
     output: object  # layer-1's output (a tensor, or a tuple whose first item is one)
-    updates: list = field(default_factory=list)  # (target, args, kwargs) per key/value write
+    updates: list = field(default_factory=list)  # (args, kwargs) of each key/value write
     nbytes: int = 0
 
 
@@ -124,13 +110,6 @@ def _like(output, hidden: torch.Tensor):
     return hidden
 
 
-def _kv_targets(cache) -> list:
-    """The objects whose `update` the attention layers call: the cache passed, and the
-    self-attention cache inside an encoder-decoder one."""
-    inner = getattr(cache, "self_attention_cache", None)
-    return [cache] + ([inner] if inner is not None else [])
-
-
 class PrefixCache:
     """The unedited model's lower layers on input batches seen before (module docstring),
     least recently used dropped first beyond `max_bytes`."""
@@ -152,7 +131,7 @@ class PrefixCache:
         self._entries.clear()
 
     def _store(self, key: tuple, entry: _Entry) -> None:
-        entry.nbytes = _bytes(entry.output) + sum(_bytes(a) + _bytes(k) for _, a, k in entry.updates)
+        entry.nbytes = _bytes(entry.output) + sum(_bytes(a) + _bytes(k) for a, k in entry.updates)
         if entry.nbytes > self.max_bytes:
             return
         self._entries[key] = entry
@@ -235,14 +214,13 @@ def _replay(layers: nn.ModuleList, entry: _Entry, cache):
     """Layers 0..entry.layer-1 skip their work for this pass: each writes the keys and
     values it wrote before, the last returns its output as recorded. Returns the undo."""
     by_layer: dict[int, list] = {}
-    for target, args, kwargs in entry.updates:
-        by_layer.setdefault(args[2], []).append((target, args, kwargs))
-    targets = _kv_targets(cache) if cache is not None else []
+    for args, kwargs in entry.updates:
+        by_layer.setdefault(args[2], []).append((args, kwargs))
 
     def make(i: int):
         def forward(hidden_states=None, *args, **kwargs):
-            for target, a, k in by_layer.get(i, ()):  # copies: the cache may keep them
-                type(targets[target]).update(targets[target], *_cloned(a), **k)
+            for a, k in by_layer.get(i, ()):  # copies: the cache may keep them
+                type(cache).update(cache, *_cloned(a), **k)
             if i == entry.layer - 1:
                 out = entry.output
                 return _like(out, _hidden(out).clone())
@@ -269,27 +247,24 @@ def _record(layers: nn.ModuleList, wanted: tuple[int, ...], cache, kind: str, di
         def keep(_module, _args, output, L=L):
             outputs[L] = _cloned(output)
         handles.append(layers[L - 1].register_forward_hook(keep))
-    originals = []
     if kind == "kv":
-        for t, target in enumerate(_kv_targets(cache)):
-            def update(*args, t=t, target=target, **kwargs):
-                if len(args) >= 3 and isinstance(args[2], int) and args[2] < top:
-                    updates.append((t, _cloned(args), kwargs))
-                return type(target).update(target, *args, **kwargs)
-            target.update = update
-            originals.append(target)
+        def update(*args, **kwargs):
+            if len(args) >= 3 and isinstance(args[2], int) and args[2] < top:
+                updates.append((_cloned(args), kwargs))
+            return type(cache).update(cache, *args, **kwargs)
+        cache.update = update
 
     def undo():
         for h in handles:
             h.remove()
-        for target in originals:
-            target.__dict__.pop("update", None)
+        if kind == "kv":
+            cache.__dict__.pop("update", None)
         recorded = {}
         for L in wanted:
             if L not in outputs:
                 continue
-            mine = [u for u in updates if u[1][2] < L]
-            if kind == "kv" and sorted(u[1][2] for u in mine) != list(range(L)):
+            mine = [u for u in updates if u[0][2] < L]
+            if kind == "kv" and sorted(u[0][2] for u in mine) != list(range(L)):
                 continue  # not one write per layer below L: this family cannot be replayed
             recorded[(kind, L, digest)] = _Entry(L, outputs[L], mine)
         state["recorded"] = recorded

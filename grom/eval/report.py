@@ -491,6 +491,13 @@ relative to the unedited model) is marked as having broken the retain set: a Fin
 it raised is not a win."""
 
 
+def retain_drops(base: dict, metrics: dict, task: str) -> dict[str, float]:
+    """Relative drop, against the unedited model's `base` metrics, of each of the task's
+    retain metrics that both have (negative where one rose)."""
+    return {k: 1 - metrics[k] / base[k] for k in RETAIN_METRICS.get(task, ())
+            if k in metrics and base.get(k, 0) > 0}
+
+
 def _retain_cost(rows: dict[str, Row], task: str) -> None:
     """"Retain cost" of every row but Base: the largest relative drop, against Base, of the
     task's retain metrics (0 where nothing was lost); "Retain broken" 1.0 above
@@ -498,13 +505,12 @@ def _retain_cost(rows: dict[str, Row], task: str) -> None:
     base = rows.get(BASE)
     if base is None:
         return
-    names = [k for k in RETAIN_METRICS.get(task, ()) if k in base.metrics and base.metrics[k] > 0]
     for label, row in rows.items():
-        if label == BASE or not names:
+        if label == BASE:
             continue
-        drops = [1 - row.metrics[k] / base.metrics[k] for k in names if k in row.metrics]
+        drops = retain_drops(base.metrics, row.metrics, task)
         if drops:
-            row.metrics["Retain cost"] = max(0.0, float(max(drops)))
+            row.metrics["Retain cost"] = max(0.0, float(max(drops.values())))
             row.metrics["Retain broken"] = float(row.metrics["Retain cost"] > RETAIN_BROKEN)
 
 
@@ -536,13 +542,13 @@ def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens,
     run = _Runner(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens)
     t0 = time.perf_counter()
     was_training = model.training
-    reuse = nullcontext()
-    if prefix is not None and not quantize:
-        reuse = prefix.reusing(model, first_changed_layer(model, edit) if edit is not None else None,
-                               capture=record_at)
+    replay = nullcontext()
+    if prefix is not None and not quantize:  # quantizing changes every layer
+        replay = prefix.reusing(model, first_changed_layer(model, edit) if edit is not None else None,
+                                capture=record_at)
     model.eval()
     try:
-        with (edit.applied(model) if edit is not None else nullcontext()), reuse:
+        with (edit.applied(model) if edit is not None else nullcontext()), replay:
             with (quantized(model, method=quantize, group_size=group_size) if quantize else nullcontext()):
                 row = fn(run, sets, only_forget)
     finally:
