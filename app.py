@@ -20,26 +20,33 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components import text
-from components.baseline_panel import on_method_change, run_baseline
-from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, describe,
-                                        examples_html, load_benchmark, on_benchmark_change,
-                                        read_benchmark, restore_benchmark, splits_for)
-from components.compare_panel import (build_compare_panel, compare, generate, result_card,
-                                      warm_base_rows)
-from components.diagnostics_panel import (build_diagnostics_panel, influence_bars, influence_example,
-                                          matrix_choices, on_table_select, pca_plot, quant_check)
-from components.edit_panel import build_edit_panel, fill_preset, reset, run_edit, warm_edit
-from components.errors import ui_errors
-from components.export_panel import build_export_panel, export, import_run
-from components.guard import QueueGuard, UploadGuard
-from components.history_panel import build_history_panel, on_history_select, show_history
-from components.layers_panel import band_text_md, build_layers_panel, layer_scores, redraw, scores_figure
-from components.limits import limit
-from components.model_panel import build_model_panel, ensure_model, load_model, model_key, restore_model
-from components.runs import RESTORED
-from components.session import DEMO, DEVICE_QUEUE, REAL, Session
-from components.sweep_panel import on_sweep_select, run_sweep
+from components.baseline_panel import build_baseline_panel, on_method_change, on_run_baseline
+from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, on_benchmark_change,
+                                        on_load_benchmark, on_restore_benchmark)
+from components.compare_panel import (build_answers_panel, build_compare_panel, on_compare, on_generate,
+                                      result_card)
+from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
+from components.core.comparison import warm_base_rows
+from components.core.device import DEVICE_QUEUE, ON_SPACES
+from components.core.edits import warm_edit
+from components.core.errors import ui_errors
+from components.core.form import RESTORED
+from components.core.guard import QueueGuard, UploadGuard
+from components.core.limits import limit
+from components.core.models import ensure_model, model_key, n_layers
+from components.core.session import REGISTRY, Session
+from components.core.sources import DEMO, REAL
+from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
+                                          on_influence_example, on_pca, on_quant_check, on_table_select)
+from components.edit_panel import build_edit_panel, on_preset, on_reset, on_run_edit
+from components.export_panel import build_export_panel, on_export, on_import_run
+from components.history_panel import build_history_panel, on_history_select, on_show_history
+from components.layers_panel import (band_text_md, build_layers_panel, on_layer_scores, on_redraw,
+                                     scores_figure)
+from components.model_panel import build_model_panel, on_load_model, on_restore_model, status_line, summary
+from components.sweep_panel import build_sweep_panel, on_sweep, on_sweep_select
+from components.views import plots, text
+from components.views.tables import describe, examples_html
 
 log = logging.getLogger("grom.studio")
 CSS_PATH = Path(__file__).parent / "assets" / "app.css"
@@ -61,7 +68,6 @@ def theme() -> gr.themes.Base:
 def build_layout(start_model: str = DEMO) -> SimpleNamespace:
     """The components, laid out: settings on the left, views in tabs on the right; the
     widgets start on `start_model`'s benchmark and preset."""
-    from components.benchmark_panel import preset_for
 
     start, split = start_benchmark(start_model)
     preset = preset_for(start, split)
@@ -92,10 +98,13 @@ def build_layout(start_model: str = DEMO) -> SimpleNamespace:
                     ui.layers = build_layers_panel(preset)
                 with gr.Tab("4 · Edit details", id="edit"):
                     ui.result = build_result_view()
-                    ui.runs = build_history_panel()  # the session's runs and sweeps, under the last edit
+                    ui.runs = build_history_panel()  # the session's runs, under the last edit
+                    ui.sweep = build_sweep_panel()  # sweeps of one setting, under the history
                 with gr.Tab("5 · Compare", id="compare", elem_id="compare-tab"):
                     # a 135M model on a CPU: ~0.3 s per generated answer, so a shorter first look
                     ui.compare = build_compare_panel(10 if start_model == REAL else 20)
+                    ui.baseline = build_baseline_panel()  # between the metrics and the answers
+                    ui.answers = build_answers_panel()
                 with gr.Tab("6 · Diagnostics", id="diagnostics"):
                     ui.diag = build_diagnostics_panel()
                 with gr.Tab("7 · Export", id="export"):
@@ -104,7 +113,6 @@ def build_layout(start_model: str = DEMO) -> SimpleNamespace:
 
 
 def build_result_view() -> SimpleNamespace:
-    from components import plots
 
     text.md(text.EDIT_MATH, elem_classes="math")
     summary = gr.Markdown("No edit yet.", elem_id="result-summary")
@@ -118,62 +126,62 @@ def wire(ui: SimpleNamespace) -> None:
     """Every event, explicitly. Model work: the device queue and a public api_name."""
     s, m, b, e, ly, r, c, d, x = (ui.session, ui.model, ui.bench, ui.edit, ui.layers, ui.result,
                                   ui.compare, ui.diag, ui.export)
-    bl = c.baseline
+    bl, a = ui.baseline, ui.answers
     view = [ly.k, ly.band_mode, ly.band_text, ly.show_parts, s]
-    loaded = m.load.click(load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
+    loaded = m.load.click(on_load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
                           api_name="load_model", **DEVICE)
     loaded.success(on_method_change, [bl.method, s], bl.lr, **LOCAL)  # the new model's default lr
-    loaded.success(redraw, view, [ly.plot, ly.band_info], **LOCAL)  # a new model: the old scores go
+    loaded.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # a new model: the old scores go
     # a failed load leaves the old model loaded: the widgets say so instead of naming the failed one
-    loaded.failure(restore_model, s, [m.choice, m.device, m.dtype, m.status], **LOCAL)
+    loaded.failure(on_restore_model, s, [m.choice, m.device, m.dtype, m.status], **LOCAL)
     b.name.input(on_benchmark_change, b.name, b.split, **LOCAL)  # the user's choice, not a restore
-    bench = b.load.click(load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
+    bench = b.load.click(on_load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
                          [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark")
     bench.success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
-    bench.success(redraw, view, [ly.plot, ly.band_info], **LOCAL)  # the scores were of the old data
-    bench.success(benchmark_status, s, e.status, **LOCAL)
-    bench.failure(restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
-    e.preset.change(fill_preset, e.preset, [e.target, e.beta, e.beta_log, e.beta_relative, e.w_r,
+    bench.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # the scores were of the old data
+    bench.success(on_benchmark_loaded, s, e.status, **LOCAL)
+    bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
+    e.preset.change(on_preset, e.preset, [e.target, e.beta, e.beta_log, e.beta_relative, e.w_r,
                                             e.w_r_log, e.rho, e.rho_log, e.c, e.matrix, e.use_alpha,
                                             ly.band_mode, ly.band_text, ly.k], **LOCAL)
     score_inputs = [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text, ly.show_parts,
                     e.retain_examples, e.seed, s]
-    ly.compute.click(layer_scores, score_inputs, [ly.plot, ly.band_info], api_name="layer_scores", **DEVICE)
+    ly.compute.click(on_layer_scores, score_inputs, [ly.plot, ly.band_info], api_name="layer_scores", **DEVICE)
     # k: typed (each keystroke, Enter included) or dragged; a burst redraws once, for its last value
     for trigger in (ly.k.input, ly.k.release):
         trigger(on_k, view, [ly.band_mode, ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
     for trigger in (ly.band_mode.change, ly.show_parts.change, ly.band_text.change):
-        trigger(redraw, view, [ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
+        trigger(on_redraw, view, [ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
     edit_inputs = [e.preset, e.target, e.beta, e.beta_relative, e.w_r, e.rho, e.c, e.matrix,
                    e.use_alpha, ly.band_mode, ly.band_text, ly.k, e.seed, e.forget_budget,
                    e.retain_budget, e.batch_size, e.retain_examples, s]
-    compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, c.forget_html, c.retain_html])
-    run = e.run.click(run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
+    compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, a.forget_html, a.retain_html])
+    run = e.run.click(on_run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
                       show_progress_on=[e.status, r.summary], **DEVICE)  # progress where the user looks
-    run.success(after_edit, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
-       .success(compare, *compare_io, api_name="compare_after_edit", api_visibility="private",
+    run.success(on_edit_done, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
+       .success(on_compare, *compare_io, api_name="compare_after_edit", api_visibility="private",
                 show_progress_on=[e.status, c.summary], **DEVICE) \
        .success(result_card, s, e.status, scroll_to_output=True, **LOCAL) \
-       .success(show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
-    c.run.click(compare, *compare_io, api_name="compare", **DEVICE) \
-     .success(show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
-    c.ask.click(generate, [c.prompt, s], c.prompt_html, api_name="generate", **DEVICE)
+       .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
+    c.run.click(on_compare, *compare_io, api_name="compare", **DEVICE) \
+     .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
+    a.ask.click(on_generate, [a.prompt, s], a.prompt_html, api_name="generate", **DEVICE)
     bl.method.change(on_method_change, [bl.method, s], bl.lr, **LOCAL)
-    bl.run.click(run_baseline, [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
+    bl.run.click(on_run_baseline, [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
                  [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **DEVICE)
-    c.prompt.submit(generate, [c.prompt, s], c.prompt_html, api_visibility="private", **DEVICE)
-    e.reset.click(reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
+    a.prompt.submit(on_generate, [a.prompt, s], a.prompt_html, api_visibility="private", **DEVICE)
+    e.reset.click(on_reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
        .then(lambda msg: (msg, "", None, "", ""), e.status, [r.summary, c.summary, c.table,
-                                                           c.forget_html, c.retain_html], **LOCAL)
-    x.button.click(export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
+                                                           a.forget_html, a.retain_html], **LOCAL)
+    x.button.click(on_export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
                    concurrency_id="export", concurrency_limit=1)
-    d.pca_btn.click(pca_plot, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
-    d.infl_btn.click(influence_bars, [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
+    d.pca_btn.click(on_pca, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
+    d.infl_btn.click(on_influence, [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
                      api_name="influence", **DEVICE)
-    d.show.click(influence_example, [d.rank, s], [d.infl_example, d.infl_plot],
+    d.show.click(on_influence_example, [d.rank, s], [d.infl_example, d.infl_plot],
                  api_name="influence_example")
     d.infl_table.select(on_table_select, s, [d.infl_example, d.infl_plot], **LOCAL)
-    d.quant_btn.click(quant_check, [d.quant_n, s], [d.quant_table, d.quant_note],
+    d.quant_btn.click(on_quant_check, [d.quant_n, s], [d.quant_table, d.quant_note],
                       api_name="quantization", **DEVICE)
     wire_runs(ui, run)
 
@@ -182,28 +190,28 @@ def wire_runs(ui: SimpleNamespace, run) -> None:
     """The run history and sweeps (under Edit details): the history after each edit,
     comparison and import; a click on a history or sweep row, or an imported edit.json,
     restores the Edit panel."""
-    s, e, ly, h, x, b = ui.session, ui.edit, ui.layers, ui.runs, ui.export, ui.bench
+    s, e, ly, h, w, x, b = ui.session, ui.edit, ui.layers, ui.runs, ui.sweep, ui.export, ui.bench
     restored = [getattr(ly if name in ("band_mode", "band_text", "k") else e, name) for name in RESTORED]
     shown = [h.table, h.plot]
-    run.success(show_history, s, shown, **LOCAL)  # the new row; its metrics after the comparison
+    run.success(on_show_history, s, shown, **LOCAL)  # the new row; its metrics after the comparison
     h.table.select(on_history_select, s, restored + [h.note], **LOCAL)
-    h.sweep.table.select(on_sweep_select, s, restored + [h.sweep.note], **LOCAL)
-    h.sweep.button.click(run_sweep, [h.sweep.param, h.sweep.values, s],
-                         [h.sweep.plot, h.sweep.table, h.sweep.note], api_name="sweep", **DEVICE)
-    x.load.click(import_run, [x.uploads, s],
+    w.table.select(on_sweep_select, s, restored + [w.note], **LOCAL)
+    w.button.click(on_sweep, [w.param, w.values, s],
+                         [w.plot, w.table, w.note], api_name="sweep", **DEVICE)
+    x.load.click(on_import_run, [x.uploads, s],
                  restored + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df,
                              ui.result.summary, ui.result.table, ui.result.norms, x.load_note],
                  api_name="import_run", **DEVICE) \
-     .success(show_history, s, shown, **LOCAL)
+     .success(on_show_history, s, shown, **LOCAL)
 
 
 def on_k(k, band_mode, band_text, show_parts, session: Session):
     """Moving k means: the suggested band of that width."""
-    return ("suggested",) + tuple(redraw(k, "suggested", band_text, show_parts, session))
+    return ("suggested",) + tuple(on_redraw(k, "suggested", band_text, show_parts, session))
 
 
 @ui_errors
-def after_edit(k, band_mode, band_text, show_parts, session: Session):
+def on_edit_done(k, band_mode, band_text, show_parts, session: Session):
     """After a successful edit: the short status, the layer plot (the scores the edit
     used), the diagnostics' matrix choices, and the Compare tab."""
     edit = session.edit
@@ -220,13 +228,12 @@ def after_edit(k, band_mode, band_text, show_parts, session: Session):
 def start_benchmark(model_name: str) -> tuple[str, str]:
     """The benchmark a new page opens on: the demo world for the demo model, else the
     real-knowledge benchmark (facts a real chat model knows), each on its default split."""
-    from components.benchmark_panel import default_split
 
     name = "demo" if model_name == DEMO else "real-knowledge"
     return name, default_split(name)
 
 
-def benchmark_status(session: Session) -> str:
+def on_benchmark_loaded(session: Session) -> str:
     """The line under Run edit once a benchmark loaded: which data the next edit uses."""
     return f"Loaded **{session.bench_label}**: press **Run edit** to unlearn its forget set."
 
@@ -237,8 +244,6 @@ def on_page_load(session: Session, start=None):
     other visitors' models pushed it out) and its start benchmark go into its session. Not
     the most recently used model: a visitor opens on what the host chose, whatever others
     loaded since."""
-    from components.benchmark_panel import preset_for
-    from components.model_panel import REGISTRY, ensure_model, n_layers, status_line, summary
 
     handle = ensure_model(start) if start is not None else REGISTRY.current
     if handle is None:
@@ -253,17 +258,17 @@ def on_page_load(session: Session, start=None):
             name, gr.Dropdown(choices=splits_for(name), value=split), preset_for(name, split))
 
 
-def first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples, seed,
+def on_first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples, seed,
                  session: Session, progress=gr.Progress()):
     """The layer scores of a new page, on the two offline models only (seconds on a CPU;
     cached per model and data, so later pages get them at once)."""
     if session.model_key is None or session.model_key.name not in (DEMO, REAL):
         return gr.skip(), gr.skip()
-    return layer_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples,
+    return on_layer_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples,
                         seed, session, progress)
 
 
-def warm_comparison(max_examples, k, retain_examples, seed, session: Session) -> None:
+def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session) -> None:
     """On the real model, while the visitor reads the page: the forward pass up to the
     suggested band (Run edit then runs only the band) and the unedited rows of the
     comparison, keeping what the layers below that band give on its batches (then only
@@ -284,8 +289,8 @@ def warm_first_page(start_key, score_values: list, warm_values: list) -> None:
     try:
         session = Session()
         on_page_load(session, start_key)
-        first_scores(*score_values, session, progress=lambda *_, **__: None)
-        warm_comparison(*warm_values, session)
+        on_first_scores(*score_values, session, progress=lambda *_, **__: None)
+        on_warm_comparison(*warm_values, session)
         log.info("first page precomputed in %.1f s", time.perf_counter() - t0)
     except Exception as err:  # noqa: BLE001  (a warm-up: never takes the server down)
         log.warning("first page not precomputed: %s", err)
@@ -295,8 +300,6 @@ def build_app(warm: bool = False) -> gr.Blocks:
     """The Blocks of GROM Studio (the model is loaded separately: `preload`); with `warm`,
     the start model's first page is precomputed in a background thread
     (`warm_first_page`; not on ZeroGPU, where the device exists only inside a request)."""
-    from components.model_panel import REGISTRY
-    from components.session import ON_SPACES
 
     start_key = REGISTRY.current.key if REGISTRY.current is not None else None
     start = start_key.name if start_key is not None else DEMO
@@ -316,9 +319,9 @@ def build_app(warm: bool = False) -> gr.Blocks:
                                              ui.bench.info, ui.data.forget_df, ui.data.retain_df,
                                              ui.bench.name, ui.bench.split, e.preset],
                   api_visibility="private", **DEVICE) \
-            .success(first_scores, score_inputs + [ui.session], [ly.plot, ly.band_info],
+            .success(on_first_scores, score_inputs + [ui.session], [ly.plot, ly.band_info],
                      api_visibility="private", **DEVICE) \
-            .success(warm_comparison, warm_inputs + [ui.session], None,
+            .success(on_warm_comparison, warm_inputs + [ui.session], None,
                      api_visibility="private", **DEVICE)
     demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"))
     if warm and start_key is not None and not ON_SPACES:

@@ -16,13 +16,18 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components import text
-from components.compare_panel import (examples_per_set, format_metric, goal_arrow, reference_for,
-                                      report_rows, shared_model)
-from components.errors import shorten, ui_errors
-from components.limits import limit, over
-from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelKey, Session, UserError,
-                                current_benchmark, current_model, device_progress, on_device_for)
+from components.core.comparison import examples_per_set, reference_for, report_rows, shared_model
+from components.core.device import DEVICE_LOCK, device_progress, on_device_for
+from components.core.errors import UserError, shorten, ui_errors
+from components.core.limits import limit, over
+from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model
+from components.core.sources import DEMO
+from components.views import text
+from components.views.tables import format_metric, goal_arrow
+from grom.baselines import run_baseline
+from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
+from grom.eval import evaluate
+from grom.eval.report import BASE, EDITED, REFERENCE
 
 METHODS = [("GA: gradient ascent", "ga"), ("GradDiff: gradient difference", "graddiff"),
            ("NPO: negative preference optimisation", "npo"), ("SimNPO: simple NPO", "simnpo")]
@@ -89,7 +94,6 @@ def check_settings(epochs, lr) -> tuple[float, float]:
 def check_trainable(bench, method: str) -> None:
     """The baselines train on question/answer, text, multiple-choice or fact examples, and
     every method but GA needs a retain set for its retain term."""
-    from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 
     usable = (QAExample, TextExample, ChoiceExample, FactRecord)
     label = LABELS[method]
@@ -117,8 +121,6 @@ def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float
     `cached` (a Report with Base, GROM's Edited and Retain model rows) or those rows
     computed now, and the baseline's row. Returns (baseline Edit, GROM report, baseline
     report)."""
-    from grom.baselines import run_baseline
-    from grom.eval import evaluate
 
     progress = progress or (lambda *_: None)
     with DEVICE_LOCK:
@@ -207,11 +209,10 @@ def _cached_report(session: Session, bench, grom_edit, n):
 
 
 @ui_errors
-def run_baseline(method: str, epochs: float, lr: float, max_examples: int, full_set: bool,
+def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, full_set: bool,
                  session: Session, progress=gr.Progress()):
     """Train a gradient baseline on the session's benchmark and compare it with GROM:
     a summary (times and their ratio) and the table Base / GROM / method / Retain model."""
-    from grom.eval.report import BASE, EDITED, REFERENCE
 
     handle = current_model(session)
     bench = current_benchmark(session)

@@ -3,69 +3,16 @@ need the network or a local folder), or an uploaded file; a few forget and retai
 examples to read."""
 from __future__ import annotations
 
-import functools
-import html
-from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
 
-from components import text
-from components.errors import shorten, ui_errors
-from components.limits import limit, over, upload_bytes
-from components.session import REAL, Session, UserError
-from components.sources import require_hub, resolve_source
-
-PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
-              "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
-
-
-def preset_for(name: str, split: str) -> str:
-    """The preset the edit panel takes for a benchmark's split: the demo's are per split."""
-    from grom import demo_preset
-
-    return demo_preset(split) if name == "demo" else PRESET_FOR.get(name, "(custom)")
-
-
-def preset_note(name: str, split: str) -> str:
-    """A word where the suggested preset was tuned on another split of the benchmark."""
-    factor = {"forget01": 10, "forget05": 2}.get(split) if name == "tofu" else None
-    if factor:
-        return (f" The tofu10 preset was tuned on forget10: with fewer forget keys each weighs "
-                f"more (the forget term is a mean), so raise w_r about {factor}x to keep the retain set.")
-    return ""
-
-
-HUB_BENCHMARKS = {"tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem", "wmdp-cyber"}
-
-
-LABELS = {"real-knowledge": "Real knowledge: famous facts (bundled)",
-          "demo": "Demo: fictitious authors (bundled)", "tofu": "TOFU (Hub or local)",
-          "muse-news": "MUSE-News", "muse-books": "MUSE-Books", "wmdp-bio": "WMDP-Bio",
-          "wmdp-chem": "WMDP-Chem", "wmdp-cyber": "WMDP-Cyber", "zsre": "zsRE (local file)",
-          "custom": "Custom: your own files"}
-
-
-def benchmark_names() -> list[tuple[str, str]]:
-    from grom.data import BENCHMARKS
-
-    return [(LABELS.get(name, name), name) for name in BENCHMARKS]
-
-
-def splits_for(name: str) -> list[str]:
-    from grom.data import BENCHMARKS
-
-    spec = BENCHMARKS.get(name)
-    return list(spec.splits) if spec else []
-
-
-def default_split(name: str) -> str | None:
-    """The split a benchmark starts on: the demo's forget10 (the TOFU-10% analogue its presets
-    were tuned on), else the registry's first (real-knowledge: the target SmolLM2 knows best)."""
-    splits = splits_for(name)
-    if name == "demo" and "forget10" in splits:
-        return "forget10"
-    return splits[0] if splits else None
+from components.core.benchmarks import (benchmark_names, default_split, preset_for, preset_note,
+                                        read_benchmark, retain_warning, splits_for)
+from components.core.errors import ui_errors
+from components.core.session import Session
+from components.views import text
+from components.views.tables import describe, examples_html
 
 
 def on_benchmark_change(name: str):
@@ -73,7 +20,7 @@ def on_benchmark_change(name: str):
     return gr.Dropdown(choices=splits_for(name), value=default_split(name))
 
 
-def restore_benchmark(session: Session):
+def on_restore_benchmark(session: Session):
     """After a failed load: the benchmark and split boxes show what the session still has
     loaded (what Run edit will use), and the line under them says so."""
     bench = session.benchmark
@@ -85,127 +32,8 @@ def restore_benchmark(session: Session):
             f"uses: {describe(bench)}")
 
 
-MIN_RETAIN = 20
-
-
-def retain_needed(n_forget: int) -> int:
-    """The fewest retain examples an uploaded benchmark should have: as many as its forget
-    examples, and never fewer than 20.
-
-    Why, from the method: P leaves an output alone only along the key directions the
-    retain keys span (the retain term of A); a direction that only forget keys reach is
-    edited freely, and every other input with a component along it changes too. Retain
-    questions of the same kind as the forget ones reach those directions, and fewer retain
-    than forget examples cannot span what the forget keys span. Twenty, because below it
-    the retain metrics are noise: one answer of 3 moves a retain score by a third, one of
-    20 by 5%, half the 10% loss that marks a retain set as broken."""
-    return max(MIN_RETAIN, int(n_forget))
-
-
-def retain_warning(bench) -> str:
-    """A warning where the retain set is smaller than `retain_needed`, else ""."""
-    need, have = retain_needed(len(bench.forget)), len(bench.retain)
-    if have >= need:
-        return ""
-    return (f" ⚠ Only {have} retain example{'s' * (have != 1)}: too few for the edit to know what "
-            f"to keep, or for the retain metrics to mean much. Upload at least {need} (as many as "
-            f"the forget set, and at least {MIN_RETAIN}).")
-
-
-def _file_path(upload) -> str | None:
-    if upload is None:
-        return None
-    path = Path(upload if isinstance(upload, str) else getattr(upload, "name", upload))
-    if not path.is_file():
-        raise UserError("The uploaded file could not be read; upload it again.")
-    if path.stat().st_size == 0:
-        raise UserError(f"{shorten(path.name)} is empty: upload a JSON, JSON lines or CSV file with "
-                        "question/answer (or text) rows.")
-    if path.stat().st_size > upload_bytes():
-        raise UserError(f"{shorten(path.name)} is larger than the {limit('GROM_MAX_UPLOAD_MB')} MB this server "
-                        "takes: upload a smaller file (hosting the studio yourself, raise GROM_MAX_UPLOAD_MB).")
-    return str(path)
-
-
-def read_benchmark(name: str, split: str | None, source: str, forget_file, retain_file,
-                   model_name: str | None = None):
-    """A `Benchmark` from the widgets' values; every problem is a message to act on."""
-    from grom.data import load_benchmark
-
-    name = (name or "").strip()
-    if name not in dict((v, v) for _, v in benchmark_names()):
-        raise UserError(f"Unknown benchmark {shorten(name)!r}; pick one of {', '.join(v for _, v in benchmark_names())}.")
-    if name == "custom":
-        forget = _file_path(forget_file)
-        if forget is None:
-            raise UserError("Custom benchmark: upload a forget file (and a retain file, or one file "
-                            "with a 'split' column of forget/retain).")
-        retain = _file_path(retain_file)
-        src = {"forget": forget, "retain": retain} if retain else forget
-        try:
-            bench = load_benchmark("custom", "forget", source=src)
-        except ValueError as err:  # name the uploads by their file names, not server paths
-            msg = str(err)
-            for path in filter(None, (forget, retain)):
-                msg = msg.replace(str(Path(path).parent) + "/", "")
-            raise UserError(msg) from err
-        rows = len(bench.forget) + len(bench.retain)
-        if rows > limit("GROM_MAX_UPLOAD_ROWS"):
-            raise over("The upload has {n} rows", rows, "GROM_MAX_UPLOAD_ROWS")
-        return bench
-    local = resolve_source(source, "data") if (source or "").strip() else None
-    if local is None and name in HUB_BENCHMARKS:
-        require_hub(splits_hub_id(name), "data set")
-    known_only = name == "real-knowledge" and local is None and model_name == REAL
-    return _load_shared(name, split or None, local, known_only)
-
-
-@functools.lru_cache(maxsize=8)
-def _load_shared(name: str, split: str | None, local: str | None, known_only: bool = False):
-    """Registered benchmarks are frozen values: one copy serves every session (and the
-    comparison's cache of base rows is shared with it). known_only: the real-knowledge
-    facts SmolLM2 was probed to know (grom/data/knowledge/known.json), so that every
-    example a quick comparison evaluates is a fact the model knew."""
-    from grom.data import load_benchmark
-
-    return load_benchmark(name, split, source=local, **({"known_only": True} if known_only else {}))
-
-
-def splits_hub_id(name: str) -> str:
-    from grom.data import muse, tofu, wmdp
-
-    ids = {"tofu": tofu.HUB_ID, "muse-news": muse.HUB_IDS["news"], "muse-books": muse.HUB_IDS["books"]}
-    return ids.get(name, wmdp.MC_HUB)
-
-
-def _prompt_answer(ex) -> tuple[str, str]:
-    if hasattr(ex, "choices"):
-        options = " / ".join(ex.choices)
-        return f"{ex.question}  [{options}]", ex.answer
-    if hasattr(ex, "prompt"):
-        return ex.prompt, ex.answer
-    if hasattr(ex, "question"):
-        return ex.question, ex.answer
-    body = ex.text
-    return (body[:300] + "…") if len(body) > 300 else body, ""
-
-
-def examples_html(examples, title: str, n: int = 6) -> str:
-    """The first `n` examples as a readable table (wrapped text)."""
-    rows = "".join(f"<tr><td>{html.escape(p)}</td><td>{html.escape(a)}</td></tr>"
-                   for p, a in map(_prompt_answer, list(examples)[:n]))
-    return (f'<div class="gen-table"><div class="gen-title">{html.escape(title)}</div><table><thead>'
-            f"<tr><th>prompt or text</th><th>answer</th></tr></thead><tbody>{rows}</tbody></table></div>")
-
-
-def describe(bench) -> str:
-    sets = ", ".join(f"{k} {len(v)}" for k, v in bench.eval_sets.items())
-    return (f"**{bench.name} / {bench.split}**: {bench.description} {len(bench.forget)} forget "
-            f"and {len(bench.retain)} retain examples; evaluation sets: {sets or 'none'}.")
-
-
 @ui_errors
-def load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session):
+def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session):
     """Load the chosen benchmark into the session; returns its description, a few forget
     and retain examples, and the suggested preset."""
     bench = read_benchmark(name, split, source, forget_file, retain_file,

@@ -9,132 +9,25 @@ computed once per (model, benchmark, size) and reused: an edit then costs one ro
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from types import SimpleNamespace
 
 import gradio as gr
 import numpy as np
-import pandas as pd
 
-from components import text
-from components.diff import generations_html
-from components.errors import ui_errors
-from components.limits import limit, over
-from components.session import (DEMO, DEVICE_LOCK, REGISTRY, ModelHandle, ModelKey, Session,
-                                UserError, current_benchmark, current_edit, current_model,
-                                device_progress, on_device, resident)
+from components.core.comparison import FORGET_SETS, RETAIN_SETS, compute_report, examples_per_set
+from components.core.device import DEVICE_LOCK, device_progress, on_device
+from components.core.errors import UserError, ui_errors
+from components.core.limits import limit
+from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
+                                     resident)
+from components.views import text
+from components.views.diff import generations_html
+from components.views.tables import metrics_frame, styled
+from grom.eval import compare_generations
+from grom.eval.report import BASE, EDITED, RETAIN_BROKEN, retain_drops
 
 log = logging.getLogger(__name__)
-FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
-RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc", "real_authors", "world_facts",
-               "general")
 SHOWN = 5
-_BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (benchmark, first Report)
-ARROWS = {"down": "↓", "up": "↑", "zero": "→ 0", "half": "→ 0.5", "keep": "≈ base",
-          "reference": "≈ retain model"}
-RETAIN_SIDE = ("Retain", "Real authors", "World facts", "Utility", "Specificity", "Neighbour", "General")
-
-
-def _reference_loader(key: ModelKey):
-    from grom.demo import load_demo_model
-    from grom.models import resolve_dtype
-
-    return load_demo_model("retain", device=key.device, dtype=resolve_dtype(key.dtype))
-
-
-def reference_for(handle: ModelHandle, bench):
-    """The retain model (never saw the forget set) where one exists: the demo's, for the
-    demo benchmark's forget10 splits."""
-    if handle.key.name == DEMO and bench.name == "demo-authors" and bench.split.startswith("forget10"):
-        return REGISTRY.reference(handle.key, _reference_loader)
-    return None
-
-
-def shared_model(key: ModelKey, what: str = "comparison") -> ModelHandle:
-    """The loaded model, checked to be still `key` (call with DEVICE_LOCK held)."""
-    return resident(key, what)
-
-
-@on_device
-def compute_report(key: ModelKey, bench, edit, n, progress, record_at: tuple[int, ...] = ()):
-    """Base, Edited and Retain model rows in one Report; the Base row is cached."""
-    with DEVICE_LOCK:
-        return report_rows(shared_model(key), bench, edit, n, progress, record_at)
-
-
-def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = ()):
-    """Base, Edited (with `edit`) and Retain model rows; the unedited rows come from the
-    first report per (model, benchmark, n) (`evaluate(reuse=)`), and the Edited row runs
-    only the edit's layers and above on batches seen before (`evaluate(prefix=)`; the Base
-    row records them for a band starting at a layer of `record_at`). Runs under
-    DEVICE_LOCK (re-entrant: callers may hold it already)."""
-    from grom.eval import evaluate
-
-    with DEVICE_LOCK:
-        ck = (handle.key, id(bench), n)
-        hit = _BASE_CACHE.get(ck)
-        prior = hit[1] if hit is not None and hit[0] is bench else None
-        report = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
-                          reference=reference_for(handle, bench), max_examples=n,
-                          progress=progress, reuse=prior, prefix=handle.prefix_cache,
-                          record_at=record_at)
-    if prior is None:
-        _BASE_CACHE[ck] = (bench, report)
-        while len(_BASE_CACHE) > 6:
-            _BASE_CACHE.popitem(last=False)
-    return report
-
-
-def styled(frame: pd.DataFrame):
-    """The metrics table with the Final score row and the Edited column emphasised."""
-    def row_style(row):
-        return ["font-weight: 700; background-color: rgba(112, 72, 232, 0.10)" if row["metric"] in HEADLINES[:2]
-                else "" for _ in row]
-
-    styler = frame.style.apply(row_style, axis=1)
-    if "Edited" in frame.columns:
-        styler = styler.set_properties(subset=["Edited"], **{"color": "#5f3dc4", "font-weight": "600"})
-    return styler
-
-
-HEADLINES = ("Final score", "Knowledge score", "Retain cost", "Retain broken")
-
-
-def metrics_frame(report) -> pd.DataFrame:
-    """Metrics as rows (the headline and the retain cost first), models as columns, with
-    the goal's direction."""
-    table = report.table().T
-    first = [m for m in HEADLINES if m in table.index]
-    order = first + [m for m in table.index if m not in first]
-    table = table.loc[order]
-    out = pd.DataFrame({"metric": table.index})
-    for col in table.columns:
-        out[col] = [format_metric(v) for v in table[col]]
-    out["goal"] = [goal_arrow(m) for m in table.index]
-    return out
-
-
-def format_metric(value) -> str:
-    """Three decimals; a tiny nonzero value (a KS p-value such as forget quality 5.8e-14)
-    in scientific notation rather than a misleading 0.000; a missing one blank."""
-    if value is None or pd.isna(value):
-        return ""
-    value = float(value)
-    if value != 0 and abs(value) < 5e-4:
-        return f"{value:.1e}"
-    return f"{value:.3f}"
-
-
-def goal_arrow(metric: str) -> str:
-    """Which way a metric should go for a good unlearning edit: ↓, ↑, → 0, → 0.5, ≈ base,
-    ≈ retain model, or '' (a count, such as the facts the unedited model knew)."""
-    from grom.eval import DIRECTION
-
-    if metric in DIRECTION:
-        return ARROWS[DIRECTION[metric]]
-    if metric.endswith("facts known"):
-        return ""
-    return "↑" if metric.startswith(RETAIN_SIDE) else ""
 
 
 def _pick(sets: dict, names) -> str | None:
@@ -143,7 +36,6 @@ def _pick(sets: dict, names) -> str | None:
 
 def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
     """Before/after rows for up to `n` examples of the first of `names` the report has."""
-    from grom.eval.report import BASE, EDITED
 
     name = _pick(report.rows[EDITED].examples, names)
     if name is None or name not in report.rows[BASE].examples:
@@ -168,7 +60,6 @@ def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
 
 
 def summary_md(report, n) -> str:
-    from grom.eval.report import EDITED
 
     m = report.rows[EDITED].metrics
     size = "all examples" if n is None else f"up to {n} examples per set"
@@ -189,23 +80,8 @@ def summary_md(report, n) -> str:
     return head
 
 
-def warm_base_rows(max_examples: int, session: Session, band_start: int | None = None) -> None:
-    """Compute the unedited rows of the session's benchmark ahead of the first comparison
-    (a new page of the real model: the first Run edit then costs only the Edited row, and
-    on the layers from `band_start` on, the suggested band's first). Cached per model,
-    benchmark and size for every session; silent on any problem."""
-    try:
-        handle, bench = current_model(session), current_benchmark(session)
-        if (handle.key, id(bench), int(max_examples)) not in _BASE_CACHE:
-            compute_report(handle.key, bench, None, int(max_examples), None,
-                           () if band_start is None else (int(band_start),))
-    except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
-        log.info("base rows not precomputed: %s", err)
-
-
 def _headline(report) -> str:
     """One sentence a stakeholder reads in five seconds: what was forgotten, what was kept."""
-    from grom.eval.report import BASE, EDITED
 
     facts = report.known_facts()
     if "forget" in facts and any(s in facts for s in ("neighbours", "general", "retain")):
@@ -224,7 +100,6 @@ def _headline(report) -> str:
 def _retain_line(report, m: dict) -> str:
     """The retain set's state in words: intact where no retain metric fell, else which one
     fell most and by how much, beside the line past which the studio calls it broken."""
-    from grom.eval.report import BASE, RETAIN_BROKEN, retain_drops
 
     if m["Retain cost"] <= 0:
         return "Retain set intact: no retain metric fell."
@@ -243,7 +118,6 @@ def result_card(session: Session) -> str:
     report, edit = session.report, session.edit
     if report is None or edit is None:
         return gr.skip()
-    from grom.eval.report import EDITED
 
     m = report.rows[EDITED].metrics
     card = [f'<div class="result-card"><div class="rc-head">{_md_bold(_headline(report))} · '
@@ -269,27 +143,8 @@ def _md_bold(text: str) -> str:
     return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", _html.escape(text))
 
 
-def examples_per_set(max_examples, full_set, bench) -> int | None:
-    """The examples per evaluation set a comparison asks for (None: all), within
-    GROM_MAX_EVAL_EXAMPLES; NaN, a fraction or too many is an error that says so."""
-    from components.edit_panel import whole_number
-
-    cap = limit("GROM_MAX_EVAL_EXAMPLES")
-    if full_set:
-        sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}
-        largest = max((len(v) for v in sets.values()), default=0)
-        if largest > cap:
-            raise over(f"With all examples, {bench.name}/{bench.split} would evaluate {{n}} examples "
-                       "in its largest set", largest, "GROM_MAX_EVAL_EXAMPLES")
-        return None
-    n = whole_number(max_examples, "number of examples per set", 1, 10**9)
-    if n > cap:
-        raise over("Examples per set", n, "GROM_MAX_EVAL_EXAMPLES")
-    return n
-
-
 @ui_errors
-def compare(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
+def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
     """Metrics before/after (+ retain model) and generations for forget and retain examples."""
     handle = current_model(session)
     edit = current_edit(session)
@@ -307,7 +162,6 @@ def compare(max_examples: int, full_set: bool, session: Session, progress=gr.Pro
 
 @on_device
 def _generate(key: ModelKey, prompt: str, edit, fmt):
-    from grom.eval import compare_generations
 
     with DEVICE_LOCK:
         handle = resident(key, "request")
@@ -316,7 +170,7 @@ def _generate(key: ModelKey, prompt: str, edit, fmt):
 
 
 @ui_errors
-def generate(prompt: str, session: Session):
+def on_generate(prompt: str, session: Session):
     """The typed prompt answered before and after the edit, changed words highlighted."""
     prompt = (prompt or "").strip()
     if not prompt:
@@ -343,9 +197,13 @@ def build_compare_panel(examples: int = 20) -> SimpleNamespace:
                          max_height=420, elem_id="metrics-table")
     with gr.Accordion("What the metrics mean", open=False, elem_id="metrics-glossary"):
         gr.Markdown(text.GLOSSARY, elem_classes="glossary")
-    from components.baseline_panel import build_baseline_panel
+    return SimpleNamespace(max_examples=max_examples, full_set=full_set, run=run, summary=summary,
+                           table=table)
 
-    baseline = build_baseline_panel()
+
+def build_answers_panel() -> SimpleNamespace:
+    """Below the metrics (and the baseline, which app.py places between): the forget and
+    retain answers before and after, and a question of the user's own."""
     forget_html = gr.HTML(elem_id="forget-generations")
     retain_html = gr.HTML(elem_id="retain-generations")
     with gr.Row(equal_height=False, elem_classes="ask-row"):
@@ -353,6 +211,5 @@ def build_compare_panel(examples: int = 20) -> SimpleNamespace:
                             placeholder="e.g. Where was Sina Cheithnu born?  (Enter to ask)")
         ask = gr.Button("Ask before and after", scale=1, min_width=150, size="sm")
     prompt_html = gr.HTML()
-    return SimpleNamespace(max_examples=max_examples, full_set=full_set, run=run, summary=summary,
-                           table=table, forget_html=forget_html, retain_html=retain_html,
-                           prompt=prompt, ask=ask, prompt_html=prompt_html, baseline=baseline)
+    return SimpleNamespace(forget_html=forget_html, retain_html=retain_html, prompt=prompt, ask=ask,
+                           prompt_html=prompt_html)

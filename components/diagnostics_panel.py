@@ -10,13 +10,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from components import plots, text
-from components.edit_panel import whole_number
-from components.compare_panel import examples_per_set
-from components.errors import shorten, ui_errors
-from components.session import (DEVICE_LOCK, ModelKey, Session, UserError,
-                                current_benchmark, current_edit, current_model,
-                                on_device, resident)
+from components.core.comparison import examples_per_set
+from components.core.device import DEVICE_LOCK, on_device
+from components.core.errors import UserError, shorten, ui_errors
+from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
+                                     resident)
+from components.core.validate import whole_number
+from components.views import plots, text
+from grom import run_edit
+from grom.diagnostics import example_outputs, influence, movement_axes
+from grom.eval import quantization_check
+from grom.eval.report import QUANT_KEPT, RETAIN_BROKEN, quantization_verdict
 
 SHOWN_POINTS = 200  # examples per side drawn (and whose moves give the axes)
 TOP_BARS = 40
@@ -59,7 +63,6 @@ def with_keys(key: ModelKey, edit, inputs):
     """`edit` made again with its keys kept (a session keeps only the patches: the keys of
     a band are hundreds of MB): the same config, band and examples, so the same patches.
     Call with DEVICE_LOCK held."""
-    from grom import run_edit
 
     if edit.keys:
         return edit
@@ -76,7 +79,6 @@ def with_keys(key: ModelKey, edit, inputs):
 
 @on_device
 def _outputs(key: ModelKey, edit, inputs, param: str):
-    from grom.diagnostics import example_outputs
 
     with DEVICE_LOCK:  # W is read from the shared model: no edit may be applied meanwhile
         full = with_keys(key, edit, inputs)
@@ -89,7 +91,6 @@ def project(outputs, shown: int = SHOWN_POINTS):
     which they moved most (`grom.diagnostics.movement_axes` of the drawn examples'
     displacements), with the mean of the outputs before the edit at the origin. Returns
     the projected points, each axis's share of the movement and the drawn indices."""
-    from grom.diagnostics import movement_axes
 
     parts = {"forget_before": outputs.forget_before, "forget_after": outputs.forget_after,
              "retain_before": outputs.retain_before, "retain_after": outputs.retain_after}
@@ -135,7 +136,7 @@ def pca_note(param: str, moved: dict, share: list, ratio: float) -> str:
 
 
 @ui_errors
-def pca_plot(param: str, session: Session):
+def on_pca(param: str, session: Session):
     """W x (hollow) and (W + P) x (filled) per forget and retain example, on the two
     directions of largest movement, and a note of how far each set moved."""
     handle = current_model(session)
@@ -157,7 +158,6 @@ def pca_plot(param: str, session: Session):
 
 @on_device
 def _influence(key: ModelKey, edit, inputs, param: str):
-    from grom.diagnostics import influence
 
     with DEVICE_LOCK:
         full = with_keys(key, edit, inputs)
@@ -185,7 +185,7 @@ def example_md(shares: np.ndarray, forget, rank: int) -> str:
 
 
 @ui_errors
-def influence_bars(param: str, session: Session):
+def on_influence(param: str, session: Session):
     """Per-example influence ||P - P_-i|| / ||P|| (sorted bars, table, the largest shown)."""
     handle = current_model(session)
     edit = current_edit(session)
@@ -201,7 +201,7 @@ def influence_bars(param: str, session: Session):
 
 
 @ui_errors
-def influence_example(rank: int, session: Session):
+def on_influence_example(rank: int, session: Session):
     """The forget example at `rank` of the last influence audit (1 = the largest)."""
     if session.influence is None:
         raise UserError("Press Influence first.")
@@ -216,14 +216,13 @@ def influence_example(rank: int, session: Session):
 def on_table_select(evt: gr.SelectData, session: Session):
     """Clicking a row of the influence table shows that example."""
     row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
-    return influence_example(int(row) + 1, session)
+    return on_influence_example(int(row) + 1, session)
 
 
 # ---------------------------------------------------------------- quantization
 
 @on_device
 def _quant(key: ModelKey, bench, edit, n):
-    from grom.eval import quantization_check
 
     with DEVICE_LOCK:
         handle = resident(key, "request")
@@ -232,7 +231,7 @@ def _quant(key: ModelKey, bench, edit, n):
 
 
 @ui_errors
-def quant_check(max_examples: int, session: Session):
+def on_quant_check(max_examples: int, session: Session):
     """Forget metrics at full precision and 4-bit, base and edited."""
     handle = current_model(session)
     edit = current_edit(session)
@@ -249,7 +248,6 @@ def quant_check(max_examples: int, session: Session):
 
 def quant_verdict_md(df: pd.DataFrame) -> str:
     """One line: does the edit survive 4-bit quantization, and the numbers behind it."""
-    from grom.eval.report import QUANT_KEPT, RETAIN_BROKEN, quantization_verdict
 
     v = quantization_verdict(df)
     if v.survives is None:

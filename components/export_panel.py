@@ -13,22 +13,22 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components import text
-from components.errors import shorten, ui_errors
-from components.limits import limit
-from components.session import DEMO, SESSIONS, Session, UserError, current_edit, current_model
+from components.core.benchmarks import read_benchmark, splits_for
+from components.core.errors import UserError, shorten, ui_errors
+from components.core.files import _bound_disk, _remove_old, export_root
+from components.core.history import add_run, restore
+from components.core.limits import limit
+from components.core.runs import check_run, portable_model_name
+from components.core.session import SESSIONS, Session, current_edit, current_model
+from components.core.sources import DEMO
+from components.core.validate import retain_subset
+from components.views import text
+from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
+from grom import Edit, EditConfig
+from grom.edit import META_FILE, PATCH_FILE, read_metadata
 
-EXPORT_FOLDER = "grom-studio-exports"
 _export_times: collections.deque = collections.deque()  # when the last new exports were written
 _export_lock = threading.Lock()
-
-
-def export_root() -> Path:
-    """Where exports are written: inside gradio's cache folder, so that gradio serves them
-    without a second copy, and the bound on them (GROM_EXPORT_MAX_MB) bounds everything."""
-    from gradio.utils import get_upload_folder
-
-    return Path(get_upload_folder()) / EXPORT_FOLDER
 
 
 def _admit_export() -> None:
@@ -43,21 +43,6 @@ def _admit_export() -> None:
         _export_times.append(now)
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.glob("*") if f.is_file())
-
-
-def _bound_disk(root: Path, max_bytes: int) -> None:
-    """Remove the oldest exports until those kept take at most `max_bytes`."""
-    folders = sorted(root.glob("grom-edit-*"), key=lambda f: f.stat().st_mtime)
-    total = sum(_folder_bytes(f) for f in folders)
-    for folder in folders:
-        if total <= max_bytes:
-            break
-        total -= _folder_bytes(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def snippet(model_name: str, folder: str) -> str:
     code = text.SNIPPET.format(model=model_name, folder=folder)
     if model_name == DEMO:
@@ -66,16 +51,8 @@ def snippet(model_name: str, folder: str) -> str:
     return code
 
 
-def _remove_old(root: Path, max_age_s: float = 3600) -> None:
-    """Exports are copied into gradio's cache when returned; ours go after an hour."""
-    now = time.time()
-    for folder in root.glob("grom-edit-*"):
-        if now - folder.stat().st_mtime > max_age_s:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
 @ui_errors
-def export(session: Session):
+def on_export(session: Session):
     """Save the edit into a fresh folder; returns the two files and the snippet."""
     edit = current_edit(session)
     root = export_root()
@@ -122,7 +99,6 @@ def _uploads(files) -> tuple[Path, Path | None]:
 
 
 def _read_meta(path: Path) -> dict:
-    from grom.edit import read_metadata
 
     try:
         return read_metadata(path.read_text(encoding="utf-8"))
@@ -136,8 +112,6 @@ def _load_edit(meta_file: Path, patch_file: Path, model):
     """The uploaded Edit, checked to fit `model` (every patched matrix exists, same shape)."""
     from safetensors import SafetensorError
 
-    from grom import Edit
-    from grom.edit import META_FILE, PATCH_FILE
 
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(meta_file, Path(tmp) / META_FILE)
@@ -158,14 +132,9 @@ def _load_edit(meta_file: Path, patch_file: Path, model):
 
 
 @ui_errors
-def import_run(files, session: Session):
+def on_import_run(files, session: Session):
     """Restore an exported run: the benchmark, every setting of the Edit panel and the band
     (and, with its patch.safetensors, the edit). Nothing changes unless all of it fits."""
-    from components.benchmark_panel import describe, examples_html, read_benchmark, splits_for
-    from components.edit_panel import edit_summary, layer_table, norms_figure, retain_subset
-    from components.history_panel import add_run, restore
-    from components.runs import check_run, portable_model_name
-    from grom import EditConfig
 
     meta_file, patch_file = _uploads(files)
     meta = _read_meta(meta_file)

@@ -6,48 +6,21 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components import plots, text
-from components.edit_panel import (BAND_MODES, check_examples, check_seed, parse_band,
-                                   retain_subset, scores_key, whole_number)
-from components.errors import ui_errors
-from components.session import (DEVICE_LOCK, ModelKey, Session, UserError,
-                                current_benchmark, current_model, device_progress, on_device, resident)
-
-
-@on_device
-def compute_scores(key: ModelKey, forget, retain, config, progress):
-    from grom.arch import unembedding
-    from grom.editing import compute_scores as score, prepare
-
-    with DEVICE_LOCK:
-        handle = resident(key, "scores")
-        vocab = unembedding(handle.model).shape[0]
-        prep = prepare(handle.tokenizer, forget, retain, config, vocab)
-        return score(handle.model, prep, config, progress)
-
-
-SCORES_CACHE_SIZE = 16
-
-
-def cached_scores(handle, forget, retain, config, progress):
-    """The layer scores of the unedited model, once per (forget, retain, config) and model:
-    every new page of the demo, and every visitor of a Space, asks for the same ones. The
-    cache lives in this process (on ZeroGPU, `compute_scores` runs in another one)."""
-    key = (tuple(forget), tuple(retain), config)  # examples and configs are frozen dataclasses
-    if key not in handle.scores_cache:
-        if len(handle.scores_cache) >= SCORES_CACHE_SIZE:
-            handle.scores_cache.pop(next(iter(handle.scores_cache)))  # the oldest
-        handle.scores_cache[key] = compute_scores(
-            handle.key, forget, retain, config,
-            device_progress(lambda f: progress(f, desc="logit lens over the keys")))
-    return handle.scores_cache[key]
+from components.core.edits import scores_key
+from components.core.errors import UserError, ui_errors
+from components.core.form import BAND_MODES, band_widgets
+from components.core.scores import cached_scores
+from components.core.session import Session, current_benchmark, current_model
+from components.core.validate import check_examples, check_seed, parse_band, retain_subset, whole_number
+from components.views import plots, text
+from grom import EditConfig, best_window
+from grom.arch import num_layers
 
 
 def band_of(scores, k, band_mode: str, band_text: str) -> tuple[list[int], list[int], str]:
     """(the band that will be edited, the suggested one, what is wrong with the widgets'
     values: "" when nothing is). A band or k the model cannot take is not drawn; the
     problem is said inline, as the user types, rather than as an error after Run edit."""
-    from grom import best_window
 
     n = len(scores.S)
     try:
@@ -91,12 +64,10 @@ def stale_figure():
 
 
 @ui_errors
-def layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text: str,
+def on_layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text: str,
                  show_parts: bool, retain_examples: int, seed: int, session: Session,
                  progress=gr.Progress()):
     """Compute S_l, F_l, R_l for every layer; returns the plot and a line about the band."""
-    from grom import EditConfig
-    from grom.arch import num_layers
 
     handle = current_model(session)
     bench = current_benchmark(session)
@@ -118,7 +89,7 @@ def layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text
 
 
 @ui_errors
-def redraw(k: int, band_mode: str, band_text: str, show_parts: bool, session: Session):
+def on_redraw(k: int, band_mode: str, band_text: str, show_parts: bool, session: Session):
     """Redraw from the session's scores (no model needed) after k or the band changed."""
     if session.scores is None:
         return stale_figure(), STALE
@@ -127,7 +98,6 @@ def redraw(k: int, band_mode: str, band_text: str, show_parts: bool, session: Se
 
 
 def build_layers_panel(start_preset: str = "demo") -> SimpleNamespace:
-    from components.edit_panel import band_widgets
 
     mode, band, k_value = band_widgets(start_preset)
     text.md(text.LAYERS, elem_classes="panel-intro")

@@ -7,72 +7,18 @@ from types import SimpleNamespace
 import gradio as gr
 import torch
 
-from components import text
-from components.errors import shorten, ui_errors
-from components.limits import ModelPolicy
-from components.session import (DEMO, REAL, REGISTRY, ModelHandle, ModelKey, Session, UserError,
-                                device_progress, on_device)
-from components.sources import require_hub, resolve_source
-
-MODEL_CHOICES = [
-    ("SmolLM2-135M-Instruct: a real chat model (fetched once, ~40 s)", REAL),
-    ("Demo: tiny Llama, fictitious authors (instant, offline)", DEMO),
-    ("TOFU: Llama-3.2-1B-Instruct full (paper, TOFU-10%)", "open-unlearning/tofu_Llama-3.2-1B-Instruct_full"),
-    ("TOFU: Llama-2-7b-chat full (paper, TOFU-5%)", "open-unlearning/tofu_Llama-2-7b-chat-hf_full"),
-    ("MUSE-News target", "muse-bench/MUSE-news_target"),
-    ("MUSE-Books target", "muse-bench/MUSE-books_target"),
-    ("WMDP: Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3-8B-Instruct"),
-]
-DEVICES = ["auto", "cpu", "cuda"]
-DTYPES = ["auto", "float32", "bfloat16", "float16"]
-
-
-def model_key(choice: str, device: str, dtype: str) -> ModelKey:
-    """The registry key for the widgets' values (validated; auto resolved)."""
-    from grom.models import resolve_device
-
-    if device not in DEVICES or dtype not in DTYPES:
-        raise UserError(f"Device must be one of {DEVICES} and dtype one of {DTYPES}.")
-    policy = ModelPolicy.from_env()
-    if not policy.permits((choice or "").strip()):
-        raise UserError(f"This server offers only these models: {', '.join(policy.allowed)} "
-                        f"(its host set GROM_MODELS). Pick one of them; {shorten(choice)!r} is not among them.")
-    name = resolve_source(choice, "model")
-    try:
-        dev = resolve_device(device)
-    except ValueError as err:
-        raise UserError(str(err)) from err
-    if dtype == "auto":
-        dtype = "bfloat16" if dev.startswith("cuda") else "float32"
-    return ModelKey(name, dev, dtype)
-
-
-def _load(key: ModelKey, progress=None) -> tuple:
-    from grom.fetch import registry_model
-    from grom.models import ModelLoadError, load_model, resolve_dtype
-
-    if key.name == DEMO:
-        from grom.demo import load_demo_model
-
-        return load_demo_model("full", device=key.device, dtype=resolve_dtype(key.dtype))
-    if registry_model(key.name) is None and not key.name.startswith("/"):
-        require_hub(key.name, "model")
-    try:
-        return load_model(key.name, device=key.device, dtype=key.dtype, progress=progress)
-    except ModelLoadError as err:
-        raise UserError(str(err)) from err
-
-
-@on_device
-def ensure_model(key: ModelKey, progress=None) -> ModelHandle:
-    """The shared model for `key`, loaded (a registry model fetched, with `progress`) if
-    another one is loaded now."""
-    return REGISTRY.load(key, lambda k: _load(k, progress))
+from components.core.device import device_progress
+from components.core.errors import ui_errors
+from components.core.limits import ModelPolicy
+from components.core.models import DEVICES, DTYPES, ensure_model, model_choices, model_key, n_layers
+from components.core.session import REGISTRY, ModelHandle, Session
+from components.core.sources import DEMO, REAL
+from components.views import text
+from grom.arch import num_layers
 
 
 def summary(handle: ModelHandle) -> str:
     """Markdown: architecture, layers, sizes, device and memory of the loaded model."""
-    from grom.arch import num_layers
 
     m, cfg = handle.model, handle.model.config
     n_params = sum(p.numel() for p in m.parameters())
@@ -93,7 +39,7 @@ def summary(handle: ModelHandle) -> str:
 
 
 @ui_errors
-def load_model(choice: str, device: str, dtype: str, session: Session,
+def on_load_model(choice: str, device: str, dtype: str, session: Session,
                progress=gr.Progress()):
     """Load (or reuse) the shared model; returns a status line, the summary table and the
     band-width slider sized to the model's layers."""
@@ -109,7 +55,7 @@ def load_model(choice: str, device: str, dtype: str, session: Session,
     return status_line(handle), summary(handle), gr.Slider(maximum=n)
 
 
-def restore_model(session: Session):
+def on_restore_model(session: Session):
     """After a failed load: the model box, device and dtype show the model that is still
     loaded (not the one that failed), and the status line says so."""
     handle = REGISTRY.get(session.model_key) if session.model_key is not None else REGISTRY.current
@@ -125,20 +71,6 @@ def status_line(handle: ModelHandle) -> str:
                                                                              f"`{handle.key.shown}`")
     return (f"Loaded {name}: {type(handle.model).__name__}, {n_layers(handle)} layers, on "
             f"{handle.key.device} in {handle.key.dtype}.")
-
-
-def n_layers(handle: ModelHandle) -> int:
-    from grom.arch import num_layers
-
-    return num_layers(handle.model)
-
-
-def model_choices(policy: ModelPolicy) -> list[tuple[str, str]]:
-    """The model box's list: all of MODEL_CHOICES, or on a host with GROM_MODELS, its models."""
-    if policy.allowed is None:
-        return MODEL_CHOICES
-    listed = [(label, name) for label, name in MODEL_CHOICES if policy.permits(name)]
-    return listed + [(name, name) for name in policy.allowed if name not in dict(MODEL_CHOICES).values()]
 
 
 def build_model_panel(start: str = REAL) -> SimpleNamespace:

@@ -12,12 +12,18 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from components import plots, text
-from components.errors import shorten, ui_errors
-from components.runs import band_text
-from components.session import (DEVICE_LOCK, ModelKey, Session, UserError,
-                                current_benchmark, current_edit, current_model,
-                                device_progress, on_device, resident)
+from components.core.device import DEVICE_LOCK, device_progress, on_device
+from components.core.edits import STREAM_CACHE_ENTRIES
+from components.core.errors import UserError, shorten, ui_errors
+from components.core.history import restore, row_index
+from components.core.runs import band_text
+from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
+                                     resident)
+from components.core.validate import RANGES, _check_range, parse_band
+from components.views import plots, text
+from grom import run_edit
+from grom.arch import num_layers
+from grom.eval import answer_probabilities
 
 MAX_POINTS = 8  # edits per sweep (each is a full edit of the band)
 SWEEP_EXAMPLES = 40  # forget and retain examples scored per point
@@ -51,7 +57,6 @@ def sweep_values(param: str, values: str, config, band: list[int], n_layers: int
     """The values to try: typed ("50, 100, 200"; bands "2-4; 3-5; 4"), or, left empty, five
     around the current one (x / 4 .. x * 4) or every window of the band's width. Sorted,
     distinct, at most MAX_POINTS."""
-    from components.edit_panel import RANGES, _check_range, parse_band
 
     values = (values or "").strip()
     if param == "band":
@@ -96,9 +101,6 @@ def _sweep(key: ModelKey, forget, retain, configs, f_eval, r_eval, fmt, progress
     instead of being solved again."""
     import time
 
-    from components.edit_panel import STREAM_CACHE_ENTRIES
-    from grom import run_edit
-    from grom.eval import answer_probabilities
 
     progress = progress or (lambda f, m: None)
     with DEVICE_LOCK:
@@ -136,10 +138,9 @@ def _label(param: str, value) -> str:
 
 
 @ui_errors
-def run_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
+def on_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
     """Edits at each value of `param` on the session's edit's settings (its band, data and
     seed); returns the plot, the table of points (click one to restore it) and a note."""
-    from grom.arch import num_layers
 
     handle = current_model(session)
     edit = current_edit(session)
@@ -179,7 +180,6 @@ def run_sweep(param: str, values: str, session: Session, progress=gr.Progress())
 @ui_errors
 def on_sweep_select(evt: gr.SelectData, session: Session):
     """A click on a sweep point: its settings into the Edit panel."""
-    from components.history_panel import restore, row_index
 
     points = session.extra.get("sweep") or []
     i = row_index(evt)

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("gradio_client")
 
-from components.session import REGISTRY  # noqa: E402
+from components.core.session import REGISTRY  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_app import QUICK, new_client, weights_hash  # noqa: E402
 

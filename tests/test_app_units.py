@@ -10,11 +10,13 @@ import pytest
 
 pytest.importorskip("gradio")
 
-from components import plots  # noqa: E402
-from components.diff import generations_html, word_diff  # noqa: E402
-from components.edit_panel import edit_config, fill_preset, parse_band, retain_subset  # noqa: E402
-from components.session import UserError  # noqa: E402
-from components.sources import resolve_source  # noqa: E402
+from components.views import plots  # noqa: E402
+from components.views.diff import generations_html, word_diff  # noqa: E402
+from components.core.form import edit_config  # noqa: E402
+from components.edit_panel import on_preset as fill_preset  # noqa: E402
+from components.core.validate import parse_band, retain_subset  # noqa: E402
+from components.core.errors import UserError  # noqa: E402
+from components.core.sources import resolve_source  # noqa: E402
 
 WIDGETS = dict(preset="demo", target="suppression", beta=150.0, beta_relative=True, w_r=100.0, rho=0.03,
                c=45.0, matrix="down_proj", use_alpha=True, band_mode="manual", band_text="3-5", k=3,
@@ -94,7 +96,7 @@ def test_generations_mark_forgotten_and_lost_facts_differently():
 def test_the_result_card_says_what_was_forgotten_and_kept():
     import pandas as pd
     from components.compare_panel import result_card
-    from components.session import Session
+    from components.core.session import Session
     from grom.eval.report import Report, Row
 
     def frame(recall):
@@ -161,7 +163,7 @@ def test_sources_are_the_demo_hub_ids_or_allowed_folders(tmp_path, monkeypatch):
 
 def test_baseline_settings_defaults_and_data_checks():
     from components import baseline_panel as bp
-    from components.session import ModelKey
+    from components.core.session import ModelKey
     from grom.data.schema import Benchmark, QAExample
 
     assert bp.parse_method("SimNPO") == "simnpo" and bp.parse_method("ga") == "ga"
@@ -169,7 +171,7 @@ def test_baseline_settings_defaults_and_data_checks():
         bp.parse_method("sgd")
     assert bp.default_lr("npo", ModelKey("demo", "cpu", "float32")) == 1e-3
     assert bp.default_lr("npo", ModelKey("org/model", "cuda", "bfloat16")) == 1e-5  # the recipe's
-    from components.session import Session
+    from components.core.session import Session
 
     mine = Session()
     mine.model_key = ModelKey("org/model", "cpu", "float32")
@@ -204,8 +206,8 @@ def test_baseline_table_puts_the_models_side_by_side():
 
 
 def test_layer_scores_are_cached_per_model_data_and_config(monkeypatch):
-    from components import layers_panel as lp
-    from components.session import ModelHandle, ModelKey
+    from components.core import scores as lp
+    from components.core.session import ModelHandle, ModelKey
     from grom import EditConfig
     from grom.data.schema import QAExample
 
@@ -227,7 +229,7 @@ def test_layer_scores_are_cached_per_model_data_and_config(monkeypatch):
 
 
 def test_metric_values_keep_tiny_p_values_readable():
-    from components.compare_panel import format_metric
+    from components.views.tables import format_metric
 
     assert format_metric(0.58034) == "0.580" and format_metric(0.0) == "0.000"
     assert format_metric(5.8e-14) == "5.8e-14" and format_metric(-100.0) == "-100.000"
@@ -235,7 +237,7 @@ def test_metric_values_keep_tiny_p_values_readable():
 
 
 def test_a_benchmark_split_suggests_its_preset():
-    from components.benchmark_panel import preset_for, preset_note
+    from components.core.benchmarks import preset_for, preset_note
 
     assert preset_for("demo", "forget10") == "demo" and preset_for("demo", "forget01") == "demo-forget01"
     assert preset_for("tofu", "forget05") == "tofu10" and preset_for("custom", "") == "(custom)"

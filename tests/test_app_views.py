@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("gradio")
 
-from components import plots  # noqa: E402
-from components.session import Session  # noqa: E402
+from components.views import plots  # noqa: E402
+from components.core.session import Session  # noqa: E402
 from grom.diagnostics import ExampleOutputs, movement_axes  # noqa: E402
 
 
@@ -87,7 +87,7 @@ class Scores:
 
 
 def test_a_band_the_model_cannot_take_is_said_inline_and_not_drawn():
-    from components.layers_panel import band_text_md, redraw, scores_figure, stale_figure
+    from components.layers_panel import band_text_md, on_redraw as redraw, scores_figure, stale_figure
 
     scores = Scores([0.1, -0.8, -0.2, 0.3, 0.4, 0.2])
     text = band_text_md(scores, 3, "manual", "7-9")
@@ -104,7 +104,7 @@ def test_a_band_the_model_cannot_take_is_said_inline_and_not_drawn():
 
 
 def test_goal_arrows_follow_the_metric_definitions():
-    from components.compare_panel import goal_arrow
+    from components.views.tables import goal_arrow
 
     # min(TR, 1/TR) is 1 when the model cannot tell right from wrong answers, but the retain
     # model (the gold standard) does not reach 1: the goal is its value, not up
@@ -120,7 +120,7 @@ def test_goal_arrows_follow_the_metric_definitions():
 
 
 def test_the_glossary_names_every_goal_and_the_metrics_of_the_table():
-    from components.text import GLOSSARY
+    from components.views.text import GLOSSARY
 
     for word in ("ROUGE-L", "truth ratio", "Forget quality", "MIA AUC", "Model utility", "Retain cost",
                  "Knowledge score", "≈ retain model", "≈ base", "fact recall"):
@@ -130,7 +130,7 @@ def test_the_glossary_names_every_goal_and_the_metrics_of_the_table():
 def test_the_retain_set_should_be_at_least_the_forget_set_and_twenty():
     from types import SimpleNamespace
 
-    from components.benchmark_panel import retain_needed, retain_warning
+    from components.core.benchmarks import retain_needed, retain_warning
 
     assert retain_needed(3) == 20 and retain_needed(20) == 20 and retain_needed(55) == 55
     small = SimpleNamespace(forget=[0] * 8, retain=[0] * 3)
@@ -163,7 +163,8 @@ def test_the_4_bit_verdict():
 
 def test_a_benchmark_starts_on_its_default_split():
     from app import start_benchmark
-    from components.benchmark_panel import default_split, on_benchmark_change
+    from components.core.benchmarks import default_split
+    from components.benchmark_panel import on_benchmark_change
 
     assert default_split("demo") == "forget10" and default_split("tofu") == "forget01"
     assert default_split("real-knowledge") == "the-solar-system" and default_split("nope") is None
@@ -175,17 +176,18 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
     from types import SimpleNamespace
 
     from components import model_panel
-    from components.benchmark_panel import restore_benchmark
-    from components.session import ModelHandle, ModelKey
+    from components.core import models as core_models, session as core_session
+    from components.benchmark_panel import on_restore_benchmark as restore_benchmark
+    from components.core.session import ModelHandle, ModelKey
 
     key = ModelKey("demo", "cpu", "float32")
     handle = ModelHandle(key, SimpleNamespace(config=None), None, 0.0)
-    monkeypatch.setattr(model_panel.REGISTRY, "_handles", {key: handle})
+    monkeypatch.setattr(core_session.REGISTRY, "_handles", {key: handle})
     monkeypatch.setattr(model_panel, "n_layers", lambda h: 6)
     session = Session()
     session.model_key = key
     session.extra["model_widgets"] = ("demo", "auto", "auto")
-    choice, device, dtype, status = model_panel.restore_model(session)
+    choice, device, dtype, status = model_panel.on_restore_model(session)
     assert (choice, device, dtype) == ("demo", "auto", "auto") and "Still loaded: the bundled demo" in status
 
     from grom.data import load_benchmark
@@ -200,22 +202,23 @@ def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkey
     opens on the model its app was built for, loaded again if it was pushed out."""
     import app
     from components import model_panel
-    from components.session import ModelHandle, ModelKey
+    from components.core import models as core_models, session as core_session
+    from components.core.session import ModelHandle, ModelKey
 
-    model_key = model_panel.model_key
+    model_key = core_models.model_key
     start = model_key("demo", "cpu", "float32")
-    real = model_panel.ensure_model(start)
+    real = core_models.ensure_model(start)
     other = ModelHandle(ModelKey("some/other-model", "cpu", "float32"), real.model, real.tokenizer, 0.0)
-    monkeypatch.setattr(model_panel.REGISTRY, "_handles", {start: real, other.key: other})
-    assert model_panel.REGISTRY.current is other  # another visitor's model is the latest
+    monkeypatch.setattr(core_session.REGISTRY, "_handles", {start: real, other.key: other})
+    assert core_session.REGISTRY.current is other  # another visitor's model is the latest
     session = Session()
     out = app.on_page_load(session, start)
     assert session.model_key == start and out[2] == start.shown and session.bench_label == "demo/forget10"
 
-    monkeypatch.setattr(model_panel.REGISTRY, "_handles", {other.key: other})  # pushed out
+    monkeypatch.setattr(core_session.REGISTRY, "_handles", {other.key: other})  # pushed out
     session = Session()
     app.on_page_load(session, start)
-    assert session.model_key == start and model_panel.REGISTRY.get(start) is not None
+    assert session.model_key == start and core_session.REGISTRY.get(start) is not None
 
 
 def test_the_server_precomputes_the_first_page_in_the_background(caplog):
@@ -225,8 +228,9 @@ def test_the_server_precomputes_the_first_page_in_the_background(caplog):
 
     import app
     from components import model_panel
+    from components.core import models as core_models, session as core_session
 
-    handle = model_panel.ensure_model(model_panel.model_key("demo", "cpu", "float32"))
+    handle = core_models.ensure_model(core_models.model_key("demo", "cpu", "float32"))
     handle.scores_cache.clear()
     with caplog.at_level("INFO", logger="grom.studio"):
         app.build_app(warm=True)

@@ -13,10 +13,13 @@ import torch
 pytest.importorskip("gradio")
 
 from components import history_panel as H  # noqa: E402
-from components.edit_panel import edit_config, fill_preset  # noqa: E402
-from components.runs import (RESTORED, band_text, check_run, hidden_differences,  # noqa: E402
-                             portable_model_name, run_record, widget_values)
-from components.session import Session, UserError  # noqa: E402
+from components.core import history as runs_history  # noqa: E402
+from components.core.form import edit_config  # noqa: E402
+from components.edit_panel import on_preset as fill_preset  # noqa: E402
+from components.core.form import RESTORED, hidden_differences, widget_values
+from components.core.runs import band_text, check_run, portable_model_name, run_record
+from components.core.session import Session  # noqa: E402
+from components.core.errors import UserError  # noqa: E402
 from components.sweep_panel import MAX_POINTS, sweep_values  # noqa: E402
 from grom import PRESETS, EditConfig  # noqa: E402
 
@@ -53,7 +56,7 @@ def test_a_restored_run_gives_the_same_config_back(preset):
 
 
 def test_model_names_are_portable_and_runs_are_checked(tmp_path, monkeypatch):
-    from components.sources import REPO_ROOT
+    from components.core.errors import REPO_ROOT
 
     assert portable_model_name("demo") == "demo" and portable_model_name("org/m") == "org/m"
     assert portable_model_name(str((REPO_ROOT / "assets" / "demo-full").resolve())) == "demo"
@@ -124,24 +127,24 @@ def test_the_history_keeps_settings_and_metrics_and_restores_a_row(demo_edit):
     _, edit = demo_edit
     session = Session()
     session.edit, session.bench_label = edit, "demo/forget10"
-    table, _ = H.show_history(session)
-    table, _ = H.show_history(session)  # the same edit: still one row
+    table, _ = H.on_show_history(session)
+    table, _ = H.on_show_history(session)  # the same edit: still one row
     assert len(table) == 1 and table.iloc[0]["#"] == 1 and table.iloc[0]["band"] == "3-5"
     report = Report("demo-authors", "forget10", "tofu", {
         BASE: Row({"Final score": 0.5, "Forget fact recall": 0.9, "Retain fact recall": 0.95}),
         EDITED: Row({"Final score": 0.6, "Forget fact recall": 0.3, "Retain fact recall": 0.9,
                      "Model utility": 0.5, "Retain cost": 0.05})}, 1.0)
     session.report, session.report_for = report, (None, edit, 8)
-    table, fig = H.show_history(session)
+    table, fig = H.on_show_history(session)
     row = table.iloc[0]
     assert (row["Final score"], row["Forget fact recall"], row["Retain fact recall"], row["Retain cost"]) == \
         (0.6, 0.3, 0.9, 0.05)
     assert list(fig.data[0].x) == [0.3] and list(fig.data[0].y) == [0.9]
-    assert "patches" not in str(H.history(session)[0]) and "Tensor" not in str(H.history(session)[0])
+    assert "patches" not in str(runs_history.history(session)[0]) and "Tensor" not in str(runs_history.history(session)[0])
     second = EditConfig(**(edit.config.to_dict() | {"beta": 40.0, "layers": (2, 3)}))
     session.edit = FakeEdit(config=second, run=edit.run | {"band": [2, 3]}, timings={"total": 1.0},
                                    method="grom")
-    table, _ = H.show_history(session)
+    table, _ = H.on_show_history(session)
     assert list(table["#"]) == [2, 1] and list(table["β"]) == ["40 rel.", "150 rel."]
     evt = SimpleNamespace(index=[1, 3])  # a click on the second row shown: run #1
     values = H.on_history_select.__wrapped__(evt, session)
@@ -152,11 +155,11 @@ def test_the_history_keeps_settings_and_metrics_and_restores_a_row(demo_edit):
 def test_the_history_is_capped():
     session = Session()
     edits = [FakeEdit(config=EditConfig(beta=float(i + 1)), run={}, timings={}, method="grom")
-             for i in range(H.MAX_ROWS + 5)]
+             for i in range(runs_history.MAX_ROWS + 5)]
     for e in edits:
-        H.add_run(session, e)
-    rows = H.history(session)
-    assert len(rows) == H.MAX_ROWS and rows[0]["n"] == 6 and rows[-1]["n"] == H.MAX_ROWS + 5
+        runs_history.add_run(session, e)
+    rows = runs_history.history(session)
+    assert len(rows) == runs_history.MAX_ROWS and rows[0]["n"] == 6 and rows[-1]["n"] == runs_history.MAX_ROWS + 5
 
 
 def test_sweep_values_typed_default_and_bounded():

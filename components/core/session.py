@@ -33,52 +33,15 @@ from typing import Any, Callable
 
 import torch
 
+from components.core.device import DEVICE_LOCK, add_cancel_hooks
+from components.core.errors import UserError
+from components.core.limits import limit
+from components.core.sources import shown_name
+from grom.eval.prefix import PrefixCache
+
 log = logging.getLogger(__name__)
 
-DEVICE_LOCK = threading.RLock()
-DEVICE_QUEUE = "device"  # the concurrency_id of every event that touches the model
-DEMO = "demo"  # the bundled demo model's name in the model box
-REAL = "smollm2-135m-instruct"  # the real chat model the studio opens on (grom.fetch)
 PREFIX_CACHE_BYTES = 256 << 20  # per resident model: one comparison of SmolLM2's page keeps ~80 MB
-
-
-def _gpu_decorator() -> tuple[Callable, bool]:
-    try:
-        import spaces  # noqa: F401  (only on Hugging Face Spaces)
-    except ImportError:
-        return (lambda fn: fn), False
-    return spaces.GPU, True
-
-
-on_device, ON_SPACES = _gpu_decorator()
-
-
-def on_device_for(seconds: int) -> Callable:
-    """`on_device` for long work (training a baseline): on ZeroGPU, a GPU slot of up to
-    `seconds` (`spaces.GPU(duration=...)`; the default slot is 60 s); elsewhere a no-op."""
-    if not ON_SPACES:
-        return lambda fn: fn
-    import spaces
-
-    return spaces.GPU(duration=seconds)
-
-
-def device_progress(callback: Callable | None) -> Callable | None:
-    """A progress callback to hand to an `on_device` function (it also stops a cancelled
-    job at each stage): on ZeroGPU those run in another process and take only plain,
-    picklable values, so none is passed there."""
-    if ON_SPACES or callback is None:
-        return None
-
-    def report(*args, **kwargs):
-        check_cancelled()
-        return callback(*args, **kwargs)
-
-    return report
-
-
-class UserError(ValueError):
-    """A bad input or a state the user can fix; its message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +55,6 @@ class ModelKey:
     @property
     def shown(self) -> str:
         """The name as a page shows it (a folder relative to models/, never a server path)."""
-        from components.sources import shown_name
 
         return shown_name(self.name)
 
@@ -101,7 +63,6 @@ class ModelKey:
 
 
 def _prefix_cache():
-    from grom.eval.prefix import PrefixCache
 
     return PrefixCache(max_bytes=PREFIX_CACHE_BYTES)
 
@@ -123,77 +84,6 @@ class ModelHandle:
     # The layers below an edit's band on the comparison's batches (grom.eval.prefix): an
     # edit's comparison then runs only the band and above on them. Gone with the model.
     prefix_cache: Any = field(default_factory=_prefix_cache, repr=False)
-
-
-class JobCancelled(Exception):
-    """The visitor cancelled the job or left the page: stop and free the device."""
-
-
-CANCEL_CHECK_S = 0.2  # how often a running job asks whether it was cancelled
-
-
-def _event_gone() -> bool:
-    """In gradio's event loop: whether this thread's job was cancelled or lost its client.
-    Gradio cancels by cancelling the asyncio task that waits for the handler's thread (the
-    thread itself runs on), and marks a job whose page went away as not alive."""
-    import asyncio
-
-    from gradio.context import LocalContext
-
-    blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
-    queue = getattr(blocks, "_queue", None)
-    event = queue.event_ids_to_events.get(event_id) if queue is not None else None
-    if event is None or not event.alive:
-        return True
-    suffix = f"<gradio-sep>{event_id}"
-    return any(task.get_name().endswith(suffix) and task.cancelling()
-               for task in asyncio.all_tasks())
-
-
-_checked = threading.local()
-
-
-def job_cancelled() -> bool:
-    """Whether the gradio job this thread runs was cancelled (asked at most every
-    CANCEL_CHECK_S; False outside a queued gradio job: a script, a test, the preload)."""
-    try:
-        from gradio.context import LocalContext
-
-        event_id = LocalContext.event_id.get(None)
-        if event_id is None or LocalContext.blocks.get(None) is None:
-            return False
-        now = time.monotonic()
-        if getattr(_checked, "event", None) == event_id and now - _checked.at < CANCEL_CHECK_S:
-            return False
-        _checked.event, _checked.at = event_id, now
-        from anyio import from_thread
-
-        return bool(from_thread.run_sync(_event_gone))
-    except Exception:  # not in a worker thread of gradio's loop (or gradio changed): run on
-        return False
-
-
-def check_cancelled() -> None:
-    if job_cancelled():
-        raise JobCancelled("The job was cancelled; nothing was changed.")
-
-
-def _cancel_hook(module, args):
-    check_cancelled()
-
-
-def add_cancel_hooks(model) -> None:
-    """Every forward pass of `model` and of each of its decoder layers first checks that
-    its job is still wanted (a batch of keys, a generated token, a training step)."""
-    from grom.arch import decoder_layers
-
-    model.register_forward_pre_hook(_cancel_hook)
-    try:
-        layers = decoder_layers(model)
-    except Exception:  # an unsupported family is refused elsewhere
-        return
-    for layer in layers:
-        layer.register_forward_pre_hook(_cancel_hook)
 
 
 class ModelRegistry:
@@ -226,7 +116,6 @@ class ModelRegistry:
         """The model for `key`: the loaded one if there is one, else `loader(key)`; beyond
         GROM_RESIDENT_MODELS the least recently used model is unloaded (on a failed load
         the loaded ones stay)."""
-        from components.limits import limit
 
         with DEVICE_LOCK:
             handle = self.get(key)
@@ -360,7 +249,6 @@ class SessionStore:
 
     def touch(self, session: Session) -> None:
         """`session` was just active; when it holds an edit, it is counted."""
-        from components.limits import limit
 
         with self._lock:
             self._order.pop(id(session), None)

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 ECHO_CHARS = 80  # the most of a user's input a message repeats
 MESSAGE_CHARS = 1000  # the longest message shown
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 OOM_HINT = ("Out of memory on the device. Try fewer examples (Advanced settings: retain "
             "examples, key budgets), a smaller batch, a narrower band, bfloat16, or a smaller model.")
@@ -78,7 +78,6 @@ def message_for(err: BaseException) -> str:
     if _is_oom(err):
         _free_memory()
         return OOM_HINT
-    from components.session import JobCancelled
 
     if isinstance(err, JobCancelled):
         return str(err)
@@ -106,7 +105,6 @@ def ui_errors(fn):
         except gr.Error:
             raise
         except Exception as err:  # the UI edge: report, log, keep serving
-            from components.session import JobCancelled
 
             if isinstance(err, JobCancelled):
                 log.info("%s cancelled", fn.__name__)
@@ -115,3 +113,11 @@ def ui_errors(fn):
             raise gr.Error(message_for(err), print_exception=False) from err
 
     return wrapper
+
+
+class UserError(ValueError):
+    """A bad input or a state the user can fix; its message says what to do."""
+
+
+class JobCancelled(Exception):
+    """The visitor cancelled the job or left the page: stop and free the device."""

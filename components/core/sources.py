@@ -7,12 +7,11 @@ import os
 import re
 from pathlib import Path
 
-from components.errors import shorten
-from components.session import DEMO, UserError
+from components.core.errors import UserError, shorten
 from grom.data.sources import hub_reachable
 from grom.fetch import registry_model
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_NAME_CHARS = 300  # a Hub id is at most 96 + 96 characters; a folder name, a few dozen
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -129,3 +128,9 @@ def _cached(name: str, what: str) -> bool:
         return isinstance(found, str)
     except Exception:  # a malformed id or cache: treat as not cached
         return False
+
+
+DEMO = "demo"  # the bundled demo model's name in the model box
+
+
+REAL = "smollm2-135m-instruct"  # the real chat model the studio opens on (grom.fetch)

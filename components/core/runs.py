@@ -10,22 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from components.errors import shorten
-from components.session import DEMO, UserError
+from components.core.errors import REPO_ROOT, UserError, shorten
+from components.core.sources import DEMO, allowed_dirs
 
 # what edit.json's "run" must hold to reproduce the edit
 RUN_KEYS = ("model", "benchmark", "split", "retain_examples", "seed")
-# the widgets a restore sets, in the order of `widget_values` (app.py: wire_runs)
-RESTORED = ("preset", "target", "beta", "beta_log", "beta_relative", "w_r", "w_r_log", "rho", "rho_log",
-            "c", "matrix", "use_alpha", "band_mode", "band_text", "k", "seed", "forget_budget",
-            "retain_budget", "batch_size", "retain_examples")
 
 
 def portable_model_name(name: str) -> str:
     """How a file names the model: "demo", a registry name or a Hub id as they are; a local
     folder by its path relative to the folder it was found in (models/x -> "x",
     assets/demo-retain -> "assets/demo-retain"), never the server's absolute path."""
-    from components.sources import REPO_ROOT, allowed_dirs
 
     path = Path(name)
     if not path.is_absolute():
@@ -79,31 +74,3 @@ def band_text(band) -> str:
     return ",".join(map(str, band))
 
 
-def widget_values(config: dict, run: dict) -> list:
-    """The Edit panel's (and the band widgets') values for an EditConfig as a dict and its
-    run, in the order of `RESTORED`. The preset becomes "(custom)": choosing a named preset
-    would refill the widgets with its own values."""
-    from components.edit_panel import CUSTOM, _log
-
-    band = run.get("band") or list(config.get("layers") or [])
-    mode = run.get("band_mode") if run.get("band_mode") in ("suggested", "manual") else "manual"
-    if config.get("matrix") == "lm_head":
-        mode = "suggested"
-    k = int(run.get("k") or len(band) or config.get("k") or 1)
-    return [CUSTOM, config["target"], config["beta"], _log(config["beta"]), bool(config["beta_relative"]),
-            config["w_r"], _log(config["w_r"]), config["rho"], _log(config["rho"]), config["c"],
-            config["matrix"], bool(config["use_alpha"]), mode, band_text(band), k,
-            int(run.get("seed", config.get("seed", 0))), config.get("forget_budget") or 0,
-            config.get("retain_budget") or 0, config["batch_size"], int(run.get("retain_examples", 0))]
-
-
-def hidden_differences(config: dict) -> list[str]:
-    """The config's settings that no widget holds and that differ from EditConfig()'s (they
-    came from a preset): a restore with the "(custom)" preset cannot bring them back."""
-    from grom import EditConfig
-
-    default = EditConfig().to_dict()
-    shown = {"target", "beta", "beta_relative", "w_r", "rho", "c", "matrix", "use_alpha", "layers", "k",
-             "seed", "forget_budget", "retain_budget", "batch_size", "prompt_format", "candidates",
-             "keep_keys"}
-    return [f"{key}={config[key]!r}" for key in default if key not in shown and config.get(key) != default[key]]

@@ -15,9 +15,9 @@ import json
 import logging
 import threading
 import time
-from pathlib import Path
 
-from components.limits import limit
+from components.core.files import EXPORT_FOLDER, prune, upload_folder
+from components.core.limits import limit
 
 log = logging.getLogger(__name__)
 
@@ -112,35 +112,6 @@ class QueueGuard:
 
 # ---------------------------------------------------------------- uploads
 
-def upload_folder() -> Path:
-    from gradio.utils import get_upload_folder
-
-    return Path(get_upload_folder())
-
-
-def prune(folder: Path, max_bytes: int, skip: tuple[str, ...] = (), min_age_s: float = 0.0) -> int:
-    """Remove the oldest files under `folder` (not under the subfolders named in `skip`,
-    none younger than `min_age_s`) until at most `max_bytes` remain; the bytes left."""
-    files = []
-    for path in folder.rglob("*"):
-        try:
-            if path.is_file() and not any(part in skip for part in path.relative_to(folder).parts):
-                st = path.stat()
-                files.append((st.st_mtime, st.st_size, path))
-        except OSError:
-            continue
-    total = sum(size for _, size, _ in files)
-    now = time.time()
-    for mtime, size, path in sorted(files):
-        if total <= max_bytes or now - mtime < min_age_s:
-            break
-        try:
-            path.unlink()
-            total -= size
-        except OSError:
-            pass
-    return total
-
 
 class UploadGuard:
     """ASGI middleware: a rate and a disk bound on gradio's /upload route."""
@@ -161,7 +132,6 @@ class UploadGuard:
             self.times.append(now)
         folder = upload_folder()
         if folder.is_dir():
-            from components.export_panel import EXPORT_FOLDER
 
             kept = prune(folder, limit("GROM_UPLOAD_CACHE_MB") << 20, skip=(EXPORT_FOLDER,), min_age_s=60)
             if kept > limit("GROM_UPLOAD_CACHE_MB") << 20:

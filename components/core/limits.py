@@ -29,7 +29,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from components.session import UserError
+from components.core.errors import UserError
 
 DEFAULTS = {
     "GROM_MAX_EPOCHS": 10, "GROM_MAX_EXAMPLES": 4000, "GROM_MAX_EVAL_EXAMPLES": 1000,

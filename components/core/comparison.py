@@ -1,0 +1,105 @@
+"""The comparison's rows: Base, Edited (and the retain model where there is one), with
+the unedited rows cached per (model, benchmark, size) so that an edit costs one row.
+Shared by the Compare panel and the baseline panel."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from components.core.device import DEVICE_LOCK, on_device
+from components.core.errors import log
+from components.core.limits import limit, over
+from components.core.session import (REGISTRY, ModelHandle, ModelKey, Session, current_benchmark,
+                                     current_model, resident)
+from components.core.sources import DEMO
+from components.core.validate import whole_number
+from grom.demo import load_demo_model
+from grom.eval import evaluate
+from grom.models import resolve_dtype
+
+FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
+
+
+RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc", "real_authors", "world_facts",
+               "general")
+
+
+_BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (benchmark, first Report)
+
+
+def _reference_loader(key: ModelKey):
+
+    return load_demo_model("retain", device=key.device, dtype=resolve_dtype(key.dtype))
+
+
+def reference_for(handle: ModelHandle, bench):
+    """The retain model (never saw the forget set) where one exists: the demo's, for the
+    demo benchmark's forget10 splits."""
+    if handle.key.name == DEMO and bench.name == "demo-authors" and bench.split.startswith("forget10"):
+        return REGISTRY.reference(handle.key, _reference_loader)
+    return None
+
+
+def shared_model(key: ModelKey, what: str = "comparison") -> ModelHandle:
+    """The loaded model, checked to be still `key` (call with DEVICE_LOCK held)."""
+    return resident(key, what)
+
+
+@on_device
+def compute_report(key: ModelKey, bench, edit, n, progress, record_at: tuple[int, ...] = ()):
+    """Base, Edited and Retain model rows in one Report; the Base row is cached."""
+    with DEVICE_LOCK:
+        return report_rows(shared_model(key), bench, edit, n, progress, record_at)
+
+
+def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = ()):
+    """Base, Edited (with `edit`) and Retain model rows; the unedited rows come from the
+    first report per (model, benchmark, n) (`evaluate(reuse=)`), and the Edited row runs
+    only the edit's layers and above on batches seen before (`evaluate(prefix=)`; the Base
+    row records them for a band starting at a layer of `record_at`). Runs under
+    DEVICE_LOCK (re-entrant: callers may hold it already)."""
+
+    with DEVICE_LOCK:
+        ck = (handle.key, id(bench), n)
+        hit = _BASE_CACHE.get(ck)
+        prior = hit[1] if hit is not None and hit[0] is bench else None
+        report = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
+                          reference=reference_for(handle, bench), max_examples=n,
+                          progress=progress, reuse=prior, prefix=handle.prefix_cache,
+                          record_at=record_at)
+    if prior is None:
+        _BASE_CACHE[ck] = (bench, report)
+        while len(_BASE_CACHE) > 6:
+            _BASE_CACHE.popitem(last=False)
+    return report
+
+
+def warm_base_rows(max_examples: int, session: Session, band_start: int | None = None) -> None:
+    """Compute the unedited rows of the session's benchmark ahead of the first comparison
+    (a new page of the real model: the first Run edit then costs only the Edited row, and
+    on the layers from `band_start` on, the suggested band's first). Cached per model,
+    benchmark and size for every session; silent on any problem."""
+    try:
+        handle, bench = current_model(session), current_benchmark(session)
+        if (handle.key, id(bench), int(max_examples)) not in _BASE_CACHE:
+            compute_report(handle.key, bench, None, int(max_examples), None,
+                           () if band_start is None else (int(band_start),))
+    except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
+        log.info("base rows not precomputed: %s", err)
+
+
+def examples_per_set(max_examples, full_set, bench) -> int | None:
+    """The examples per evaluation set a comparison asks for (None: all), within
+    GROM_MAX_EVAL_EXAMPLES; NaN, a fraction or too many is an error that says so."""
+
+    cap = limit("GROM_MAX_EVAL_EXAMPLES")
+    if full_set:
+        sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}
+        largest = max((len(v) for v in sets.values()), default=0)
+        if largest > cap:
+            raise over(f"With all examples, {bench.name}/{bench.split} would evaluate {{n}} examples "
+                       "in its largest set", largest, "GROM_MAX_EVAL_EXAMPLES")
+        return None
+    n = whole_number(max_examples, "number of examples per set", 1, 10**9)
+    if n > cap:
+        raise over("Examples per set", n, "GROM_MAX_EVAL_EXAMPLES")
+    return n

@@ -1,0 +1,100 @@
+"""The session's run history as data: one row per edit (settings, band, time, and its
+comparison's headline metrics), and the widget values that restore a row.
+
+A session keeps at most `MAX_ROWS` rows of settings and metrics (never patches) in
+`session.extra["history"]`."""
+from __future__ import annotations
+
+import time
+import weakref
+
+import gradio as gr
+
+from components.core.form import hidden_differences, widget_values
+from components.core.runs import band_text, portable_model_name
+from components.core.session import Session
+from grom.eval.report import EDITED
+
+MAX_ROWS = 50
+
+
+# the metrics a row shows, where its comparison has them: the headline, then what should go
+# down on the forget side and stay on the retain side (grom/eval/report.py RETAIN_METRICS)
+HEADLINE = ("Knowledge score", "Final score")
+
+
+FORGET = ("Forget fact recall", "KnowMem forget", "Forget accuracy", "Efficacy", "Forget ROUGE-L")
+
+
+KEPT = ("Kept fact recall", "Retain fact recall", "KnowMem retain", "Utility accuracy", "Specificity",
+        "Retain ROUGE-L")
+
+
+def history(session: Session) -> list[dict]:
+    return session.extra.setdefault("history", [])
+
+
+def add_run(session: Session, edit, source: str = "edit") -> None:
+    """A row for `edit` (just made, or imported): settings, band and time; metrics follow
+    from its comparison (`attach_report`)."""
+    rows = history(session)
+    number = (rows[-1]["n"] + 1) if rows else 1
+    rows.append({"n": number, "time": time.strftime("%H:%M:%S"), "source": source,
+                 "config": edit.config.to_dict(), "run": dict(edit.run),
+                 "seconds": float(edit.timings.get("total", 0.0)), "metrics": {},
+                 "edit": weakref.ref(edit)})
+    del rows[:-MAX_ROWS]
+
+
+def headline_metrics(report) -> dict[str, float]:
+    """The row's metrics of the Edited model: the headline, one forget and one retain
+    metric, and the retain cost, as the report has them."""
+
+    m = report.rows[EDITED].metrics
+    out = {}
+    for names in (HEADLINE, FORGET, KEPT):
+        name = next((n for n in names if n in m), None)
+        if name is not None:
+            out[name] = float(m[name])
+    if "Retain cost" in m:
+        out["Retain cost"] = float(m["Retain cost"])
+    return out
+
+
+def attach_report(session: Session) -> None:
+    """The session's last comparison's metrics, onto the row of the edit it compared."""
+    if session.report is None or session.report_for is None:
+        return
+    compared = session.report_for[1]
+    for row in history(session):
+        if row["edit"]() is compared:
+            row["metrics"] = headline_metrics(session.report)
+
+
+def _beta(config: dict) -> str:
+    return f"{config['beta']:g}" + (" rel." if config["beta_relative"] else "")
+
+
+def restore_note(config: dict, run: dict, session: Session, what: str) -> str:
+    """Where the restored settings came from, and what they cannot bring back."""
+    note = (f"Restored {what}: β {_beta(config)}, w_r {config['w_r']:g}, ρ {config['rho']:g}, "
+            f"band {band_text(run.get('band') or []) or config['matrix']} ({run.get('band_mode', 'manual')})."
+            " Press **Run edit** to run it again.")
+    label = f"{run.get('benchmark')}/{run.get('split')}"
+    if run.get("benchmark") and label != session.bench_label:
+        note += f" It ran on **{label}**; **{session.bench_label or 'no benchmark'}** is loaded."
+    if session.model_key is not None and run.get("model") not in (None, portable_model_name(session.model_key.name)):
+        note += f" It ran on the model **{run['model']}**, not the one loaded."
+    hidden = hidden_differences(config)
+    if hidden:
+        note += (f" Its preset ({run.get('preset')}) also set {', '.join(hidden)}, which no widget "
+                 "holds: choose that preset to get it back.")
+    return note
+
+
+def restore(config: dict, run: dict, session: Session, what: str) -> list:
+    return widget_values(config, run) + [restore_note(config, run, session, what)]
+
+
+def row_index(evt: gr.SelectData) -> int:
+    return evt.index[0] if isinstance(evt.index, (list, tuple)) else int(evt.index)

@@ -1,0 +1,35 @@
+"""The layer scores S_l of the unedited model, computed on the device and cached per model."""
+from __future__ import annotations
+
+from components.core.device import DEVICE_LOCK, device_progress, on_device
+from components.core.session import ModelKey, resident
+from grom.arch import unembedding
+from grom.editing import compute_scores as score
+from grom.editing import prepare
+
+
+@on_device
+def compute_scores(key: ModelKey, forget, retain, config, progress):
+
+    with DEVICE_LOCK:
+        handle = resident(key, "scores")
+        vocab = unembedding(handle.model).shape[0]
+        prep = prepare(handle.tokenizer, forget, retain, config, vocab)
+        return score(handle.model, prep, config, progress)
+
+
+SCORES_CACHE_SIZE = 16
+
+
+def cached_scores(handle, forget, retain, config, progress):
+    """The layer scores of the unedited model, once per (forget, retain, config) and model:
+    every new page of the demo, and every visitor of a Space, asks for the same ones. The
+    cache lives in this process (on ZeroGPU, `compute_scores` runs in another one)."""
+    key = (tuple(forget), tuple(retain), config)  # examples and configs are frozen dataclasses
+    if key not in handle.scores_cache:
+        if len(handle.scores_cache) >= SCORES_CACHE_SIZE:
+            handle.scores_cache.pop(next(iter(handle.scores_cache)))  # the oldest
+        handle.scores_cache[key] = compute_scores(
+            handle.key, forget, retain, config,
+            device_progress(lambda f: progress(f, desc="logit lens over the keys")))
+    return handle.scores_cache[key]

@@ -1,0 +1,122 @@
+"""Pure table and text builders: the metrics table and its formatting, the per-matrix
+table of an edit, a benchmark's examples and description."""
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+from components.views import plots
+from grom.eval import DIRECTION
+
+
+def layer_table(edit) -> pd.DataFrame:
+    """One row per edited matrix: its patch norm, the beta and mu used, the key counts."""
+    def name(r):
+        kind = edit.config.matrix
+        return f"L{r.layer} · {kind}" if r.layer is not None else kind
+
+    rows = [{"matrix": name(r), "‖P‖": round(r.patch_norm, 4),
+             "‖P‖/‖W‖": f"{r.patch_norm / max(r.weight_norm, 1e-12):.2%}",
+             "β used": float(f"{r.beta:.4g}"), "μ": float(f"{r.mu:.4g}"),
+             "forget keys": r.n_forget_keys, "retain keys": r.n_retain_keys,
+             "solve s": round(r.solve_seconds, 2)} for r in edit.layers]
+    return pd.DataFrame(rows)
+
+
+def edit_summary(edit) -> str:
+    t = edit.timings
+    band = ", ".join(map(str, edit.band)) if edit.band else "LM head"
+    parts = " · ".join(f"{name} {t[name]:.2f} s" for name in ("scores", "keys", "solve", "apply") if name in t)
+    return (f"**Edited** layers {band} of `{edit.config.matrix}` in **{t.get('total', 0):.1f} s** "
+            f"({parts}). Total ‖P‖ = {edit.patch_norm():.4g}.")
+
+
+def norms_figure(edit):
+    return plots.plot_patch_norms([f"L{r.layer}" if r.layer is not None else "head" for r in edit.layers],
+                                  [r.patch_norm for r in edit.layers],
+                                  [r.patch_norm / max(r.weight_norm, 1e-12) for r in edit.layers])
+
+
+ARROWS = {"down": "↓", "up": "↑", "zero": "→ 0", "half": "→ 0.5", "keep": "≈ base",
+          "reference": "≈ retain model"}
+
+
+RETAIN_SIDE = ("Retain", "Real authors", "World facts", "Utility", "Specificity", "Neighbour", "General")
+
+
+def styled(frame: pd.DataFrame):
+    """The metrics table with the Final score row and the Edited column emphasised."""
+    def row_style(row):
+        return ["font-weight: 700; background-color: rgba(112, 72, 232, 0.10)" if row["metric"] in HEADLINES[:2]
+                else "" for _ in row]
+
+    styler = frame.style.apply(row_style, axis=1)
+    if "Edited" in frame.columns:
+        styler = styler.set_properties(subset=["Edited"], **{"color": "#5f3dc4", "font-weight": "600"})
+    return styler
+
+
+HEADLINES = ("Final score", "Knowledge score", "Retain cost", "Retain broken")
+
+
+def metrics_frame(report) -> pd.DataFrame:
+    """Metrics as rows (the headline and the retain cost first), models as columns, with
+    the goal's direction."""
+    table = report.table().T
+    first = [m for m in HEADLINES if m in table.index]
+    order = first + [m for m in table.index if m not in first]
+    table = table.loc[order]
+    out = pd.DataFrame({"metric": table.index})
+    for col in table.columns:
+        out[col] = [format_metric(v) for v in table[col]]
+    out["goal"] = [goal_arrow(m) for m in table.index]
+    return out
+
+
+def format_metric(value) -> str:
+    """Three decimals; a tiny nonzero value (a KS p-value such as forget quality 5.8e-14)
+    in scientific notation rather than a misleading 0.000; a missing one blank."""
+    if value is None or pd.isna(value):
+        return ""
+    value = float(value)
+    if value != 0 and abs(value) < 5e-4:
+        return f"{value:.1e}"
+    return f"{value:.3f}"
+
+
+def goal_arrow(metric: str) -> str:
+    """Which way a metric should go for a good unlearning edit: ↓, ↑, → 0, → 0.5, ≈ base,
+    ≈ retain model, or '' (a count, such as the facts the unedited model knew)."""
+
+    if metric in DIRECTION:
+        return ARROWS[DIRECTION[metric]]
+    if metric.endswith("facts known"):
+        return ""
+    return "↑" if metric.startswith(RETAIN_SIDE) else ""
+
+
+def _prompt_answer(ex) -> tuple[str, str]:
+    if hasattr(ex, "choices"):
+        options = " / ".join(ex.choices)
+        return f"{ex.question}  [{options}]", ex.answer
+    if hasattr(ex, "prompt"):
+        return ex.prompt, ex.answer
+    if hasattr(ex, "question"):
+        return ex.question, ex.answer
+    body = ex.text
+    return (body[:300] + "…") if len(body) > 300 else body, ""
+
+
+def examples_html(examples, title: str, n: int = 6) -> str:
+    """The first `n` examples as a readable table (wrapped text)."""
+    rows = "".join(f"<tr><td>{html.escape(p)}</td><td>{html.escape(a)}</td></tr>"
+                   for p, a in map(_prompt_answer, list(examples)[:n]))
+    return (f'<div class="gen-table"><div class="gen-title">{html.escape(title)}</div><table><thead>'
+            f"<tr><th>prompt or text</th><th>answer</th></tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def describe(bench) -> str:
+    sets = ", ".join(f"{k} {len(v)}" for k, v in bench.eval_sets.items())
+    return (f"**{bench.name} / {bench.split}**: {bench.description} {len(bench.forget)} forget "
+            f"and {len(bench.retain)} retain examples; evaluation sets: {sets or 'none'}.")
