@@ -20,6 +20,7 @@ from torch import nn
 from grom.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
 from grom.attribution import LayerScores
 from grom.config import EditConfig
+from grom.data.sources import MAX_JSON_DEPTH, json_depth
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,14 @@ class Edit:
 
 
 def read_metadata(text: str) -> dict:
-    """The contents of an ``edit.json``, checked: valid JSON, an object, with a valid
-    "config" (ValueError saying what is wrong otherwise)."""
+    """The contents of an ``edit.json``, checked: valid JSON no deeper than an edit.json
+    can be, an object, with a valid "config" (ValueError saying what is wrong otherwise)."""
+    depth = json_depth(text)  # before json.loads, which would recurse through it
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"{META_FILE} is nested {depth} levels deep, too deep to be an edit.json (an "
+                         "object holding \"config\", \"layers\", \"scores\", \"run\" and a few more, "
+                         "nested a few levels at most): "
+                         "upload the edit.json an export wrote.")
     try:
         meta = json.loads(text)
     except json.JSONDecodeError as err:

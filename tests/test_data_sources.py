@@ -143,3 +143,16 @@ def test_hub_without_network_fails_fast_and_clearly(monkeypatch):
     with pytest.raises(BenchmarkError, match=r"could not reach the Hugging Face Hub .*locuslab/TOFU.*source="):
         load_hub_rows("locuslab/TOFU", "forget10", "train")
     assert time.monotonic() - start < 30
+
+
+def test_line_endings_of_every_kind_and_newlines_in_quoted_cells(tmp_path):
+    lines = tmp_path / "crlf.jsonl"
+    lines.write_bytes('{"text": "a\u2028b"}\r\n{"text": "c"}\r\n'.encode("utf-8"))  # U+2028 ends no JSON line
+    assert [r.data["text"] for r in read_rows(lines)] == ["a\u2028b", "c"]
+    for ending in ("\n", "\r\n", "\r"):
+        path = tmp_path / "rows.csv"
+        path.write_bytes(f'question,answer{ending}"Q1?","two{ending}lines"{ending}Q2?,A2'.encode())
+        rows = read_rows(path)
+        assert [dict(r.data) for r in rows] == [{"question": "Q1?", "answer": f"two{ending}lines"},
+                                               {"question": "Q2?", "answer": "A2"}]
+        assert rows[1].where.endswith("line 4")

@@ -10,18 +10,21 @@ Each row is either a question/answer pair or a text:
 
 `load_benchmark("custom", source={"forget": path, "retain": path})` or
 `load_benchmark("custom", source=path_with_split_column)`. GROM needs retain keys, so a
-retain set is required. Files are parsed as data only and size-limited.
+retain set is required. Files are parsed as data only and size-limited; `max_rows` caps
+the rows read (the parse stops at the first row over it), and a CSV's header is checked
+for the columns needed before any row is parsed.
 """
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
-from typing import Mapping, Union
+from typing import Mapping, Sequence, Union
 
 from grom.data.prompts import PromptFormat
 from grom.data.schema import Benchmark, Example, QAExample, TextExample
 from grom.data.sources import (
-    BenchmarkError, PathLike, Record, parse_rows, read_rows, require_rows, resolve_source,
+    BenchmarkError, PathLike, Record, TooManyRows, parse_rows, read_rows, require_rows, resolve_source,
 )
 
 logger = logging.getLogger(__name__)
@@ -67,7 +70,26 @@ def _role(rec: Record) -> str | None:
     return role
 
 
-def _rows(data: PathLike | bytes, name: str | None) -> tuple[list[Record], str]:
+def _no_split(label: str) -> BenchmarkError:
+    return BenchmarkError(
+        f"custom: {label} has no 'split' column, so it gives no retain set; add a split column "
+        "(forget/retain) or give source={'forget': path, 'retain': path}"
+    )
+
+
+def _check_columns(columns: Sequence[str], label: str, need_split: bool) -> None:
+    """A CSV header with the columns a custom file needs (checked before its rows are read)."""
+    if need_split and "split" not in columns:
+        raise _no_split(label)
+    if not ({"question", "answer"} <= set(columns) or "text" in columns):
+        found = ", ".join(columns) or "none"
+        raise BenchmarkError(
+            f"{label}: expected 'question' and 'answer' columns, or a 'text' column; found columns: {found}"
+        )
+
+
+def _rows(data: PathLike | bytes, name: str | None, *, max_rows: int | None = None,
+          need_split: bool = False) -> tuple[list[Record], str]:
     if isinstance(data, (bytes, bytearray)):
         if not name:
             raise BenchmarkError("an uploaded file needs its name, to tell JSON, JSON lines and CSV apart")
@@ -76,8 +98,11 @@ def _rows(data: PathLike | bytes, name: str | None) -> tuple[list[Record], str]:
         label = str(data)
     if Path(label).suffix.lower() not in SUFFIXES:
         raise BenchmarkError(f"{label}: unknown file type; expected one of {', '.join(SUFFIXES)}")
-    rows = parse_rows(bytes(data), label) if isinstance(data, (bytes, bytearray)) else read_rows(data)
-    return rows, label
+    check = partial(_check_columns, label=label, need_split=need_split)
+    limits = {"max_rows": max_rows, "check_columns": check}
+    if isinstance(data, (bytes, bytearray)):
+        return parse_rows(bytes(data), label, **limits), label
+    return read_rows(data, **limits), label
 
 
 def _select(rows: list[Record], label: str, split: str | None) -> tuple[Example, ...]:
@@ -97,47 +122,64 @@ def _select(rows: list[Record], label: str, split: str | None) -> tuple[Example,
 
 
 def load_custom_file(data: PathLike | bytes, name: str | None = None, *,
-                     split: str | None = None) -> tuple[Example, ...]:
+                     split: str | None = None, max_rows: int | None = None) -> tuple[Example, ...]:
     """The examples of a user's file: a path, or the bytes of an upload with its file `name`.
 
     split: "forget" or "retain" keeps only the rows of that split when the file has a
     `split` column (a file without one is all of it); None keeps every row.
+    max_rows: at most this many rows in the file (`TooManyRows` at the first one over).
     """
     if split is not None and split not in ROLES:
         raise BenchmarkError(f"split {split!r} is unknown; use 'forget' or 'retain'")
-    rows, label = _rows(data, name)
+    rows, label = _rows(data, name, max_rows=max_rows)
     return _select(rows, label, split)
 
 
-def _sets(source: Source) -> tuple[tuple[Example, ...], tuple[Example, ...] | None]:
+def _sets(source: Source, max_rows: int | None) -> tuple[tuple[Example, ...], tuple[Example, ...] | None]:
     if isinstance(source, Mapping):
         if set(source) - set(ROLES) or "forget" not in source:
             raise BenchmarkError(f"custom: source keys {sorted(source)}; expected 'forget' and 'retain'")
-        forget = load_custom_file(resolve_source(source["forget"], "custom"), split="forget")
+        rows, label = _rows(resolve_source(source["forget"], "custom"), None, max_rows=max_rows)
+        forget = _select(rows, label, "forget")
         if not source.get("retain"):
             return forget, None
-        return forget, load_custom_file(resolve_source(source["retain"], "custom"), split="retain")
-    rows, label = _rows(resolve_source(source, "custom"), None)
+        return forget, _retain_file(resolve_source(source["retain"], "custom"), max_rows, len(rows))
+    rows, label = _rows(resolve_source(source, "custom"), None, max_rows=max_rows, need_split=True)
     roles = {_role(r) for r in rows}
     if not roles - {None}:
-        raise BenchmarkError(
-            f"custom: {label} has no 'split' column, so it gives no retain set; add a split column "
-            "(forget/retain) or give source={'forget': path, 'retain': path}"
-        )
+        raise _no_split(label)
     retain = _select(rows, label, "retain") if "retain" in roles else None
     return _select(rows, label, "forget"), retain
 
 
+def _retain_file(path: Path, max_rows: int | None, n_forget: int) -> tuple[Example, ...]:
+    """The retain examples of `path`, in the rows `max_rows` leaves after the forget file's."""
+    left = None if max_rows is None else max_rows - n_forget
+    try:
+        rows, label = _rows(path, None, max_rows=left)
+    except TooManyRows:
+        raise TooManyRows(
+            f"{path}: with the forget file's {n_forget} rows, more than the limit of {max_rows} rows in "
+            f"all; upload fewer rows (at most {max_rows} forget and retain rows together)"
+        ) from None
+    return _select(rows, label, "retain")
+
+
 def load_custom(split: str = "forget", source: Source | None = None, *,
-                prompt_format: PromptFormat | None = None) -> Benchmark:
+                prompt_format: PromptFormat | None = None, max_rows: int | None = None) -> Benchmark:
     """A benchmark from the user's files: `source` is {"forget": path, "retain": path}, or
-    one file whose `split` column says which rows are forget and which retain."""
+    one file whose `split` column says which rows are forget and which retain.
+
+    max_rows: at most this many rows in all, the forget and retain files together (the
+    total, not per file); `TooManyRows` as soon as one more is read, so a huge file costs
+    no more than the cap.
+    """
     if source is None:
         raise BenchmarkError(
             "custom: give source= a file with a 'split' column (forget/retain) or "
             "{'forget': path, 'retain': path}"
         )
-    forget, retain = _sets(source)
+    forget, retain = _sets(source, max_rows)
     if not retain:
         raise BenchmarkError(
             "custom: a retain set is needed (GROM takes retain keys from it to keep the rest of "

@@ -80,7 +80,7 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
         BenchmarkSpec("zsre", zsre.load_zsre, zsre.SPLITS, aliases=zsre.ALIASES,
                       description=f"zsRE facts from a local {zsre.FILE_NAME}: {zsre.N_FORGET} to "
                                   f"forget, {zsre.N_RETAIN} to retain, one draw per seed split"),
-        BenchmarkSpec("custom", custom.load_custom, custom.SPLITS,
+        BenchmarkSpec("custom", custom.load_custom, custom.SPLITS, options=("prompt_format", "max_rows"),
                       description="your own forget and retain files (JSON, JSON lines, CSV)"),
     )
 }

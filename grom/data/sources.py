@@ -3,8 +3,11 @@ and Hugging Face Hub datasets.
 
 Files are parsed as data only (`json`, `csv`, `pyarrow.parquet`); nothing is executed or
 unpickled, and `trust_remote_code` is never passed. A file is size-checked before it is
-read and must be UTF-8. Every problem is a `BenchmarkError` that says which file (and
-line or row) and what was expected.
+read and must be UTF-8. Limits hold before the work they bound: a row cap (`max_rows`)
+stops the parse at the first row over it (a parquet file's row count is read from its
+footer), a CSV's columns can be checked before its rows, and JSON nested deeper than
+`MAX_JSON_DEPTH` is refused before `json` recurses into it. Every problem is a
+`BenchmarkError` that says which file (and line or row) and what was expected.
 
 Each row becomes a `Record`: its fields plus where it came from, so the loaders' field
 accessors (`Record.text`, `Record.texts`, `Record.index`) can name the place of a bad row.
@@ -15,26 +18,73 @@ import csv
 import io
 import json
 import logging
+import operator
 import os
+import re
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from itertools import accumulate, repeat
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 from urllib.parse import urlparse
 
 logger = logging.getLogger(__name__)
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # largest file read, local or uploaded
 DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+MAX_JSON_DEPTH = 64  # nesting of [ and { in a JSON document; no real data file comes near it
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 PathLike = Union[str, "os.PathLike[str]"]
+ColumnCheck = Callable[[Sequence[str]], None]  # raises BenchmarkError for columns it cannot use
 
 
 class BenchmarkError(ValueError):
     """Benchmark data could not be loaded; the message says what was expected and found."""
+
+
+class TooManyRows(BenchmarkError):
+    """A file has more rows than the caller's `max_rows`."""
+
+
+def json_depth(text: str) -> int:
+    """How deeply [ and { nest in JSON `text` (the most left open at once, strings skipped).
+
+    Linear time and memory bounded by a chunk, with no parse, so that a deep document
+    can be refused before `json` recurses through it (RecursionError near 1000 levels).
+    """
+    depth = deepest = 0
+    in_string = False
+    for chunk in _chunks(text):
+        if "\\" in chunk:  # \\ and \" hold no quote that opens or closes a string
+            chunk = chunk.replace("\\\\", "").replace('\\"', "")
+        marks = chunk.encode("utf-8", "surrogatepass").translate(None, _NOT_QUOTE_OR_BRACKET)
+        # "" encloses no bracket: dropping it leaves every other mark in or out of strings
+        parts = marks.replace(b'""', b"").split(b'"')
+        outside = b"".join(parts[in_string::2])  # the brackets outside strings
+        in_string ^= len(parts) % 2 == 0
+        steps = map(operator.sub, outside.translate(_BRACKET_WEIGHT), repeat(1))  # +1 opens, -1 closes
+        deepest = max(deepest, max(accumulate(steps, initial=depth)))
+        depth += 2 * (outside.count(b"[") + outside.count(b"{")) - len(outside)
+    return deepest
+
+
+_NOT_QUOTE_OR_BRACKET = bytes(b for b in range(256) if b not in b'"[]{}')
+_BRACKET_WEIGHT = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_CHUNK = 1 << 18
+
+
+def _chunks(text: str) -> Iterator[str]:
+    """`text` in pieces of about `_CHUNK` characters, none ending inside an escape."""
+    start = 0
+    while start < len(text):
+        end = min(start + _CHUNK, len(text))
+        while end < len(text) and text[end - 1] == "\\":
+            end += 1
+        yield text[start:end]
+        start = end
 
 
 @dataclass(frozen=True)
@@ -63,6 +113,9 @@ class Record:
         """A list-of-strings field; a single string (or a JSON array in a CSV cell) is accepted."""
         value = self.data.get(key)
         if isinstance(value, str) and value.lstrip().startswith("["):
+            if json_depth(value) > MAX_JSON_DEPTH:
+                raise BenchmarkError(f"{self.where}: field {key!r} is nested more than {MAX_JSON_DEPTH} "
+                                     "levels deep; expected a list of texts such as [\"a\", \"b\"]")
             try:
                 value = json.loads(value)
             except json.JSONDecodeError:
@@ -105,27 +158,52 @@ def check_size(size: int, name: str, max_bytes: int | None = None) -> None:
         raise BenchmarkError(f"{name}: {size / mb:.1f} MB is over the {limit / mb:.0f} MB limit for data files")
 
 
-def read_rows(path: PathLike, *, max_bytes: int | None = None) -> list[Record]:
-    """All rows of a .json / .jsonl / .csv / .parquet file, size-checked before reading."""
+def read_rows(path: PathLike, *, max_bytes: int | None = None, max_rows: int | None = None,
+              check_columns: ColumnCheck | None = None) -> list[Record]:
+    """The rows of a .json / .jsonl / .csv / .parquet file, size-checked before reading;
+    see `parse_rows` for `max_rows` and `check_columns`."""
     path = Path(path)
     if not path.is_file():
         raise BenchmarkError(f"{path}: no such file")
     check_size(path.stat().st_size, str(path), max_bytes)
-    return parse_rows(path.read_bytes(), str(path), max_bytes=max_bytes)
+    return parse_rows(path.read_bytes(), str(path), max_bytes=max_bytes, max_rows=max_rows,
+                      check_columns=check_columns)
 
 
-def parse_rows(data: bytes, name: str, *, max_bytes: int | None = None) -> list[Record]:
-    """Parse file contents; the format follows the suffix of `name`."""
+def parse_rows(data: bytes, name: str, *, max_bytes: int | None = None, max_rows: int | None = None,
+               check_columns: ColumnCheck | None = None) -> list[Record]:
+    """Parse file contents; the format follows the suffix of `name`.
+
+    max_rows: at most this many rows; `TooManyRows` as soon as one more is seen, so the
+    time and memory spent are bounded by the cap, not by the file's length.
+    check_columns: called with a CSV or parquet file's column names before any row is read.
+    """
     check_size(len(data), name, max_bytes)
     suffix = Path(name).suffix.lower()
     if suffix == ".parquet":
-        return _parse_parquet(data, name)
+        return _parse_parquet(data, name, max_rows, check_columns)
     if suffix not in DATA_SUFFIXES:
         expected = ", ".join(DATA_SUFFIXES)
         raise BenchmarkError(f"{name}: unknown file type {suffix or '(none)'}; expected one of {expected}")
     text = _decode(data, name)
-    rows = _parse_csv(text, name) if suffix == ".csv" else _parse_json(text, name)
-    return [_record(where, row) for where, row in rows]
+    rows = _csv_rows(text, name, check_columns) if suffix == ".csv" else _json_rows(text, name)
+    return _take(rows, name, max_rows)
+
+
+def _take(rows: Iterator[tuple[str, Any]], name: str, max_rows: int | None) -> list[Record]:
+    """The records of `rows`, read no further than row max_rows + 1."""
+    records = []
+    with closing(rows):  # a parser stopped early restores what it changed now, not at gc
+        for where, row in rows:
+            if max_rows is not None and len(records) >= max_rows:
+                raise _too_many(name, max_rows)
+            records.append(_record(where, row))
+    return records
+
+
+def _too_many(name: str, max_rows: int, found: int | None = None) -> TooManyRows:
+    rows = "more rows than" if found is None else f"{found} rows, more than"
+    return TooManyRows(f"{name}: {rows} the limit of {max_rows}; upload fewer rows (at most {max_rows})")
 
 
 def _decode(data: bytes, name: str) -> str:
@@ -143,59 +221,122 @@ def _record(where: str, row: Any) -> Record:
     return Record(where, row)
 
 
-def _parse_json(text: str, name: str) -> list[tuple[str, Any]]:
-    """A JSON array of objects, one object, or JSON lines (TOFU's .json files are JSON lines)."""
-    if text.lstrip().startswith("["):
+_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n|\Z)")
+_WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's
+_DECODER = json.JSONDecoder()
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of `text` with their endings, one at a time (io.StringIO would first copy
+    all of it, four bytes a character)."""
+    return (m.group() for m in _LINE.finditer(text) if m.group())
+
+
+def _json_rows(text: str, name: str) -> Iterator[tuple[str, Any]]:
+    """A JSON array of objects, one object, or JSON lines (TOFU's .json files are JSON
+    lines), one row at a time."""
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise BenchmarkError(
+            f"{name}: JSON nested {depth} levels deep, more than the {MAX_JSON_DEPTH} a benchmark file "
+            'could need; expected a JSON array of objects such as [{"question": "...", "answer": "..."}], '
+            "one object, or one object per line"
+        )
+    start = _WHITESPACE.match(text).end()
+    if text.startswith("[", start):
         try:
-            items = json.loads(text)
+            for k, item in enumerate(_array_items(text, start), 1):
+                yield f"{name} item {k}", item
         except json.JSONDecodeError as e:
             raise BenchmarkError(f"{name} line {e.lineno}, column {e.colno}: malformed JSON ({e.msg})") from None
-        return [(f"{name} item {i + 1}", item) for i, item in enumerate(items)]
+    elif start < len(text):
+        one = _one_document(text, start)
+        if one is None:
+            yield from _json_lines(text, name)  # not one document: read it as JSON lines
+        else:
+            yield f"{name} line 1", one[0]
+
+
+def _one_document(text: str, start: int) -> tuple[Any] | None:
+    """(the document,) if `text` from `start` on is one JSON document, else None (a
+    tuple, so that a file holding just `null` is told apart from JSON lines)."""
     try:
-        return [(f"{name} line 1", json.loads(text))] if text.strip() else []
+        item, end = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError:
-        pass  # not one document: read it as JSON lines
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append((f"{name} line {n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise BenchmarkError(
-                    f"{name} line {n}, column {e.colno}: malformed JSON ({e.msg}); "
-                    "expected a JSON array or one JSON object per line"
-                ) from None
-    return rows
+        return None
+    return (item,) if _WHITESPACE.match(text, end).end() == len(text) else None
 
 
-def _parse_csv(text: str, name: str) -> list[tuple[str, dict]]:
+def _array_items(text: str, start: int) -> Iterator[Any]:
+    """The items of the JSON array at `start`, parsed one at a time (JSONDecodeError if malformed)."""
+    i = _WHITESPACE.match(text, start + 1).end()
+    if not text.startswith("]", i):
+        while True:
+            item, i = _DECODER.raw_decode(text, i)
+            yield item
+            i = _WHITESPACE.match(text, i).end()
+            if not text.startswith(",", i):
+                break
+            i = _WHITESPACE.match(text, i + 1).end()
+        if not text.startswith("]", i):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+    end = _WHITESPACE.match(text, i + 1).end()
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+
+
+def _json_lines(text: str, name: str) -> Iterator[tuple[str, Any]]:
+    for n, line in enumerate(_lines(text), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BenchmarkError(
+                f"{name} line {n}, column {e.colno}: malformed JSON ({e.msg}); "
+                "expected a JSON array or one JSON object per line"
+            ) from None
+        yield f"{name} line {n}", row
+
+
+def _csv_rows(text: str, name: str, check_columns: ColumnCheck | None) -> Iterator[tuple[str, dict]]:
     """Rows of a CSV file with a header; empty cells are treated as absent fields."""
     old_limit = csv.field_size_limit(MAX_FILE_BYTES)  # long documents in one cell
+    reader = csv.DictReader(_lines(text), strict=True)
     try:
-        reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
         if not reader.fieldnames:
             raise BenchmarkError(f"{name}: empty CSV; expected a header row with column names")
-        rows = []
+        if check_columns is not None:
+            check_columns([k.strip() for k in reader.fieldnames])
         for row in reader:
             if None in row:
                 raise BenchmarkError(
                     f"{name} line {reader.line_num}: more values than the header's columns {reader.fieldnames}"
                 )
-            fields = {k.strip(): v for k, v in row.items() if v not in (None, "")}
-            rows.append((f"{name} line {reader.line_num}", fields))
-        return rows
+            yield f"{name} line {reader.line_num}", {k.strip(): v for k, v in row.items() if v not in (None, "")}
     except csv.Error as e:
         raise BenchmarkError(f"{name} near line {reader.line_num + 1}: malformed CSV ({e})") from None
     finally:
         csv.field_size_limit(old_limit)
 
 
-def _parse_parquet(data: bytes, name: str) -> list[Record]:
+def _parse_parquet(data: bytes, name: str, max_rows: int | None,
+                   check_columns: ColumnCheck | None) -> list[Record]:
+    """The rows of a parquet file; its columns and row count come from the footer, before any row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        rows = pq.read_table(io.BytesIO(data)).to_pylist()
+        file = pq.ParquetFile(io.BytesIO(data))
+        columns, n_rows = file.schema_arrow.names, file.metadata.num_rows
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise BenchmarkError(f"{name}: not a readable parquet file ({e})") from None
+    if check_columns is not None:
+        check_columns(columns)
+    if max_rows is not None and n_rows > max_rows:
+        raise _too_many(name, max_rows, n_rows)
+    try:
+        rows = file.read().to_pylist()
     except (pa.ArrowException, OSError, ValueError) as e:
         raise BenchmarkError(f"{name}: not a readable parquet file ({e})") from None
     return [Record(f"{name} row {i + 1}", row) for i, row in enumerate(rows)]
