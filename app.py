@@ -19,19 +19,21 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
+import torch
+from starlette.middleware import Middleware
 
 from components.baseline_panel import build_baseline_panel, on_method_change, on_run_baseline
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, on_benchmark_change,
                                         on_load_benchmark, on_restore_benchmark)
 from components.compare_panel import (build_answers_panel, build_compare_panel, on_compare, on_generate,
                                       result_card)
+from components.core import form
 from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
 from components.core.comparison import warm_base_rows
 from components.core.device import DEVICE_QUEUE, ON_SPACES
 from components.core.edits import warm_edit
 from components.core.errors import ui_errors
-from components.core.form import RESTORED
-from components.core.guard import QueueGuard, UploadGuard
+from components.core.guard import BodyLimit, QueueGuard, UploadGuard
 from components.core.limits import limit
 from components.core.models import ensure_model, model_key, n_layers
 from components.core.session import REGISTRY, Session
@@ -65,15 +67,15 @@ def theme() -> gr.themes.Base:
                           if os.environ.get("GROM_WEB_FONTS") else ["system-ui", "sans-serif"])
 
 
-def build_layout(start_model: str = DEMO) -> SimpleNamespace:
+def build_layout(start_model: str = DEMO, template: Session | None = None) -> SimpleNamespace:
     """The components, laid out: settings on the left, views in tabs on the right; the
-    widgets start on `start_model`'s benchmark and preset."""
-
+    widgets start on `start_model`'s benchmark and preset, and every session starts as a
+    copy of `template` (its model and benchmark: `start_session`)."""
     start, split = start_benchmark(start_model)
     preset = preset_for(start, split)
     # one Session per browser tab (deep-copied from this empty one); gradio frees it an hour
     # after the tab closes
-    ui = SimpleNamespace(session=gr.State(Session()))
+    ui = SimpleNamespace(session=gr.State(template if template is not None else Session()))
     with gr.Row(elem_id="hero", equal_height=False):
         with gr.Column(scale=3, min_width=300):
             text.md(text.INTRO, elem_id="intro")
@@ -113,7 +115,6 @@ def build_layout(start_model: str = DEMO) -> SimpleNamespace:
 
 
 def build_result_view() -> SimpleNamespace:
-
     text.md(text.EDIT_MATH, elem_classes="math")
     summary = gr.Markdown("No edit yet.", elem_id="result-summary")
     table = gr.Dataframe(label="Per edited matrix", interactive=False, wrap=True)
@@ -141,20 +142,15 @@ def wire(ui: SimpleNamespace) -> None:
     bench.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # the scores were of the old data
     bench.success(on_benchmark_loaded, s, e.status, **LOCAL)
     bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
-    e.preset.change(on_preset, e.preset, [e.target, e.beta, e.beta_log, e.beta_relative, e.w_r,
-                                            e.w_r_log, e.rho, e.rho_log, e.c, e.matrix, e.use_alpha,
-                                            ly.band_mode, ly.band_text, ly.k], **LOCAL)
-    score_inputs = [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text, ly.show_parts,
-                    e.retain_examples, e.seed, s]
+    e.preset.change(on_preset, e.preset, form.widgets(e, ly, form.PRESET_FILLED), **LOCAL)
+    score_inputs = score_widgets(ui) + [s]
     ly.compute.click(on_layer_scores, score_inputs, [ly.plot, ly.band_info], api_name="layer_scores", **DEVICE)
     # k: typed (each keystroke, Enter included) or dragged; a burst redraws once, for its last value
     for trigger in (ly.k.input, ly.k.release):
         trigger(on_k, view, [ly.band_mode, ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
     for trigger in (ly.band_mode.change, ly.show_parts.change, ly.band_text.change):
         trigger(on_redraw, view, [ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
-    edit_inputs = [e.preset, e.target, e.beta, e.beta_relative, e.w_r, e.rho, e.c, e.matrix,
-                   e.use_alpha, ly.band_mode, ly.band_text, ly.k, e.seed, e.forget_budget,
-                   e.retain_budget, e.batch_size, e.retain_examples, s]
+    edit_inputs = form.widgets(e, ly) + [s]
     compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, a.forget_html, a.retain_html])
     run = e.run.click(on_run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
                       show_progress_on=[e.status, r.summary], **DEVICE)  # progress where the user looks
@@ -186,12 +182,18 @@ def wire(ui: SimpleNamespace) -> None:
     wire_runs(ui, run)
 
 
+def score_widgets(ui: SimpleNamespace) -> list:
+    """The layer scores' inputs (the `layer_scores` endpoint's parameters, in order)."""
+    e, ly = ui.edit, ui.layers
+    return form.widgets(e, ly, form.SCORE_NAMES) + [ly.show_parts] + form.widgets(e, ly, ("retain_examples", "seed"))
+
+
 def wire_runs(ui: SimpleNamespace, run) -> None:
     """The run history and sweeps (under Edit details): the history after each edit,
     comparison and import; a click on a history or sweep row, or an imported edit.json,
     restores the Edit panel."""
     s, e, ly, h, w, x, b = ui.session, ui.edit, ui.layers, ui.runs, ui.sweep, ui.export, ui.bench
-    restored = [getattr(ly if name in ("band_mode", "band_text", "k") else e, name) for name in RESTORED]
+    restored = form.widgets(e, ly, form.RESTORED)
     shown = [h.table, h.plot]
     run.success(on_show_history, s, shown, **LOCAL)  # the new row; its metrics after the comparison
     h.table.select(on_history_select, s, restored + [h.note], **LOCAL)
@@ -228,7 +230,6 @@ def on_edit_done(k, band_mode, band_text, show_parts, session: Session):
 def start_benchmark(model_name: str) -> tuple[str, str]:
     """The benchmark a new page opens on: the demo world for the demo model, else the
     real-knowledge benchmark (facts a real chat model knows), each on its default split."""
-
     name = "demo" if model_name == DEMO else "real-knowledge"
     return name, default_split(name)
 
@@ -244,7 +245,6 @@ def on_page_load(session: Session, start=None):
     other visitors' models pushed it out) and its start benchmark go into its session. Not
     the most recently used model: a visitor opens on what the host chose, whatever others
     loaded since."""
-
     handle = ensure_model(start) if start is not None else REGISTRY.current
     if handle is None:
         return ["No model is loaded yet: press Load model."] + [gr.skip()] * 9
@@ -296,11 +296,28 @@ def warm_first_page(start_key, score_values: list, warm_values: list) -> None:
         log.warning("first page not precomputed: %s", err)
 
 
+def start_session(start_key) -> Session:
+    """What every session starts with, an API client's that never opens the page included:
+    the app's start model and its default benchmark split (on SmolLM2 the facts it knows,
+    whose rows the warm-up computes), as the page's widgets show them. A session that loads
+    another model or benchmark changes only its own copy."""
+    session = Session()
+    if start_key is None:
+        return session
+    name, split = start_benchmark(start_key.name)
+    try:
+        session.benchmark = read_benchmark(name, split, "", None, None, start_key.name)
+    except Exception as err:  # noqa: BLE001  (the page loads it again and says what is wrong)
+        log.warning("no start benchmark for new sessions: %s", err)
+        return session
+    session.model_key, session.bench_label = start_key, f"{name}/{split}"
+    return session
+
+
 def build_app(warm: bool = False) -> gr.Blocks:
     """The Blocks of GROM Studio (the model is loaded separately: `preload`); with `warm`,
     the start model's first page is precomputed in a background thread
     (`warm_first_page`; not on ZeroGPU, where the device exists only inside a request)."""
-
     start_key = REGISTRY.current.key if REGISTRY.current is not None else None
     start = start_key.name if start_key is not None else DEMO
 
@@ -309,11 +326,10 @@ def build_app(warm: bool = False) -> gr.Blocks:
 
     # uploads and exports older than half an hour go, checked every ten minutes
     with gr.Blocks(title="GROM Studio", delete_cache=(600, 1800), analytics_enabled=False) as demo:
-        ui = build_layout(start)
+        ui = build_layout(start, start_session(start_key))
         wire(ui)
         ly, e = ui.layers, ui.edit
-        score_inputs = [e.matrix, e.use_alpha, ly.k, ly.band_mode, ly.band_text, ly.show_parts,
-                        e.retain_examples, e.seed]
+        score_inputs = score_widgets(ui)
         warm_inputs = [ui.compare.max_examples, ly.k, e.retain_examples, e.seed]
         demo.load(page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
                                              ui.bench.info, ui.data.forget_df, ui.data.retain_df,
@@ -350,10 +366,9 @@ def preload(name: str = REAL, device: str = "auto", dtype: str = "auto") -> str:
 
 
 def launch_kwargs() -> dict:
-    from starlette.middleware import Middleware
-
     return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{limit('GROM_MAX_UPLOAD_MB')}mb",
-                footer_links=["api", "gradio"], app_kwargs={"middleware": [Middleware(UploadGuard), Middleware(QueueGuard)]})
+                footer_links=["api", "gradio"], app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadGuard),
+                                                      Middleware(QueueGuard)]})
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -376,7 +391,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = parse_args(argv)
-    import torch
 
     threads = args.threads or (1 if args.model == DEMO and not torch.cuda.is_available() else None)
     if threads:

@@ -94,7 +94,6 @@ def check_settings(epochs, lr) -> tuple[float, float]:
 def check_trainable(bench, method: str) -> None:
     """The baselines train on question/answer, text, multiple-choice or fact examples, and
     every method but GA needs a retain set for its retain term."""
-
     usable = (QAExample, TextExample, ChoiceExample, FactRecord)
     label = LABELS[method]
     if not any(isinstance(ex, usable) for ex in bench.forget):
@@ -121,7 +120,6 @@ def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float
     `cached` (a Report with Base, GROM's Edited and Retain model rows) or those rows
     computed now, and the baseline's row. Returns (baseline Edit, GROM report, baseline
     report)."""
-
     progress = progress or (lambda *_: None)
     with DEVICE_LOCK:
         handle = shared_model(key, "baseline")
@@ -213,7 +211,6 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
                  session: Session, progress=gr.Progress()):
     """Train a gradient baseline on the session's benchmark and compare it with GROM:
     a summary (times and their ratio) and the table Base / GROM / method / Retain model."""
-
     handle = current_model(session)
     bench = current_benchmark(session)
     method = parse_method(method)

@@ -8,7 +8,9 @@ computed once per (model, benchmark, size) and reused: an edit then costs one ro
 """
 from __future__ import annotations
 
+import html as _html
 import logging
+import re
 from types import SimpleNamespace
 
 import gradio as gr
@@ -36,7 +38,6 @@ def _pick(sets: dict, names) -> str | None:
 
 def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
     """Before/after rows for up to `n` examples of the first of `names` the report has."""
-
     name = _pick(report.rows[EDITED].examples, names)
     if name is None or name not in report.rows[BASE].examples:
         return []
@@ -60,7 +61,6 @@ def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
 
 
 def summary_md(report, n) -> str:
-
     m = report.rows[EDITED].metrics
     size = "all examples" if n is None else f"up to {n} examples per set"
     head = f"Compared on {report.benchmark}/{report.split} ({size}) in {report.seconds:.1f} s."
@@ -82,7 +82,6 @@ def summary_md(report, n) -> str:
 
 def _headline(report) -> str:
     """One sentence a stakeholder reads in five seconds: what was forgotten, what was kept."""
-
     facts = report.known_facts()
     if "forget" in facts and any(s in facts for s in ("neighbours", "general", "retain")):
         known, still = facts["forget"]
@@ -100,7 +99,6 @@ def _headline(report) -> str:
 def _retain_line(report, m: dict) -> str:
     """The retain set's state in words: intact where no retain metric fell, else which one
     fell most and by how much, beside the line past which the studio calls it broken."""
-
     if m["Retain cost"] <= 0:
         return "Retain set intact: no retain metric fell."
     base = report.rows[BASE].metrics if BASE in report.rows else {}
@@ -113,8 +111,6 @@ def _retain_line(report, m: dict) -> str:
 def result_card(session: Session) -> str:
     """The plain-language result under Run edit: forgotten and kept, the time, the retain
     set's state, and two before/after forget answers."""
-    import html as _html
-
     report, edit = session.report, session.edit
     if report is None or edit is None:
         return gr.skip()
@@ -137,9 +133,6 @@ def result_card(session: Session) -> str:
 
 
 def _md_bold(text: str) -> str:
-    import html as _html
-    import re
-
     return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", _html.escape(text))
 
 
@@ -162,7 +155,6 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
 
 @on_device
 def _generate(key: ModelKey, prompt: str, edit, fmt):
-
     with DEVICE_LOCK:
         handle = resident(key, "request")
         return compare_generations(handle.model, handle.tokenizer, [prompt], edit,

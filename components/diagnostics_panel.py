@@ -63,7 +63,6 @@ def with_keys(key: ModelKey, edit, inputs):
     """`edit` made again with its keys kept (a session keeps only the patches: the keys of
     a band are hundreds of MB): the same config, band and examples, so the same patches.
     Call with DEVICE_LOCK held."""
-
     if edit.keys:
         return edit
     if inputs is None:
@@ -79,7 +78,6 @@ def with_keys(key: ModelKey, edit, inputs):
 
 @on_device
 def _outputs(key: ModelKey, edit, inputs, param: str):
-
     with DEVICE_LOCK:  # W is read from the shared model: no edit may be applied meanwhile
         full = with_keys(key, edit, inputs)
         return example_outputs(full, resident(key, "request").model, param)
@@ -91,7 +89,6 @@ def project(outputs, shown: int = SHOWN_POINTS):
     which they moved most (`grom.diagnostics.movement_axes` of the drawn examples'
     displacements), with the mean of the outputs before the edit at the origin. Returns
     the projected points, each axis's share of the movement and the drawn indices."""
-
     parts = {"forget_before": outputs.forget_before, "forget_after": outputs.forget_after,
              "retain_before": outputs.retain_before, "retain_after": outputs.retain_after}
     arrays = {k: v.double() for k, v in parts.items()}
@@ -158,7 +155,6 @@ def on_pca(param: str, session: Session):
 
 @on_device
 def _influence(key: ModelKey, edit, inputs, param: str):
-
     with DEVICE_LOCK:
         full = with_keys(key, edit, inputs)
     return influence(full, param).numpy()
@@ -223,7 +219,6 @@ def on_table_select(evt: gr.SelectData, session: Session):
 
 @on_device
 def _quant(key: ModelKey, bench, edit, n):
-
     with DEVICE_LOCK:
         handle = resident(key, "request")
         return quantization_check(handle.model, handle.tokenizer, bench, edit, max_examples=n,
@@ -248,7 +243,6 @@ def on_quant_check(max_examples: int, session: Session):
 
 def quant_verdict_md(df: pd.DataFrame) -> str:
     """One line: does the edit survive 4-bit quantization, and the numbers behind it."""
-
     v = quantization_verdict(df)
     if v.survives is None:
         return (f"**No verdict**: at full precision the edit moved {v.forget_metric} too little to "

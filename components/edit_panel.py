@@ -1,7 +1,8 @@
 """Edit panel: presets, the hyperparameters (log sliders with exact number boxes), the
 target and matrix, Run with staged progress, the timings and patch norms, Reset.
 
-`edit_config` is the one function that turns the widgets into an `EditConfig`.
+The widgets are the fields `components.core.form` declares (by the same names): the
+form turns their values into an `EditConfig` and back.
 """
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
+from components.core import form
 from components.core.device import device_progress
 from components.core.edits import compute_edit, scores_key
 from components.core.errors import ui_errors
 from components.core.form import (DEFAULT_RETAIN_EXAMPLES, LOG_SLIDERS, MATRICES, RETAIN_EXAMPLES_FOR,
-                                  TARGETS, _log, band_widgets, edit_config, preset_choices)
+                                  TARGETS, preset_choices)
 from components.core.runs import portable_model_name, run_record
 from components.core.session import SESSIONS, Session, current_benchmark, current_model
 from components.core.validate import check_examples, check_seed, retain_subset
@@ -25,29 +27,25 @@ from grom.arch import num_layers
 
 
 @ui_errors
-def on_run_edit(preset: str, target: str, beta: float, beta_relative: bool, w_r: float, rho: float,
-             c: float, matrix: str, use_alpha: bool, band_mode: str, band_text: str, k: int,
-             seed: int, forget_budget: int, retain_budget: int, batch_size: int,
-             retain_examples: int, session: Session, progress=gr.Progress()):
-    """Run the GROM edit for the session; returns the summary, the per-layer table and
-    the patch-norm plot."""
-
+@form.form_handler
+def on_run_edit(v: dict, session: Session, progress):
+    """Run the GROM edit for the session with the form's values `v` (by field name);
+    returns the summary, the per-layer table and the patch-norm plot."""
     handle = current_model(session)
     bench = current_benchmark(session)
-    seed = check_seed(seed)
-    retain = retain_subset(bench.retain, retain_examples, seed)
+    seed = check_seed(v["seed"])
+    retain = retain_subset(bench.retain, v["retain_examples"], seed)
     check_examples(bench.forget, retain)
-    skey = scores_key(session, matrix, use_alpha, (len(retain), seed))
+    skey = scores_key(session, v["matrix"], v["use_alpha"], (len(retain), seed))
     scores = session.scores if session.scores_for == skey else None
-    config = edit_config(preset, target, beta, beta_relative, w_r, rho, c, matrix, use_alpha,
-                         band_mode, band_text, k, seed, forget_budget, retain_budget, batch_size,
-                         n_layers=num_layers(handle.model), scores=scores,
-                         prompt_format=bench.prompt_format)
+    config = form.edit_config(v, n_layers=num_layers(handle.model), scores=scores,
+                              prompt_format=bench.prompt_format)
     edit = compute_edit(handle.key, bench.forget, retain, config, scores,
                         device_progress(lambda f, msg: progress(f, desc=msg)))
     edit.model_name = portable_model_name(handle.key.name)  # a name, not the server's path
     edit.run = run_record(handle.key.name, session.bench_label, session.extra.get("bench_source", ""),
-                          retain_examples, seed, len(retain), preset, band_mode, k, edit.band)
+                          v["retain_examples"], seed, len(retain), v["preset"], v["band_mode"],
+                          config.k, edit.band)
     session.edit, session.edit_for, session.dropped = edit, handle.key, ""
     session.extra["edit_inputs"] = (bench.forget, retain)
     session.report = session.report_for = session.influence = None
@@ -71,14 +69,11 @@ def on_reset(session: Session):
 
 
 def on_preset(preset: str):
-    """The widgets' values for a preset (beta, w_r, rho as number and log slider)."""
-
+    """The widgets' values for a preset (`form.PRESET_FILLED`: beta, w_r, rho as number
+    and log slider); a band text the preset leaves open stays as the user wrote it."""
     if preset not in PRESETS:
-        return [gr.skip()] * 14
-    p = PRESETS[preset]
-    mode, band, k = band_widgets(preset)
-    return [p.target, p.beta, _log(p.beta), p.beta_relative, p.w_r, _log(p.w_r), p.rho, _log(p.rho),
-            p.c, p.matrix, p.use_alpha, mode, band if band else gr.skip(), k]
+        return [gr.skip()] * len(form.PRESET_FILLED)
+    return [gr.skip() if value is None else value for value in form.preset_values(preset)]
 
 
 def beta_label(relative: bool) -> str:
@@ -88,18 +83,17 @@ def beta_label(relative: bool) -> str:
 def _log_pair(name: str, label: str, value: float, info: str):
     lo, hi = LOG_SLIDERS[name]
     with gr.Row(equal_height=True, elem_classes="log-pair"):
-        slider = gr.Slider(lo, hi, value=_log(value), step=0.01, label=f"log₁₀ {label.split()[0]}", scale=3,
+        slider = gr.Slider(lo, hi, value=form.log10(value), step=0.01, label=f"log₁₀ {label.split()[0]}", scale=3,
                            info=info, buttons=[])
         number = gr.Number(value=value, label=label, scale=1, min_width=90)
     slider.input(lambda v: round(10 ** v, 6 if v < 0 else 3), slider, number, queue=False,
                  api_visibility="private")
-    number.input(lambda v: _log(v) if v and v > 0 else gr.skip(), number, slider, queue=False,
+    number.input(lambda v: form.log10(v) if v and v > 0 else gr.skip(), number, slider, queue=False,
                  api_visibility="private")
     return slider, number
 
 
 def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
-
     demo = PRESETS[start_preset]
     text.md(text.EDIT, elem_classes="panel-intro")
     preset = gr.Dropdown(preset_choices(), value=start_preset, label="Preset (the paper's settings)",

@@ -12,10 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
+from safetensors import SafetensorError
 
 from components.core.benchmarks import read_benchmark, splits_for
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.files import _bound_disk, _remove_old, export_root
+from components.core.form import restore_values
 from components.core.history import add_run, restore
 from components.core.limits import limit
 from components.core.runs import check_run, portable_model_name
@@ -25,6 +27,7 @@ from components.core.validate import retain_subset
 from components.views import text
 from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
 from grom import Edit, EditConfig
+from grom.arch import num_layers
 from grom.edit import META_FILE, PATCH_FILE, read_metadata
 
 _export_times: collections.deque = collections.deque()  # when the last new exports were written
@@ -99,7 +102,6 @@ def _uploads(files) -> tuple[Path, Path | None]:
 
 
 def _read_meta(path: Path) -> dict:
-
     try:
         return read_metadata(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -110,7 +112,6 @@ def _read_meta(path: Path) -> dict:
 
 def _load_edit(meta_file: Path, patch_file: Path, model):
     """The uploaded Edit, checked to fit `model` (every patched matrix exists, same shape)."""
-    from safetensors import SafetensorError
 
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +136,6 @@ def _load_edit(meta_file: Path, patch_file: Path, model):
 def on_import_run(files, session: Session):
     """Restore an exported run: the benchmark, every setting of the Edit panel and the band
     (and, with its patch.safetensors, the edit). Nothing changes unless all of it fits."""
-
     meta_file, patch_file = _uploads(files)
     meta = _read_meta(meta_file)
     run = check_run(meta.get("run"))
@@ -145,7 +145,14 @@ def on_import_run(files, session: Session):
     if run["model"] != loaded:
         raise UserError(f"This run was made with the model {shorten(run['model'])}, and {loaded} is loaded: "
                         f"load {shorten(run['model'])} in the Model panel, then load the run again.")
+    try:  # every value as the Edit panel would take it, before anything is changed or loaded
+        restore_values(config.to_dict(), run, num_layers(handle.model))
+    except UserError as err:
+        raise UserError(f"{shorten(meta_file.name)}: {err}") from None
     custom = run["benchmark"] == "custom"
+    if not custom and run["split"] not in splits_for(run["benchmark"]):
+        raise UserError(f"{shorten(meta_file.name)}: the benchmark {shorten(run['benchmark'])} has no split "
+                        f"{shorten(run['split'])!r} (its splits: {', '.join(splits_for(run['benchmark'])) or 'none'}).")
     bench = None if custom else read_benchmark(run["benchmark"], run["split"], run.get("source", ""),
                                                None, None, handle.key.name)
     edit = _load_edit(meta_file, patch_file, handle.model) if patch_file is not None else None

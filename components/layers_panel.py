@@ -21,7 +21,6 @@ def band_of(scores, k, band_mode: str, band_text: str) -> tuple[list[int], list[
     """(the band that will be edited, the suggested one, what is wrong with the widgets'
     values: "" when nothing is). A band or k the model cannot take is not drawn; the
     problem is said inline, as the user types, rather than as an error after Run edit."""
-
     n = len(scores.S)
     try:
         k = whole_number(k, "band width k", 1, 10**6)
@@ -68,7 +67,6 @@ def on_layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_t
                  show_parts: bool, retain_examples: int, seed: int, session: Session,
                  progress=gr.Progress()):
     """Compute S_l, F_l, R_l for every layer; returns the plot and a line about the band."""
-
     handle = current_model(session)
     bench = current_benchmark(session)
     if matrix == "lm_head":
@@ -98,7 +96,6 @@ def on_redraw(k: int, band_mode: str, band_text: str, show_parts: bool, session:
 
 
 def build_layers_panel(start_preset: str = "demo") -> SimpleNamespace:
-
     mode, band, k_value = band_widgets(start_preset)
     text.md(text.LAYERS, elem_classes="panel-intro")
     plot = gr.Plot(plots.empty_figure("Press Compute layer scores (or run an edit) to see S_l per layer."),

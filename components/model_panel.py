@@ -19,7 +19,6 @@ from grom.arch import num_layers
 
 def summary(handle: ModelHandle) -> str:
     """Markdown: architecture, layers, sizes, device and memory of the loaded model."""
-
     m, cfg = handle.model, handle.model.config
     n_params = sum(p.numel() for p in m.parameters())
     n_bytes = sum(p.numel() * p.element_size() for p in m.parameters())

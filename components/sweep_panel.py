@@ -6,6 +6,7 @@ Edit panel (`components.history_panel.restore`).
 from __future__ import annotations
 
 import re
+import time
 from types import SimpleNamespace
 
 import gradio as gr
@@ -19,7 +20,7 @@ from components.core.history import restore, row_index
 from components.core.runs import band_text
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
                                      resident)
-from components.core.validate import RANGES, _check_range, parse_band
+from components.core.validate import RANGES, check_range, parse_band
 from components.views import plots, text
 from grom import run_edit
 from grom.arch import num_layers
@@ -57,7 +58,6 @@ def sweep_values(param: str, values: str, config, band: list[int], n_layers: int
     """The values to try: typed ("50, 100, 200"; bands "2-4; 3-5; 4"), or, left empty, five
     around the current one (x / 4 .. x * 4) or every window of the band's width. Sorted,
     distinct, at most MAX_POINTS."""
-
     values = (values or "").strip()
     if param == "band":
         if config.matrix == "lm_head":
@@ -78,7 +78,7 @@ def sweep_values(param: str, values: str, config, band: list[int], n_layers: int
                     out.append(float(p))
                 except ValueError:
                     raise UserError(f"{shorten(p)!r} is not a number: type values such as 50, 100, 200.") from None
-            out = [_check_range(name, v) for v in out]
+            out = [check_range(name, v) for v in out]
         else:
             current = getattr(config, name)
             lo, hi = RANGES[name]
@@ -99,7 +99,6 @@ def _sweep(key: ModelKey, forget, retain, configs, f_eval, r_eval, fmt, progress
     """[(p forget, p retain, seconds)] for the unedited model and each config; `current`,
     (the session's edit, its config as the sweep writes it), is reused for that config
     instead of being solved again."""
-    import time
 
 
     progress = progress or (lambda f, m: None)
@@ -141,7 +140,6 @@ def _label(param: str, value) -> str:
 def on_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
     """Edits at each value of `param` on the session's edit's settings (its band, data and
     seed); returns the plot, the table of points (click one to restore it) and a note."""
-
     handle = current_model(session)
     edit = current_edit(session)
     bench = current_benchmark(session)
@@ -180,7 +178,6 @@ def on_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
 @ui_errors
 def on_sweep_select(evt: gr.SelectData, session: Session):
     """A click on a sweep point: its settings into the Edit panel."""
-
     points = session.extra.get("sweep") or []
     i = row_index(evt)
     if not 0 <= i < len(points):

@@ -59,14 +59,11 @@ def test_a_baseline_beside_the_grom_edit(url):  # noqa: F811
     assert weights_hash(model) == before
 
 
-def test_a_baseline_needs_a_benchmark_and_not_a_grom_edit(url):  # noqa: F811
+def test_a_baseline_needs_no_grom_edit_and_a_fresh_session_has_the_start_split(url):  # noqa: F811
     from gradio_client import Client
 
-    c = Client(url, verbose=False)  # a fresh session: the page load is not run for API clients
-    c.predict("demo", "auto", "auto", api_name="/load_model")
-    with pytest.raises(Exception, match="No benchmark is loaded"):
-        c.predict("ga", 1, 1e-3, max_examples=N, api_name="/run_baseline")
-    c.predict("demo", "forget10", "", None, None, api_name="/load_benchmark")
+    c = Client(url, verbose=False)  # a fresh session: the page load is not run for API clients,
+    # and it starts on the app's start model and split all the same (demo/forget10)
     text, table = c.predict("ga", 0.25, 1e-3, max_examples=N, api_name="/run_baseline")  # 4 steps
     assert table["headers"] == ["metric", "Base", "GA", "Retain model", "goal"]
     assert "Press **Run edit**" in text and "4 optimizer steps" in text

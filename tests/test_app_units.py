@@ -119,11 +119,11 @@ def test_the_result_card_says_what_was_forgotten_and_kept():
 
 
 def test_edit_config_from_widgets():
-    cfg = edit_config(**WIDGETS, n_layers=6)
+    cfg = edit_config(WIDGETS, n_layers=6)
     assert cfg.layers == (3, 4, 5) and cfg.beta == 150.0 and cfg.beta_relative and cfg.batch_size == 32
-    auto = edit_config(**(WIDGETS | dict(band_mode="suggested")), n_layers=6)
+    auto = edit_config(WIDGETS | dict(band_mode="suggested"), n_layers=6)
     assert auto.layers is None and auto.k == 3  # run_edit picks the band from S_l
-    head = edit_config(**(WIDGETS | dict(matrix="lm_head", preset="zsre")), n_layers=6)
+    head = edit_config(WIDGETS | dict(matrix="lm_head", preset="zsre"), n_layers=6)
     assert head.layers is None and head.key_mode == "subject_last"  # the preset's hidden fields
 
 
@@ -135,7 +135,7 @@ def test_edit_config_from_widgets():
 ])
 def test_edit_config_rejects_bad_values_with_a_message(change, message):
     with pytest.raises(UserError, match=message):
-        edit_config(**(WIDGETS | change), n_layers=6)
+        edit_config(WIDGETS | change, n_layers=6)
 
 
 def test_parse_band_and_presets():

@@ -162,7 +162,7 @@ def test_messages_show_no_absolute_server_paths():
 @pytest.mark.parametrize("value", [NAN, INF, -INF])
 def test_nan_and_infinity_in_the_widgets_get_a_message(field, value):
     with pytest.raises(UserError, match="whole number") as err:
-        edit_config(**widgets(**{field: value}), n_layers=6)
+        edit_config(widgets(**{field: value}), n_layers=6)
     assert message_for(err.value).strip()
 
 
@@ -176,14 +176,16 @@ def test_nan_and_infinity_in_retain_examples_get_a_message(value):
 def test_nan_and_infinity_in_the_edit_values_are_out_of_range(field):
     for value in (NAN, INF, 1e38):
         with pytest.raises(UserError, match="out of range"):
-            edit_config(**widgets(**{field: value}), n_layers=6)
+            edit_config(widgets(**{field: value}), n_layers=6)
 
 
 def test_the_edit_config_refuses_what_the_solve_cannot_use():
     for changes, message in [(dict(beta=INF), "finite"), (dict(beta=NAN), "finite"), (dict(rho=INF), "finite"),
                              (dict(w_r=NAN), "finite"), (dict(c=-INF), "finite"),
-                             (dict(beta=1e38), "too large.*lower it"), (dict(w_r=1e300), "at most"),
-                             (dict(c=1e300), "at most")]:
+                             (dict(beta=1e38), "beta = 1e\\+38 is out of range: use 0 to 1e\\+06"),
+                             (dict(w_r=1e300), "out of range"), (dict(c=1e300), "out of range"),
+                             (dict(seed=2**64), "seed .* out of range"), (dict(seed=1.5), "whole number"),
+                             (dict(layers=(100, 200, 10**9)), "layer numbers"), (dict(k=True), "a number")]:
         with pytest.raises(ValueError, match=message):
             EditConfig(**changes)
     assert EditConfig(beta=1e6).beta == 1e6 and math.isfinite(EditConfig().beta)

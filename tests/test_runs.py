@@ -16,7 +16,7 @@ from components import history_panel as H  # noqa: E402
 from components.core import history as runs_history  # noqa: E402
 from components.core.form import edit_config  # noqa: E402
 from components.edit_panel import on_preset as fill_preset  # noqa: E402
-from components.core.form import RESTORED, hidden_differences, widget_values
+from components.core.form import RESTORED, hidden_differences, restore_values
 from components.core.runs import band_text, check_run, portable_model_name, run_record
 from components.core.session import Session  # noqa: E402
 from components.core.errors import UserError  # noqa: E402
@@ -43,12 +43,12 @@ def widgets_of(preset: str) -> dict:
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_a_restored_run_gives_the_same_config_back(preset):
     w = widgets_of(preset)
-    config = edit_config(**w, n_layers=32, scores=SCORES)
+    config = edit_config(w, n_layers=32, scores=SCORES)
     band = list(config.layers or [])
     run = run_record("demo", "demo/forget10", "", 300, 7, 300, preset, w["band_mode"], w["k"], band)
-    values = dict(zip(RESTORED, widget_values(config.to_dict(), run)))
+    values = dict(zip(RESTORED, restore_values(config.to_dict(), run)))
     assert values["preset"] == "(custom)" and values["retain_examples"] == 300 and values["seed"] == 7
-    again = edit_config(**{k: values[k] for k in EDIT_ARGS}, n_layers=32, scores=SCORES)
+    again = edit_config({k: values[k] for k in EDIT_ARGS}, n_layers=32, scores=SCORES)
     hidden = hidden_differences(config.to_dict())
     assert (preset == "zsre") == bool(hidden)  # zsre's key_mode has no widget: the note names it
     assert again.replace(**{k: getattr(config, k) for k in ("key_mode",)}) == config
@@ -117,7 +117,7 @@ def test_an_exported_edit_loads_back_bit_for_bit_with_its_run(demo_edit, tmp_pat
     assert set(loaded.patches) == set(edit.patches)
     for name, P in edit.patches.items():  # bit for bit
         assert loaded.patches[name].dtype == P.dtype and torch.equal(loaded.patches[name], P)
-    values = dict(zip(RESTORED, widget_values(loaded.config.to_dict(), loaded.run)))
+    values = dict(zip(RESTORED, restore_values(loaded.config.to_dict(), loaded.run)))
     assert values["band_text"] == "3-5" and values["beta"] == edit.config.beta
 
 

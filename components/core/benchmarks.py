@@ -6,10 +6,11 @@ import functools
 from pathlib import Path
 
 from components.core.errors import UserError, shorten
-from components.core.limits import limit, over, upload_bytes
+from components.core.limits import limit, upload_bytes
 from components.core.sources import REAL, require_hub, resolve_source
 from grom import demo_preset
 from grom.data import BENCHMARKS, load_benchmark, muse, tofu, wmdp
+from grom.data.sources import TooManyRows
 
 PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
               "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
@@ -17,7 +18,6 @@ PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-
 
 def preset_for(name: str, split: str) -> str:
     """The preset the edit panel takes for a benchmark's split: the demo's are per split."""
-
     return demo_preset(split) if name == "demo" else PRESET_FOR.get(name, "(custom)")
 
 
@@ -41,12 +41,10 @@ LABELS = {"real-knowledge": "Real knowledge: famous facts (bundled)",
 
 
 def benchmark_names() -> list[tuple[str, str]]:
-
     return [(LABELS.get(name, name), name) for name in BENCHMARKS]
 
 
 def splits_for(name: str) -> list[str]:
-
     spec = BENCHMARKS.get(name)
     return list(spec.splits) if spec else []
 
@@ -105,7 +103,6 @@ def _file_path(upload) -> str | None:
 def read_benchmark(name: str, split: str | None, source: str, forget_file, retain_file,
                    model_name: str | None = None):
     """A `Benchmark` from the widgets' values; every problem is a message to act on."""
-
     name = (name or "").strip()
     if name not in dict((v, v) for _, v in benchmark_names()):
         raise UserError(f"Unknown benchmark {shorten(name)!r}; pick one of {', '.join(v for _, v in benchmark_names())}.")
@@ -116,17 +113,17 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
                             "with a 'split' column of forget/retain).")
         retain = _file_path(retain_file)
         src = {"forget": forget, "retain": retain} if retain else forget
-        try:
-            bench = load_benchmark("custom", "forget", source=src)
+        cap = limit("GROM_MAX_UPLOAD_ROWS")
+        try:  # reading stops at the row past the cap, and at a header without a needed column
+            return load_benchmark("custom", "forget", source=src, max_rows=cap)
+        except TooManyRows:
+            raise UserError(f"The upload has more than {cap:,} rows, the most this server reads: upload "
+                            "fewer rows (hosting the studio yourself, raise GROM_MAX_UPLOAD_ROWS).") from None
         except ValueError as err:  # name the uploads by their file names, not server paths
             msg = str(err)
             for path in filter(None, (forget, retain)):
                 msg = msg.replace(str(Path(path).parent) + "/", "")
             raise UserError(msg) from err
-        rows = len(bench.forget) + len(bench.retain)
-        if rows > limit("GROM_MAX_UPLOAD_ROWS"):
-            raise over("The upload has {n} rows", rows, "GROM_MAX_UPLOAD_ROWS")
-        return bench
     local = resolve_source(source, "data") if (source or "").strip() else None
     if local is None and name in HUB_BENCHMARKS:
         require_hub(splits_hub_id(name), "data set")
@@ -140,11 +137,9 @@ def _load_shared(name: str, split: str | None, local: str | None, known_only: bo
     comparison's cache of base rows is shared with it). known_only: the real-knowledge
     facts SmolLM2 was probed to know (grom/data/knowledge/known.json), so that every
     example a quick comparison evaluates is a fact the model knew."""
-
     return load_benchmark(name, split, source=local, **({"known_only": True} if known_only else {}))
 
 
 def splits_hub_id(name: str) -> str:
-
     ids = {"tofu": tofu.HUB_ID, "muse-news": muse.HUB_IDS["news"], "muse-books": muse.HUB_IDS["books"]}
     return ids.get(name, wmdp.MC_HUB)

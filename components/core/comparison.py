@@ -3,10 +3,10 @@ the unedited rows cached per (model, benchmark, size) so that an edit costs one 
 Shared by the Compare panel and the baseline panel."""
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 
 from components.core.device import DEVICE_LOCK, on_device
-from components.core.errors import log
 from components.core.limits import limit, over
 from components.core.session import (REGISTRY, ModelHandle, ModelKey, Session, current_benchmark,
                                      current_model, resident)
@@ -16,6 +16,7 @@ from grom.demo import load_demo_model
 from grom.eval import evaluate
 from grom.models import resolve_dtype
 
+log = logging.getLogger(__name__)
 FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
 
 
@@ -27,7 +28,6 @@ _BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (ben
 
 
 def _reference_loader(key: ModelKey):
-
     return load_demo_model("retain", device=key.device, dtype=resolve_dtype(key.dtype))
 
 
@@ -57,7 +57,6 @@ def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[
     only the edit's layers and above on batches seen before (`evaluate(prefix=)`; the Base
     row records them for a band starting at a layer of `record_at`). Runs under
     DEVICE_LOCK (re-entrant: callers may hold it already)."""
-
     with DEVICE_LOCK:
         ck = (handle.key, id(bench), n)
         hit = _BASE_CACHE.get(ck)
@@ -90,7 +89,6 @@ def warm_base_rows(max_examples: int, session: Session, band_start: int | None =
 def examples_per_set(max_examples, full_set, bench) -> int | None:
     """The examples per evaluation set a comparison asks for (None: all), within
     GROM_MAX_EVAL_EXAMPLES; NaN, a fraction or too many is an error that says so."""
-
     cap = limit("GROM_MAX_EVAL_EXAMPLES")
     if full_set:
         sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}

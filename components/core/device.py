@@ -1,4 +1,6 @@
-"""The one device: the lock and queue every model job runs under, the GPU decorator of a ZeroGPU Space, and cancellation.
+"""The one device: the lock and the queue every model job runs under, the GPU decorator of
+a ZeroGPU Space, and cancellation.
+
 
 - `DEVICE_LOCK` and the queue id `DEVICE_QUEUE` serialise everything that touches the model.
   A request that needs the edited model applies its session's patch, computes and reverts
@@ -13,9 +15,13 @@
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Callable
+
+from anyio import from_thread
+from gradio.context import LocalContext
 
 from components.core.errors import JobCancelled
 from grom.arch import decoder_layers
@@ -68,9 +74,7 @@ def _event_gone() -> bool:
     """In gradio's event loop: whether this thread's job was cancelled or lost its client.
     Gradio cancels by cancelling the asyncio task that waits for the handler's thread (the
     thread itself runs on), and marks a job whose page went away as not alive."""
-    import asyncio
 
-    from gradio.context import LocalContext
 
     blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
     queue = getattr(blocks, "_queue", None)
@@ -89,7 +93,6 @@ def job_cancelled() -> bool:
     """Whether the gradio job this thread runs was cancelled (asked at most every
     CANCEL_CHECK_S; False outside a queued gradio job: a script, a test, the preload)."""
     try:
-        from gradio.context import LocalContext
 
         event_id = LocalContext.event_id.get(None)
         if event_id is None or LocalContext.blocks.get(None) is None:
@@ -98,7 +101,6 @@ def job_cancelled() -> bool:
         if getattr(_checked, "event", None) == event_id and now - _checked.at < CANCEL_CHECK_S:
             return False
         _checked.event, _checked.at = event_id, now
-        from anyio import from_thread
 
         return bool(from_thread.run_sync(_event_gone))
     except Exception:  # not in a worker thread of gradio's loop (or gradio changed): run on
@@ -117,7 +119,6 @@ def _cancel_hook(module, args):
 def add_cancel_hooks(model) -> None:
     """Every forward pass of `model` and of each of its decoder layers first checks that
     its job is still wanted (a batch of keys, a generated token, a training step)."""
-
     model.register_forward_pre_hook(_cancel_hook)
     try:
         layers = decoder_layers(model)

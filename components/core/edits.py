@@ -19,7 +19,6 @@ def scores_key(session: Session, matrix: str, use_alpha: bool, n_retain) -> tupl
 
 @on_device
 def compute_edit(key: ModelKey, forget, retain, config, scores, progress):
-
     with DEVICE_LOCK:
         handle = resident(key, "edit")
         edit = run_edit(handle.model, handle.tokenizer, forget, retain, config,
@@ -31,7 +30,6 @@ def compute_edit(key: ModelKey, forget, retain, config, scores, progress):
 
 @on_device
 def _warm(key: ModelKey, forget, retain, config, band) -> None:
-
     with DEVICE_LOCK:
         handle = REGISTRY.get(key)
         if handle is not None:
@@ -42,7 +40,6 @@ def warm_edit(k: int, retain_examples: int, seed: int, session: Session) -> list
     """The forward pass up to the suggested band, ahead of the first Run edit (the page's
     defaults; any other choice just misses the cache). Returns that band (None without
     layer scores). Silent on any problem."""
-
     try:
         handle, bench = current_model(session), current_benchmark(session)
         if session.scores is None:

@@ -10,6 +10,7 @@ touched here, so it keeps its state.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import re
@@ -66,8 +67,6 @@ def _is_oom(err: BaseException) -> bool:
 
 
 def _free_memory() -> None:
-    import gc
-
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -97,7 +96,6 @@ def _empty_message(err: BaseException) -> str:
 
 def ui_errors(fn):
     """Turn every exception of handler `fn` into a `gr.Error` with an actionable message."""
-
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:

@@ -6,10 +6,10 @@ import shutil
 import time
 from pathlib import Path
 
+from gradio.utils import get_upload_folder
+
 
 def upload_folder() -> Path:
-    from gradio.utils import get_upload_folder
-
     return Path(get_upload_folder())
 
 
@@ -43,8 +43,6 @@ EXPORT_FOLDER = "grom-studio-exports"
 def export_root() -> Path:
     """Where exports are written: inside gradio's cache folder, so that gradio serves them
     without a second copy, and the bound on them (GROM_EXPORT_MAX_MB) bounds everything."""
-    from gradio.utils import get_upload_folder
-
     return Path(get_upload_folder()) / EXPORT_FOLDER
 
 

@@ -10,9 +10,10 @@ import weakref
 
 import gradio as gr
 
-from components.core.form import hidden_differences, widget_values
+from components.core.form import hidden_differences, restore_values
 from components.core.runs import band_text, portable_model_name
-from components.core.session import Session
+from components.core.session import REGISTRY, Session
+from grom.arch import num_layers
 from grom.eval.report import EDITED
 
 MAX_ROWS = 50
@@ -49,7 +50,6 @@ def add_run(session: Session, edit, source: str = "edit") -> None:
 def headline_metrics(report) -> dict[str, float]:
     """The row's metrics of the Edited model: the headline, one forget and one retain
     metric, and the retain cost, as the report has them."""
-
     m = report.rows[EDITED].metrics
     out = {}
     for names in (HEADLINE, FORGET, KEPT):
@@ -93,7 +93,12 @@ def restore_note(config: dict, run: dict, session: Session, what: str) -> str:
 
 
 def restore(config: dict, run: dict, session: Session, what: str) -> list:
-    return widget_values(config, run) + [restore_note(config, run, session, what)]
+    """The widget values (`form.RESTORED` order) and the note for a restored run, every value
+    checked against the session's model as a typed one is (a band it does not have, a seed
+    or a budget the widgets cannot hold is refused with a message)."""
+    handle = REGISTRY.get(session.model_key) if session.model_key is not None else None
+    n_layers = num_layers(handle.model) if handle is not None else None
+    return restore_values(config, run, n_layers) + [restore_note(config, run, session, what)]
 
 
 def row_index(evt: gr.SelectData) -> int:

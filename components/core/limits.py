@@ -20,7 +20,9 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_SESSIONS | 32 | sessions whose edits are kept (the oldest is dropped) |
 | GROM_EXPORT_MAX_MB | 256 | exported edits kept on disk (the oldest go) |
 | GROM_EXPORTS_PER_MINUTE | 6 | new exports per minute on the whole server |
-| GROM_UPLOADS_PER_MINUTE | 30 | uploads the whole server accepts per minute |
+| GROM_UPLOADS_PER_MINUTE | 30 | uploads one client (address) may make per minute |
+| GROM_SERVER_UPLOADS_PER_MINUTE | 120 | uploads the whole server accepts per minute |
+| GROM_MAX_REQUEST_MB | 4 | body of any request but an upload (the queue's inputs) |
 | GROM_UPLOAD_CACHE_MB | 512 | uploaded files kept on disk (the oldest go) |
 """
 from __future__ import annotations
@@ -36,7 +38,8 @@ DEFAULTS = {
     "GROM_MAX_NEW_TOKENS": 64, "GROM_MAX_UPLOAD_MB": 10, "GROM_MAX_UPLOAD_ROWS": 10000,
     "GROM_MAX_QUEUED_PER_SESSION": 3, "GROM_MAX_QUEUE": 64, "GROM_RESIDENT_MODELS": 2,
     "GROM_MAX_SESSIONS": 32, "GROM_EXPORT_MAX_MB": 256, "GROM_EXPORTS_PER_MINUTE": 6,
-    "GROM_UPLOADS_PER_MINUTE": 30, "GROM_UPLOAD_CACHE_MB": 512,
+    "GROM_UPLOADS_PER_MINUTE": 30, "GROM_UPLOAD_CACHE_MB": 512, "GROM_SERVER_UPLOADS_PER_MINUTE": 120,
+    "GROM_MAX_REQUEST_MB": 4,
 }
 
 
@@ -75,7 +78,6 @@ def check(what: str, asked: int, name: str) -> int:
 @dataclass(frozen=True)
 class ModelPolicy:
     """Which models a visitor may load: `allowed` None is a free choice."""
-
     allowed: tuple[str, ...] | None
 
     @classmethod

@@ -31,7 +31,6 @@ DTYPES = ["auto", "float32", "bfloat16", "float16"]
 
 def model_key(choice: str, device: str, dtype: str) -> ModelKey:
     """The registry key for the widgets' values (validated; auto resolved)."""
-
     if device not in DEVICES or dtype not in DTYPES:
         raise UserError(f"Device must be one of {DEVICES} and dtype one of {DTYPES}.")
     policy = ModelPolicy.from_env()
@@ -49,7 +48,6 @@ def model_key(choice: str, device: str, dtype: str) -> ModelKey:
 
 
 def _load(key: ModelKey, progress=None) -> tuple:
-
     if key.name == DEMO:
 
         return load_demo_model("full", device=key.device, dtype=resolve_dtype(key.dtype))
@@ -69,7 +67,6 @@ def ensure_model(key: ModelKey, progress=None) -> ModelHandle:
 
 
 def n_layers(handle: ModelHandle) -> int:
-
     return num_layers(handle.model)
 
 

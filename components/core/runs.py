@@ -4,14 +4,14 @@ Every GROM edit of the studio carries `edit.run` (saved as "run" in edit.json): 
 by its name, the benchmark, split and local source, the retain sample (size and seed),
 the preset, the band mode, k and the band. With `edit.config` that is everything needed
 to run it again; the run history, the sweep and the import restore the Edit panel from
-these two (`widget_values`).
+these two (`components.core.form.restore_values`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from components.core.errors import REPO_ROOT, UserError, shorten
-from components.core.sources import DEMO, allowed_dirs
+from components.core.sources import DEMO, MAX_NAME_CHARS, allowed_dirs
 
 # what edit.json's "run" must hold to reproduce the edit
 RUN_KEYS = ("model", "benchmark", "split", "retain_examples", "seed")
@@ -21,7 +21,6 @@ def portable_model_name(name: str) -> str:
     """How a file names the model: "demo", a registry name or a Hub id as they are; a local
     folder by its path relative to the folder it was found in (models/x -> "x",
     assets/demo-retain -> "assets/demo-retain"), never the server's absolute path."""
-
     path = Path(name)
     if not path.is_absolute():
         return name
@@ -51,13 +50,17 @@ def check_run(run) -> dict:
     missing = [key for key in RUN_KEYS if key not in run]
     if missing:
         raise UserError(f'edit.json\'s "run" lacks {", ".join(missing)}: export the edit again.')
-    for key in ("model", "benchmark", "split"):
-        if not isinstance(run[key], str):
-            raise UserError(f'edit.json\'s "run.{key}" must be text (got {shorten(run[key])}).')
-    for key in ("retain_examples", "seed", "k"):
+    for key in ("model", "benchmark", "split", "source", "preset", "band_mode"):
+        value = run.get(key, "")
+        if not isinstance(value, str) or len(value) > MAX_NAME_CHARS:
+            raise UserError(f'edit.json\'s "run.{key}" must be text of at most {MAX_NAME_CHARS} '
+                            f"characters (got {shorten(value)}).")
+    if any(mark in run["split"] for mark in ("/", "\\", "..")):
+        raise UserError(f'edit.json\'s "run.split" must be a split\'s name, not a path (got {shorten(run["split"])}).')
+    for key in ("retain_examples", "seed", "k", "n_retain"):
         value = run.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UserError(f'edit.json\'s "run.{key}" must be a whole number >= 0 (got {shorten(value)}).')
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise UserError(f'edit.json\'s "run.{key}" must be a whole number from 0 (got {shorten(value)}).')
     band = run.get("band", [])
     if not isinstance(band, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in band):
         raise UserError(f'edit.json\'s "run.band" must be a list of layer numbers (got {shorten(band)}).')
@@ -69,7 +72,7 @@ def band_text(band) -> str:
     band = [int(b) for b in band]
     if not band:
         return ""
-    if band == list(range(band[0], band[-1] + 1)) and len(band) > 1:
+    if len(band) > 1 and all(b - a == 1 for a, b in zip(band, band[1:])):  # never lists a range
         return f"{band[0]}-{band[-1]}"
     return ",".join(map(str, band))
 

@@ -10,7 +10,6 @@ from grom.editing import prepare
 
 @on_device
 def compute_scores(key: ModelKey, forget, retain, config, progress):
-
     with DEVICE_LOCK:
         handle = resident(key, "scores")
         vocab = unembedding(handle.model).shape[0]

@@ -47,7 +47,6 @@ PREFIX_CACHE_BYTES = 256 << 20  # per resident model: one comparison of SmolLM2'
 @dataclass(frozen=True)
 class ModelKey:
     """Which model is loaded: a name (the demo, a Hub id or a folder), device, dtype."""
-
     name: str
     device: str
     dtype: str
@@ -55,7 +54,6 @@ class ModelKey:
     @property
     def shown(self) -> str:
         """The name as a page shows it (a folder relative to models/, never a server path)."""
-
         return shown_name(self.name)
 
     def label(self) -> str:
@@ -63,14 +61,12 @@ class ModelKey:
 
 
 def _prefix_cache():
-
     return PrefixCache(max_bytes=PREFIX_CACHE_BYTES)
 
 
 @dataclass
 class ModelHandle:
     """A loaded base model, its tokenizer, and how long it took."""
-
     key: ModelKey
     model: Any
     tokenizer: Any
@@ -90,7 +86,6 @@ class ModelRegistry:
     """The loaded models of the process (at most GROM_RESIDENT_MODELS, least recently used
     unloaded first), shared by every session, plus the demo's retain model (the reference
     row of comparisons), loaded lazily."""
-
     def __init__(self):
         self._handles: dict[ModelKey, ModelHandle] = {}  # least recently used first
         self._references: dict = {}
@@ -116,7 +111,6 @@ class ModelRegistry:
         """The model for `key`: the loaded one if there is one, else `loader(key)`; beyond
         GROM_RESIDENT_MODELS the least recently used model is unloaded (on a failed load
         the loaded ones stay)."""
-
         with DEVICE_LOCK:
             handle = self.get(key)
             if handle is not None:
@@ -165,7 +159,6 @@ class Session:
     """What one browser session owns. Handlers change it only after a step succeeded,
     so an error never loses what was there. (A plain class, not a dataclass: gradio would
     try to serialise a dataclass held in a gr.State.)"""
-
     def __init__(self):
         self.model_key: ModelKey | None = None
         self.benchmark = None  # grom.data.schema.Benchmark
@@ -179,6 +172,15 @@ class Session:
         self.influence = None  # (param name, shares) of the last influence audit
         self.extra: dict = {}
         self.dropped = ""  # why the edit was dropped to make room (SessionStore), if it was
+
+    def __deepcopy__(self, memo) -> "Session":
+        """A new tab's session, from the app's template (gradio deep-copies a State's value
+        for each session): the template's choices (its start model and benchmark) are shared,
+        not copied, so that every session, an API client's that never opened the page
+        included, starts on the start model's default split with its shared caches."""
+        fresh = Session()
+        fresh.model_key, fresh.benchmark, fresh.bench_label = self.model_key, self.benchmark, self.bench_label
+        return fresh
 
     def drop(self, reason: str) -> None:
         """Let go of the heavy state (edit, comparisons), keeping the choices (model,
@@ -242,14 +244,12 @@ class SessionStore:
     the oldest one's edit and comparisons are dropped (it is told so when it comes back),
     so that memory does not grow with every visitor of the last hour. Sessions are held
     weakly: gradio frees a closed tab's state as before."""
-
     def __init__(self):
         self._order: dict[int, weakref.ref] = {}
         self._lock = threading.Lock()
 
     def touch(self, session: Session) -> None:
         """`session` was just active; when it holds an edit, it is counted."""
-
         with self._lock:
             self._order.pop(id(session), None)
             if session.edit is None and session.report is None:

@@ -7,6 +7,8 @@ import os
 import re
 from pathlib import Path
 
+from huggingface_hub import try_to_load_from_cache
+
 from components.core.errors import UserError, shorten
 from grom.data.sources import hub_reachable
 from grom.fetch import registry_model
@@ -121,7 +123,6 @@ def require_hub(name: str, what: str) -> None:
 
 def _cached(name: str, what: str) -> bool:
     try:
-        from huggingface_hub import try_to_load_from_cache
 
         found = try_to_load_from_cache(name, "config.json" if what == "model" else "README.md",
                                        repo_type="model" if what == "model" else "dataset")

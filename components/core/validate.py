@@ -9,20 +9,13 @@ import re
 
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, over
+from grom.config import BOUNDS
 
-# (min, max) of each value, and of its log10 slider
-RANGES = {"beta": (0.0, 1e5), "w_r": (0.0, 1e6), "rho": (1e-6, 10.0), "c": (0.0, 1e4)}
-
-
-MAX_SEED = 2**32 - 1  # numpy's RandomState takes seeds below 2**32
-
-
-MAX_COUNT = 10**9  # the largest budget or example count a widget may hold
-
-
+RANGES = {name: BOUNDS[name] for name in ("beta", "w_r", "rho", "c")}  # (min, max) of each value
+MAX_SEED = int(BOUNDS["seed"][1])  # numpy's RandomState takes seeds below 2**32
+MAX_COUNT = int(BOUNDS["forget_budget"][1])  # the largest budget or example count a widget may hold
+MAX_BATCH = int(BOUNDS["batch_size"][1])
 BAND_PART = re.compile(r"^(\d+)(?:-(\d+))?$")
-
-
 MAX_BAND_CHARS = 1000
 
 
@@ -66,7 +59,7 @@ def whole_number(value, what: str, lo: int, hi: int, default: int | None = None)
     return int(number)
 
 
-def _check_range(name: str, value) -> float:
+def check_range(name: str, value) -> float:
     lo, hi = RANGES[name]
     try:
         number = float(value)
@@ -78,7 +71,7 @@ def _check_range(name: str, value) -> float:
     return number
 
 
-def _budget(value, what: str) -> int | None:
+def check_budget(value, what: str) -> int | None:
     """A key budget: 0 or None means no limit."""
     budget = whole_number(value, f"{what} (0: no limit)", 0, MAX_COUNT, default=0)
     return budget or None

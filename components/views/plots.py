@@ -8,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 FORGET, RETAIN, ACCENT, MUTED = "#e8590c", "#1c7ed6", "#7048e8", "#adb5bd"
 FONT = dict(family="Inter, system-ui, sans-serif", size=13)
@@ -37,8 +38,6 @@ def plot_layer_scores(S: Sequence[float], F: Sequence[float], R: Sequence[float]
     """Bars of S_l = F_l - R_l per layer, the band's bars in the accent colour and shaded;
     F_l and R_l on hover, or, when `show_parts`, as lines in a panel of their own below
     (they are an order of magnitude larger than S_l: on one axis S_l would lie flat)."""
-    from plotly.subplots import make_subplots
-
     layers = list(range(len(S)))
     band = set(band)
     colours = [ACCENT if l in band else MUTED for l in layers]

@@ -88,7 +88,6 @@ def format_metric(value) -> str:
 def goal_arrow(metric: str) -> str:
     """Which way a metric should go for a good unlearning edit: ↓, ↑, → 0, → 0.5, ≈ base,
     ≈ retain model, or '' (a count, such as the facts the unedited model knew)."""
-
     if metric in DIRECTION:
         return ARROWS[DIRECTION[metric]]
     if metric.endswith("facts known"):
