@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, demo_preset, run_edit  # noqa: E402
-from grom.baselines import BASELINES, run_baseline  # noqa: E402
+from grom.baselines import METHODS, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
 from grom.eval import evaluate, quantization_check  # noqa: E402
@@ -95,8 +95,8 @@ def parse_lr(text: str | None, methods: list[str]) -> dict[str, float]:
         return {m: float(text) for m in methods}
     for part in text.split(","):
         name, value = part.split("=")
-        if name.strip() not in BASELINES:
-            raise SystemExit(f"--lr: unknown method {name!r}; use {', '.join(BASELINES)}")
+        if name.strip() not in METHODS:
+            raise SystemExit(f"--lr: unknown method {name!r}; use {', '.join(METHODS)}")
         lrs[name.strip()] = float(value)
     return lrs
 
@@ -227,7 +227,7 @@ def run_bench(b: Bench, methods: list[str], lrs: dict[str, float]) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", default="forget10")
-    ap.add_argument("--methods", default=",".join(BASELINES), help="baselines, comma-separated")
+    ap.add_argument("--methods", default=",".join(METHODS), help="baselines, comma-separated")
     ap.add_argument("--epochs", type=float, default=10)
     ap.add_argument("--lr", default=None, help="one lr for all, or method=lr pairs (default: LR)")
     ap.add_argument("--batch-size", type=int, default=8, help="baselines' per-step batch")
@@ -247,9 +247,9 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in BASELINES]
+    bad = [m for m in methods if m not in METHODS]
     if bad:
-        raise SystemExit(f"--methods: unknown {bad}; use {', '.join(BASELINES)}")
+        raise SystemExit(f"--methods: unknown {bad}; use {', '.join(METHODS)}")
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"device {args.device}, {datetime.date.today()}")
     print("# " + " ".join(["python", "bench/bench_baselines.py", *(sys.argv[1:] if argv is None else argv)]))

@@ -25,7 +25,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, not installed
-from grom import PRESETS, EditConfig, run_edit  # noqa: E402
+from grom import PRESETS, run_edit  # noqa: E402
 from grom.cli import _ints  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample  # noqa: E402

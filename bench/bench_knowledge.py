@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.baselines import BASELINES, run_baseline  # noqa: E402
+from grom.baselines import METHODS, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate, quantization_check  # noqa: E402
 from grom.models import load_model  # noqa: E402
@@ -103,7 +103,7 @@ def sweep(args) -> None:
 def speed(args) -> None:
     """The edit's time against one forward pass over the same key sequences."""
     from grom.collect import forward
-    from grom.editing import prepare
+    from grom.pipeline import prepare
 
     run = Run(args, args.splits.split(",")[0])
     config = PRESETS[args.preset]
@@ -238,7 +238,7 @@ def compare(args) -> None:
     the stream entering the band kept (as after the page's warm-up), then the Edited row at
     --max-examples per set, every layer run against the layers below the band replayed
     (`grom.eval.prefix`, recorded by the Base row as the app's warm-up does)."""
-    from grom.editing import warm_stream
+    from grom.pipeline import warm_stream
     from grom.eval.prefix import PrefixCache
 
     args.retain_examples = args.retain_examples or 128  # the app's default sample
@@ -285,7 +285,7 @@ def main(argv=None) -> None:
                     help="a seeded sample of the retain set gives the keys (the app's default: 128)")
     ap.add_argument("--eval-batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--methods", default=",".join(BASELINES))
+    ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--lr", default=None, help="method=lr pairs (default 1e-5, the recipe's)")
     ap.add_argument("--epochs", type=float, default=5)
     ap.add_argument("--quant", action="store_true", help="the 4-bit check for every edit")

@@ -5,10 +5,11 @@ The public names: the math (`solve_update`, `ridge_mu`, `specificity_weights`,
 (`EditConfig`, `PRESETS`, `demo_preset`, `run_edit`, `Edit`) and the layer scores (`LayerScores`,
 `score_layers`).
 """
+import grom.demo  # noqa: F401 (registers the "demo" benchmark, which grom.data cannot import)
 from grom.attribution import LayerScores, best_window, score_layers
 from grom.config import PRESETS, EditConfig, demo_preset, preset
 from grom.edit import Edit
-from grom.editing import run_edit
+from grom.pipeline import run_edit
 from grom.influence import example_influence, example_influence_bruteforce
 from grom.solve import ridge_mu, solve_update
 from grom.targets import specificity_weights

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from grom.editing import compute_scores, prepare, run_edit
+    from grom.pipeline import compute_scores, prepare, run_edit
     from grom.arch import unembedding
     from grom.models import load_model
 

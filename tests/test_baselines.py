@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from grom import Edit
-from grom.baselines import (BASELINES, answer_nll, encode_sequences, npo_loss, run_baseline,
-                            sequence_nll, simnpo_loss, train_in_place)
+from grom.baselines import (BASELINES, METHODS, LossInputs, Method, UnknownMethod, answer_nll,
+                            encode_sequences, get_method, npo_loss, register_method, run_baseline,
+                            sequence_nll, simnpo_loss, train_in_place, unregister_method)
 from grom.baselines.losses import ga_loss, mean_nll
 from grom.baselines.train import collate, linear_schedule
 from grom.data.schema import ChoiceExample, QAExample, TextExample
@@ -267,3 +271,153 @@ def test_save_and_load_keep_method_and_info(llama, tokenizer, tmp_path):
     (tmp_path / "ga" / "edit.json").write_text(json.dumps(meta))
     old = Edit.load(tmp_path / "ga")
     assert old.method == "grom" and old.info == {}
+
+
+# ----------------------------------------------------------------------------- the method registry
+
+def test_registry_rows_of_the_built_in_methods():
+    assert list(METHODS)[:4] == list(BASELINES) == ["ga", "graddiff", "npo", "simnpo"]
+    npo = get_method(" NPO ")
+    assert npo is METHODS["npo"] and npo.label == "NPO" and npo.description
+    assert npo.needs_retain and npo.needs_reference and not npo.needs_answers
+    assert dict(npo.defaults) == {"beta": 0.1, "gamma": 1.0, "alpha": 1.0}
+    assert not METHODS["ga"].needs_retain and dict(METHODS["ga"].defaults) == {}
+    assert not METHODS["simnpo"].needs_reference
+    with pytest.raises(TypeError):
+        npo.defaults["beta"] = 1.0  # read-only: a run cannot change a row
+    with pytest.raises(TypeError):
+        METHODS["mine"] = npo  # register_method validates; the registry itself is read-only
+    assert npo.uses_retain(npo.defaults) and not npo.uses_retain({**npo.defaults, "alpha": 0.0})
+
+
+def test_unknown_method_names_the_registered_ones():
+    with pytest.raises(UnknownMethod, match=r"unknown unlearning method 'rmu'; use one of ga, graddiff, npo, simnpo"):
+        get_method("rmu")
+    with pytest.raises(ValueError, match="already registered"):
+        register_method(Method("npo", "NPO again", METHODS["ga"].loss, "A second NPO."))
+    assert METHODS["npo"].label == "NPO"
+    with pytest.raises(ValueError, match="lower-case"):
+        Method("My Method", "Mine", METHODS["ga"].loss, "Upper case.")
+
+
+def test_a_method_needing_answers_is_refused_with_a_reason(trained_llama, tokenizer):
+    register_method(Method("idk", "IdkGA", METHODS["ga"].loss, "Toward \"I don't know\".", needs_answers=True))
+    try:
+        with pytest.raises(ValueError, match="IdkGA trains toward alternate answers"):
+            run_baseline("idk", trained_llama, tokenizer, FORGET, RETAIN, **FAST)
+    finally:
+        unregister_method("idk")
+
+
+def capped_ascent(x: LossInputs):
+    """Gradient ascent that stops pushing a forget sequence once its NLL is `cap` nats above
+    the reference's, plus the retain NLL: a method the library does not know."""
+    forget = -torch.clamp(x.forget_nll - x.reference_nll, max=x.args["cap"]).mean()
+    retain = mean_nll(x.retain_nll, x.retain_counts)
+    return forget + retain, {"forget": forget, "retain": retain}
+
+
+@pytest.fixture
+def capped():
+    row = register_method(Method("capped", "Capped GA", capped_ascent, "Capped gradient ascent.",
+                                 needs_retain=True, needs_reference=True, defaults={"cap": 20.0}))
+    yield row
+    unregister_method("capped")
+
+
+def test_a_registered_method_trains_with_its_row_alone(capped, trained_llama, tokenizer):
+    f0 = answer_nll(trained_llama, tokenizer, FORGET)
+    snap = snapshot(trained_llama)
+    edit = run_baseline("capped", trained_llama, tokenizer, FORGET, RETAIN, **LONGER)
+    assert_same(trained_llama, snap)
+    assert isinstance(edit, Edit) and edit.method == "capped" and edit.patches
+    assert edit.info["cap"] == 20.0 and "beta" not in edit.info
+    first = edit.info["history"][0]
+    assert set(first) == {"step", "lr", "loss", "forget", "forget_nll", "retain"}
+    assert abs(first["forget"]) < 1e-4  # the reference is the initial model
+    with edit.applied(trained_llama):
+        assert answer_nll(trained_llama, tokenizer, FORGET) > f0 + 0.5
+    small = run_baseline("capped", trained_llama, tokenizer, FORGET, RETAIN, method_args={"cap": 0.01}, **LONGER)
+    assert small.info["cap"] == 0.01 and min(h["forget"] for h in small.info["history"]) >= -0.01 - 1e-6
+    with pytest.raises(ValueError, match="retain"):
+        run_baseline("capped", trained_llama, tokenizer, FORGET, [], **FAST)
+
+
+def test_unregistered_method_is_gone(trained_llama, tokenizer):
+    register_method(Method("ga2", "GA again", METHODS["ga"].loss, "Gradient ascent, twice."))
+    assert run_baseline("ga2", trained_llama, tokenizer, FORGET, [], max_steps=1, batch_size=4).method == "ga2"
+    assert unregister_method("GA2").name == "ga2"
+    with pytest.raises(UnknownMethod, match="use one of ga, graddiff, npo, simnpo"):
+        run_baseline("ga2", trained_llama, tokenizer, FORGET, [])
+
+
+def test_shorthands_and_method_args_agree(trained_llama, tokenizer):
+    a = run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, beta=0.5, **FAST)
+    b = run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, method_args={"beta": 0.5}, **FAST)
+    assert a.info["history"] == b.info["history"] and a.info["beta"] == 0.5
+    with pytest.raises(ValueError, match="beta is given twice"):
+        run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, beta=0.5, method_args={"beta": 0.2})
+
+
+# ----------------------------------------------------------------------------- memory
+
+class Cancel(RuntimeError):
+    pass
+
+
+def run_tensors() -> int:
+    gc.collect()
+    return sum(issubclass(type(o), torch.Tensor) for o in gc.get_objects())
+
+
+@pytest.fixture
+def optimizers():
+    """Weak references to every optimizer a run steps, its state tensors and the tensors it
+    updates (the fp32 masters of a bf16 model)."""
+    seen: list[weakref.ref] = []
+
+    def record(opt, args, kwargs):
+        if not seen:
+            seen.append(weakref.ref(opt))
+            seen.extend(weakref.ref(t) for st in opt.state.values() for t in st.values()
+                        if isinstance(t, torch.Tensor))
+            seen.extend(weakref.ref(p) for g in opt.param_groups for p in g["params"])
+
+    handle = register_optimizer_step_post_hook(record)
+    yield seen
+    handle.remove()
+
+
+@pytest.mark.parametrize("ending", ["finished", "progress raises", "hook raises"])
+def test_a_run_leaves_nothing_behind(tokenizer, optimizers, ending):
+    model = tiny_llama(len(tokenizer), layers=2).to(torch.bfloat16)
+    kw = dict(lr=1e-2, max_steps=3, batch_size=2, warmup_epochs=0)
+    run_baseline("npo", model, tokenizer, FORGET, RETAIN, **{**kw, "max_steps": 1})  # lazy caches
+    optimizers.clear()
+    snap, before = snapshot(model), run_tensors()
+    steps = []
+
+    def progress(fraction, message):
+        steps.append(fraction)
+        if ending == "progress raises" and fraction == pytest.approx(2 / 3):
+            raise Cancel("cancelled in step 3")
+
+    def hook(module, args):
+        if ending == "hook raises" and len(steps) == 3:  # step 3's forward: the moments exist
+            raise Cancel("cancelled in a forward pass")
+
+    handle = model.model.layers[1].register_forward_pre_hook(hook)
+    try:
+        kept = run_baseline("npo", model, tokenizer, FORGET, RETAIN, progress=progress, **kw)
+    except Cancel as err:
+        kept = err  # a caller may keep the exception (and its traceback) a while
+    finally:
+        handle.remove()
+    assert isinstance(kept, Edit) == (ending == "finished")
+    assert len(optimizers) > 10 and all(ref() is None for ref in optimizers)  # optimizer, moments, masters
+    assert_same(model, snap)
+    assert all(p.grad is None for p in model.parameters())
+    if ending != "hook raises":  # (torch's hook runner keeps that forward's input while `kept` lives)
+        assert run_tensors() == before + (len(kept.patches) if ending == "finished" else 0)
+    del kept
+    assert run_tensors() == before

@@ -15,7 +15,8 @@ from grom.data.knowledge import (
     BUNDLED, FORGET3, RETAIN_FRACTION, SPLITS, TARGETS, knowledge, load_knowledge, read_knowledge,
     split_retain,
 )
-from grom.eval.metrics import fact_recall, normalise_text
+from grom.eval.metrics import fact_recall
+from grom.text import contains_phrase, normalise_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,8 +52,18 @@ def test_fluency_and_general_mention_no_target():
     titles = [normalise_text(t.title) for t in know.targets.values()]
     texts = [ex.text for ex in know.fluency]
     texts += [s for ex in know.general.qa for s in (ex.question, ex.answer)]
-    hits = [(t, x) for x in texts for t in titles if f" {t} " in f" {normalise_text(x)} "]
+    hits = [(t, x) for x in texts for t in titles if contains_phrase(x, t)]
     assert hits == []
+
+
+@pytest.mark.parametrize("text, phrase, inside", [
+    ("Ivo Marr, a poet.", "ivo marr", True), ("It was 19870.", "1987", False),
+    ("The  Solar_System!", "solar system", True), ("Anything", " ,; ", False),
+])
+def test_the_loader_reads_facts_as_fact_recall_does(text, phrase, inside):
+    assert contains_phrase(text, phrase) is inside
+    if normalise_text(phrase):
+        assert fact_recall(phrase, text) == float(inside)
 
 
 @pytest.mark.parametrize("split", [TARGETS[0], "forget3"])

@@ -1,10 +1,16 @@
 """The registry: names, splits, aliases and options are validated with helpful messages."""
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import grom.data as data
 from grom.data import BENCHMARKS, BenchmarkError, get_spec, load_benchmark
+from grom.data.loaders import register_benchmark
 from grom.data.prompts import LLAMA2_INST, LLAMA3_CHAT, PLAIN_QA, format_prompt
 
 
@@ -14,6 +20,32 @@ def test_every_benchmark_is_registered_with_its_splits():
     assert BENCHMARKS["demo"].splits == ("forget01", "forget05", "forget10", "forget10-mc", "forget10-text")
     assert BENCHMARKS["tofu"].splits == ("forget01", "forget05", "forget10")
     assert get_spec(" TOFU ") is BENCHMARKS["tofu"]
+
+
+def test_the_registry_is_read_only_and_refuses_a_second_name():
+    with pytest.raises(TypeError):
+        BENCHMARKS["mine"] = BENCHMARKS["tofu"]  # type: ignore[index]
+    with pytest.raises(ValueError, match="'tofu' is already registered"):
+        register_benchmark(BENCHMARKS["tofu"])
+
+
+def test_data_imports_neither_the_demo_nor_the_metrics():
+    """grom.data sits below grom.demo and grom.eval: the demo registers itself, the text
+    normalisation both need lives in grom.text."""
+    for path in (Path(data.__file__).parent).glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [m for m in names if m.startswith(("grom.demo", "grom.eval", "grom.baselines"))], path
+
+
+def test_the_demo_is_registered_when_only_grom_data_is_imported():
+    code = ("from grom.data import BENCHMARKS, load_benchmark\n"
+            "b = load_benchmark('demo', 'forget01')\n"
+            "print(next(iter(BENCHMARKS)), b.name, len(b.forget))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(data.__file__).parents[2]).stdout.split()
+    assert out == ["demo", "demo-authors", "40"]
 
 
 def test_an_unknown_benchmark_lists_the_known_ones():

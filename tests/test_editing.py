@@ -7,7 +7,7 @@ import torch
 from grom import Edit, EditConfig, run_edit, solve_update
 from grom.arch import edit_target, unembedding
 from grom.collect import collect_keys
-from grom.editing import prepare
+from grom.pipeline import prepare
 from grom.targets import suppression_target
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama, tiny_neox
 
@@ -95,7 +95,7 @@ def test_run_edit_leaves_model_unchanged_and_revert_is_exact(tokenizer, build, c
 def test_run_edit_leaves_model_unchanged_when_it_fails(tokenizer, monkeypatch):
     model = tiny_llama(len(tokenizer))
     before = state(model)
-    import grom.editing
+    import grom.pipeline
 
     calls = []
 
@@ -105,8 +105,8 @@ def test_run_edit_leaves_model_unchanged_when_it_fails(tokenizer, monkeypatch):
             raise RuntimeError("solver exploded")
         return real(*a, **k)
 
-    real = grom.editing.factor
-    monkeypatch.setattr(grom.editing, "factor", failing)
+    real = grom.pipeline.factor
+    monkeypatch.setattr(grom.pipeline, "factor", failing)
     with pytest.raises(RuntimeError, match="exploded"):
         run_edit(model, tokenizer, FORGET, RETAIN, EditConfig(layers=(1, 2), beta=5.0))
     assert_same_state(model, before)

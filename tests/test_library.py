@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grom import EditConfig, example_influence_bruteforce, run_edit
-from grom.data.schema import FactRecord, QAExample, TextExample
+from grom.data.schema import FactRecord, TextExample
 from grom.diagnostics import example_outputs, influence
 from grom.keys import encode_example
 from grom.models import ModelLoadError, load_model

@@ -8,7 +8,7 @@ from components.core.device import DEVICE_LOCK, on_device
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, resident
 from components.core.validate import retain_subset
 from grom import EditConfig, best_window, run_edit
-from grom.editing import warm_stream
+from grom.pipeline import warm_stream
 
 STREAM_CACHE_ENTRIES = 4  # hidden states entering a band kept per model (~20 MB each for SmolLM2's page)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from components.core.device import DEVICE_LOCK, device_progress, on_device
 from components.core.session import ModelKey, resident
 from grom.arch import unembedding
-from grom.editing import compute_scores as score
-from grom.editing import prepare
+from grom.pipeline import compute_scores as score
+from grom.pipeline import prepare
 
 
 @on_device

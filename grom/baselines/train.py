@@ -1,15 +1,14 @@
-"""`run_baseline`: fine-tuning unlearning baselines (GA, GradDiff, NPO, SimNPO) as an `Edit`.
+"""`run_baseline`: fine-tuning unlearning methods (GA, GradDiff, NPO, SimNPO, and any other
+registered in grom.baselines.methods) as an `Edit`.
 
-The recipe follows OpenUnlearning's TOFU unlearning setup (configs/trainer/finetune.yaml,
+The trainer knows no method: it computes what the method's row asks for (a retain batch, the
+reference NLL of the forget answers) and minimises the row's loss. The recipe follows
+OpenUnlearning's TOFU unlearning setup (configs/trainer/finetune.yaml,
 configs/experiment/unlearn/tofu/default.yaml, the HF Trainer defaults it runs under):
 
-- data: each forget sequence is visited once per epoch in a seeded random order; each gets
-  a retain sequence drawn uniformly at random (seeded), as ``ForgetRetainDataset`` with
-  ``anchor="forget"``. QA items are the formatted prompt (grom.data.prompts, the same code
-  as grom.keys) followed by the answer and the EOS token; the loss is on the answer tokens
-  and EOS only (the prompt is masked with -100), as ``preprocess_chat_instance``. Text items
-  are plain LM on every token after the first. Choice items are QA on the correct option's
-  letter (grom.keys.choice_question).
+- data (grom.baselines.sequences): each forget sequence is visited once per epoch in a
+  seeded random order; each gets a retain sequence drawn uniformly at random (seeded), as
+  ``ForgetRetainDataset`` with ``anchor="forget"``; the loss is on the answer tokens.
 - optimiser: ``torch.optim.AdamW`` (betas 0.9/0.999, eps 1e-8), weight decay 0.01 except on
   biases and norm weights (HF Trainer's grouping), gradients clipped to norm 1.0, linear
   warm-up over ``warmup_epochs`` (1.0) epochs' worth of steps then linear decay to 0 (HF's
@@ -21,205 +20,47 @@ configs/experiment/unlearn/tofu/default.yaml, the HF Trainer defaults it runs un
   ``master - W0`` in float32, cast to the weight's dtype.
 
 The model comes back exactly as it was found (weights bit for bit, train/eval mode,
-requires_grad flags, .grad), also when training fails or `progress` raises.
+requires_grad flags, .grad), also when training fails or `progress` raises. What a run
+allocates (AdamW's moments, the masters, gradients, reference NLLs, batches, the autograd
+graph: several times the trained weights) is dropped when it ends, fails or is cancelled,
+and given back to the system (`grom.memory.releasing`): a cancel arrives as an exception
+from `progress` or from a forward hook, and its traceback keeps its lines but not the run's
+locals.
 """
 from __future__ import annotations
 
 import logging
 import math
-import re
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from grom.arch import model_device
+from grom.baselines.losses import mean_nll
+from grom.baselines.methods import BUILT_IN, LossInputs, Method, get_method
+from grom.baselines.optim import (adamw, linear_schedule, optimizer_step, select_parameters,
+                                  updated_tensors)
+from grom.baselines.sequences import batch_nll, collate, encode_sequences
+from grom.baselines.settings import Settings, resolve_settings
 from grom.config import EditConfig
 from grom.data.prompts import PromptFormat
-from grom.data.schema import TextExample, as_examples
+from grom.data.schema import as_examples
 from grom.edit import Edit
-from grom.keys import Encoded, encode_example, pad_id
-from grom.baselines.losses import (IGNORE_INDEX, ga_loss, mean_nll, npo_loss, sequence_nll,
-                                   simnpo_loss)
+from grom.keys import Encoded, pad_id
+from grom.memory import releasing
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]
 
-BASELINES = ("ga", "graddiff", "npo", "simnpo")
-
-# OpenUnlearning's configs/trainer/{GradAscent,GradDiff,NPO,SimNPO}.yaml method_args.
-DEFAULTS: dict[str, dict[str, float]] = {
-    "ga": {},
-    "graddiff": {"gamma": 1.0, "alpha": 1.0},
-    "npo": {"beta": 0.1, "gamma": 1.0, "alpha": 1.0},
-    "simnpo": {"beta": 4.5, "delta": 0.0, "gamma": 0.125, "alpha": 1.0},
-}
-
-# HF Trainer.get_decay_parameter_names: no weight decay on these (and on nn.LayerNorm).
-_NO_DECAY = [re.compile(p) for p in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)",
-                                     r"_norm(?:$|\.)")]
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Every setting of one baseline run, resolved (None: not used by the method)."""
-
-    method: str
-    epochs: float = 10
-    lr: float = 1e-5
-    batch_size: int = 8
-    grad_accum: int = 1
-    warmup_epochs: float = 1.0
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    max_steps: int | None = None
-    seed: int = 0
-    max_length: int = 512
-    beta: float | None = None
-    alpha: float | None = None
-    gamma: float | None = None
-    delta: float | None = None
-    params: tuple[str, ...] | None = None
-    prompt_format: PromptFormat | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["params"] = list(self.params) if self.params is not None else None
-        return d
-
-
-def resolve_settings(method: str, **kw) -> Settings:
-    """Validate `method` and the hyperparameters; None takes the method's default."""
-    name = str(method).lower()
-    if name not in BASELINES:
-        raise ValueError(f"unknown baseline {method!r}; use one of {', '.join(BASELINES)}")
-    defaults = DEFAULTS[name]
-    for key in ("beta", "alpha", "gamma", "delta"):
-        if key not in defaults:
-            if kw.get(key) is not None:
-                log.warning("%s does not use %s; ignored", name, key)
-            kw[key] = None
-        elif kw.get(key) is None:
-            kw[key] = defaults[key]
-        else:
-            kw[key] = float(kw[key])
-    params = kw.get("params")
-    if isinstance(params, str):
-        params = (params,)
-    kw["params"] = tuple(params) if params is not None else None
-    s = Settings(method=name, **kw)
-    checks = [
-        (s.epochs > 0 or (s.max_steps or 0) > 0, "epochs must be > 0 (or give max_steps)"),
-        (s.max_steps is None or s.max_steps >= 1, "max_steps must be None or >= 1"),
-        (s.lr >= 0, "lr must be >= 0"),
-        (s.batch_size >= 1 and s.grad_accum >= 1, "batch_size and grad_accum must be >= 1"),
-        (s.warmup_epochs >= 0 and s.weight_decay >= 0 and s.max_grad_norm >= 0,
-         "warmup_epochs, weight_decay and max_grad_norm must be >= 0"),
-        (s.max_length >= 2, "max_length must be >= 2"),
-        (s.beta is None or s.beta > 0, "beta must be > 0"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ValueError(f"{name}: {msg}")
-    return s
-
-
-# ---------------------------------------------------------------------------------------
-# data
-
-def encode_sequences(tokenizer, examples: Sequence, fmt: PromptFormat | None, max_length: int,
-                     add_eos: bool = True) -> list[Encoded]:
-    """Training sequences of `examples`: QA on the answer (+ EOS), text as plain LM.
-
-    Uses grom.keys.encode_example ("qa" mode for QA / choice / fact examples, "corpus" for
-    text), so prompts are formatted exactly as for GROM's forget keys; the EOS token is
-    appended to QA answers as OpenUnlearning's ``preprocess_chat_instance`` does.
-    """
-    eos = getattr(tokenizer, "eos_token_id", None)
-    out: list[Encoded] = []
-    for i, ex in enumerate(as_examples(examples)):
-        text = isinstance(ex, TextExample)
-        for e in encode_example(tokenizer, ex, i, mode="corpus" if text else "qa", fmt=fmt,
-                                max_length=max_length):
-            if (add_eos and not text and eos is not None and e.gold[-1] != eos
-                    and len(e.input_ids) < max_length):
-                e = Encoded(e.input_ids + (int(eos),), e.positions + (len(e.input_ids) - 1,),
-                            e.gold + (int(eos),), e.example)
-            out.append(e)
-    return out
-
-
-@dataclass
-class LMBatch:
-    """A right-padded batch with HF-style (unshifted) labels, -100 where there is no loss."""
-
-    input_ids: torch.Tensor  # (B, T)
-    attention_mask: torch.Tensor  # (B, T)
-    labels: torch.Tensor  # (B, T)
-
-
-def collate(encoded: Sequence[Encoded], pad: int) -> LMBatch:
-    T = max(len(e.input_ids) for e in encoded)
-    ids = torch.full((len(encoded), T), pad, dtype=torch.long)
-    mask = torch.zeros((len(encoded), T), dtype=torch.long)
-    labels = torch.full((len(encoded), T), IGNORE_INDEX, dtype=torch.long)
-    for b, e in enumerate(encoded):
-        ids[b, : len(e.input_ids)] = torch.tensor(e.input_ids)
-        mask[b, : len(e.input_ids)] = 1
-        labels[b, torch.tensor(e.positions) + 1] = torch.tensor(e.gold)
-    return LMBatch(ids, mask, labels)
-
-
-def batch_nll(model: nn.Module, batch: LMBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed NLL of each sequence's label tokens and their number, (B,) each."""
-    dev = model_device(model)
-    logits = model(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev),
-                   use_cache=False).logits
-    return sequence_nll(logits, batch.labels.to(logits.device))
-
-
-def answer_nll(model: nn.Module, tokenizer, examples: Sequence, *, prompt_format=None,
-               batch_size: int = 8, max_length: int = 512, add_eos: bool = True) -> float:
-    """Token-mean NLL of the examples' answers (the baselines' training loss), no grad."""
-    enc = encode_sequences(tokenizer, examples, prompt_format, max_length, add_eos)
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(enc), batch_size):
-            nll, n = batch_nll(model, collate(enc[i:i + batch_size], pad_id(tokenizer)))
-            total, count = total + float(nll.double().sum()), count + int(n.sum())
-    return total / max(count, 1)
+BASELINES = tuple(row.name for row in BUILT_IN)  # the built-in methods; METHODS has every registered one
 
 
 # ---------------------------------------------------------------------------------------
 # model state
-
-def select_parameters(model: nn.Module, params: Sequence[str] | None) -> list[tuple[str, nn.Parameter]]:
-    """The trained parameters: all floating ones, or those whose name contains one of the
-    `params` substrings. From named_parameters(), so a tied pair appears once, under the
-    name model.get_parameter resolves."""
-    named = [(n, p) for n, p in model.named_parameters() if p.is_floating_point()]
-    chosen = named if params is None else [(n, p) for n, p in named if any(s in n for s in params)]
-    if not chosen:
-        raise ValueError(f"no parameter name contains any of {list(params or [])}; names look like "
-                         f"{', '.join(n for n, _ in named[:4])}")
-    meta = [n for n, p in chosen if p.device.type == "meta"]
-    if meta:
-        raise ValueError(f"{meta[0]} is offloaded (on the meta device); load the model on a real device")
-    return chosen
-
-
-def _no_decay_names(model: nn.Module) -> set[str]:
-    names = set()
-    for mod_name, mod in model.named_modules():
-        for p_name, _ in mod.named_parameters(recurse=False):
-            full = f"{mod_name}.{p_name}" if mod_name else p_name
-            if isinstance(mod, nn.LayerNorm) or any(r.search(full.lower()) for r in _NO_DECAY):
-                names.add(full)
-    return names
-
 
 class ModelState:
     """Train/eval mode, requires_grad flags and .grad of every parameter, to put back."""
@@ -244,7 +85,7 @@ class ModelState:
 class Trained:
     """What one training run produced (the weights themselves stay in the model)."""
 
-    masters: dict[str, torch.Tensor]  # float32 masters of low-precision parameters
+    master_names: tuple[str, ...] = ()  # the low-precision parameters trained through fp32 masters
     history: list[dict] = field(default_factory=list)
     steps: int = 0
     total_steps: int = 0
@@ -254,21 +95,12 @@ class Trained:
     seconds: float = 0.0
 
 
-def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
-    """HF's get_linear_schedule_with_warmup factor of the lr at optimizer step `step`."""
-    def factor(step: int) -> float:
-        if step < warmup:
-            return step / max(1, warmup)
-        return max(0.0, (total - step) / max(1, total - warmup))
-    return factor
-
-
 def _reference_nll(model: nn.Module, forget: list[Encoded], s: Settings, pad: int) -> torch.Tensor:
     """Summed answer NLL of every forget sequence under the initial weights, (n,) float32.
 
-    The NPO reference model is the model before unlearning; its log-probabilities are fixed,
-    so they are computed once here (eval mode, as upstream's ref_model) instead of keeping a
-    copy of the model."""
+    The reference model is the model before unlearning; its log-probabilities are fixed, so
+    they are computed once here (eval mode, as upstream's ref_model), one number per
+    sequence, instead of keeping a copy of the model."""
     was = {m: m.training for m in model.modules()}
     model.eval()
     out = []
@@ -283,124 +115,98 @@ def _reference_nll(model: nn.Module, forget: list[Encoded], s: Settings, pad: in
     return torch.cat(out)
 
 
-def _loss(model, s: Settings, forget: list[Encoded], retain: list[Encoded], f_idx, r_idx,
-          ref: torch.Tensor | None, pad: int) -> tuple[torch.Tensor, dict]:
+def _micro_loss(model, s: Settings, row: Method, forget: list[Encoded], retain: list[Encoded], f_idx,
+                r_idx, ref: torch.Tensor | None, pad: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's loss and its logged terms: the row's, and the forget NLL."""
     nll, counts = batch_nll(model, collate([forget[i] for i in f_idx.tolist()], pad))
-    f_nll = float(mean_nll(nll.detach(), counts))
-    if s.method in ("ga", "graddiff"):
-        forget_loss = ga_loss(nll, counts)
-    elif s.method == "npo":
-        forget_loss = npo_loss(nll, ref[f_idx].to(nll.device), s.beta)
-    else:
-        forget_loss = simnpo_loss(nll, counts, s.beta, s.delta)
-    if s.method == "ga":
-        return forget_loss, {"forget": float(forget_loss.detach()), "forget_nll": f_nll}
-    parts = {"forget": float(forget_loss.detach()), "forget_nll": f_nll}
-    loss = s.gamma * forget_loss
-    if s.alpha != 0:
-        retain_loss = mean_nll(*batch_nll(model, collate([retain[i] for i in r_idx.tolist()], pad)))
-        loss = loss + s.alpha * retain_loss
-        parts["retain"] = float(retain_loss.detach())
+    r_nll = r_counts = None
+    if row.uses_retain(s.method_args):
+        r_nll, r_counts = batch_nll(model, collate([retain[i] for i in r_idx.tolist()], pad))
+    reference = None if ref is None else ref[f_idx].to(nll.device)
+    loss, terms = row.loss(LossInputs(nll, counts, r_nll, r_counts, reference, s.method_args))
+    parts = {k: float(v.detach()) for k, v in terms.items()}
+    parts["forget_nll"] = float(mean_nll(nll.detach(), counts))
     return loss, parts
 
 
-def _train(model: nn.Module, s: Settings, forget: list[Encoded], retain: list[Encoded],
-           slots: list[tuple[str, nn.Parameter]], pad: int, progress: Progress) -> Trained:
-    """Train `slots` in place. Sets train mode and requires_grad; the caller restores them."""
+def _schedule(s: Settings, n_forget: int) -> tuple[int, int]:
+    """(optimizer steps, warm-up steps) as HF's Trainer counts them: `max_steps`, else the
+    epochs' worth of ceil(micro-batches / grad_accum) steps."""
+    steps_per_epoch = math.ceil(math.ceil(n_forget / s.batch_size) / s.grad_accum)
+    total = s.max_steps if s.max_steps is not None else max(1, math.ceil(s.epochs * steps_per_epoch))
+    return total, int(s.warmup_epochs * n_forget // (s.batch_size * s.grad_accum))
+
+
+def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], retain: list[Encoded],
+           slots: list[tuple[str, nn.Parameter]], pad: int,
+           progress: Progress) -> tuple[Trained, dict[str, torch.Tensor]]:
+    """Train `slots` in place; returns the run's summary and the fp32 masters. Sets train
+    mode and requires_grad; the caller restores them."""
     t0 = time.perf_counter()
-    dev = model_device(model)
     trained = {n for n, _ in slots}
     torch.manual_seed(s.seed)
     gen = torch.Generator().manual_seed(s.seed)
     ref = None
-    if s.method == "npo":
-        progress(0.0, "npo: reference log-probabilities")
+    if row.needs_reference:
+        progress(0.0, f"{s.method}: reference log-probabilities")
         ref = _reference_nll(model, forget, s, pad)
     for n, p in model.named_parameters():
         p.requires_grad_(n in trained)
         p.grad = None
     model.train()
 
-    masters: dict[str, torch.Tensor] = {}
-    pairs = []  # (model parameter, the tensor AdamW updates)
-    for n, p in slots:
-        if p.dtype in (torch.float32, torch.float64):
-            pairs.append((p, p))
-        else:
-            masters[n] = p.detach().float().clone()
-            pairs.append((p, masters[n]))
-    no_decay = _no_decay_names(model)
-    groups = [{"params": [o for (n, _), (_, o) in zip(slots, pairs) if n not in no_decay],
-               "weight_decay": s.weight_decay},
-              {"params": [o for (n, _), (_, o) in zip(slots, pairs) if n in no_decay],
-               "weight_decay": 0.0}]
-    groups = [g for g in groups if g["params"]]
-    opt = torch.optim.AdamW(groups, lr=s.lr, betas=(0.9, 0.999), eps=1e-8)
+    masters, pairs = updated_tensors(slots)
+    opt = adamw(model, s, slots, pairs)
     n_f = len(forget)
-    micro_per_epoch = math.ceil(n_f / s.batch_size)
-    steps_per_epoch = math.ceil(micro_per_epoch / s.grad_accum)
-    total = s.max_steps if s.max_steps is not None else max(1, math.ceil(s.epochs * steps_per_epoch))
-    warmup = int(s.warmup_epochs * n_f // (s.batch_size * s.grad_accum))
+    total, warmup = _schedule(s, n_f)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(warmup, total))
-    opt_tensors = [o for _, o in pairs]
-    result = Trained(masters, steps=0, total_steps=total, warmup_steps=warmup, n_forget=n_f,
+    result = Trained(tuple(sorted(masters)), total_steps=total, warmup_steps=warmup, n_forget=n_f,
                      n_retain=len(retain))
-
-    step = 0
-    while step < total:
+    while result.steps < total:
         order = torch.randperm(n_f, generator=gen)
         micro = list(torch.split(order, s.batch_size))
         for k in range(0, len(micro), s.grad_accum):
-            if step >= total:
+            if result.steps >= total:
                 break
             group = micro[k:k + s.grad_accum]
             lr = opt.param_groups[0]["lr"]
             record: dict[str, float] = {}
             for f_idx in group:
                 r_idx = (torch.randint(0, len(retain), (len(f_idx),), generator=gen)
-                         if retain and s.method != "ga" else None)
-                loss, parts = _loss(model, s, forget, retain, f_idx, r_idx, ref, pad)
+                         if retain and row.needs_retain else None)
+                loss, parts = _micro_loss(model, s, row, forget, retain, f_idx, r_idx, ref, pad)
                 (loss / len(group)).backward()
                 parts["loss"] = float(loss.detach())
                 for key, v in parts.items():
                     record[key] = record.get(key, 0.0) + v / len(group)
-            for p, o in pairs:
-                if o is not p:
-                    o.grad = None if p.grad is None else p.grad.float()
-                    p.grad = None
-            if s.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(opt_tensors, s.max_grad_norm)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for p, o in pairs:
-                    if o is not p:
-                        p.copy_(o)
-            step += 1
-            result.steps = step
-            result.history.append({"step": step, "lr": lr, **record})
-            progress(step / total, f"{s.method} step {step}/{total}: loss {record['loss']:.4f}, "
-                                   f"forget NLL {record['forget_nll']:.3f}")
+            optimizer_step(opt, sched, pairs, s)
+            result.steps += 1
+            result.history.append({"step": result.steps, "lr": lr, **record})
+            progress(result.steps / total, f"{s.method} step {result.steps}/{total}: loss "
+                                           f"{record['loss']:.4f}, forget NLL {record['forget_nll']:.3f}")
     result.seconds = time.perf_counter() - t0
-    log.info("%s: %d steps in %.1fs on %s", s.method, step, result.seconds, dev)
-    return result
+    log.info("%s: %d steps in %.1fs on %s", s.method, result.steps, result.seconds, model_device(model))
+    return result, masters
 
 
-def _setup(method, tokenizer, forget, retain, kw) -> tuple[Settings, list[Encoded], list[Encoded]]:
+def _setup(method, tokenizer, forget, retain, kw) -> tuple[Settings, Method, list[Encoded], list[Encoded]]:
     s = resolve_settings(method, **kw)
+    row = get_method(s.method)
+    if row.needs_answers:
+        raise ValueError(f"{row.label} trains toward alternate answers (e.g. \"I don't know\"), and "
+                         "run_baseline takes none yet")
     forget, retain = as_examples(forget), as_examples(retain or ())
     if not forget:
         raise ValueError("the forget set is empty: give at least one example to forget")
-    if s.method != "ga" and s.alpha != 0 and not retain:
-        raise ValueError(f"{s.method} needs retain examples for its retain loss (or alpha=0)")
+    if row.uses_retain(s.method_args) and not retain:
+        raise ValueError(f"{row.label} needs retain examples for its retain loss (or alpha=0)")
     enc_f = encode_sequences(tokenizer, forget, s.prompt_format, s.max_length)
     enc_r = encode_sequences(tokenizer, retain, s.prompt_format, s.max_length) if retain else []
     if not enc_f:
         raise ValueError("the forget examples produced no answer tokens (empty answers or texts?)")
-    if s.method != "ga" and s.alpha != 0 and not enc_r:
+    if row.uses_retain(s.method_args) and not enc_r:
         raise ValueError("the retain examples produced no answer tokens (empty answers or texts?)")
-    return s, enc_f, enc_r
+    return s, row, enc_f, enc_r
 
 
 def _rng_devices(model: nn.Module) -> list[int]:
@@ -410,39 +216,76 @@ def _rng_devices(model: nn.Module) -> list[int]:
     return [dev.index if dev.index is not None else torch.cuda.current_device()]
 
 
+def _differences(slots, masters: Mapping[str, torch.Tensor],
+                 originals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """final - initial of every parameter that changed, on the CPU in the weight's dtype;
+    computed in float32 (or wider), from the fp32 master where there is one."""
+    patches: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for n, p in slots:
+            final = masters.get(n, p.detach())
+            work = torch.promote_types(p.dtype, torch.float32)
+            d = final.to(work) - originals[n].to(final.device, work)
+            if bool((d != 0).any()):
+                patches[n] = d.to(p.dtype).cpu()
+    return patches
+
+
+def _trained_patches(model: nn.Module, s: Settings, row: Method, enc_f, enc_r, slots, pad: int,
+                     progress: Progress) -> tuple[dict[str, torch.Tensor], Trained]:
+    """Train, take the patches, and put the model back as it was found, also when training
+    fails or is cancelled (each original copy is dropped once written back)."""
+    state = ModelState(model)
+    originals = {n: p.detach().to("cpu", copy=True) for n, p in slots}
+    try:
+        with torch.random.fork_rng(devices=_rng_devices(model)):
+            run, masters = _train(model, s, row, enc_f, enc_r, slots, pad, progress)
+        return _differences(slots, masters, originals), run
+    finally:
+        with torch.no_grad():
+            for n, p in slots:
+                p.copy_(originals.pop(n).to(p.device))
+        state.restore()
+
+
+@releasing()
 def train_in_place(method: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, *,
                    progress: Progress | None = None, **kw) -> Trained:
-    """Train `model` with the baseline and leave it trained (mode, requires_grad flags and
+    """Train `model` with the method and leave it trained (mode, requires_grad flags and
     .grad are restored; the weights are not). Same arguments as `run_baseline`; for tests
     and for whoever wants the trained model itself."""
-    s, enc_f, enc_r = _setup(method, tokenizer, forget, retain, kw)
+    s, row, enc_f, enc_r = _setup(method, tokenizer, forget, retain, kw)
     slots = select_parameters(model, s.params)
     state = ModelState(model)
     try:
         with torch.random.fork_rng(devices=_rng_devices(model)):
-            return _train(model, s, enc_f, enc_r, slots, pad_id(tokenizer), progress or (lambda *_: None))
+            run, _ = _train(model, s, row, enc_f, enc_r, slots, pad_id(tokenizer), progress or (lambda *_: None))
+        return run
     finally:
         state.restore()
 
 
+@releasing()
 def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, *,
                  epochs: float = 10, seed: int = 0, progress: Progress | None = None,
                  lr: float = 1e-5, batch_size: int = 8, prompt_format: PromptFormat | None = None,
                  beta: float | None = None, alpha: float | None = None, gamma: float | None = None,
-                 delta: float | None = None, params: Sequence[str] | None = None,
-                 max_steps: int | None = None, grad_accum: int = 1, warmup_epochs: float = 1.0,
-                 weight_decay: float = 0.01, max_grad_norm: float = 1.0,
-                 max_length: int = 512) -> Edit:
-    """Unlearn by fine-tuning with `method` (one of BASELINES) and return the weight change
-    as an `Edit`; the model is returned exactly as it was found (also on failure).
+                 delta: float | None = None, method_args: Mapping[str, float] | None = None,
+                 params: Sequence[str] | None = None, max_steps: int | None = None,
+                 grad_accum: int = 1, warmup_epochs: float = 1.0, weight_decay: float = 0.01,
+                 max_grad_norm: float = 1.0, max_length: int = 512) -> Edit:
+    """Unlearn by fine-tuning with `method` (a name in grom.baselines.METHODS) and return
+    the weight change as an `Edit`; the model is returned exactly as it was found (also on
+    failure), and what the run allocated is freed.
 
-    forget / retain: sequences of benchmark examples (grom.data.schema). beta / alpha /
-    gamma / delta: None takes OpenUnlearning's defaults for the method (`DEFAULTS`):
+    forget / retain: sequences of benchmark examples (grom.data.schema). method_args: the
+    method's hyperparameters by name (its row's `defaults` fill the rest); beta / alpha /
+    gamma / delta are shorthands for them. The built-in defaults are OpenUnlearning's:
     GradDiff gamma 1, alpha 1; NPO beta 0.1, gamma 1, alpha 1; SimNPO beta 4.5, delta 0,
-    gamma 0.125, alpha 1 (GA uses none). `epochs` over the forget set, or `max_steps`
+    gamma 0.125, alpha 1 (GA takes none). `epochs` over the forget set, or `max_steps`
     optimizer steps (overrides epochs, as in HF). `params`: None trains every parameter,
     else those whose name contains one of the substrings (e.g. ["mlp"]). `progress(fraction,
-    message)` is called after every optimizer step.
+    message)` is called after every optimizer step; an exception from it cancels the run.
 
     The Edit: `patches` = final - initial weights of every parameter that changed (each in
     its weight's dtype), `method`, `info` (settings, steps, final losses, loss history),
@@ -453,29 +296,12 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     progress = progress or (lambda *_: None)
     progress(0.0, "tokenizing")
     kw = dict(epochs=epochs, seed=seed, lr=lr, batch_size=batch_size, prompt_format=prompt_format,
-              beta=beta, alpha=alpha, gamma=gamma, delta=delta, params=params, max_steps=max_steps,
-              grad_accum=grad_accum, warmup_epochs=warmup_epochs, weight_decay=weight_decay,
-              max_grad_norm=max_grad_norm, max_length=max_length)
-    s, enc_f, enc_r = _setup(method, tokenizer, forget, retain, kw)
+              beta=beta, alpha=alpha, gamma=gamma, delta=delta, method_args=method_args, params=params,
+              max_steps=max_steps, grad_accum=grad_accum, warmup_epochs=warmup_epochs,
+              weight_decay=weight_decay, max_grad_norm=max_grad_norm, max_length=max_length)
+    s, row, enc_f, enc_r = _setup(method, tokenizer, forget, retain, kw)
     slots = select_parameters(model, s.params)
-    state = ModelState(model)
-    originals = {n: p.detach().to("cpu", copy=True) for n, p in slots}
-    patches: dict[str, torch.Tensor] = {}
-    try:
-        with torch.random.fork_rng(devices=_rng_devices(model)):
-            run = _train(model, s, enc_f, enc_r, slots, pad_id(tokenizer), progress)
-        with torch.no_grad():
-            for n, p in slots:
-                final = run.masters.get(n, p.detach())
-                work = torch.promote_types(p.dtype, torch.float32)
-                d = final.to(work) - originals[n].to(final.device, work)
-                if bool((d != 0).any()):
-                    patches[n] = d.to(p.dtype).cpu()
-    finally:
-        with torch.no_grad():
-            for n, p in slots:
-                p.copy_(originals[n].to(p.device))
-        state.restore()
+    patches, run = _trained_patches(model, s, row, enc_f, enc_r, slots, pad_id(tokenizer), progress)
     last = run.history[-1] if run.history else {}
     info = {
         **s.to_dict(),
@@ -485,7 +311,7 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
         "n_retain_sequences": run.n_retain,
         "trained_parameters": len(slots),
         "trained_numel": sum(p.numel() for _, p in slots),
-        "fp32_master_weights": sorted(run.masters),
+        "fp32_master_weights": list(run.master_names),
         "final": {k: v for k, v in last.items() if k not in ("step", "lr")},
         "history": run.history,
         "note": "config is a default EditConfig and is not used by baselines",

@@ -28,6 +28,7 @@ from typing import Any, Mapping
 from grom.data.prompts import PromptFormat
 from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.data.sources import BenchmarkError, PathLike, Record, check_size, resolve_source
+from grom.text import contains_phrase, normalise_text
 
 BUNDLED = Path(__file__).with_name("knowledge")
 # The splits: one per bundled target, then "forget3". The default, first, is the target
@@ -80,24 +81,18 @@ def _read_json(path: Path) -> Any:
         raise BenchmarkError(f"{path} line {e.lineno}, column {e.colno}: malformed JSON ({e.msg})") from None
 
 
-def _fact_in(fact: str, text: str) -> bool:
-    from grom.eval.metrics import fact_recall, normalise_text  # lazy: keeps numpy off the data import
-
-    return bool(normalise_text(fact)) and fact_recall(fact, text) == 1.0
-
-
 def _qa(rec: Record, subject: str, default_id: str) -> QAExample:
     """One validated pair: every field present, the fact inside the answer (as fact recall
     matches it), three distinct wrong answers that differ from the answer and lack the fact."""
     answer, fact = rec.text("answer"), rec.text("fact")
     wrong = rec.texts("wrong_answers")
-    if not _fact_in(fact, answer):
+    if not contains_phrase(answer, fact):
         raise BenchmarkError(f"{rec.where}: the fact {fact!r} is not a whole-word part of the answer "
                              f"{answer!r}")
     if len(wrong) != N_WRONG or len(set(wrong)) != N_WRONG or answer in wrong:
         raise BenchmarkError(f"{rec.where}: expected {N_WRONG} distinct wrong answers, each unlike the "
                              f"answer; found {list(wrong)}")
-    leaking = [w for w in wrong if _fact_in(fact, w)]
+    leaking = [w for w in wrong if contains_phrase(w, fact)]
     if leaking:
         raise BenchmarkError(f"{rec.where}: the wrong answer {leaking[0]!r} contains the fact {fact!r}")
     return QAExample(question=rec.text("question"), answer=answer,
@@ -154,8 +149,6 @@ def _read_known(path: Path, ids: set[str]) -> Mapping[str, tuple[bool, bool]] | 
 
 def _check_unique(groups: list[Target]) -> None:
     """No question and no id twice in the whole folder (retain and evaluation stay disjoint)."""
-    from grom.eval.metrics import normalise_text
-
     seen_q: dict[str, str] = {}
     seen_id: set[str] = set()
     for group in groups:

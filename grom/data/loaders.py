@@ -7,21 +7,24 @@
 
 Each benchmark's module documents its files and local layout. Without a network the Hub
 fails with a `BenchmarkError` that says so; offline mode (HF_HUB_OFFLINE=1) is honoured.
+
+A benchmark that lives outside grom.data registers itself with `register_benchmark`: the
+bundled demo world (grom.demo, which the `grom` package imports, so it is registered
+whatever is imported first) heads the list.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from grom.data import custom, knowledge, muse, tofu, wmdp, zsre
 from grom.data.schema import Benchmark
 from grom.data.sources import BenchmarkError
-from grom.demo.world import SPLITS as DEMO_SPLITS  # no work at import: the world is made on first use
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -41,14 +44,6 @@ class BenchmarkSpec:
     description: str = ""
 
 
-def _load_demo(split: str, source: Any = None) -> Benchmark:
-    if source is not None:
-        raise BenchmarkError("demo: the bundled demo benchmark takes no source=")
-    from grom.demo.world import load_demo_benchmark  # lazy: the demo is its own package
-
-    return load_demo_benchmark(split)
-
-
 def _muse_spec(corpus: str) -> BenchmarkSpec:
     return BenchmarkSpec(
         f"muse-{corpus}", partial(muse.load_muse, corpus), muse.SPLITS, aliases={"raw": "forget"},
@@ -64,11 +59,9 @@ def _wmdp_spec(subject: str) -> BenchmarkSpec:
     )
 
 
-BENCHMARKS: Mapping[str, BenchmarkSpec] = {
+_REGISTRY: dict[str, BenchmarkSpec] = {
     spec.name: spec
     for spec in (
-        BenchmarkSpec("demo", _load_demo, DEMO_SPLITS, options=(),
-                      description="the bundled fictitious-authors world (offline)"),
         BenchmarkSpec("real-knowledge", knowledge.load_knowledge, knowledge.SPLITS,
                       options=("prompt_format", "known_only"),
                       description="facts a small chat model knows, by target: forget one, keep the rest (offline)"),
@@ -84,6 +77,18 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
                       description="your own forget and retain files (JSON, JSON lines, CSV)"),
     )
 }
+# Every registered benchmark, in the order a UI lists them; read-only (see register_benchmark).
+BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(_REGISTRY)
+
+
+def register_benchmark(spec: BenchmarkSpec, *, first: bool = False) -> BenchmarkSpec:
+    """Add `spec` to `BENCHMARKS`, last (or `first`); a name already registered is refused."""
+    if spec.name in _REGISTRY:
+        raise ValueError(f"a benchmark named {spec.name!r} is already registered")
+    entries = {spec.name: spec, **_REGISTRY} if first else {**_REGISTRY, spec.name: spec}
+    _REGISTRY.clear()
+    _REGISTRY.update(entries)
+    return spec
 
 
 def get_spec(name: str) -> BenchmarkSpec:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from typing import Any
 
 import numpy as np
+
+from grom.text import contains_phrase, normalise_text
 
 __all__ = [
     "rouge_l_recall", "rouge_l_f1", "probability", "normalised_probability",
@@ -412,29 +413,16 @@ def privacy_leakage(auc, reference_auc, *, convention: str = "openunlearning") -
 
 # ---------------------------------------------------------------- fact recall
 
-_NON_WORD = re.compile(r"[^\w\s]|_", re.UNICODE)
-_SPACES = re.compile(r"\s+", re.UNICODE)
-
-
-def normalise_text(text: str) -> str:
-    """Lower-case, punctuation -> space, whitespace collapsed and stripped."""
-    if not isinstance(text, str):
-        raise ValueError("text must be a string")
-    return _SPACES.sub(" ", _NON_WORD.sub(" ", text.lower())).strip()
-
-
 def fact_recall(fact: str, generation: str) -> float:
     """1.0 if the generation contains the fact, else 0.0, after :func:`normalise_text` on
-    both, matched on whole words: ``" " + fact + " "`` in ``" " + generation + " "``.
-    So "Ivo Marr, a poet." contains "ivo marr", while "1987" is not found in "19870".
-    An empty fact (after normalisation) is an error. (Our metric, for the demo world and
-    custom data; no upstream counterpart.)
+    both, matched on whole words (`grom.text.contains_phrase`): ``" " + fact + " "`` in
+    ``" " + generation + " "``. So "Ivo Marr, a poet." contains "ivo marr", while "1987"
+    is not found in "19870". An empty fact (after normalisation) is an error. (Our metric,
+    for the demo world and custom data; no upstream counterpart.)
     """
-    f = normalise_text(fact)
-    if not f:
+    if not normalise_text(fact):
         raise ValueError(f"fact is empty after normalisation: {fact!r}")
-    g = normalise_text(generation)
-    return 1.0 if f" {f} " in f" {g} " else 0.0
+    return 1.0 if contains_phrase(generation, fact) else 0.0
 
 
 # ---------------------------------------------------------------- final scores

@@ -1,0 +1,85 @@
+"""`Settings`: every setting of one baseline run, resolved and validated from what the
+caller gave (`resolve_settings`), with the method's hyperparameters from its registry row."""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field, fields
+from typing import Mapping
+
+from grom.baselines.methods import Method, get_method
+from grom.data.prompts import PromptFormat
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of one run, resolved. method_args: the method's hyperparameters (its
+    row's defaults, overridden by the caller's)."""
+
+    method: str
+    epochs: float = 10
+    lr: float = 1e-5
+    batch_size: int = 8
+    grad_accum: int = 1
+    warmup_epochs: float = 1.0
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    max_steps: int | None = None
+    seed: int = 0
+    max_length: int = 512
+    method_args: Mapping[str, float] = field(default_factory=dict)
+    params: tuple[str, ...] | None = None
+    prompt_format: PromptFormat | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-able, with the method's hyperparameters at the top level (``info["beta"]``)."""
+        d = asdict(self)
+        d.update(d.pop("method_args"))
+        d["params"] = list(self.params) if self.params is not None else None
+        return d
+
+
+def _method_args(row: Method, given: Mapping[str, float | None]) -> dict[str, float]:
+    """The row's defaults, overridden by the `given` values that are not None; one the
+    method does not take is ignored, with a warning."""
+    for key in sorted(k for k, v in given.items() if v is not None and k not in row.defaults):
+        log.warning("%s does not use %s; ignored", row.name, key)
+    return {k: float(given[k]) if given.get(k) is not None else v for k, v in row.defaults.items()}
+
+
+def resolve_settings(method: str, *, method_args: Mapping[str, float] | None = None,
+                     beta: float | None = None, alpha: float | None = None,
+                     gamma: float | None = None, delta: float | None = None, **kw) -> Settings:
+    """Validate `method` and the settings. beta / alpha / gamma / delta are shorthands for
+    `method_args` entries; None (or absent) takes the method's default."""
+    row = get_method(method)
+    given = dict(method_args or {})
+    for key, value in (("beta", beta), ("alpha", alpha), ("gamma", gamma), ("delta", delta)):
+        if value is not None and given.get(key) is not None:
+            raise ValueError(f"{row.name}: {key} is given twice, as {key}= and in method_args")
+        given.setdefault(key, value)
+    args = _method_args(row, given)
+    clash = sorted(set(args) & {f.name for f in fields(Settings)})
+    if clash:
+        raise ValueError(f"{row.name}: its hyperparameter {clash[0]!r} has the name of a training "
+                         "setting; rename it in the method's row")
+    params = kw.get("params")
+    if isinstance(params, str):
+        params = (params,)
+    kw["params"] = tuple(params) if params is not None else None
+    s = Settings(method=row.name, method_args=args, **kw)
+    checks = [
+        (s.epochs > 0 or (s.max_steps or 0) > 0, "epochs must be > 0 (or give max_steps)"),
+        (s.max_steps is None or s.max_steps >= 1, "max_steps must be None or >= 1"),
+        (s.lr >= 0, "lr must be >= 0"),
+        (s.batch_size >= 1 and s.grad_accum >= 1, "batch_size and grad_accum must be >= 1"),
+        (s.warmup_epochs >= 0 and s.weight_decay >= 0 and s.max_grad_norm >= 0,
+         "warmup_epochs, weight_decay and max_grad_norm must be >= 0"),
+        (s.max_length >= 2, "max_length must be >= 2"),
+        (args.get("beta", 1.0) > 0, "beta must be > 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ValueError(f"{row.name}: {msg}")
+    return s
