@@ -24,13 +24,14 @@ from starlette.middleware import Middleware
 
 from components.baseline_panel import build_baseline_panel, on_method_change, on_run_baseline
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, on_benchmark_change,
-                                        on_load_benchmark, on_restore_benchmark)
-from components.compare_panel import (build_answers_panel, build_compare_panel, on_compare, on_generate,
-                                      result_card)
+                                        on_load_benchmark, on_model_loaded, on_restore_benchmark)
+from components.compare_panel import (ask_box, build_answers_panel, build_compare_panel, on_compare,
+                                      on_compare_files, on_generate, result_card)
 from components.core import form
 from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
 from components.core.comparison import warm_base_rows
 from components.core.device import DEVICE_QUEUE, ON_SPACES
+from components.core.downloads import table_files
 from components.core.edits import warm_edit
 from components.core.errors import ui_errors
 from components.core.guard import BodyLimit, QueueGuard, UploadGuard
@@ -41,14 +42,14 @@ from components.core.sources import DEMO, REAL
 from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
                                           on_influence_example, on_pca, on_quant_check, on_table_select)
 from components.edit_panel import build_edit_panel, on_preset, on_reset, on_run_edit
-from components.export_panel import build_export_panel, on_export, on_import_run
+from components.export_panel import build_export_panel, on_export, on_import_run, on_show_snippet
 from components.history_panel import build_history_panel, on_history_select, on_show_history
 from components.layers_panel import (band_text_md, build_layers_panel, on_layer_scores, on_redraw,
                                      scores_figure)
 from components.model_panel import build_model_panel, on_load_model, on_restore_model, status_line, summary
-from components.sweep_panel import build_sweep_panel, on_sweep, on_sweep_select
+from components.sweep_panel import build_sweep_panel, on_edit_made, on_sweep, on_sweep_select
 from components.views import plots, text
-from components.views.tables import describe, examples_html
+from components.views.tables import describe, empty_table, examples_html
 
 log = logging.getLogger("grom.studio")
 CSS_PATH = Path(__file__).parent / "assets" / "app.css"
@@ -72,7 +73,7 @@ def build_layout(start_model: str = DEMO, template: Session | None = None) -> Si
     widgets start on `start_model`'s benchmark and preset, and every session starts as a
     copy of `template` (its model and benchmark: `start_session`)."""
     start, split = start_benchmark(start_model)
-    preset = preset_for(start, split)
+    preset = preset_for(start, split, start_model)
     # one Session per browser tab (deep-copied from this empty one); gradio frees it an hour
     # after the tab closes
     ui = SimpleNamespace(session=gr.State(template if template is not None else Session()))
@@ -94,11 +95,11 @@ def build_layout(start_model: str = DEMO, template: Session | None = None) -> Si
                 ui.edit = build_edit_panel(preset)
         with gr.Column(scale=3, min_width=480, elem_id="views"):
             with gr.Tabs(selected="layers", elem_id="tabs") as ui.tabs:
-                with gr.Tab("2 · Data", id="data"):
+                with gr.Tab("Data", id="data"):
                     ui.data = build_examples_panel()
                 with gr.Tab("3 · Layers", id="layers"):
                     ui.layers = build_layers_panel(preset)
-                with gr.Tab("4 · Edit details", id="edit"):
+                with gr.Tab("Edit details", id="edit"):
                     ui.result = build_result_view()
                     ui.runs = build_history_panel()  # the session's runs, under the last edit
                     ui.sweep = build_sweep_panel()  # sweeps of one setting, under the history
@@ -117,7 +118,7 @@ def build_layout(start_model: str = DEMO, template: Session | None = None) -> Si
 def build_result_view() -> SimpleNamespace:
     text.md(text.EDIT_MATH, elem_classes="math")
     summary = gr.Markdown("No edit yet.", elem_id="result-summary")
-    table = gr.Dataframe(label="Per edited matrix", interactive=False, wrap=True)
+    table = gr.Dataframe(empty_table("matrices"), label="Per edited matrix", interactive=False, wrap=True)
     text.md(text.PATCH_RATIO, elem_classes="panel-intro")
     norms = gr.Plot(plots.empty_figure("Run an edit to see its patch norms.", 260), show_label=False)
     return SimpleNamespace(summary=summary, table=table, norms=norms)
@@ -133,6 +134,8 @@ def wire(ui: SimpleNamespace) -> None:
                           api_name="load_model", **DEVICE)
     loaded.success(on_method_change, [bl.method, s], bl.lr, **LOCAL)  # the new model's default lr
     loaded.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # a new model: the old scores go
+    loaded.success(on_model_loaded, s, [b.info, e.preset], **LOCAL)  # a preset that fits it
+    loaded.success(on_show_snippet, s, x.code, **LOCAL)  # the code for the new model
     # a failed load leaves the old model loaded: the widgets say so instead of naming the failed one
     loaded.failure(on_restore_model, s, [m.choice, m.device, m.dtype, m.status], **LOCAL)
     b.name.input(on_benchmark_change, b.name, b.split, **LOCAL)  # the user's choice, not a restore
@@ -141,6 +144,10 @@ def wire(ui: SimpleNamespace) -> None:
     bench.success(lambda: gr.Tabs(selected="data"), None, ui.tabs, **LOCAL)
     bench.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # the scores were of the old data
     bench.success(on_benchmark_loaded, s, e.status, **LOCAL)
+    bench.success(on_show_snippet, s, x.code, **LOCAL)  # a question of the new data
+    bench.success(ask_box, s, a.prompt, **LOCAL)  # an example question of the new data
+    bench.success(on_data_changed, None, [c.summary, c.table, a.forget_html, a.retain_html, a.prompt_html,
+                                          bl.summary, bl.table], **LOCAL)
     bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
     e.preset.change(on_preset, e.preset, form.widgets(e, ly, form.PRESET_FILLED), **LOCAL)
     score_inputs = score_widgets(ui) + [s]
@@ -167,8 +174,8 @@ def wire(ui: SimpleNamespace) -> None:
                  [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **DEVICE)
     a.prompt.submit(on_generate, [a.prompt, s], a.prompt_html, api_visibility="private", **DEVICE)
     e.reset.click(on_reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
-       .then(lambda msg: (msg, "", None, "", ""), e.status, [r.summary, c.summary, c.table,
-                                                           a.forget_html, a.retain_html], **LOCAL)
+       .then(lambda msg: (msg, "", None, "", "", ""), e.status, [r.summary, c.summary, c.table, a.forget_html,
+                                                               a.retain_html, a.prompt_html], **LOCAL)
     x.button.click(on_export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
                    concurrency_id="export", concurrency_limit=1)
     d.pca_btn.click(on_pca, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
@@ -180,6 +187,22 @@ def wire(ui: SimpleNamespace) -> None:
     d.quant_btn.click(on_quant_check, [d.quant_n, s], [d.quant_table, d.quant_note],
                       api_name="quantization", **DEVICE)
     wire_runs(ui, run)
+    c.table.change(on_compare_files, s, c.files, **LOCAL)  # the comparison: metrics and every answer
+    offer_files(bl.table, bl.files, "baseline")
+    offer_files(ui.runs.table, ui.runs.files, "history")
+    offer_files(ui.sweep.table, ui.sweep.files, "sweep")
+
+
+def offer_files(table, files, name: str) -> None:
+    """Whenever `table` changes, its rows as CSV and JSON under it."""
+    table.change(lambda value: table_files(value, name), table, files, **LOCAL)
+
+
+def on_data_changed():
+    """New data: the last comparison's tables and answers, and the baseline's, were of the
+    old data; they go, saying what comes next."""
+    return ("New data loaded: press **Run edit**; the comparison follows.", empty_table("metrics"), "", "", "",
+            "Press **Train the baseline and compare** to train it on the new data.", empty_table("baseline"))
 
 
 def score_widgets(ui: SimpleNamespace) -> list:
@@ -196,14 +219,15 @@ def wire_runs(ui: SimpleNamespace, run) -> None:
     restored = form.widgets(e, ly, form.RESTORED)
     shown = [h.table, h.plot]
     run.success(on_show_history, s, shown, **LOCAL)  # the new row; its metrics after the comparison
+    run.success(on_edit_made, None, w.plot, **LOCAL)  # the sweep's next step
     h.table.select(on_history_select, s, restored + [h.note], **LOCAL)
     w.table.select(on_sweep_select, s, restored + [w.note], **LOCAL)
-    w.button.click(on_sweep, [w.param, w.values, s],
-                         [w.plot, w.table, w.note], api_name="sweep", **DEVICE)
+    w.button.click(on_sweep, [w.param, w.values, s], [w.plot, w.table, w.note], api_name="sweep", **DEVICE) \
+     .success(on_show_history, s, shown, **LOCAL)  # its points join the history
     x.load.click(on_import_run, [x.uploads, s],
                  restored + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df,
                              ui.result.summary, ui.result.table, ui.result.norms, x.load_note],
-                 api_name="import_run", **DEVICE) \
+                 api_name="import_run", show_progress_on=x.load_note, **DEVICE) \
      .success(on_show_history, s, shown, **LOCAL)
 
 
@@ -255,7 +279,7 @@ def on_page_load(session: Session, start=None):
     return (status_line(handle), summary(handle), handle.key.shown, gr.Slider(maximum=n_layers(handle)),
             describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"),
-            name, gr.Dropdown(choices=splits_for(name), value=split), preset_for(name, split))
+            name, gr.Dropdown(choices=splits_for(name), value=split), preset_for(name, split, handle.key.name))
 
 
 def on_first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples, seed,
@@ -331,11 +355,13 @@ def build_app(warm: bool = False) -> gr.Blocks:
         ly, e = ui.layers, ui.edit
         score_inputs = score_widgets(ui)
         warm_inputs = [ui.compare.max_examples, ly.k, e.retain_examples, e.seed]
-        demo.load(page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
-                                             ui.bench.info, ui.data.forget_df, ui.data.retain_df,
-                                             ui.bench.name, ui.bench.split, e.preset],
-                  api_visibility="private", **DEVICE) \
-            .success(on_first_scores, score_inputs + [ui.session], [ly.plot, ly.band_info],
+        opened = demo.load(page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
+                                                    ui.bench.info, ui.data.forget_df, ui.data.retain_df,
+                                                    ui.bench.name, ui.bench.split, e.preset],
+                           api_visibility="private", **DEVICE)
+        opened.success(ask_box, ui.session, ui.answers.prompt, **LOCAL)
+        opened.success(on_show_snippet, ui.session, ui.export.code, **LOCAL)  # the session's model
+        opened.success(on_first_scores, score_inputs + [ui.session], [ly.plot, ly.band_info],
                      api_visibility="private", **DEVICE) \
             .success(on_warm_comparison, warm_inputs + [ui.session], None,
                      api_visibility="private", **DEVICE)
@@ -366,7 +392,7 @@ def preload(name: str = REAL, device: str = "auto", dtype: str = "auto") -> str:
 
 
 def launch_kwargs() -> dict:
-    return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{limit('GROM_MAX_UPLOAD_MB')}mb",
+    return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{max(limit('GROM_MAX_UPLOAD_MB'), limit('GROM_MAX_PATCH_MB'))}mb",
                 footer_links=["api", "gradio"], app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadGuard),
                                                       Middleware(QueueGuard)]})
 

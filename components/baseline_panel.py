@@ -1,6 +1,8 @@
-"""Compare with a gradient baseline: train GA, GradDiff, NPO or SimNPO on the session's
-benchmark (`grom.baselines.run_baseline`, OpenUnlearning's recipe) and put its time of
-update and its metrics beside GROM's.
+"""Compare with a gradient baseline: train any method of the library's registry
+(`grom.baselines.METHODS`: GA, GradDiff, NPO, SimNPO and whatever is registered) on the
+session's benchmark (`grom.baselines.run_baseline`, OpenUnlearning's recipe) and put its
+time of update and its metrics beside GROM's. The panel lists, labels and checks the
+methods from their registry rows: a new method needs no change here.
 
 The baseline trains the shared model in place under DEVICE_LOCK and gives it back bit for
 bit; what it learned (an `Edit`, a patch of every trained parameter) is applied only while
@@ -19,19 +21,18 @@ import pandas as pd
 from components.core.comparison import examples_per_set, reference_for, report_rows, shared_model
 from components.core.device import DEVICE_LOCK, device_progress, on_device_for
 from components.core.errors import UserError, shorten, ui_errors
+from components.core.history import FORGET
 from components.core.limits import limit, over
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model
 from components.core.sources import DEMO
 from components.views import text
-from components.views.tables import format_metric, goal_arrow
-from grom.baselines import run_baseline
+from components.views.tables import download_box, empty_table, format_metric, goal_arrow
+from grom.baselines import METHODS, Method, get_method, run_baseline
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 from grom.eval import evaluate
 from grom.eval.report import BASE, EDITED, REFERENCE
+from grom.memory import release_memory
 
-METHODS = [("GA: gradient ascent", "ga"), ("GradDiff: gradient difference", "graddiff"),
-           ("NPO: negative preference optimisation", "npo"), ("SimNPO: simple NPO", "simnpo")]
-LABELS = {"ga": "GA", "graddiff": "GradDiff", "npo": "NPO", "simnpo": "SimNPO"}
 DEFAULT_METHOD = "simnpo"
 DEFAULT_EPOCHS = 10  # OpenUnlearning's TOFU recipe
 HUB_LR = 1e-5  # the recipe's, for 1B-parameter models
@@ -61,12 +62,19 @@ def on_method_change(method: str, session: Session):
     return default_lr(method, session.model_key)
 
 
-def parse_method(method) -> str:
+def method_choices() -> list[tuple[str, str]]:
+    """The method box: every registered method, labelled "GA: what it does"."""
+    return [(f"{row.label}: {row.description.rstrip('.')}", name) for name, row in METHODS.items()]
+
+
+def parse_method(method) -> Method:
+    """The registry row for the method box's value (its name or label, any case)."""
     name = str(method or "").strip().lower()
-    for label, value in METHODS:
-        if name in (value, label.lower(), LABELS[value].lower()):
-            return value
-    raise UserError(f"Unknown baseline {method!r}: choose one of {', '.join(LABELS.values())}.")
+    for key, row in METHODS.items():
+        if name in (key, row.label.lower()):
+            return row
+    raise UserError(f"Unknown baseline {shorten(method)!r}: choose one of "
+                    f"{', '.join(row.label for row in METHODS.values())}.")
 
 
 def _number(value) -> float:
@@ -91,18 +99,24 @@ def check_settings(epochs, lr) -> tuple[float, float]:
     return float(epochs), float(lr)
 
 
-def check_trainable(bench, method: str) -> None:
+def check_trainable(bench, method: Method | str) -> None:
     """The baselines train on question/answer, text, multiple-choice or fact examples, and
     every method but GA needs a retain set for its retain term."""
     usable = (QAExample, TextExample, ChoiceExample, FactRecord)
-    label = LABELS[method]
+    method = method if isinstance(method, Method) else parse_method(method)
+    label = method.label
     if not any(isinstance(ex, usable) for ex in bench.forget):
         raise UserError(f"{label} cannot train on {bench.name}/{bench.split}: its forget set has no "
                         "question/answer or text examples. Load a benchmark (or your own file) with "
                         "question/answer or text rows.")
-    if method != "ga" and not any(isinstance(ex, usable) for ex in bench.retain):
+    if method.needs_retain and not any(isinstance(ex, usable) for ex in bench.retain):
+        free = [row.label for row in METHODS.values() if not row.needs_retain]
         raise UserError(f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
-                        "has no retain examples: choose GA, or load a benchmark with a retain set.")
+                        f"has no retain examples: choose {' or '.join(free) or 'another method'}, or "
+                        "load a benchmark with a retain set.")
+    if method.needs_answers:
+        raise UserError(f"{label} trains toward an alternate answer set, which this studio does not "
+                        "provide yet: choose another method.")
 
 
 def check_sizes(bench) -> None:
@@ -129,7 +143,7 @@ def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float
                                 prompt_format=bench.prompt_format,
                                 progress=lambda f, m: progress(TRAIN_SHARE * f, m))
         except (ValueError, TypeError) as err:  # the data: nothing the baseline can train on
-            raise UserError(f"{LABELS[method]} cannot train on {bench.name}/{bench.split}: {err}.") from err
+            raise UserError(f"{get_method(method).label} cannot train on {bench.name}/{bench.split}: {err}.") from err
         rest = 1 - TRAIN_SHARE
         report = cached or report_rows(handle, bench, grom_edit, n,
                                        lambda f, m: progress(TRAIN_SHARE + rest / 2 * f, m))
@@ -176,14 +190,42 @@ def styled(frame: pd.DataFrame, method_label: str):
     return styler
 
 
+NOT_FORGOTTEN = 0.10  # a forget metric that fell by less than this share of its base value: not forgotten
+
+
+def forgetting(base: dict, mine: dict) -> tuple[str, float, float] | None:
+    """(the forget metric, its base value, the baseline's) for the first forget metric both
+    rows have (fact recall first: what the card counts), or None."""
+    name = next((m for m in FORGET if m in base and m in mine), None)
+    return None if name is None else (name, float(base[name]), float(mine[name]))
+
+
+def did_not_forget(base: dict, mine: dict) -> str:
+    """A plain line where the baseline did not forget (its forget metric fell by less than
+    NOT_FORGOTTEN of the base value, or rose), else ""."""
+    found = forgetting(base, mine)
+    if found is None:
+        return ""
+    name, b, a = found
+    if b <= 0 or a < b * (1 - NOT_FORGOTTEN):
+        return ""
+    moved = "rose" if a > b else "barely moved"
+    return (f"⚠ It did not forget: {name} {moved}, {b:.3f} → {a:.3f}. Its time is not a comparison "
+            "with an edit that did: raise the learning rate or the epochs, or read it as a failed run.")
+
+
 def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, finals: dict,
-               n, grom_note: str) -> str:
-    label = LABELS[method]
+               n, grom_note: str, failed: str = "") -> str:
+    label = get_method(method).label
     t = edit.timings.get("total", edit.timings.get("train", 0.0))
     epochs = f"{settings['epochs']:g} epoch{'' if settings['epochs'] == 1 else 's'}"
     head = (f"**{label}**, {epochs} ({edit.info.get('steps', '?')} optimizer steps "
             f"of 8 × 4 examples, lr {settings['lr']:g}): updated the weights in **{t:.1f} s**")
-    if grom_seconds:
+    if failed:
+        head += f". {failed}"
+        head += (f" (GROM's edit took {grom_seconds:.1f} s.)" if grom_seconds else
+                 " Press **Run edit** to put GROM's time and metrics beside it.")
+    elif grom_seconds:
         r = t / grom_seconds
         times = f"{r:.0f}" if r >= 10 else f"{r:.1f}"
         head += (f"; GROM's edit took **{grom_seconds:.1f} s**, so {label} took **{times}×** as "
@@ -213,10 +255,11 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     a summary (times and their ratio) and the table Base / GROM / method / Retain model."""
     handle = current_model(session)
     bench = current_benchmark(session)
-    method = parse_method(method)
+    row = parse_method(method)
+    method = row.name
     epochs, lr = check_settings(epochs, lr)
     n = examples_per_set(max_examples, full_set, bench)
-    check_trainable(bench, method)
+    check_trainable(bench, row)
     check_sizes(bench)
     grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
     cached = _cached_report(session, bench, grom, n)
@@ -224,7 +267,7 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
                                           device_progress(lambda f, m: progress(f, desc=m)))
     if cached is None and grom is not None:
         session.extra["baseline_grom_report"] = (report, (bench, grom, n))
-    label = LABELS[method]
+    label = row.label
     grom_seconds = grom.timings.get("total") if grom is not None else None
     seconds = edit.timings.get("total", edit.timings.get("train"))
     rows = [("Base", mine.rows[BASE].metrics, None)]
@@ -237,17 +280,22 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     inputs = session.extra.get("edit_inputs")
     note = ("" if grom is None or inputs is None or inputs[0] is bench.forget
             else " (GROM's edit was made for another forget set: run it again to compare on this one)")
-    return (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note),
-            styled(table_frame(rows, grom_seconds, mine.task), label))
+    failed = did_not_forget(mine.rows[BASE].metrics, mine.rows[EDITED].metrics)
+    out = (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note, failed),
+           styled(table_frame(rows, grom_seconds, mine.task), label))
+    del edit, mine  # the baseline's patch of every trained matrix is not kept: give its memory back
+    release_memory()
+    return out
 
 
 def build_baseline_panel() -> SimpleNamespace:
     """The accordion's widgets: method, epochs, learning rate, Run; the summary and table."""
-    with gr.Accordion("Compare with a gradient baseline: GA, GradDiff, NPO, SimNPO", open=False,
+    with gr.Accordion(f"Compare with a gradient baseline: {', '.join(r.label for r in METHODS.values())}",
+                      open=False,
                       elem_id="baseline-panel"):
         text.md(text.BASELINE, elem_classes="panel-intro")
         with gr.Row(equal_height=True):
-            method = gr.Dropdown(METHODS, value=DEFAULT_METHOD, label="Method", scale=3, min_width=220,
+            method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method", scale=3, min_width=220,
                                  info="OpenUnlearning's losses")
             epochs = gr.Number(value=DEFAULT_EPOCHS, label="Epochs", scale=1, min_width=110,
                                info="the recipe: 10")
@@ -257,6 +305,8 @@ def build_baseline_panel() -> SimpleNamespace:
         run = gr.Button("Train the baseline and compare", variant="primary", elem_id="baseline-run")
         summary = gr.Markdown("Pick a method and press **Train the baseline and compare** (the demo "
                               "on a CPU: about 10 s per epoch).", elem_id="baseline-summary")
-        table = gr.Dataframe(label="Time of update and metrics: Base, GROM, the baseline",
+        table = gr.Dataframe(empty_table("baseline"), label="Time of update and metrics: Base, GROM, the baseline",
                              interactive=False, wrap=True, max_height=540, elem_id="baseline-table")
-    return SimpleNamespace(method=method, epochs=epochs, lr=lr, run=run, summary=summary, table=table)
+        files = download_box("the baseline table")
+    return SimpleNamespace(method=method, epochs=epochs, lr=lr, run=run, summary=summary, table=table,
+                           files=files)

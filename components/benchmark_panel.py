@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.core.benchmarks import (benchmark_names, default_split, preset_for, preset_note,
+from components.core.benchmarks import (benchmark_names, default_split, fit_note, preset_for, preset_note,
                                         read_benchmark, retain_warning, splits_for)
 from components.core.errors import ui_errors
 from components.core.session import Session
@@ -36,19 +36,33 @@ def on_restore_benchmark(session: Session):
 def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session):
     """Load the chosen benchmark into the session; returns its description, a few forget
     and retain examples, and the suggested preset."""
-    bench = read_benchmark(name, split, source, forget_file, retain_file,
-                           session.model_key.name if session.model_key else None)
+    model_name = session.model_key.name if session.model_key else None
+    bench = read_benchmark(name, split, source, forget_file, retain_file, model_name)
     session.benchmark = bench
     session.bench_label = f"{name}/{bench.split}"
     session.extra["bench_source"] = (source or "").strip()  # the run's record (components.runs)
     session.scores = session.scores_for = None
-    preset = preset_for(name, bench.split)
-    warning = retain_warning(bench)
+    preset = preset_for(name, bench.split, model_name)
+    warning = retain_warning(bench) + fit_note(name, model_name)
     if warning:
         gr.Warning(warning.strip())
     info = describe(bench) + preset_note(name, bench.split) + warning
     return (info, examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"), preset)
+
+
+def on_model_loaded(session: Session):
+    """A new model: the benchmark line says whether this model can know its facts, and the
+    Edit panel takes the preset that fits the model for the loaded benchmark."""
+    bench = session.benchmark
+    if bench is None or session.model_key is None:
+        return gr.skip(), gr.skip()
+    name, model = session.bench_label.split("/", 1)[0], session.model_key.name
+    note = fit_note(name, model)
+    if note:
+        gr.Warning(note.strip())
+    info = describe(bench) + preset_note(name, bench.split) + retain_warning(bench) + note
+    return info, preset_for(name, bench.split, model)
 
 
 def build_benchmark_panel(start: str = "demo", start_split: str = "forget10") -> SimpleNamespace:

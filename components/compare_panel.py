@@ -18,15 +18,17 @@ import numpy as np
 
 from components.core.comparison import FORGET_SETS, RETAIN_SETS, compute_report, examples_per_set
 from components.core.device import DEVICE_LOCK, device_progress, on_device
+from components.core.downloads import report_files
 from components.core.errors import UserError, ui_errors
 from components.core.limits import limit
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
                                      resident)
 from components.views import text
-from components.views.diff import generations_html
-from components.views.tables import metrics_frame, styled
+from components.views.diff import answer_html, generations_html
+from components.views.tables import download_box, empty_table, metrics_frame, styled
 from grom.eval import compare_generations
 from grom.eval.report import BASE, EDITED, RETAIN_BROKEN, retain_drops
+from grom.eval.runner import generate
 
 log = logging.getLogger(__name__)
 SHOWN = 5
@@ -154,25 +156,53 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
 
 
 @on_device
-def _generate(key: ModelKey, prompt: str, edit, fmt):
+def _generate(key: ModelKey, prompt: str, edit, fmt) -> list[dict]:
+    """The prompt's greedy answer before and after `edit` (None: the original model's only)."""
     with DEVICE_LOCK:
         handle = resident(key, "request")
+        if edit is None:
+            answer = generate(handle.model, handle.tokenizer, [prompt], prompt_format=fmt,
+                              max_new_tokens=limit("GROM_MAX_NEW_TOKENS"))[0]
+            return [{"question": prompt, "before": answer}]
         return compare_generations(handle.model, handle.tokenizer, [prompt], edit,
                                    prompt_format=fmt, max_new_tokens=limit("GROM_MAX_NEW_TOKENS"))
 
 
 @ui_errors
 def on_generate(prompt: str, session: Session):
-    """The typed prompt answered before and after the edit, changed words highlighted."""
+    """The typed prompt answered before and after the session's edit, changed words
+    highlighted; with no edit (none yet, or Reset), the original model's answer alone."""
     prompt = (prompt or "").strip()
     if not prompt:
         raise UserError("Type a question first.")
     if len(prompt) > 2000:
         raise UserError("The prompt is longer than 2000 characters; shorten it.")
     handle = current_model(session)
-    edit = current_edit(session)
+    edit = current_edit(session) if session.edit is not None else None
     fmt = session.benchmark.prompt_format if session.benchmark is not None else None
-    return generations_html(_generate(handle.key, prompt, edit, fmt))
+    rows = _generate(handle.key, prompt, edit, fmt)
+    if edit is None:
+        return answer_html(rows[0]["question"], rows[0]["before"],
+                           "No edit: this is the original model's answer. Run an edit to compare.")
+    return generations_html(rows)
+
+
+def on_compare_files(session: Session):
+    """The last comparison as files: its metrics, every answer of every row and set, and the
+    whole report as JSON."""
+    if session.report is None:
+        return None
+    return report_files(session.report, f"{session.report.benchmark}-{session.report.split}")
+
+
+def ask_box(session: Session):
+    """The question box's example: a forget question of the loaded benchmark (the demo's
+    authors mean nothing to SmolLM2, nor the solar system to the demo)."""
+    bench = session.benchmark
+    question = next((getattr(ex, "question", "") for ex in (bench.forget if bench is not None else ())
+                     if getattr(ex, "question", "")), "")
+    hint = f"e.g. {question}  (Enter to ask)" if question else "a question for the model  (Enter to ask)"
+    return gr.Textbox(placeholder=hint[:200])
 
 
 def build_compare_panel(examples: int = 20) -> SimpleNamespace:
@@ -185,12 +215,14 @@ def build_compare_panel(examples: int = 20) -> SimpleNamespace:
             full_set = gr.Checkbox(value=False, label="all examples")
             run = gr.Button("Compare", size="sm", elem_id="compare-button")
     summary = gr.Markdown("Run an edit: the comparison follows.", elem_id="compare-summary")
-    table = gr.Dataframe(label="Metrics before and after the edit", interactive=False, wrap=True,
+    table = gr.Dataframe(empty_table("metrics"), label="Metrics before and after the edit", interactive=False,
+                         wrap=True,
                          max_height=420, elem_id="metrics-table")
+    files = download_box("the comparison (metrics, every answer)")
     with gr.Accordion("What the metrics mean", open=False, elem_id="metrics-glossary"):
         gr.Markdown(text.GLOSSARY, elem_classes="glossary")
     return SimpleNamespace(max_examples=max_examples, full_set=full_set, run=run, summary=summary,
-                           table=table)
+                           table=table, files=files)
 
 
 def build_answers_panel() -> SimpleNamespace:
@@ -200,7 +232,7 @@ def build_answers_panel() -> SimpleNamespace:
     retain_html = gr.HTML(elem_id="retain-generations")
     with gr.Row(equal_height=False, elem_classes="ask-row"):
         prompt = gr.Textbox(label="Ask your own question", scale=4,
-                            placeholder="e.g. Where was Sina Cheithnu born?  (Enter to ask)")
+                            placeholder="a question for the model  (Enter to ask)")
         ask = gr.Button("Ask before and after", scale=1, min_width=150, size="sm")
     prompt_html = gr.HTML()
     return SimpleNamespace(forget_html=forget_html, retain_html=retain_html, prompt=prompt, ask=ask,

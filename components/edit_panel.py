@@ -9,7 +9,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import gradio as gr
-import pandas as pd
 
 from components.core import form
 from components.core.device import device_progress
@@ -21,7 +20,7 @@ from components.core.runs import portable_model_name, run_record
 from components.core.session import SESSIONS, Session, current_benchmark, current_model
 from components.core.validate import check_examples, check_seed, retain_subset
 from components.views import plots, text
-from components.views.tables import edit_summary, layer_table, norms_figure
+from components.views.tables import edit_summary, empty_table, layer_table, norms_figure
 from grom import PRESETS
 from grom.arch import num_layers
 
@@ -65,7 +64,7 @@ def on_reset(session: Session):
     session.extra.pop("edit_inputs", None)
     msg = ("Reset: the edit was dropped; every answer now comes from the original model."
            if had else "Nothing to reset: there is no edit, the model is the original.")
-    return msg, pd.DataFrame(), plots.empty_figure("Run an edit to see its patch norms.", 260)
+    return msg, empty_table("matrices"), plots.empty_figure("Run an edit to see its patch norms.", 260)
 
 
 def on_preset(preset: str):
@@ -95,14 +94,16 @@ def _log_pair(name: str, label: str, value: float, info: str):
 
 def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
     demo = PRESETS[start_preset]
-    text.md(text.EDIT, elem_classes="panel-intro")
-    preset = gr.Dropdown(preset_choices(), value=start_preset, label="Preset (the paper's settings)",
-                         info="tofu10, tofu5, muse-*, wmdp-bio, zsre as in the paper; smollm2 for the real "
-                              "chat model; demo, demo-forget05, demo-forget01 for the bundled toy's splits")
+    text.md(text.EDIT_SHORT, elem_classes="panel-intro")
+    # Run edit first: on a laptop's first screen (1366 x 768) it is the one thing to press
     with gr.Row():
         run = gr.Button("Run edit", variant="primary", scale=3, elem_id="run-edit")
         reset_btn = gr.Button("Reset", variant="secondary", scale=1, min_width=90, elem_id="reset-edit")
     status = gr.Markdown("No edit yet: press **Run edit**.", elem_id="edit-status")
+    preset = gr.Dropdown(preset_choices(), value=start_preset, label="Preset (the paper's settings)",
+                         info="the paper's tofu10, tofu5, muse-*, wmdp-bio, zsre; smollm2 (the real chat "
+                              "model); demo* (the toy's splits)")
+    text.md(text.EDIT, elem_classes="panel-intro")
     with gr.Row(equal_height=True):
         target = gr.Radio(TARGETS, value=demo.target, label="Target D", scale=2, min_width=150)
         matrix = gr.Radio(MATRICES, value=demo.matrix, label="Edited matrix W", scale=3, min_width=200)

@@ -14,37 +14,46 @@ import gradio as gr
 import pandas as pd
 
 from components.core.errors import UserError, ui_errors
-from components.core.history import FORGET, KEPT, _beta, add_run, attach_report, history, restore, row_index
+from components.core.history import (FORGET, KEPT, _beta, add_run, attach_report, history, restore, row_index,
+                                     shown_rows)
 from components.core.runs import band_text
 from components.core.session import Session
 from components.views import plots, text
+from components.views.tables import download_box, empty_table
+
+SETTINGS_FIRST = ("β", "w_r", "ρ", "c", "band", "edit s")  # after the metrics: what a reader compares
+SETTINGS_LAST = ("from", "retain ex.", "seed", "α", "matrix", "time")
 
 
 def history_frame(rows: list[dict]) -> pd.DataFrame:
-    """One row per run, the newest first."""
+    """One row per run as given (the newest first): its number, its metrics (the comparison's
+    headline, forget, kept and retain cost; a sweep point's probabilities), then its
+    settings, the ones runs differ in first."""
     if not rows:
-        return pd.DataFrame()
+        return empty_table("history")
     corruption = any(r["config"]["target"] == "corruption" for r in rows)
+    metric_names = list(dict.fromkeys(name for r in rows for name in r["metrics"]))
     out = []
-    for r in reversed(rows):
+    for r in rows:
         cfg, run = r["config"], r["run"]
-        row = {"#": r["n"], "time": r["time"],
-               "benchmark": f"{run.get('benchmark', '?')}/{run.get('split', '?')}", "β": _beta(cfg),
-               "w_r": cfg["w_r"], "ρ": cfg["rho"]}
+        row = {"#": r["n"]} | {name: round(r["metrics"][name], 3) if name in r["metrics"] else ""
+                               for name in metric_names}
+        row |= {"β": _beta(cfg), "w_r": cfg["w_r"], "ρ": cfg["rho"]}
         if corruption:
             row["c"] = cfg["c"] if cfg["target"] == "corruption" else ""
         row |= {"band": band_text(run.get("band") or cfg.get("layers") or []) or cfg["matrix"],
-                "matrix": cfg["matrix"], "α": "on" if cfg["use_alpha"] else "off", "seed": cfg["seed"],
-                "retain ex.": run.get("n_retain", ""), "edit s": round(r["seconds"], 1)}
-        row |= {name: round(v, 3) for name, v in r["metrics"].items()}
-        if r["source"] != "edit":
-            row["from"] = r["source"]
+                "edit s": round(r["seconds"], 1), "from": "" if r["source"] == "edit" else r["source"],
+                "retain ex.": run.get("n_retain", ""), "seed": cfg["seed"],
+                "α": "on" if cfg["use_alpha"] else "off", "matrix": cfg["matrix"], "time": r["time"]}
         out.append(row)
-    return pd.DataFrame(out).fillna("")
+    frame = pd.DataFrame(out).fillna("")
+    if not (frame["from"] != "").any():
+        frame = frame.drop(columns="from")
+    return frame
 
 
 def history_figure(rows: list[dict]):
-    """Forget against retain, one point per compared run."""
+    """Forget against retain, one point per compared run (oldest to newest in `rows`)."""
     pts = [(r, next((n for n in FORGET if n in r["metrics"]), None),
             next((n for n in KEPT if n in r["metrics"]), None)) for r in rows]
     pts = [(r, f, k) for r, f, k in pts if f and k]
@@ -59,20 +68,24 @@ def history_figure(rows: list[dict]):
 
 
 def on_show_history(session: Session):
-    """The table and the scatter, after an edit (its row is added here, once), a comparison
-    (its metrics go onto its edit's row) or an import."""
+    """The table and the scatter of the loaded benchmark's runs, after an edit (its row is
+    added here, once), a comparison (its metrics go onto its edit's row), a sweep or an
+    import; the table's label says how many runs of other benchmarks are kept."""
     edit = session.edit
     if edit is not None and edit.method == "grom" and not any(r["edit"]() is edit for r in history(session)):
         add_run(session, edit)
     attach_report(session)
-    rows = history(session)
-    return history_frame(rows), history_figure(rows)
+    rows, others = shown_rows(session)
+    label = f"Runs on {session.bench_label or 'this benchmark'}, the newest first (click a row to restore its settings)"
+    if others:
+        label += f"; {others} run{'s' * (others != 1)} on other benchmarks kept (load one to see them)"
+    return gr.Dataframe(history_frame(rows), label=label), history_figure(list(reversed(rows)))
 
 
 @ui_errors
 def on_history_select(evt: gr.SelectData, session: Session):
     """A click on a history row: its settings into the Edit panel."""
-    rows = list(reversed(history(session)))  # as the table shows them
+    rows, _ = shown_rows(session)  # as the table shows them
     i = row_index(evt)
     if not 0 <= i < len(rows):
         raise UserError("That row is gone (the history keeps the last 50 runs); click another.")
@@ -82,9 +95,10 @@ def on_history_select(evt: gr.SelectData, session: Session):
 def build_history_panel() -> SimpleNamespace:
     with gr.Accordion("Run history: every edit of this session", open=True, elem_id="history"):
         text.md(text.HISTORY, elem_classes="panel-intro")
-        table = gr.Dataframe(label="Runs, the newest first (click a row to restore its settings)",
+        table = gr.Dataframe(empty_table("history"), label="Runs, the newest first (click a row to restore its settings)",
                              interactive=False, max_height=320, wrap=True, elem_id="history-table")
+        files = download_box("the run history")
         note = gr.Markdown("", elem_id="restore-note")
         plot = gr.Plot(plots.empty_figure("Run edits: each compared run becomes a point here.", 320),
                        show_label=False, elem_id="history-plot")
-    return SimpleNamespace(table=table, note=note, plot=plot)
+    return SimpleNamespace(table=table, note=note, plot=plot, files=files)

@@ -16,12 +16,13 @@ import pandas as pd
 from components.core.device import DEVICE_LOCK, device_progress, on_device
 from components.core.edits import STREAM_CACHE_ENTRIES
 from components.core.errors import UserError, shorten, ui_errors
-from components.core.history import restore, row_index
+from components.core.history import add_row, restore, row_index
 from components.core.runs import band_text
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
                                      resident)
 from components.core.validate import RANGES, check_range, parse_band
 from components.views import plots, text
+from components.views.tables import download_box, empty_table
 from grom import run_edit
 from grom.arch import num_layers
 from grom.eval import answer_probabilities
@@ -159,6 +160,10 @@ def on_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
                                             if param == "band" else {"band": list(edit.band)}))
                        for c, v in zip(configs, vals)]
     session.extra["sweep"] = points
+    for point, (pf, pr, seconds), config in zip(points[1:], res[1:], configs):
+        if config != base:  # the session's own edit has its row already
+            add_row(session, point[0], point[1], seconds, source="sweep",
+                    metrics={"Sweep p(forget)": pf, "Sweep p(retain)": pr})
     shown = {"beta": "β", "c": "c", "w_r": "w_r", "rho": "ρ", "band": "band"}[param]
     labels = ["base (no edit)"] + [f"{shown} {_label(param, v)}" for v in vals]
     frame = pd.DataFrame({"point": labels,
@@ -189,6 +194,12 @@ def on_sweep_select(evt: gr.SelectData, session: Session):
     return restore(config, run, session, f"sweep point {i}")
 
 
+def on_edit_made():
+    """A new edit: the sweep plot says the next step (a sweep varies this edit)."""
+    return plots.empty_figure("Pick a setting and its values (or none: five around this edit's), "
+                              "then press Sweep.", 320)
+
+
 def build_sweep_panel() -> SimpleNamespace:
     with gr.Accordion("Sweep one setting: β, w_r, ρ or the band", open=True, elem_id="sweep"):
         text.md(text.SWEEP)
@@ -202,6 +213,8 @@ def build_sweep_panel() -> SimpleNamespace:
         plot = gr.Plot(plots.empty_figure("Run an edit, then Sweep.", 320), show_label=False,
                        elem_id="sweep-plot")
         note = gr.Markdown("", elem_id="sweep-note")
-        table = gr.Dataframe(label="Points (click a row to restore its settings)", interactive=False,
-                             max_height=280, elem_id="sweep-table")
-    return SimpleNamespace(param=param, values=values, button=button, plot=plot, note=note, table=table)
+        table = gr.Dataframe(empty_table("sweep"), label="Points (click a row to restore its settings)",
+                             interactive=False, max_height=280, elem_id="sweep-table")
+        files = download_box("the sweep's points")
+    return SimpleNamespace(param=param, values=values, button=button, plot=plot, note=note, table=table,
+                           files=files)

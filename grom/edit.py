@@ -4,16 +4,26 @@ An Edit holds per-parameter patches P on the CPU (in each weight's dtype and lay
 `apply` adds them to a model after a finite check, keeping the original weights;
 `revert` copies the originals back, bit for bit; `applied` does both around a block.
 Nothing of the model is kept between `revert` and the next `apply`.
+
+On disk (`save`, `load`): ``edit.json`` (the settings, the run, and ``patch_sha256``, the
+hash of the patches as computed) and ``patch.safetensors``, each patch either the full
+matrix under its parameter's name (exact) or, with ``save(..., factored=True)`` where
+that is smaller, float32 factors ``<name>.U`` (m, r) and ``<name>.V`` (r, n) whose
+product is the patch to its dtype's rounding (the header's ``grom.factors`` lists them).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -80,6 +90,11 @@ class Edit:
     # How to reproduce it beyond the config, JSON-able (the studio: the model by name, the
     # benchmark, split, retain sample size and seed, the band mode and preset)
     run: dict = field(default_factory=dict)
+    # A loaded edit: the patch_sha256 its edit.json recorded, and the rank of each patch its
+    # file held as factors (those patches are the factors' product: the computed patch to
+    # its dtype's rounding, not bit for bit)
+    recorded_sha256: str | None = None
+    stored_ranks: dict[str, int] = field(default_factory=dict)
     _saved: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _untied: bool = field(default=False, repr=False)
 
@@ -138,6 +153,13 @@ class Edit:
     def patch_norm(self) -> float:
         return float(sum(float(P.double().norm()) ** 2 for P in self.patches.values()) ** 0.5)
 
+    def sha256(self) -> str:
+        """`patch_sha256` of the patches as computed. An edit loaded from factors holds their
+        product, not the computed patch bit for bit: it answers with the hash recorded."""
+        if self.stored_ranks and self.recorded_sha256:
+            return self.recorded_sha256
+        return patch_sha256(self.patches)
+
     def metadata(self) -> dict:
         return {
             "config": self.config.to_dict(),
@@ -149,25 +171,46 @@ class Edit:
             "method": self.method,
             "info": self.info,
             "run": self.run,
+            "patch_sha256": self.sha256(),
         }
 
-    def save(self, path: str | Path) -> Path:
-        """Write ``patch.safetensors`` and ``edit.json`` into the folder `path`."""
+    def save(self, path: str | Path, factored: bool = False) -> Path:
+        """Write ``patch.safetensors`` and ``edit.json`` into the folder `path`. `factored`:
+        each patch whose float32 factors are smaller is stored as them (`factor_patch`), and
+        loads back equal to its dtype's rounding; otherwise every patch loads bit for bit."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.patches.items()}, str(path / PATCH_FILE))
+        tensors, factors = {}, {}
+        for name, P in self.patches.items():
+            UV = factor_patch(P, self._rank_bound(name)) if factored else None
+            if UV is None:
+                tensors[name] = P.contiguous()
+            else:
+                tensors[f"{name}.U"], tensors[f"{name}.V"] = UV
+                factors[name] = str(P.dtype).removeprefix("torch.")
+        header = {FACTORS_KEY: json.dumps(factors)} if factors else None
+        save_file(tensors, str(path / PATCH_FILE), metadata=header)
         (path / META_FILE).write_text(json.dumps(self.metadata(), indent=2))
         return path
 
+    def _rank_bound(self, name: str) -> int | None:
+        """s, the forget keys of the matrix `name`: P = (w_f/s) D Xf^T A^-1 has rank <= s."""
+        s = [r.n_forget_keys for r in self.layers if r.param_name == name]
+        return s[0] if s and self.method == "grom" else None
+
     @classmethod
     def load(cls, path: str | Path) -> "Edit":
+        """The edit saved in the folder `path`: full patches bit for bit, factored ones as
+        their product. A patch file that is not the one edit.json describes (its hash, or
+        for factors the patch norms, differ) is a ValueError."""
         path = Path(path)
         if not (path / PATCH_FILE).exists() or not (path / META_FILE).exists():
             raise FileNotFoundError(f"{path} holds no saved edit (expected {PATCH_FILE} and {META_FILE})")
         meta = read_metadata((path / META_FILE).read_text())
-        return cls(
+        patches, ranks = read_patches(path / PATCH_FILE)
+        edit = cls(
             config=EditConfig.from_dict(meta["config"]),
-            patches=load_file(str(path / PATCH_FILE)),
+            patches=patches,
             layers=[LayerRecord(**r) for r in meta.get("layers", [])],
             scores=LayerScores.from_dict(meta["scores"]) if meta.get("scores") else None,
             timings=meta.get("timings", {}),
@@ -176,7 +219,23 @@ class Edit:
             method=meta.get("method", "grom"),
             info=meta.get("info", {}),
             run=meta.get("run") or {},
+            recorded_sha256=meta.get("patch_sha256"),
+            stored_ranks=ranks,
         )
+        edit._check_patches()
+        return edit
+
+    def _check_patches(self) -> None:
+        """That the patches are those edit.json describes: the same hash, or for patches
+        loaded from factors (which no hash can name) the recorded norms within 1e-4."""
+        mismatch = f"{PATCH_FILE} is not the patch {META_FILE} describes: keep the two files of one export together"
+        if self.recorded_sha256 and not self.stored_ranks and patch_sha256(self.patches) != self.recorded_sha256:
+            raise ValueError(f"{mismatch} (the patches' sha256 differs from the one recorded).")
+        for r in self.layers:
+            P = self.patches.get(r.param_name)
+            if r.param_name in self.stored_ranks and P is not None and \
+                    abs(float(P.double().norm()) - r.patch_norm) > 1e-4 * max(r.patch_norm, 1e-30):
+                raise ValueError(f"{mismatch} ({r.param_name}'s norm is not the one recorded).")
 
 
 def read_metadata(text: str) -> dict:
@@ -206,4 +265,110 @@ def read_metadata(text: str) -> dict:
     for key, kind in (("run", dict), ("layers", list), ("info", dict), ("timings", dict)):
         if meta.get(key) is not None and not isinstance(meta[key], kind):
             raise ValueError(f"{META_FILE}: \"{key}\" must be a JSON {kind.__name__.replace('dict', 'object')}.")
+    sha = meta.get("patch_sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch("[0-9a-f]{64}", sha)):
+        raise ValueError(f"{META_FILE}: \"patch_sha256\" must be 64 hexadecimal digits (a sha256).")
     return meta
+
+
+# ---------------------------------------------------------------- the patches on disk
+
+FACTORS_KEY = "grom.factors"  # patch.safetensors' header: JSON {name: the patch's dtype} of the factored
+_FACTOR_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def patch_sha256(patches: dict[str, torch.Tensor]) -> str:
+    """sha256 of full patches in a canonical form: by name (sorted), each as one line of
+    JSON ``[name, shape]`` then its values in float32, little-endian, row-major (float32
+    holds bfloat16 and float16 exactly). Equal hashes: equal patches, bit for bit."""
+    h = hashlib.sha256()
+    for name in sorted(patches):
+        P = patches[name].detach().to("cpu", torch.float32).contiguous()
+        h.update(json.dumps([name, list(P.shape)]).encode() + b"\n")
+        h.update(P.numpy().astype("<f4", copy=False).tobytes())
+    return h.hexdigest()
+
+
+def _row_blocks(P: torch.Tensor, rows: int = 4096):
+    """(first row, block of P in float64): P is never copied whole in float64."""
+    for i in range(0, P.shape[0], rows):
+        yield i, P[i:i + rows].double()
+
+
+def factor_patch(P: torch.Tensor, max_rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Float32 factors U (m, r), V (r, n) of a patch P (m, n), or None where they would not
+    be smaller than P or would not give it back.
+
+    GROM's P = (w_f/s) D Xf^T A^-1 has rank at most s (`max_rank`, the forget keys) and at
+    most the number of distinct target directions. r is the smallest rank whose dropped
+    singular values weigh at most eps(P.dtype) ||P||_F (below P's own rounding), found by a
+    seeded Gaussian sketch of P's range (Halko, Martinsson, Tropp 2011) of width under the
+    break-even rank, so no full SVD; U V is checked against P: max |U V - P| at most
+    8 eps ||P||_F (float32: 9.5e-7 ||P||_F).
+    """
+    if P.ndim != 2 or P.dtype not in _FACTOR_DTYPES.values() or not bool(torch.isfinite(P).all()):
+        return None
+    m, n = P.shape
+    even = m * n * P.element_size() // (4 * (m + n))  # float32 factors of this rank weigh as much as P
+    k = min(even - 1, max_rank or even)
+    if k < 1:
+        return None
+    omega = torch.randn(n, min(k + 8, n), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    Q = torch.linalg.qr(torch.cat([Pb @ omega for _, Pb in _row_blocks(P)])).Q  # (m, w) spans P's range
+    B = sum(Q[i:i + len(Pb)].T @ Pb for i, Pb in _row_blocks(P))  # (w, n): P = Q B
+    Ub, S, Vt = torch.linalg.svd(B, full_matrices=False)
+    eps, norm = torch.finfo(P.dtype).eps, float(S.norm())
+    tail = S.flip(0).square().cumsum(0).flip(0).sqrt()  # tail[i]: the error of keeping i values
+    r = max(1, int((tail > eps * norm).sum()))
+    if r > k:
+        return None
+    U, V = ((Q @ Ub[:, :r]) * S[:r]).float().contiguous(), Vt[:r].float().contiguous()
+    err = max(float((U[i:i + len(Pb)].double() @ V.double() - Pb).abs().max()) for i, Pb in _row_blocks(P))
+    return (U, V) if err <= 8 * eps * norm else None
+
+
+def expand_factors(U: torch.Tensor, V: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The patch U V (m, n) in `dtype`, multiplied in float64 and rounded once."""
+    return (U.double() @ V.double()).to(dtype)
+
+
+class StoredPatch(NamedTuple):
+    """One patch as patch.safetensors holds it."""
+
+    shape: tuple[int, ...]  # of the full patch
+    rank: int | None = None  # of its factors; None: stored as the full matrix
+    dtype: torch.dtype | None = None  # the patch's, where stored as factors (they are float32)
+
+
+def read_patch_layout(file: str | Path) -> dict[str, StoredPatch]:
+    """Every patch of a patch.safetensors, by name, from its header alone (no tensor is
+    read: a caller checks the shapes against its model before `read_patches` builds them);
+    a ValueError if the header is not consistent."""
+    with safe_open(str(file), framework="pt") as f:
+        raw = (f.metadata() or {}).get(FACTORS_KEY, "{}")
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    try:
+        named = json.loads(raw) if json_depth(raw) <= 2 else None
+    except json.JSONDecodeError:
+        named = None
+    if not isinstance(named, dict) or not all(isinstance(d, str) and d in _FACTOR_DTYPES for d in named.values()):
+        raise ValueError(f"{PATCH_FILE}: its header's {FACTORS_KEY} must map patch names to "
+                         f"{', '.join(_FACTOR_DTYPES)}.")
+    layout = {}
+    for name, dtype in named.items():
+        U, V = shapes.pop(f"{name}.U", None), shapes.pop(f"{name}.V", None)
+        if U is None or V is None or len(U) != 2 or len(V) != 2 or U[1] != V[0]:
+            raise ValueError(f"{PATCH_FILE}: the factors of {name} are missing or do not fit "
+                             f"(shapes {U} and {V}).")
+        layout[name] = StoredPatch((U[0], V[1]), U[1], _FACTOR_DTYPES[dtype])
+    return layout | {name: StoredPatch(shape) for name, shape in shapes.items()}
+
+
+def read_patches(file: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """(the full patches by name, the rank of those stored as factors) of a
+    patch.safetensors of either form."""
+    layout, tensors = read_patch_layout(file), load_file(str(file))
+    patches = {name: tensors[name] if p.rank is None
+               else expand_factors(tensors[f"{name}.U"], tensors[f"{name}.V"], p.dtype)
+               for name, p in layout.items()}
+    return patches, {name: p.rank for name, p in layout.items() if p.rank is not None}

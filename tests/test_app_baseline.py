@@ -38,7 +38,8 @@ def test_a_baseline_beside_the_grom_edit(url):  # noqa: F811
     assert rows["× GROM's time"][1:5] == ["", "1.0×", rows["× GROM's time"][3], ""]
     assert re.fullmatch(r"\d+(\.\d)?×", rows["× GROM's time"][3])  # the time ratio
     assert rows["Time of update"][3].endswith(" s") and rows["Time of update"][1] == ""
-    assert re.search(r"\*\*SimNPO\*\*, 1 epoch \(13 optimizer steps.*took \*\*[\d.]+×\*\* as long", text)
+    # timed against GROM where it forgot; one epoch on the demo may not: then it says so instead
+    assert re.search(r"\*\*SimNPO\*\*, 1 epoch \(13 optimizer steps.*(took \*\*[\d.]+×\*\* as long|did not forget)", text)
     assert "Final score: Base" in text and "SimNPO **" in text
     assert all(rows["Final score"][1:5])  # every model has a Final score
     assert float(rows["Forget prob"][2]) < float(rows["Forget prob"][1])  # GROM forgot

@@ -3,6 +3,7 @@ EditConfig function, the band parser, and what a user may type as a source."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
@@ -30,7 +31,7 @@ def test_layer_scores_plot_marks_the_band_and_shows_f_and_r():
     assert isinstance(fig, go.Figure) and list(bars.y) == S
     assert [c == plots.ACCENT for c in bars.marker.color] == [False, True, True, False]
     assert np.allclose(bars.customdata, np.stack([F, R], 1))  # F_l, R_l on hover
-    assert {t.name for t in fig.data[1:]} == {"F_l (forget)", "R_l (retain)"}
+    assert {t.name for t in fig.data[1:]} == {"F<sub>l</sub> (forget)", "R<sub>l</sub> (retain)"}
     assert len(fig.layout.shapes) == 2  # the band, and the suggested band where it differs
 
 
@@ -65,7 +66,8 @@ def test_sweep_plot_names_its_axes_and_marks_the_unedited_and_current_points():
 def test_tradeoff_plot_has_a_point_per_run_and_rings_the_latest():
     fig = plots.plot_tradeoff([0.8, 0.3], [0.99, 0.9], ["#1: β 50", "#2: β 150"], x_title="Forget fact recall",
                               y_title="Retain fact recall")
-    assert list(fig.data[0].text) == ["#1", "#2"] and fig.data[1].x[0] == 0.3
+    assert list(fig.data[0].customdata) == ["#1: β 50", "#2: β 150"]  # every run on hover
+    assert list(fig.data[1].text) == ["latest: #2"] and fig.data[1].x[0] == 0.3  # only the latest labelled
     assert fig.layout.xaxis.title.text == "Forget fact recall"
 
 
@@ -89,7 +91,8 @@ def test_generations_mark_forgotten_and_lost_facts_differently():
     forget = generations_html([row(True, False), row(True, True)], kind="forget")
     retain = generations_html([row(True, False), row(True, True), row(False, False)], kind="retain")
     assert "v-good\">forgotten" in forget and "v-warn\">still stated" in forget
-    assert "v-bad\">lost: broken" in retain and "v-good\">kept" in retain and "not known before" in retain
+    assert "v-bad\">fact lost" in retain and "v-good\">kept" in retain and "not known before" in retain
+    assert "gen-legend" in retain and "broken only when" in retain  # what each badge means
     assert "verdict" not in generations_html([row(True, False)])  # no kind: no verdict
 
 
@@ -166,7 +169,7 @@ def test_baseline_settings_defaults_and_data_checks():
     from components.core.session import ModelKey
     from grom.data.schema import Benchmark, QAExample
 
-    assert bp.parse_method("SimNPO") == "simnpo" and bp.parse_method("ga") == "ga"
+    assert bp.parse_method("SimNPO").name == "simnpo" and bp.parse_method("ga").name == "ga"
     with pytest.raises(UserError, match="Unknown baseline"):
         bp.parse_method("sgd")
     assert bp.default_lr("npo", ModelKey("demo", "cpu", "float32")) == 1e-3
@@ -189,6 +192,36 @@ def test_baseline_settings_defaults_and_data_checks():
     odd = Benchmark("odd", "forget", ("not an example",), qa)
     with pytest.raises(UserError, match="no question/answer or text examples"):
         bp.check_trainable(odd, "simnpo")
+
+
+def test_a_registered_method_is_offered_and_checked_with_no_ui_change():
+    """A new baseline is its loss and its registry row: the panel lists it, labels it,
+    checks its needs (here a random-label-like method with no retain term; the library's
+    tests train one)."""
+    import gradio as gr
+    import torch
+
+    from components import baseline_panel as bp
+    from grom.baselines import LossInputs, Method, register_method, unregister_method
+    from grom.data.schema import Benchmark, QAExample
+
+    def random_label(x: LossInputs):
+        loss = torch.log1p(x.forget_nll / x.forget_counts.clamp(min=1)).mean()  # toward any other token
+        return loss, {"forget": loss}
+
+    register_method(Method("random-label", "RandomLabel", random_label, "Pushes each answer toward noise."))
+    try:
+        assert ("RandomLabel: Pushes each answer toward noise", "random-label") in bp.method_choices()
+        with gr.Blocks():
+            panel = bp.build_baseline_panel()
+        assert "random-label" in [value for _, value in panel.method.choices]
+        row = bp.parse_method("RandomLabel")
+        assert row.name == "random-label"
+        bp.check_trainable(Benchmark("mine", "forget", (QAExample("q?", "a."),), ()), row)  # no retain needed
+    finally:
+        unregister_method("random-label")
+    with pytest.raises(UserError, match="Unknown baseline"):
+        bp.parse_method("random-label")
 
 
 def test_baseline_table_puts_the_models_side_by_side():
@@ -243,3 +276,64 @@ def test_a_benchmark_split_suggests_its_preset():
     assert preset_for("tofu", "forget05") == "tofu10" and preset_for("custom", "") == "(custom)"
     assert preset_for("real-knowledge", "the-solar-system") == "smollm2"
     assert "10x" in preset_note("tofu", "forget01") and preset_note("demo", "forget01") == ""
+
+
+def test_a_preset_or_benchmark_that_does_not_fit_the_model_is_adapted_and_said():
+    """The demo benchmark on SmolLM2 takes SmolLM2's preset (not the demo's band 3-5 and
+    relative beta 150), and the benchmark line says the model cannot know its facts."""
+    from components.core.benchmarks import fit_note, preset_for
+    from components.core.sources import DEMO, REAL
+
+    assert preset_for("demo", "forget10", REAL) == "smollm2" and preset_for("demo", "forget01", DEMO) == "demo-forget01"
+    assert preset_for("real-knowledge", "the-solar-system", DEMO) == "demo"
+    assert preset_for("tofu", "forget10", DEMO) == "demo"  # tofu10's band 11-15 is not in the demo's 6 layers
+    assert preset_for("tofu", "forget10", "open-unlearning/tofu_Llama-3.2-1B-Instruct_full") == "tofu10"
+    assert preset_for("demo", "forget10", "org/other") == "(custom)"
+    assert "never saw the demo's invented authors" in fit_note("demo", REAL)
+    assert "knows none of these real facts" in fit_note("real-knowledge", DEMO)
+    assert fit_note("demo", DEMO) == fit_note("real-knowledge", REAL) == fit_note("tofu", REAL) == ""
+
+
+def test_a_baseline_that_did_not_forget_is_said_so_and_not_timed_against_grom():
+    from components import baseline_panel as bp
+    from grom.data.schema import Benchmark  # noqa: F401  (the panel's data types load)
+
+    base = {"Forget fact recall": 1.0, "Kept fact recall": 1.0}
+    assert "did not forget" in bp.did_not_forget(base, {"Forget fact recall": 0.95})
+    assert "rose" in bp.did_not_forget({"Forget prob": 0.44, "Forget ROUGE-L": 0.444},
+                                       {"Forget ROUGE-L": 0.612})
+    assert bp.did_not_forget(base, {"Forget fact recall": 0.5}) == ""
+    assert bp.did_not_forget({}, {}) == ""
+
+    class FakeEdit:
+        timings, info = {"total": 266.0}, {"steps": 10}
+
+    failed = bp.did_not_forget(base, {"Forget fact recall": 1.0})
+    text = bp.summary_md("simnpo", {"epochs": 10, "lr": 1e-5}, FakeEdit(), 4.8, {}, 10, "", failed)
+    assert "did not forget" in text and "as long" not in text and "4.8 s" in text
+    text = bp.summary_md("simnpo", {"epochs": 10, "lr": 1e-5}, FakeEdit(), 4.8, {}, 10, "")
+    assert "55×" in text  # a baseline that forgot is timed against GROM
+
+
+def test_every_table_downloads_as_csv_and_json(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from components.core import downloads
+    from grom.eval.report import BASE, EDITED, Report, Row
+
+    monkeypatch.setattr(downloads, "upload_folder", lambda: tmp_path)
+    frame = pd.DataFrame({"metric": ["Forget fact recall"], "Base": ["1.000"], "Edited": ["0.000"]})
+    csv, js = downloads.table_files(frame, "compare metrics/1")
+    assert csv.endswith("compare-metrics-1.csv") and pd.read_csv(csv).iloc[0]["Edited"] == 0.0
+    assert json.loads(Path(js).read_text())[0]["metric"] == "Forget fact recall"
+    assert downloads.table_files({"headers": ["a"], "data": [[1]]}, "x") is not None  # gradio's form
+    assert downloads.table_files(pd.DataFrame(columns=["a"]), "empty") is None
+    answers = pd.DataFrame({"question": ["q?"], "answer": ["a."], "generation": ["b."], "fact_recall": [0.0]})
+    report = Report("real-knowledge", "the-solar-system", "knowledge",
+                    {BASE: Row({"Forget fact recall": 1.0}, {"forget": answers}),
+                     EDITED: Row({"Forget fact recall": 0.0}, {"forget": answers})}, 1.0)
+    paths = downloads.report_files(report, "real-knowledge-the-solar-system")
+    assert [Path(p).suffix for p in paths] == [".csv", ".csv", ".json"]
+    rows = pd.read_csv(paths[1])
+    assert list(rows["model"]) == [BASE, EDITED] and list(rows.columns[:2]) == ["model", "set"]
+    assert json.loads(Path(paths[2]).read_text())["rows"][EDITED]["metrics"]["Forget fact recall"] == 0.0

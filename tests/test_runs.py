@@ -21,7 +21,7 @@ from components.core.runs import band_text, check_run, portable_model_name, run_
 from components.core.session import Session  # noqa: E402
 from components.core.errors import UserError  # noqa: E402
 from components.sweep_panel import MAX_POINTS, sweep_values  # noqa: E402
-from grom import PRESETS, EditConfig  # noqa: E402
+from grom import PRESETS, Edit, EditConfig  # noqa: E402
 
 SCORES = SimpleNamespace(S=[0.1 * ((7 * l) % 11) for l in range(32)])  # some S_l: a suggested band
 class FakeEdit(SimpleNamespace):
@@ -121,21 +121,29 @@ def test_an_exported_edit_loads_back_bit_for_bit_with_its_run(demo_edit, tmp_pat
     assert values["band_text"] == "3-5" and values["beta"] == edit.config.beta
 
 
+def shown(session):
+    """The history table and scatter as the page gets them (the table as a DataFrame)."""
+    import pandas as pd
+
+    update, fig = H.on_show_history(session)
+    return pd.DataFrame(update.value["data"], columns=update.value["headers"]), fig, update.label
+
+
 def test_the_history_keeps_settings_and_metrics_and_restores_a_row(demo_edit):
     from grom.eval.report import BASE, EDITED, Report, Row
 
     _, edit = demo_edit
     session = Session()
     session.edit, session.bench_label = edit, "demo/forget10"
-    table, _ = H.on_show_history(session)
-    table, _ = H.on_show_history(session)  # the same edit: still one row
+    table, _, _ = shown(session)
+    table, _, _ = shown(session)  # the same edit: still one row
     assert len(table) == 1 and table.iloc[0]["#"] == 1 and table.iloc[0]["band"] == "3-5"
     report = Report("demo-authors", "forget10", "tofu", {
         BASE: Row({"Final score": 0.5, "Forget fact recall": 0.9, "Retain fact recall": 0.95}),
         EDITED: Row({"Final score": 0.6, "Forget fact recall": 0.3, "Retain fact recall": 0.9,
                      "Model utility": 0.5, "Retain cost": 0.05})}, 1.0)
     session.report, session.report_for = report, (None, edit, 8)
-    table, fig = H.on_show_history(session)
+    table, fig, _ = shown(session)
     row = table.iloc[0]
     assert (row["Final score"], row["Forget fact recall"], row["Retain fact recall"], row["Retain cost"]) == \
         (0.6, 0.3, 0.9, 0.05)
@@ -144,12 +152,26 @@ def test_the_history_keeps_settings_and_metrics_and_restores_a_row(demo_edit):
     second = EditConfig(**(edit.config.to_dict() | {"beta": 40.0, "layers": (2, 3)}))
     session.edit = FakeEdit(config=second, run=edit.run | {"band": [2, 3]}, timings={"total": 1.0},
                                    method="grom")
-    table, _ = H.on_show_history(session)
+    table, _, _ = shown(session)
     assert list(table["#"]) == [2, 1] and list(table["β"]) == ["40 rel.", "150 rel."]
     evt = SimpleNamespace(index=[1, 3])  # a click on the second row shown: run #1
     values = H.on_history_select.__wrapped__(evt, session)
     restored = dict(zip(RESTORED, values))
     assert restored["beta"] == 150.0 and restored["band_text"] == "3-5" and "run #1" in values[-1]
+    assert list(table.columns[:2]) == ["#", "Final score"]  # the metrics before the settings
+    session.bench_label = "demo/forget01"  # another benchmark: its runs only, the others counted
+    table, fig, label = shown(session)
+    assert len(table) == 0 and "2 runs on other benchmarks kept" in label
+
+
+def test_sweep_points_reach_the_history():
+    session = Session()
+    session.bench_label = "demo/forget10"
+    run = {"benchmark": "demo", "split": "forget10", "band": [3, 4, 5]}
+    runs_history.add_row(session, EditConfig(beta=80.0).to_dict(), run, 2.5, source="sweep",
+                         metrics={"Sweep p(forget)": 0.2, "Sweep p(retain)": 0.7})
+    table, _, _ = shown(session)
+    assert table.iloc[0]["from"] == "sweep" and table.iloc[0]["Sweep p(forget)"] == 0.2
 
 
 def test_the_history_is_capped():
@@ -175,3 +197,58 @@ def test_sweep_values_typed_default_and_bounded():
             sweep_values(param, values, cfg, [3, 4, 5], 6)
     with pytest.raises(UserError, match="no band"):
         sweep_values("band", "", cfg.replace(matrix="lm_head", layers=None), [], 6)
+
+
+def snippet_question(code: str) -> str:
+    """The question the snippet asks, read from its code (it must parse as Python)."""
+    import ast
+
+    tree = ast.parse(code)
+    return next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                and getattr(node.targets[0], "id", "") == "question")
+
+
+def test_the_snippet_is_for_the_session_s_model_and_asks_its_question():
+    from components.core.session import ModelKey
+    from components.core.sources import DEMO, REAL
+    from components.export_panel import PENDING, on_show_snippet, session_snippet
+    from grom.data.schema import QAExample, TextExample
+
+    session = Session()
+    assert session_snippet(session) == PENDING  # no model yet: nothing model-specific
+    session.model_key = ModelKey(REAL, "auto", "auto")
+    code = session_snippet(session)
+    assert f"load_model({REAL!r})" in code and "load_demo_model" not in code and "edit.applied(model)" in code
+    odd = 'Who wrote "{x}"?\n\'\'\' import os'  # quotes, braces, a newline: still one string literal
+    session.benchmark = SimpleNamespace(forget=(TextExample("a b c"), QAExample(odd, "Ann.")))
+    assert snippet_question(on_show_snippet(session)) == "a b c"  # the first example with a prompt
+    session.benchmark = SimpleNamespace(forget=(QAExample(odd, "Ann."),))
+    assert snippet_question(session_snippet(session)) == odd
+    session.model_key = ModelKey(DEMO, "auto", "auto")
+    code = session_snippet(session)
+    assert 'load_demo_model("full")' in code and "from grom.models" not in code
+    session.edit = object()
+    session.extra["export"] = (session.edit, [])
+    assert on_show_snippet(session).__class__.__name__ != "str"  # the export's own snippet stays
+
+
+def test_a_recomputed_edit_is_judged_by_its_hash_then_by_its_patch():
+    from components.core.runs import recompute_verdict
+
+    def edit_of(P):
+        return Edit(config=EditConfig(), patches={"w": P})
+
+    P = torch.linspace(-1, 1, 12).reshape(3, 4)
+    exported = edit_of(P)
+    same = recompute_verdict(edit_of(P.clone()), exported.sha256(), 1.0, None)
+    assert "identical to the exported edit bit for bit" in same
+    nudged = edit_of(P * (1 + 2**-19))  # 1.9e-06, exact in float32
+    text = recompute_verdict(nudged, exported.sha256(), 2.5, None)
+    assert "Recomputed** in 2.5 s" in text and "**not identical**" in text and "upload its patch.safetensors" in text
+    text = recompute_verdict(nudged, exported.sha256(), 1.0, exported)
+    assert "by at most 1.9e-06 of a matrix's norm (‖ΔP‖/‖P‖), which is rounding: another torch" in text
+    text = recompute_verdict(edit_of(1.1 * P), exported.sha256(), 1.0, exported)
+    assert "1.0e-01" in text and "more than rounding" in text
+    assert "other matrices" in recompute_verdict(Edit(EditConfig(), {"v": P}), exported.sha256(), 1.0, exported)
+    assert "records no patch sha256" in recompute_verdict(nudged, None, 1.0, None)
+    assert "**not identical**" in recompute_verdict(nudged, None, 1.0, exported)  # the file's own hash

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, upload_bytes
-from components.core.sources import REAL, require_hub, resolve_source
+from components.core.sources import DEMO, REAL, require_hub, resolve_source
 from grom import demo_preset
 from grom.data import BENCHMARKS, load_benchmark, muse, tofu, wmdp
 from grom.data.sources import TooManyRows
@@ -16,9 +16,40 @@ PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-
               "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
 
 
-def preset_for(name: str, split: str) -> str:
-    """The preset the edit panel takes for a benchmark's split: the demo's are per split."""
-    return demo_preset(split) if name == "demo" else PRESET_FOR.get(name, "(custom)")
+# The models a preset was tuned on where the studio knows it (the demo's presets and
+# smollm2): such a preset is not filled in for another model, whose band it would miss.
+TUNED_ON = {"demo": DEMO, "demo-forget05": DEMO, "demo-forget01": DEMO, "smollm2": REAL}
+MODEL_PRESET = {DEMO: "demo", REAL: "smollm2"}  # the preset of a model the studio knows
+# what each bundled benchmark's facts are known to (the demo's invented authors exist only in
+# the demo model's training data; the real-knowledge facts were probed on SmolLM2)
+KNOWN_TO = {"demo": (DEMO,), "real-knowledge": (REAL,)}
+
+
+def preset_for(name: str, split: str, model_name: str | None = None) -> str:
+    """The preset the Edit panel takes for a benchmark's split (the demo's are per split) on
+    `model_name`: where that preset was tuned on another model, the loaded model's own
+    preset (or "(custom)", the suggested band): the demo's band 3-5 and relative beta 150
+    on SmolLM2 forget nothing and break the rest."""
+    chosen = demo_preset(split) if name == "demo" else PRESET_FOR.get(name, "(custom)")
+    tuned = TUNED_ON.get(chosen)
+    if model_name is None or tuned in (None, model_name):
+        return chosen if tuned is not None or model_name not in MODEL_PRESET else MODEL_PRESET[model_name]
+    return MODEL_PRESET.get(model_name, "(custom)")
+
+
+def fit_note(name: str, model_name: str | None) -> str:
+    """A warning where the loaded model cannot know the benchmark's facts, else ""."""
+    known_to = KNOWN_TO.get(name)
+    if model_name is None or known_to is None or model_name in known_to:
+        return ""
+    if name == "demo":
+        return (" ⚠ This model never saw the demo's invented authors (they exist only in the demo "
+                "model's training data): it knows none of these facts, so there is nothing to forget "
+                "and the comparison will count 0 known facts. Load the demo model for this benchmark.")
+    if model_name == DEMO:
+        return (" ⚠ The demo model was trained only on invented authors: it knows none of these real "
+                "facts, so there is nothing to forget. Load SmolLM2 (or another real model) for it.")
+    return ""
 
 
 def preset_note(name: str, split: str) -> str:

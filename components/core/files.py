@@ -1,12 +1,20 @@
 """Where the server keeps files: gradio's upload folder, the exports inside it, and the
-pruning that bounds them on disk."""
+pruning that bounds them on disk; and the uploaded edit's files (edit.json and
+patch.safetensors), read and checked before anything is built from them."""
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
 from gradio.utils import get_upload_folder
+from safetensors import SafetensorError
+
+from components.core.errors import UserError, shorten
+from components.core.limits import limit
+from grom import Edit
+from grom.edit import META_FILE, PATCH_FILE, read_metadata, read_patch_layout
 
 
 def upload_folder() -> Path:
@@ -67,3 +75,93 @@ def _remove_old(root: Path, max_age_s: float = 3600) -> None:
     for folder in root.glob("grom-edit-*"):
         if now - folder.stat().st_mtime > max_age_s:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- an uploaded edit
+
+def storage(ranks: dict) -> str:
+    """How patch.safetensors holds the patches, from {name: rank of its factors or None
+    (full)}: "5 as rank-142 factors", "3 full"."""
+    low = sorted(r for r in ranks.values() if r is not None)
+    full = len(ranks) - len(low)
+    kinds = [f"{len(low)} as rank-{low[0]}{'' if low[0] == low[-1] else f'-{low[-1]}'} factors"] if low else []
+    return ", ".join(kinds + ([f"{full} full"] if full else []))
+
+
+IMPORT_KINDS = (".json", ".safetensors")
+IMPORT_MAX_BYTES = {".json": 4 << 20}  # patch.safetensors: GROM_MAX_PATCH_MB
+
+
+def _max_bytes(kind: str) -> int:
+    return IMPORT_MAX_BYTES.get(kind) or limit("GROM_MAX_PATCH_MB") << 20
+
+
+def edit_uploads(files) -> tuple[Path, Path | None]:
+    """(edit.json, patch.safetensors or None) among the uploaded files."""
+    paths = [Path(f if isinstance(f, str) else getattr(f, "name", f)) for f in (files or [])]
+    if isinstance(files, (str, Path)):
+        paths = [Path(files)]
+    by_kind: dict[str, list[Path]] = {}
+    for path in paths:
+        by_kind.setdefault(path.suffix.lower(), []).append(path)
+    other = [p.name for kind, ps in by_kind.items() if kind not in IMPORT_KINDS for p in ps]
+    if other or len(by_kind.get(".json", [])) != 1 or len(by_kind.get(".safetensors", [])) > 1:
+        raise UserError("Upload one edit.json (and, for an edit of uploaded benchmark files, its "
+                        "patch.safetensors)" + (f"; {shorten(', '.join(other))} is neither." if other else "."))
+    for kind, ps in by_kind.items():
+        size = ps[0].stat().st_size
+        if size > _max_bytes(kind):
+            raise UserError(f"{shorten(ps[0].name)} is {size / 2**20:.1f} MB, more than the "
+                            f"{_max_bytes(kind) >> 20} MB this server takes"
+                            + (" (GROM_MAX_PATCH_MB). edit.json alone brings back an edit of a benchmark "
+                               "this server has: it is computed again." if kind == ".safetensors" else
+                               ": is it an exported edit.json?"))
+    patch = by_kind.get(".safetensors", [None])[0]
+    return by_kind[".json"][0], patch
+
+
+def read_edit_json(path: Path) -> dict:
+    try:
+        return read_metadata(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{shorten(path.name)} is not a text file: upload the edit.json an export wrote.") from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def check_patch_layout(patch_file: Path, model) -> None:
+    """Every patch of the file (read from its header: nothing is built yet) is one of
+    `model`'s matrices, with its shape."""
+    try:
+        layout = read_patch_layout(patch_file)
+    except (SafetensorError, OSError, RuntimeError) as err:
+        raise UserError(f"{shorten(patch_file.name)} is not a readable safetensors file ({shorten(err)}).") from None
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    params = dict(model.named_parameters())
+    for name, stored in layout.items():
+        W = params.get(name)
+        if W is None or tuple(W.shape) != tuple(stored.shape):
+            why = ("is not one of its matrices" if W is None else
+                   f"has shape {tuple(stored.shape)}, the model {tuple(W.shape)}")
+            raise UserError(f"patch.safetensors does not fit the loaded model: {shorten(name)} {why}.")
+
+
+def load_uploaded_edit(meta_file: Path, patch_file: Path, model) -> Edit:
+    """The uploaded Edit, checked to fit `model` (every patched matrix exists, same shape)
+    and to be the patch its edit.json describes (`Edit.load`)."""
+    check_patch_layout(patch_file, model)
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(meta_file, Path(tmp) / META_FILE)
+        shutil.copy(patch_file, Path(tmp) / PATCH_FILE)
+        try:
+            edit = Edit.load(tmp)
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise UserError(f"{shorten(patch_file.name)} is not a readable safetensors file "
+                            f"({shorten(err)}).") from None
+        except ValueError as err:
+            raise UserError(str(err)) from None
+    for name, P in edit.patches.items():
+        if not P.is_floating_point() or not bool(P.isfinite().all()):
+            raise UserError(f"patch.safetensors: {shorten(name)} is not a finite float patch.")
+    return edit

@@ -38,13 +38,33 @@ def history(session: Session) -> list[dict]:
 def add_run(session: Session, edit, source: str = "edit") -> None:
     """A row for `edit` (just made, or imported): settings, band and time; metrics follow
     from its comparison (`attach_report`)."""
+    add_row(session, edit.config.to_dict(), dict(edit.run), float(edit.timings.get("total", 0.0)),
+            source=source, edit=edit)
+
+
+def add_row(session: Session, config: dict, run: dict, seconds: float, *, source: str,
+            metrics: dict | None = None, edit=None) -> None:
+    """A row of settings (an EditConfig as a dict and its run), time and metrics; `edit`,
+    when given, is held weakly so that its comparison's metrics can find the row."""
     rows = history(session)
     number = (rows[-1]["n"] + 1) if rows else 1
-    rows.append({"n": number, "time": time.strftime("%H:%M:%S"), "source": source,
-                 "config": edit.config.to_dict(), "run": dict(edit.run),
-                 "seconds": float(edit.timings.get("total", 0.0)), "metrics": {},
-                 "edit": weakref.ref(edit)})
+    rows.append({"n": number, "time": time.strftime("%H:%M:%S"), "source": source, "config": config,
+                 "run": run, "seconds": seconds, "metrics": dict(metrics or {}),
+                 "edit": weakref.ref(edit) if edit is not None else (lambda: None)})
     del rows[:-MAX_ROWS]
+
+
+def bench_of(row: dict) -> str:
+    return f"{row['run'].get('benchmark', '?')}/{row['run'].get('split', '?')}"
+
+
+def shown_rows(session: Session) -> tuple[list[dict], int]:
+    """The rows the history shows, the newest first: those of the loaded benchmark (their
+    metrics share columns; another benchmark's do not), and how many others it keeps."""
+    rows = history(session)
+    label = session.bench_label
+    mine = [r for r in rows if not label or bench_of(r) == label]
+    return list(reversed(mine)), len(rows) - len(mine)
 
 
 def headline_metrics(report) -> dict[str, float]:

@@ -11,7 +11,8 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_EXAMPLES | 4000 | forget or retain examples one edit or baseline uses |
 | GROM_MAX_EVAL_EXAMPLES | 1000 | examples per evaluation set of a comparison ("all examples" included) |
 | GROM_MAX_NEW_TOKENS | 64 | new tokens of an answer to a typed question |
-| GROM_MAX_UPLOAD_MB | 10 | size of one uploaded file |
+| GROM_MAX_UPLOAD_MB | 10 | size of one uploaded benchmark file |
+| GROM_MAX_PATCH_MB | 24 | size of an uploaded patch.safetensors (any 5-layer down_proj edit of SmolLM2, full form: 16.9 MB) |
 | GROM_MAX_UPLOAD_ROWS | 10000 | rows of an uploaded benchmark |
 | GROM_MAX_QUEUED_PER_SESSION | 3 | jobs one session may have waiting or running |
 | GROM_MAX_QUEUE | 64 | jobs waiting in the whole server |
@@ -39,7 +40,7 @@ DEFAULTS = {
     "GROM_MAX_QUEUED_PER_SESSION": 3, "GROM_MAX_QUEUE": 64, "GROM_RESIDENT_MODELS": 2,
     "GROM_MAX_SESSIONS": 32, "GROM_EXPORT_MAX_MB": 256, "GROM_EXPORTS_PER_MINUTE": 6,
     "GROM_UPLOADS_PER_MINUTE": 30, "GROM_UPLOAD_CACHE_MB": 512, "GROM_SERVER_UPLOADS_PER_MINUTE": 120,
-    "GROM_MAX_REQUEST_MB": 4,
+    "GROM_MAX_REQUEST_MB": 4, "GROM_MAX_PATCH_MB": 24,
 }
 
 

@@ -4,14 +4,19 @@ Every GROM edit of the studio carries `edit.run` (saved as "run" in edit.json): 
 by its name, the benchmark, split and local source, the retain sample (size and seed),
 the preset, the band mode, k and the band. With `edit.config` that is everything needed
 to run it again; the run history, the sweep and the import restore the Edit panel from
-these two (`components.core.form.restore_values`).
+these two (`components.core.form.restore_values`). An imported run's edit, computed again,
+is compared with the exported one (`recompute_verdict`).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from components.core.errors import REPO_ROOT, UserError, shorten
+from components.core.files import storage
 from components.core.sources import DEMO, MAX_NAME_CHARS, allowed_dirs
+from grom import Edit
 
 # what edit.json's "run" must hold to reproduce the edit
 RUN_KEYS = ("model", "benchmark", "split", "retain_examples", "seed")
@@ -77,3 +82,59 @@ def band_text(band) -> str:
     return ",".join(map(str, band))
 
 
+def max_relative_difference(edit: Edit, reference: Edit) -> float | None:
+    """max over matrices of ||P - P_ref||_F / ||P_ref||_F (None: not the same matrices)."""
+    def shapes(e: Edit) -> dict:
+        return {name: tuple(P.shape) for name, P in e.patches.items()}
+
+    if shapes(edit) != shapes(reference):
+        return None
+    return max((float((P.double() - reference.patches[k].double()).norm())
+                / max(float(reference.patches[k].double().norm()), 1e-300) for k, P in edit.patches.items()),
+               default=0.0)
+
+
+def rounding_tolerance(edit: Edit) -> float:
+    """The largest ||dP||/||P|| that last-bit differences explain: 1e-3 for float32 patches
+    (another thread count gave 1.3e-6 on SmolLM2's 5 layers), 8 eps for 16-bit ones."""
+    return max([1e-3] + [8 * torch.finfo(P.dtype).eps for P in edit.patches.values() if P.is_floating_point()])
+
+
+def recompute_verdict(edit: Edit, recorded: str | None, seconds: float, reference: Edit | None) -> str:
+    """What a recomputed edit is to the exported one.
+
+    Identical: the sha256 edit.json records, the same patches bit for bit. The machine
+    that exported it gives that (same code, data, seed, a deterministic solve, the same
+    torch threads). Another torch, BLAS library, device or thread count changes the last
+    bits, and a hash can only say "different": how different needs the exported patch
+    (`reference`, the uploaded patch.safetensors), then within `rounding_tolerance` or not."""
+    sha = edit.sha256()
+    if recorded is None and reference is not None:
+        recorded = reference.sha256()
+    done = f"**Recomputed** in {seconds:.1f} s"
+    if recorded is None:
+        return (f"{done} (its edit.json records no patch sha256, as exports made before it had one: "
+                "nothing to compare with).")
+    if sha == recorded:
+        return f"{done}, identical to the exported edit bit for bit (sha256 `{sha[:16]}…`)."
+    diff = None if reference is None else max_relative_difference(edit, reference)
+    bits = "another torch, BLAS library, device or thread count changes the last bits of a solve"
+    how = (f"the numbers differ ({bits}; upload its patch.safetensors with edit.json to see by how much)"
+           if reference is None else "the uploaded patch holds other matrices" if diff is None else
+           f"it differs from the uploaded patch by at most {diff:.1e} of a matrix's norm (‖ΔP‖/‖P‖), "
+           + (f"which is rounding: {bits}" if diff <= rounding_tolerance(edit) else
+              "more than rounding: its settings or data are not those of the exported edit"))
+    return (f"{done}, **not identical** to the exported edit: its sha256 `{sha[:16]}…` is not the "
+            f"`{recorded[:16]}…` edit.json records; {how}. The recomputed edit is loaded.")
+
+
+def file_verdict(edit: Edit, name: str) -> str:
+    """What an edit loaded from its file is to the exported one (`Edit.load` has checked
+    that the file is the one its edit.json describes)."""
+    if edit.stored_ranks:
+        return (f"**Loaded** from {shorten(name)}: {storage({k: edit.stored_ranks.get(k) for k in edit.patches})}, "
+                "equal to the exported patches up to rounding (their factors' product, not bit for bit).")
+    if edit.recorded_sha256:
+        return (f"**Loaded** from {shorten(name)}, identical to the exported edit "
+                f"(sha256 `{edit.recorded_sha256[:16]}…`).")
+    return f"**Loaded** from {shorten(name)}."

@@ -1,25 +1,16 @@
-"""Per-session state, the shared model, and the one device lock.
+"""Per-session state and the shared models (the device lock: components/core/device.py).
 
 - `REGISTRY` holds the loaded base models of the process, keyed by (name, device, dtype):
-  at most GROM_RESIDENT_MODELS of them (components/limits.py), the least recently used
+  at most GROM_RESIDENT_MODELS of them (components/core/limits.py), the least recently used
   unloaded first, so that sessions on different models do not break each other. Every
   session shares them; a session works with the model it loaded (`current_model`).
 - `Session` is what a browser tab owns (inside a `gr.State`): its benchmark, layer
   scores, Edit (patches as CPU data), last comparison and last gradient baseline (an
   Edit too, kept apart from the GROM edit).
-- `DEVICE_LOCK` and the queue id `DEVICE_QUEUE` serialise everything that touches the
-  model. A request that needs the edited model applies its session's patch, computes and
-  reverts in a `finally` (`Edit.applied`, inside the library's `run_edit`, `evaluate`,
-  `compare_generations`), all while holding the lock, so the base weights are never left
-  edited between requests and no request sees another session's patch.
-- A job the visitor cancelled, or whose page went away, stops at its next forward pass
-  (`JobCancelled`, raised by a hook every resident model carries), so it frees the lock
-  in a fraction of a second instead of running to its end.
+- A new session is a copy of the app's template (`Session.__deepcopy__`): the start model
+  and its default benchmark, shared by reference.
 - `SESSIONS` keeps the heavy state (edits, comparisons) of at most GROM_MAX_SESSIONS
   sessions; the least recently active one is dropped and told so when it comes back.
-- `on_device` marks the compute functions: `spaces.GPU` on a ZeroGPU Space, plain
-  functions elsewhere. They take plain values and return plain values; sessions are
-  only changed outside them (on ZeroGPU they run in another process).
 """
 from __future__ import annotations
 

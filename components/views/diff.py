@@ -52,7 +52,15 @@ def _prob(p) -> str:
 # (kind, fact before, fact after) -> the row's verdict: a forgotten forget fact is the goal,
 # a lost retain fact is damage; each gets its own mark.
 VERDICTS = {("forget", True, False): ("forgotten", "v-good"), ("forget", True, True): ("still stated", "v-warn"),
-            ("retain", True, False): ("lost: broken", "v-bad"), ("retain", True, True): ("kept", "v-good")}
+            ("retain", True, False): ("fact lost", "v-bad"), ("retain", True, True): ("kept", "v-good")}
+LEGEND = {
+    "forget": ("forgotten: the unedited model stated the fact and the edited one does not (what the "
+               "answer says instead is its own matter: read it) · still stated: it still does · not "
+               "known before: the unedited model did not state it either, so there was nothing to forget"),
+    "retain": ("kept: the fact is still stated · fact lost: this answer no longer states a fact the "
+               "unedited model stated (one answer; the set counts as broken only when its kept-fact "
+               "recall falls by more than 10%) · not known before: nothing to keep"),
+}
 
 
 def _verdict(r: dict, kind: str | None) -> str:
@@ -78,5 +86,15 @@ def generations_html(rows: Sequence[dict], title: str = "", kind: str | None = N
             f'<td class="gen-before">{_render(left)} {_prob(r.get("prob_before"))}</td>'
             f'<td class="gen-after">{_render(right)} {_prob(r.get("prob_after"))} {_verdict(r, kind)}</td></tr>')
     head = f'<div class="gen-title">{html.escape(title)}</div>' if title else ""
+    if kind in LEGEND and any("fact_before" in r for r in rows):
+        head += f'<div class="gen-legend">{html.escape(LEGEND[kind])}</div>'
     return (f'<div class="gen-table">{head}<table><thead><tr><th>question</th><th>before the edit</th>'
             f'<th>after the edit</th></tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+
+
+def answer_html(question: str, answer: str, note: str = "") -> str:
+    """One model's answer to one question (no edit to compare with), with a note."""
+    note_html = f'<div class="gen-title">{html.escape(note)}</div>' if note else ""
+    return (f'<div class="gen-table">{note_html}<table><thead><tr><th>question</th><th>the original '
+            f'model</th></tr></thead><tbody><tr class="gen-row"><td class="gen-q">{html.escape(question)}'
+            f'</td><td class="gen-before">{html.escape(answer)}</td></tr></tbody></table></div>')

@@ -46,7 +46,8 @@ def plot_layer_scores(S: Sequence[float], F: Sequence[float], R: Sequence[float]
            if show_parts else go.Figure())
     at = dict(row=1, col=1) if show_parts else {}
     fig.add_trace(go.Bar(
-        x=layers, y=list(S), marker_color=colours, name="S_l = F_l − R_l", customdata=custom,
+        x=layers, y=list(S), marker_color=colours, name="S<sub>l</sub> = F<sub>l</sub> − R<sub>l</sub>",
+        customdata=custom,
         hovertemplate="layer %{x}<br>S = %{y:.4g}<br>F = %{customdata[0]:.4g}"
                       "<br>R = %{customdata[1]:.4g}<extra></extra>"), **at)
     for part, ref in ((band, None), (suggested, "suggested")):
@@ -58,20 +59,22 @@ def plot_layer_scores(S: Sequence[float], F: Sequence[float], R: Sequence[float]
                       annotation_text="suggested", annotation_position="bottom right"))
         fig.add_vrect(x0=min(part) - 0.5, x1=max(part) + 0.5, **style, **at)
     if show_parts:
-        for values, name, colour in ((F, "F_l (forget)", FORGET), (R, "R_l (retain)", RETAIN)):
+        for values, name, colour in ((F, "F<sub>l</sub> (forget)", FORGET),
+                                     (R, "R<sub>l</sub> (retain)", RETAIN)):
             fig.add_trace(go.Scatter(x=layers, y=list(values), mode="lines+markers", name=name,
                                      line=dict(color=colour), marker=dict(size=5)), row=2, col=1)
-        fig.update_yaxes(title="F_l, R_l", zeroline=True, zerolinecolor="#ced4da", row=2, col=1)
+        fig.update_yaxes(title="F<sub>l</sub>, R<sub>l</sub>", zeroline=True, zerolinecolor="#ced4da",
+                         row=2, col=1)
     # every layer labelled on a small model; on a deep one plotly thins the labels to the
     # plot's width (30 labels overlap on a phone), the hover still names each layer
     ticks = dict(tickmode="linear", dtick=1) if len(layers) <= 16 else dict(tickmode="auto")
     fig.update_xaxes(**ticks, tickfont=dict(size=11 if len(layers) > 20 else 13),
                      range=[-0.6, len(layers) - 0.4])  # the lines' panel has no bar padding of its own
     fig.update_xaxes(title="layer", row=2 if show_parts else None, col=1 if show_parts else None)
-    fig.update_yaxes(title="S_l", zeroline=True, zerolinecolor="#ced4da", **at)
+    fig.update_yaxes(title="S<sub>l</sub>", zeroline=True, zerolinecolor="#ced4da", **at)
     below = dict(legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="center", x=0.5),
                  margin=dict(l=50, r=20, t=48, b=90)) if show_parts else {}  # clear of the title on a phone
-    return _layout(fig, "Layer scores S_l (the band is edited)", height=500 if show_parts else 360,
+    return _layout(fig, "Layer scores S<sub>l</sub> (the band is edited)", height=500 if show_parts else 360,
                    showlegend=show_parts, bargap=0.15 if len(layers) > 20 else None, **below)
 
 
@@ -113,24 +116,37 @@ def plot_pca(points: dict[str, np.ndarray], explained: Sequence[float],
                    margin=dict(l=50, r=10, t=70, b=44))
 
 
+def tick_label(label: str, width: int = 32) -> str:
+    """`label` on one line and at most `width` characters (an ellipsis where cut): an axis
+    label; the whole text goes in the hover."""
+    label = " ".join(str(label).split())
+    return label if len(label) <= width else label[: width - 1].rstrip() + "…"
+
+
 def plot_influence(shares: Sequence[float], labels: Sequence[str], *, top: int = 40,
                    selected: int | None = None) -> go.Figure:
-    """The `top` largest per-example influences ||P - P_-i|| / ||P||, sorted, the largest
-    (or the `selected` rank) marked."""
+    """The `top` largest per-example influences ||P - P_-i|| / ||P||, sorted, each bar
+    labelled with its example (`labels`: the questions; cut short on the axis, whole on
+    hover), the largest (or the `selected` rank) marked."""
     shares = np.asarray(shares, float)
-    order = np.argsort(-shares)[:top]
+    order = np.argsort(-shares, kind="stable")[:top]
     mark = 0 if selected is None else selected
     colours = [ACCENT if rank == mark else FORGET for rank in range(len(order))]
+    # positions, not the labels, on the axis: two questions cut to the same text stay two bars
     fig = go.Figure(go.Bar(
-        x=[f"#{r + 1}" for r in range(len(order))], y=shares[order], marker_color=colours,
-        customdata=[labels[i] for i in order],
-        hovertemplate="rank %{x}: %{y:.2%} of ‖P‖<br>%{customdata}<extra></extra>"))
+        x=list(range(len(order))), y=shares[order], marker_color=colours,
+        customdata=[labels[i] for i in order], hovertext=[f"rank {r + 1}" for r in range(len(order))],
+        hovertemplate="%{hovertext}: leaving it out changes P by %{y:.1%} of ‖P‖<br>%{customdata}"
+                      "<extra></extra>"))
     if len(order):
-        fig.add_annotation(x=f"#{mark + 1}", y=float(shares[order[mark]]), text="largest" if mark == 0
+        fig.add_annotation(x=mark, y=float(shares[order[mark]]), text="largest" if mark == 0
                            else "selected", showarrow=True, arrowhead=2, ay=-30)
-    fig.update_yaxes(title="share of ‖P‖", tickformat=".1%")
-    fig.update_xaxes(title="forget examples, by influence")
-    return _layout(fig, "Per-example influence ‖P − P₋ᵢ‖ / ‖P‖ (Theorem 2)", height=320)
+    fig.update_yaxes(title="change of P without it, share of ‖P‖", tickformat=".0%", title_font_size=12)
+    fig.update_xaxes(tickmode="array", tickvals=list(range(len(order))),
+                     ticktext=[tick_label(labels[i]) for i in order], tickangle=-50,
+                     tickfont=dict(size=10 if len(order) > 20 else 11), range=[-0.6, len(order) - 0.4])
+    return _layout(fig, "Per-example influence ‖P − P₋ᵢ‖ / ‖P‖ (Theorem 2)", height=470,
+                   margin=dict(l=60, r=20, t=48, b=190))
 
 
 def plot_sweep(labels: Sequence[str], forget: Sequence[float], retain: Sequence[float],
@@ -159,12 +175,16 @@ def plot_tradeoff(forget: Sequence[float], kept: Sequence[float], labels: Sequen
                   x_title: str, y_title: str) -> go.Figure:
     """The run history's trade-off: one point per compared run, numbered, the latest ringed."""
     forget, kept, labels = list(forget), list(kept), list(labels)
+    # runs of nearby settings land on one spot: a number on every point would overlap, so only
+    # the latest is numbered and every point names its run on hover
     fig = go.Figure(go.Scatter(
-        x=forget, y=kept, mode="markers+text", text=[s.split(":")[0] for s in labels], customdata=labels,
-        textposition="top center", marker=dict(size=12, color=ACCENT, opacity=0.8),
+        x=forget, y=kept, mode="markers", customdata=labels,
+        marker=dict(size=12, color=ACCENT, opacity=0.7),
         hovertemplate="%{customdata}<br>forget %{x:.3f}<br>kept %{y:.3f}<extra></extra>"))
     if forget:
-        fig.add_trace(go.Scatter(x=forget[-1:], y=kept[-1:], mode="markers", name="latest",
+        fig.add_trace(go.Scatter(x=forget[-1:], y=kept[-1:], mode="markers+text", name="latest",
+                                 text=[f"latest: {labels[-1].split(':')[0]}"], textposition="top center",
+                                 hoverinfo="skip",
                                  marker=dict(size=22, color="rgba(0,0,0,0)", line=dict(color=FORGET, width=3))))
     fig.update_xaxes(title=x_title, range=[-0.05, 1.05])
     fig.update_yaxes(title=y_title, range=[-0.05, 1.1])

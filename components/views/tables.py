@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+import gradio as gr
 import pandas as pd
 
 from components.views import plots
@@ -119,3 +120,26 @@ def describe(bench) -> str:
     sets = ", ".join(f"{k} {len(v)}" for k, v in bench.eval_sets.items())
     return (f"**{bench.name} / {bench.split}**: {bench.description} {len(bench.forget)} forget "
             f"and {len(bench.retain)} retain examples; evaluation sets: {sets or 'none'}.")
+
+
+# The columns each table shows before it has rows (an empty gr.Dataframe shows "1 2 3").
+EMPTY = {
+    "matrices": ("matrix", "‖P‖", "‖P‖/‖W‖", "β used", "μ", "forget keys", "retain keys", "solve s"),
+    "metrics": ("metric", "Base", "Edited", "goal"),
+    "baseline": ("metric", "Base", "GROM", "baseline", "goal"),
+    "history": ("#", "time", "benchmark", "β", "w_r", "ρ", "band", "edit s"),
+    "sweep": ("point", "p(answer), forget", "p(answer), retain", "edit s"),
+    "influence": ("rank", "share of ‖P‖", "example"),
+    "quantization": ("metric", "Base", "Base 4-bit", "Edited", "Edited 4-bit"),
+}
+
+
+def empty_table(kind: str) -> pd.DataFrame:
+    """A table with its columns and no rows: what it shows before (or after clearing) its data."""
+    return pd.DataFrame(columns=list(EMPTY[kind]))
+
+
+def download_box(what: str) -> gr.File:
+    """The files under a table: its rows as CSV and JSON (filled when it has rows)."""
+    return gr.File(label=f"Download {what}: CSV and JSON", file_count="multiple", interactive=False,
+                   height=60, elem_classes="download-box")

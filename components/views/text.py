@@ -48,7 +48,10 @@ $o_l(j)$ is the output of layer $l$'s edited matrix at position $j$, $w_{g}$ the
 of the gold next token $g_j$, and $\alpha_j$ its specificity weight.
 """
 
-EDIT = ("**4 · Edit.** The keys $X_f$ (forget) and $X_r$ (retain) are the inputs of the edited "
+EDIT_SHORT = ("**4 · Edit.** One linear solve per edited matrix: the forget answers move away, the retain "
+              "answers stay.")
+
+EDIT = ("The keys $X_f$ (forget) and $X_r$ (retain) are the inputs of the edited "
         "matrix $W$ at every position that predicts an answer token; one linear solve finds the "
         "patch $P$ that moves the forget outputs to the target $D$ and leaves the retain "
         "outputs alone.")
@@ -84,8 +87,9 @@ BASELINE_RECIPE = ("OpenUnlearning's TOFU recipe: AdamW, batch 8 × 4 accumulati
                    "GROM edit stays as it is.")
 
 DIAGNOSTICS = ("**6 · Diagnostics.** Look inside the edit: where the edited matrix sends each "
-               "example, which forget examples shaped the patch most, how β trades forgetting "
-               "against keeping, and whether the edit survives 4-bit quantization.")
+               "example, which forget examples shaped the patch most, and whether the edit survives "
+               "4-bit quantization. (How one setting, β or another, trades forgetting against "
+               "keeping is the **sweep**, under Edit details.)")
 
 PCA = ("Each point is one example's mean output of the edited matrix over its answer positions, "
        "before ($Wx$, hollow) and after ($(W+P)x$, filled), joined by a line. The axes are the two "
@@ -93,10 +97,17 @@ PCA = ("Each point is one example's mean output of the edited matrix over its an
        "not of the outputs, whose own spread would hide the moves): forget examples should travel, "
        "retain examples stay put.")
 
-INFLUENCE = r"""Theorem 2: removing forget example $i$ (key block $C_i$) changes the patch by a
-rank-$c_i$ term, $\Delta P_i = P - P_{-i} = L_i R_i^\top$, found from the cached factor of $A$ with
-one $c_i \times c_i$ solve (Woodbury). Bars show $\lVert \Delta P_i\rVert_F / \lVert P\rVert_F$;
-pick a rank, or click a row, to read the example."""
+INFLUENCE = ("**What a bar says.** Each bar is one forget example, labelled with its question (hover "
+             "for all of it). Its height answers: *if this one example were left out of the forget set, "
+             "how much would the patch $P$ change?*, as a share of the size of $P$. The tallest bars are "
+             "the examples that shaped the edit most; the shortest, those it hardly depends on. Pick a "
+             "rank, or click a row of the table, to read an example.  \n"
+             "**Why the bars add up to more than 100%.** Each bar is one example left out *alone*. The "
+             "examples' changes point in different directions (each pushes down its own answer's "
+             "tokens), and sizes in different directions do not add up: 3 steps east and 4 north leave "
+             "you 5 steps from the start, not 7. So the bars are not slices of one whole: leaving out "
+             "two examples changes $P$ by about their two changes put together, which is well under "
+             "than their two bars added (BENCHMARKS.md, influence shares).")
 
 SWEEP = ("Each value is a full edit of the session's last edit with that one setting changed "
          "(its band, data and seed kept; the forward pass up to the band is reused). A point is "
@@ -111,24 +122,40 @@ QUANT = ("A 4-bit copy of the edited model should still forget, and still keep t
          "edit that lives below the quantization step would come back after quantizing (the paper "
          "reports that gradient unlearning does; GROM's edit should not).")
 
-EXPORT = ("**7 · Export.** The edit is data: the patch $P$ per matrix in safetensors and the "
-          "settings in JSON (the model by its name, the benchmark, split, retain sample and seed, "
-          "every setting and the band); apply it to the same base model with the library, or load "
-          "it back here.")
+EXPORT = ("**7 · Export.** The edit is data: the settings in JSON (the model by its name, the benchmark, "
+          "split, retain sample and seed, every setting, the band, and the sha256 of the patch) and the "
+          "patch $P$ per matrix in safetensors, as two thin factors $U V$ where that is smaller ($P$ has "
+          "rank at most the number of forget keys $s$); apply it to the same base model with the "
+          "library, or load it back here.")
 
-IMPORT = ("**Load a run.** Upload an exported `edit.json`: the benchmark and every setting come back "
-          "(press Run edit to run it again). Upload `patch.safetensors` with it and, if the model "
-          "matches, the edit itself comes back too.")
+IMPORT = ("**Load a run.** Upload an exported `edit.json`: the benchmark and every setting come back, and "
+          "the edit is computed again (seconds) and checked against the sha256 the file records. "
+          "*Identical* means bit for bit, what the machine that exported it gives; another torch, BLAS "
+          "library or device may change the last bits, and the note says so (with `patch.safetensors` "
+          "uploaded too, by how much). The patch file is needed only for an edit of uploaded benchmark "
+          "files, which this server does not keep.")
 
 SNIPPET = '''\
 # pip install .   (in the GROM Studio repository: the package grom-studio, which provides grom)
+import torch
 from grom import Edit
+from grom.data.prompts import encode_prompt
 from grom.models import load_model
 
 model, tokenizer = load_model({model!r})
 edit = Edit.load("{folder}")          # patch.safetensors + edit.json
+question = {question!r}
+prompt = torch.tensor([encode_prompt(tokenizer, question, edit.config.prompt_format)])
+
+
+def answer() -> str:
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False)
+    return tokenizer.decode(out[0, prompt.shape[1]:], skip_special_tokens=True).strip()
+
+
+print("before:", answer())
 with edit.applied(model):              # W <- W + P; restored bit for bit on exit
-    ...                                # generate, evaluate
+    print("after: ", answer())
 edit.apply(model)                      # or keep it applied
 '''
 
@@ -161,3 +188,17 @@ harmonic mean of the share of known forget facts forgotten and the share of know
 TOFU (model utility averaged with the forget side's 1 − ROUGE, 1 − prob, 1 − ES), MUSE or WMDP
 formula: read it beside the retain cost, since forgetting more can raise it while the retain set suffers.
 """
+
+
+INFLUENCE_MATH = r"""Theorem 2: leaving out forget example $i$ (its key block $C_i$, $c_i$ columns, and
+target block $D_i$), with $w_f/s$ and $\mu$ held, changes the patch by a rank-$c_i$ term,
+
+$$\Delta P_i = P - P_{-i} = L_i R_i^\top,\qquad R_i = A^{-1} C_i,\qquad
+L_i = (D_i - P C_i)\Bigl(\tfrac{s}{w_f} I - C_i^\top A^{-1} C_i\Bigr)^{-1},$$
+
+from the factor of $A$ already computed, with one $c_i \times c_i$ solve (Woodbury). A bar is
+$\lVert \Delta P_i\rVert_F / \lVert P\rVert_F$. To first order $\Delta P_i \approx Q_i = \tfrac{w_f}{s} D_i C_i^\top A^{-1}$
+(the rest comes from $C_i$ leaving $A$), and $\sum_i Q_i = P$ exactly. Since
+$\lVert P\rVert = \lVert \sum_i Q_i\rVert \le \sum_i \lVert Q_i\rVert$, with equality only when every $Q_i$ points
+the same way, the bars add up to more than 100%; were the $Q_i$ at right angles, their squares
+would add up to 100%."""

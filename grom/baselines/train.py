@@ -137,6 +137,19 @@ def _schedule(s: Settings, n_forget: int) -> tuple[int, int]:
     return total, int(s.warmup_epochs * n_forget // (s.batch_size * s.grad_accum))
 
 
+class _Clock:
+    """The time left of a run of `total` steps, from the pace so far."""
+
+    def __init__(self, total: int):
+        self.total, self.t0 = total, time.perf_counter()
+
+    def left(self, done: float) -> str:
+        if done <= 0:
+            return ""
+        rest = (time.perf_counter() - self.t0) / done * (self.total - done)
+        return f"; about {rest:.0f} s left" if rest >= 1 else ""
+
+
 def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], retain: list[Encoded],
            slots: list[tuple[str, nn.Parameter]], pad: int,
            progress: Progress) -> tuple[Trained, dict[str, torch.Tensor]]:
@@ -148,7 +161,7 @@ def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], re
     gen = torch.Generator().manual_seed(s.seed)
     ref = None
     if row.needs_reference:
-        progress(0.0, f"{s.method}: reference log-probabilities")
+        progress(0.0, f"{row.label}: the unedited model's log-probabilities of {len(forget)} forget answers")
         ref = _reference_nll(model, forget, s, pad)
     for n, p in model.named_parameters():
         p.requires_grad_(n in trained)
@@ -162,6 +175,7 @@ def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], re
     sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_schedule(warmup, total))
     result = Trained(tuple(sorted(masters)), total_steps=total, warmup_steps=warmup, n_forget=n_f,
                      n_retain=len(retain))
+    clock = _Clock(total)
     while result.steps < total:
         order = torch.randperm(n_f, generator=gen)
         micro = list(torch.split(order, s.batch_size))
@@ -171,7 +185,7 @@ def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], re
             group = micro[k:k + s.grad_accum]
             lr = opt.param_groups[0]["lr"]
             record: dict[str, float] = {}
-            for f_idx in group:
+            for i, f_idx in enumerate(group):
                 r_idx = (torch.randint(0, len(retain), (len(f_idx),), generator=gen)
                          if retain and row.needs_retain else None)
                 loss, parts = _micro_loss(model, s, row, forget, retain, f_idx, r_idx, ref, pad)
@@ -179,11 +193,16 @@ def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], re
                 parts["loss"] = float(loss.detach())
                 for key, v in parts.items():
                     record[key] = record.get(key, 0.0) + v / len(group)
+                if i + 1 < len(group):  # within an accumulated step too: a step of SmolLM2 takes seconds
+                    done = result.steps + (i + 1) / len(group)
+                    progress(done / total, f"{row.label} step {result.steps + 1}/{total} "
+                                           f"({i + 1}/{len(group)} micro-batches){clock.left(done)}")
             optimizer_step(opt, sched, pairs, s)
             result.steps += 1
             result.history.append({"step": result.steps, "lr": lr, **record})
-            progress(result.steps / total, f"{s.method} step {result.steps}/{total}: loss "
-                                           f"{record['loss']:.4f}, forget NLL {record['forget_nll']:.3f}")
+            progress(result.steps / total, f"{row.label} step {result.steps}/{total}: loss "
+                                           f"{record['loss']:.4f}, forget NLL {record['forget_nll']:.3f}"
+                                           f"{clock.left(result.steps)}")
     result.seconds = time.perf_counter() - t0
     log.info("%s: %d steps in %.1fs on %s", s.method, result.steps, result.seconds, model_device(model))
     return result, masters
@@ -285,7 +304,8 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     gamma 0.125, alpha 1 (GA takes none). `epochs` over the forget set, or `max_steps`
     optimizer steps (overrides epochs, as in HF). `params`: None trains every parameter,
     else those whose name contains one of the substrings (e.g. ["mlp"]). `progress(fraction,
-    message)` is called after every optimizer step; an exception from it cancels the run.
+    message)` is called after every optimizer step and every micro-batch of an accumulated
+    one, with the time left at the pace so far; an exception from it cancels the run.
 
     The Edit: `patches` = final - initial weights of every parameter that changed (each in
     its weight's dtype), `method`, `info` (settings, steps, final losses, loss history),

@@ -34,6 +34,7 @@ class BenchmarkSpec:
     load: `load(split, source, **options) -> Benchmark`.
     splits: the valid splits, the default first. aliases: other names for them.
     options: the keyword options `load` takes besides split and source.
+    bundled: with no source, it reads files that ship with the package (else the Hub).
     """
 
     name: str
@@ -42,6 +43,7 @@ class BenchmarkSpec:
     options: tuple[str, ...] = ("prompt_format",)
     aliases: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    bundled: bool = False
 
 
 def _muse_spec(corpus: str) -> BenchmarkSpec:
@@ -63,7 +65,7 @@ _REGISTRY: dict[str, BenchmarkSpec] = {
     spec.name: spec
     for spec in (
         BenchmarkSpec("real-knowledge", knowledge.load_knowledge, knowledge.SPLITS,
-                      options=("prompt_format", "known_only"),
+                      options=("prompt_format", "known_only"), bundled=True,
                       description="facts a small chat model knows, by target: forget one, keep the rest (offline)"),
         BenchmarkSpec("tofu", tofu.load_tofu, tofu.SPLITS,
                       description=f"TOFU fictitious authors (Hub {tofu.HUB_ID})"),
@@ -125,5 +127,6 @@ def load_benchmark(name: str, split: str | None = None, source: Any = None, **op
     if unknown:
         accepted = ", ".join(spec.options) or "none"
         raise BenchmarkError(f"{spec.name}: unknown option(s) {', '.join(unknown)}; it takes: {accepted}")
-    logger.info("loading benchmark %s/%s from %s", spec.name, split, "the Hub" if source is None else source)
+    where = source if source is not None else ("its bundled files" if spec.bundled else "the Hub")
+    logger.info("loading benchmark %s/%s from %s", spec.name, split, where)
     return spec.load(split, source, **options)

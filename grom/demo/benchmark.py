@@ -16,5 +16,5 @@ def _load(split: str, source: Any = None) -> Benchmark:
     return load_demo_benchmark(split)
 
 
-DEMO_BENCHMARK = BenchmarkSpec("demo", _load, SPLITS, options=(),
+DEMO_BENCHMARK = BenchmarkSpec("demo", _load, SPLITS, options=(), bundled=True,
                                description="the bundled fictitious-authors world (offline)")
