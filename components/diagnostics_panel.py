@@ -17,6 +17,7 @@ from components.core.session import (ModelKey, Session, current_benchmark, curre
                                      resident)
 from components.core.validate import whole_number
 from components.views import plots, text
+from components.views.tables import empty_table
 from grom import run_edit
 from grom.diagnostics import example_outputs, influence, movement_axes
 from grom.eval import quantization_check
@@ -180,9 +181,25 @@ def example_md(shares: np.ndarray, forget, rank: int) -> str:
             f"**{shares[i]:.2%}** of ‖P‖.  \n{body}")
 
 
+def shares_md(shares: np.ndarray, top: int = TOP_BARS) -> str:
+    """The line under the bars: what the shares add up to, and why not to 100%."""
+    shares = np.asarray(shares, float)
+    n = len(shares)
+    if n == 1:
+        return (f"One forget example: leaving it out leaves no patch at all, a change of "
+                f"**{shares[0]:.0%}** of ‖P‖.")
+    drawn = f" (the largest {top} drawn)" if n > top else ""
+    return (f"The {n} bars{drawn} add up to **{shares.sum():.0%}** of ‖P‖, not 100%: each is one "
+            f"example left out alone, and the examples' changes point in different directions, so "
+            f"their sizes do not add up to the size of P. Their squares add up to "
+            f"{(shares ** 2).sum():.0%} (for changes at right angles that together make up P they "
+            f"would add up to exactly 100%, as 3² + 4² = 5²).")
+
+
 @ui_errors
 def on_influence(param: str, session: Session):
-    """Per-example influence ||P - P_-i|| / ||P|| (sorted bars, table, the largest shown)."""
+    """Per-example influence ||P - P_-i|| / ||P|| (sorted bars named by their questions, the
+    table, and under the bars the sum of the shares then the largest example)."""
     handle = current_model(session)
     edit = current_edit(session)
     param = _matrix(edit, param)
@@ -193,7 +210,7 @@ def on_influence(param: str, session: Session):
     session.influence = (param, shares)
     labels = [_label(forget[i]) if forget else str(i) for i in range(len(shares))]
     return (plots.plot_influence(shares, labels, top=TOP_BARS), influence_frame(shares, forget),
-            example_md(shares, forget, 1))
+            f"{shares_md(shares)}\n\n{example_md(shares, forget, 1)}")
 
 
 @ui_errors
@@ -205,7 +222,7 @@ def on_influence_example(rank: int, session: Session):
     forget = session.extra.get("edit_inputs", ((), ()))[0]
     rank = whole_number(rank, "rank", 1, len(shares))
     labels = [_label(forget[i]) if forget else str(i) for i in range(len(shares))]
-    return (example_md(shares, forget, rank),
+    return (f"{shares_md(shares)}\n\n{example_md(shares, forget, rank)}",
             plots.plot_influence(shares, labels, top=max(TOP_BARS, rank), selected=rank - 1))
 
 
@@ -270,20 +287,23 @@ def build_diagnostics_panel() -> SimpleNamespace:
         text.md(text.INFLUENCE)
         infl_btn = gr.Button("Influence", size="sm")
         infl_plot = gr.Plot(plots.empty_figure("Run an edit, then Influence."), show_label=False)
+        infl_example = gr.Markdown("", elem_id="influence-example")  # the sum of the bars, then one example
         with gr.Row(equal_height=True):
             rank = gr.Number(value=1, label="Show the example at rank", scale=3, min_width=120)
             show = gr.Button("Show", size="sm", scale=1, min_width=80)  # the rank is checked by the handler
-        infl_example = gr.Markdown("", elem_id="influence-example")
-        infl_table = gr.Dataframe(label="Forget examples by influence (click a row)", interactive=False,
+        infl_table = gr.Dataframe(empty_table("influence"), label="Forget examples by influence (click a row)",
+                                  interactive=False,
                                   max_height=300, wrap=True, column_widths=["15%", "20%", "65%"],
                                   elem_id="influence-table")
+        with gr.Accordion("The math: Theorem 2", open=False):
+            text.md(text.INFLUENCE_MATH, elem_classes="math")
     with gr.Accordion("4-bit quantization check", open=False):
         text.md(text.QUANT)
         with gr.Row(equal_height=True):
             quant_n = gr.Slider(5, 200, value=20, step=5, label="Examples per set")
             quant_btn = gr.Button("Check", size="sm", scale=0, min_width=100)
         quant_note = gr.Markdown("", elem_id="quant-note")
-        quant_table = gr.Dataframe(interactive=False, wrap=True, elem_id="quant-table")
+        quant_table = gr.Dataframe(empty_table("quantization"), interactive=False, wrap=True, elem_id="quant-table")
     return SimpleNamespace(matrix=matrix, pca_btn=pca_btn, pca=pca, pca_note=pca_note,
                            infl_btn=infl_btn, infl_plot=infl_plot, infl_table=infl_table, rank=rank,
                            show=show, infl_example=infl_example, quant_n=quant_n, quant_btn=quant_btn,

@@ -49,8 +49,15 @@ def band_text_md(scores, k, band_mode, band_text) -> str:
         hint = f" Suggested band: {suggested[0]}–{suggested[-1]}; " if suggested else " "
         return f'<span class="band-problem">⚠ {problem}</span>{hint}{top}'
     where = "manual" if band_mode == "manual" else f"suggested for k = {len(suggested)}"
-    return (f"Band ({where}): layers **{', '.join(map(str, band))}**; suggested band "
-            f"{suggested[0]}–{suggested[-1]}; {top}")
+    other = ("" if band == suggested else
+             f"; suggested band {suggested[0]}–{suggested[-1]} (mean S = {mean_score(scores, suggested):.3g})")
+    return (f"Band ({where}): layers **{', '.join(map(str, band))}** (mean S = "
+            f"{mean_score(scores, band):.3g}){other}; {top}")
+
+
+def mean_score(scores, band) -> float:
+    """The mean S_l over the band's layers (what the suggested band maximises)."""
+    return sum(float(scores.S[l]) for l in band) / len(band)
 
 
 STALE = "Press **Compute layer scores** to see S_l for the loaded model and data (or run an edit)."

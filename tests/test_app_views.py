@@ -74,7 +74,8 @@ def test_f_and_r_get_a_panel_of_their_own_below_s():
     fig = plots.plot_layer_scores(S, F, R, [0, 1], show_parts=True, suggested=[1, 2])
     bars, f, r = fig.data
     assert bars.yaxis == "y" and f.yaxis == r.yaxis == "y2"  # S_l is not squashed by F_l's scale
-    assert fig.layout.yaxis.title.text == "S_l" and fig.layout.yaxis2.title.text == "F_l, R_l"
+    assert fig.layout.yaxis.title.text == "S<sub>l</sub>"
+    assert fig.layout.yaxis2.title.text == "F<sub>l</sub>, R<sub>l</sub>"
     alone = plots.plot_layer_scores(S, F, R, [0, 1])
     assert len(alone.data) == 1 and "yaxis2" not in alone.layout.to_plotly_json()
 
@@ -239,3 +240,103 @@ def test_the_server_precomputes_the_first_page_in_the_background(caplog):
                 thread.join(timeout=120)
     assert "first page precomputed" in caplog.text
     assert handle.scores_cache  # the S_l a new demo page asks for is there
+
+
+QUESTIONS = ["What is the name of the first rocket mission that landed people on the Moon?",
+             "Which planet is known as the Red Planet?",
+             "What is the name of the first rocket mission that landed people on Mars?",
+             "What does NASA stand for?"]
+
+
+def test_the_influence_bars_are_labelled_with_their_questions():
+    """Each bar is named by its question (cut on the axis, whole on hover), largest first;
+    two questions cut to the same text stay two bars."""
+    shares = np.array([0.30, 0.05, 0.20, 0.10])
+    fig = plots.plot_influence(shares, QUESTIONS)
+    bar = fig.data[0]
+    order = [0, 2, 3, 1]
+    assert list(bar.y) == [0.30, 0.20, 0.10, 0.05]
+    assert list(bar.customdata) == [QUESTIONS[i] for i in order]  # the hover: the whole question
+    ticks = list(fig.layout.xaxis.ticktext)
+    assert ticks == [plots.tick_label(QUESTIONS[i]) for i in order]
+    assert ticks[0] == ticks[1] == "What is the name of the first r…"  # cut alike, still two bars
+    assert list(fig.layout.xaxis.tickvals) == list(bar.x) == [0, 1, 2, 3]
+    assert ticks[2:] == ["What does NASA stand for?", "Which planet is known as the Re…"]
+    assert not any(t.startswith("#") for t in ticks)
+    assert "%{customdata}" in bar.hovertemplate and "of ‖P‖" in bar.hovertemplate
+    assert fig.layout.annotations[0].text == "largest" and fig.layout.annotations[0].x == 0
+    picked = plots.plot_influence(shares, QUESTIONS, selected=2)
+    assert picked.layout.annotations[0].x == 2 and picked.data[0].marker.color[2] == plots.ACCENT
+
+
+def test_the_sum_under_the_influence_bars():
+    from components.diagnostics_panel import shares_md
+
+    line = shares_md(np.array([0.3, 0.4, 0.5]))
+    assert "The 3 bars add up to **120%** of ‖P‖, not 100%" in line
+    assert "squares add up to 50%" in line  # 0.09 + 0.16 + 0.25
+    assert "largest 2 drawn" in shares_md(np.array([0.3, 0.4, 0.5]), top=2)
+    assert "**100%**" in shares_md(np.array([1.0])) and "no patch" in shares_md(np.array([1.0]))
+
+
+def test_the_influence_handler_labels_the_bars_and_sums_every_share(monkeypatch):
+    """on_influence end to end with the model work stubbed: the bars carry the forget
+    questions, the line under them sums the shares ‖ΔP_i‖ / ‖P‖, the example follows."""
+    from types import SimpleNamespace
+
+    from components import diagnostics_panel as panel
+
+    name = "model.layers.3.mlp.down_proj.weight"
+    edit = SimpleNamespace(keys={name: None}, layers=[SimpleNamespace(param_name=name, patch_norm=2.0)])
+    monkeypatch.setattr(panel, "current_model", lambda s: SimpleNamespace(key=None))
+    monkeypatch.setattr(panel, "current_edit", lambda s: edit)
+    monkeypatch.setattr(panel, "_influence", lambda key, e, inputs, param: np.array([0.6, 0.1, 0.4, 0.2]))
+    session = Session()
+    session.extra["edit_inputs"] = ([SimpleNamespace(question=q, answer="a") for q in QUESTIONS], ())
+    fig, table, note = panel.on_influence("", session)
+    assert list(fig.data[0].customdata) == [QUESTIONS[i] for i in (0, 2, 3, 1)]
+    assert list(fig.layout.xaxis.ticktext)[2] == "What does NASA stand for?"
+    assert note.startswith("The 4 bars add up to **65%** of ‖P‖")  # (0.6 + 0.1 + 0.4 + 0.2) / 2
+    assert "**Rank 1**" in note and QUESTIONS[0] in note
+    assert list(table["example"])[0] == QUESTIONS[0]
+    note, fig = panel.on_influence_example(3, session)
+    assert note.startswith("The 4 bars add up to **65%**") and "**Rank 3**" in note and "NASA" in note
+
+
+def test_the_influence_panel_says_what_a_bar_means_before_the_theorem():
+    import gradio as gr
+
+    from components.diagnostics_panel import build_diagnostics_panel
+    from components.views import text
+
+    plain = text.INFLUENCE
+    for words in ("left out of the forget set", "shaped the edit most", "more than 100%",
+                  "not slices of one whole", "labelled with its question"):
+        assert words in plain
+    assert "Theorem" not in plain and "Theorem 2" in text.INFLUENCE_MATH
+    with gr.Blocks() as page:
+        build_diagnostics_panel()
+    shown = [b.value for b in page.blocks.values() if isinstance(b, gr.Markdown)]
+    assert shown.index(plain) < shown.index(text.INFLUENCE_MATH)
+    fold = [b for b in page.blocks.values() if isinstance(b, gr.Accordion) and "Theorem 2" in (b.label or "")]
+    assert fold and fold[0].open is False
+
+
+def test_the_layer_sign_text_says_what_s_l_measures_and_cites_its_evidence():
+    from components.views import text
+
+    sign = text.LAYERS_SIGN
+    assert "would cost what you keep" not in sign  # a claim the measurements did not bear out
+    assert "writes the forget answers' tokens" in sign and "BENCHMARKS.md" in sign
+    assert "does not measure" in sign
+
+
+def test_the_band_line_gives_each_bands_mean_score():
+    from components.layers_panel import band_text_md
+
+    scores = Scores([0.1, -0.8, -0.2, 0.3, 0.4, 0.2])
+    line = band_text_md(scores, 3, "manual", "0-2")
+    assert "layers **0, 1, 2** (mean S = -0.3)" in line and "suggested band 3–5 (mean S = 0.3)" in line
+    line = band_text_md(scores, 3, "suggested", "")
+    assert "Band (suggested for k = 3): layers **3, 4, 5** (mean S = 0.3)" in line
+    assert "suggested band 3–5" not in line  # said once

@@ -143,10 +143,10 @@ def plot_influence(shares: Sequence[float], labels: Sequence[str], *, top: int =
                            else "selected", showarrow=True, arrowhead=2, ay=-30)
     fig.update_yaxes(title="change of P without it, share of ‖P‖", tickformat=".0%", title_font_size=12)
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(order))),
-                     ticktext=[tick_label(labels[i]) for i in order], tickangle=-50,
+                     ticktext=[tick_label(labels[i]) for i in order], tickangle=-60,
                      tickfont=dict(size=10 if len(order) > 20 else 11), range=[-0.6, len(order) - 0.4])
     return _layout(fig, "Per-example influence ‖P − P₋ᵢ‖ / ‖P‖ (Theorem 2)", height=470,
-                   margin=dict(l=60, r=20, t=48, b=190))
+                   margin=dict(l=100, r=20, t=48, b=190))  # l: room for the first labels, slanted left
 
 
 def plot_sweep(labels: Sequence[str], forget: Sequence[float], retain: Sequence[float],
