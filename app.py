@@ -166,8 +166,9 @@ def wire(ui: SimpleNamespace) -> None:
                 show_progress_on=[e.status, c.summary], **DEVICE) \
        .success(result_card, s, e.status, scroll_to_output=True, **LOCAL) \
        .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
-    c.run.click(on_compare, *compare_io, api_name="compare", **DEVICE) \
-     .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
+    compared = c.run.click(on_compare, *compare_io, api_name="compare", **DEVICE)
+    compared.success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
+    compared.success(result_card, s, e.status, **LOCAL)  # a larger evaluation changes the card
     a.ask.click(on_generate, [a.prompt, s], a.prompt_html, api_name="generate", **DEVICE)
     bl.method.change(on_method_change, [bl.method, s], bl.lr, **LOCAL)
     bl.run.click(on_run_baseline, [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],

@@ -2,7 +2,8 @@
 
     python bench/bench_knowledge.py sweep --betas 30,65,100,150 --w-r 10,100,1000
     python bench/bench_knowledge.py speed                   # edit time against forward passes
-    python bench/bench_knowledge.py compare --max-examples 10   # the studio's Run edit + comparison
+    python bench/bench_knowledge.py compare --known-only --max-examples 0   # the studio's Run edit + comparison
+    python bench/bench_knowledge.py answers --betas 65,200,1000  # each answer's class, to read
     python bench/bench_knowledge.py ablate                  # alpha off, early and random bands
     python bench/bench_knowledge.py baselines --epochs 5 --lr ga=1e-5,npo=1e-5 ...
     python bench/bench_knowledge.py influence --sizes 4,8,16,34   # Theorem 2 against forget-set size
@@ -10,9 +11,12 @@
 Every row is an edit of the model (fetched once by `grom.models.load_model`) evaluated on
 the facts it knew before (`grom.eval.evaluate`, task "knowledge"): fact recall on the
 forget target(s), its paraphrases, the neighbouring targets and general knowledge, the
-headline Knowledge score (harmonic mean of forgotten and kept shares), the retain cost,
-and what the model says instead (repetition, perplexity under the unedited model). A row
+headline Knowledge score (harmonic mean of the cleanly forgotten and the kept shares), the
+retain cost, and what the model says instead (each answer's class: a refusal, another
+fluent answer, or degenerate text; repetition, perplexity under the unedited model). A row
 whose retain set broke (lost more than a tenth of its known facts) is marked "broken".
+--known-only evaluates the facts SmolLM2 was probed to know, as the studio does;
+--max-examples 0 every example of each set.
 Prints markdown tables; numbers go into BENCHMARKS.md with the machine.
 """
 from __future__ import annotations
@@ -33,12 +37,12 @@ import torch  # noqa: E402
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.baselines import METHODS, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
-from grom.eval import evaluate, quantization_check  # noqa: E402
+from grom.eval import evaluate, quantization_check, quantization_verdict  # noqa: E402
 from grom.models import load_model  # noqa: E402
 
-COLUMNS = ["Forget fact recall", "Forget paraphrase recall", "Kept fact recall", "Knowledge score",
-           "Forget prob", "Forget answer perplexity", "Forget repetition", "Text perplexity",
-           "Retain cost"]
+COLUMNS = ["Forget fact recall", "Forget clean forgetting", "Forget degenerate", "Forget paraphrase recall",
+           "Kept fact recall", "Knowledge score", "Forget prob", "Forget answer perplexity",
+           "Forget repetition", "Text perplexity", "Retain cost"]
 
 
 def _log(msg: str) -> None:
@@ -61,7 +65,7 @@ class Run:
     def __init__(self, args, split: str):
         self.args = args
         self.model, self.tok = load_model(args.model)
-        self.bench = load_benchmark("real-knowledge", split)
+        self.bench = load_benchmark("real-knowledge", split, known_only=args.known_only)
         if args.retain_examples:  # the app's seeded retain sample (components.edit_panel.retain_subset)
             retain = tuple(random.Random(args.seed).sample(self.bench.retain, args.retain_examples))
             self.bench = dataclasses.replace(self.bench, retain=retain)
@@ -184,12 +188,14 @@ def baselines(args) -> None:
     if args.quant:
         qrows = []
         for name, e in edits.items():
-            df = quantization_check(run.model, run.tok, run.bench, e, max_examples=args.max_examples)
-            col = "Forget ROUGE-L"
-            qrows.append([name, f"{df[col].iloc[2]:.3f} -> {df[col].iloc[3]:.3f}",
-                          f"{df['Forget prob'].iloc[2]:.3f} -> {df['Forget prob'].iloc[3]:.3f}"])
-        print("\n4-bit check (RTN, groups of 128): forget set, full precision -> 4-bit\n")
-        print(md_table(["edit", "Forget ROUGE-L", "Forget prob"], qrows))
+            df = quantization_check(run.model, run.tok, run.bench, e, max_examples=args.max_examples,
+                                    with_retain=True)
+            v = quantization_verdict(df)
+            qrows.append([name, *(f"{df[c].iloc[2]:.3f} -> {df[c].iloc[3]:.3f}"
+                                  for c in ("Forget fact recall", "Kept fact recall", "Forget prob")),
+                          {True: "survives", False: "undone", None: "no verdict"}[v.survives]])
+        print("\n4-bit check (RTN, groups of 128): edited model, full precision -> 4-bit\n")
+        print(md_table(["edit", "Forget fact recall", "Kept fact recall", "Forget prob", "verdict"], qrows))
 
 
 def influence_vs_size(args) -> None:
@@ -251,6 +257,7 @@ def compare(args) -> None:
     base = evaluate(run.model, run.tok, run.bench, max_examples=args.max_examples, prefix=cache,
                     record_at=(first.band[0],), batch_size=args.eval_batch_size)
     times: dict[str, list[float]] = {"edit": [], "every layer": [], "replayed": []}
+    row_s: dict[str, list[float]] = {"every layer": [], "replayed": []}
     reports = {}
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -262,25 +269,59 @@ def compare(args) -> None:
             reports[label] = evaluate(run.model, run.tok, run.bench, edit=edit, reuse=base, prefix=prefix,
                                       max_examples=args.max_examples, batch_size=args.eval_batch_size)
             times[label].append(time.perf_counter() - t0)
+            row_s[label].append(reports[label].rows["Edited"].seconds)
     same = reports["every layer"].table().equals(reports["replayed"].table())
     e, full, fast = (min(times[k]) for k in ("edit", "every layer", "replayed"))
-    print(f"\n### compare: band {first.band[0]}-{first.band[-1]}, {args.max_examples} examples per set, "
-          f"best of {args.repeats}; prefix cache {len(cache)} entries, {cache.nbytes / 2**20:.0f} MB; "
-          f"same numbers: {same}\n")
-    print(md_table(["Edited row", "edit s", "comparison s", "edit + comparison s"],
-                   [["every layer", f"{e:.2f}", f"{full:.2f}", f"{e + full:.2f}"],
-                    ["layers below the band replayed", f"{e:.2f}", f"{fast:.2f}", f"{e + fast:.2f}"]]))
+    facts = base.known_facts("Base")
+    print(f"\n### compare: band {first.band[0]}-{first.band[-1]}, {args.max_examples or 'all'} examples per set "
+          f"({base.n_examples}; known facts {facts}), best of {args.repeats}; prefix cache {len(cache)} "
+          f"entries, {cache.nbytes / 2**20:.0f} MB; same numbers: {same}\n")
+    print(md_table(["Edited row", "edit s", "Edited row s", "comparison s", "edit + comparison s"],
+                   [[label, f"{e:.2f}", f"{min(row_s[key]):.2f}", f"{t:.2f}", f"{e + t:.2f}"]
+                    for label, key, t in (("every layer", "every layer", full),
+                                          ("layers below the band replayed", "replayed", fast))]))
+    m = reports["replayed"].rows["Edited"].metrics
+    print("\n" + md_table(["metric", "Edited"], [[k, f"{v:.3g}"] for k, v in m.items()]))
+
+
+def answers(args) -> None:
+    """Every known fact's answer after GROM edits at each of --betas, with its class
+    (`grom.eval.metrics.answer_class`), repetition and perplexity under the unedited model:
+    what the thresholds of "degenerate" were calibrated on. A table of class counts per beta,
+    then up to --show answers of each class."""
+    run = Run(args, args.splits.split(",")[0])
+    counts, shown = [], {}
+    for beta in map(float, args.betas.split(",")):
+        edit, _ = run.edit(PRESETS[args.preset].replace(beta=beta, prompt_format=run.bench.prompt_format))
+        rep = evaluate(run.model, run.tok, run.bench, edit=edit, max_examples=args.max_examples, reuse=run.base,
+                       batch_size=args.eval_batch_size)
+        run.base = run.base or rep
+        for name, c in rep.answer_classes().items():
+            counts.append([f"{beta:g}", name, *(str(c[k]) for k in c), f"{rep.rows['Edited'].metrics['Knowledge score']:.3f}"])
+            df = rep.examples("Edited", name)
+            for cls in c:
+                for _, r in df[df["answer_class"] == cls].head(args.show).iterrows():
+                    shown.setdefault((cls, f"{beta:g}"), []).append(
+                        [name, r["question"], r["generation"].replace("\n", " ")[:120], f"{r['repetition']:.2f}",
+                         f"{r['answer_perplexity']:.0f}"])
+    print(f"\n### answer classes of the known facts ({run.bench.split})\n")
+    print(md_table(["beta", "set", "kept", "refusal", "fluent", "degenerate", "Knowledge score"], counts))
+    for (cls, beta), rows in sorted(shown.items()):
+        print(f"\n#### {cls}, beta {beta}\n")
+        print(md_table(["set", "question", "answer", "repetition", "perplexity"], rows))
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["sweep", "speed", "compare", "ablate", "baselines", "influence"])
+    ap.add_argument("what", choices=["sweep", "speed", "compare", "ablate", "baselines", "influence", "answers"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--splits", default="the-solar-system")
     ap.add_argument("--preset", default="smollm2")
     ap.add_argument("--betas", default="30,65,100")
     ap.add_argument("--w-r", default="30,100,300")
-    ap.add_argument("--max-examples", type=int, default=40)
+    ap.add_argument("--max-examples", type=int, default=40, help="per evaluation set; 0: all of them")
+    ap.add_argument("--known-only", action="store_true",
+                    help="only the facts SmolLM2 was probed to know (the studio's benchmark on SmolLM2)")
     ap.add_argument("--retain-examples", type=int, default=None,
                     help="a seeded sample of the retain set gives the keys (the app's default: 128)")
     ap.add_argument("--eval-batch-size", type=int, default=32)
@@ -290,16 +331,18 @@ def main(argv=None) -> None:
     ap.add_argument("--epochs", type=float, default=5)
     ap.add_argument("--quant", action="store_true", help="the 4-bit check for every edit")
     ap.add_argument("--sizes", default="4,8,16,34", help="forget-set sizes for influence")
+    ap.add_argument("--show", type=int, default=3, help="answers shown per class (answers)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
+    args.max_examples = args.max_examples or None
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"{datetime.date.today()}")
     print("# " + " ".join(["python", "bench/bench_knowledge.py", *(sys.argv[1:] if argv is None else argv)]))
     {"sweep": sweep, "speed": speed, "compare": compare, "ablate": ablate, "baselines": baselines,
-     "influence": influence_vs_size}[args.what](args)
+     "influence": influence_vs_size, "answers": answers}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,7 @@ computed once per (model, benchmark, size) and reused: an edit then costs one ro
 """
 from __future__ import annotations
 
-import html as _html
 import logging
-import re
 from types import SimpleNamespace
 
 import gradio as gr
@@ -24,10 +22,11 @@ from components.core.limits import limit
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
                                      resident)
 from components.views import text
+from components.views.card import card_html, classes_line, counts, headline
 from components.views.diff import answer_html, generations_html
 from components.views.tables import download_box, empty_table, metrics_frame, styled
 from grom.eval import compare_generations
-from grom.eval.report import BASE, EDITED, RETAIN_BROKEN, retain_drops
+from grom.eval.report import BASE, EDITED
 from grom.eval.runner import generate
 
 log = logging.getLogger(__name__)
@@ -66,13 +65,10 @@ def summary_md(report, n) -> str:
     m = report.rows[EDITED].metrics
     size = "all examples" if n is None else f"up to {n} examples per set"
     head = f"Compared on {report.benchmark}/{report.split} ({size}) in {report.seconds:.1f} s."
-    facts = report.known_facts()
-    if report.task == "knowledge" and "forget" in facts:
-        known, still = facts["forget"]
-        kept = [facts[s] for s in ("neighbours", "general") if s in facts]
-        k_known, k_still = sum(k for k, _ in kept), sum(s for _, s in kept)
-        head += (f" **Forgot {known - still} of the {known} forget facts it knew; kept {k_still} of "
-                 f"{k_known} other facts.**")
+    if counts(report) is not None:
+        head += f" {headline(report)}."
+        extra = classes_line(report)
+        head += f" {extra}" if extra else ""
         if m.get("Retain broken"):
             head += " ⚠ The retain set broke (it lost more than a tenth of what it knew): lower β or raise w_r."
     if "Final score" in m:
@@ -82,60 +78,28 @@ def summary_md(report, n) -> str:
     return head
 
 
-def _headline(report) -> str:
-    """One sentence a stakeholder reads in five seconds: what was forgotten, what was kept."""
-    facts = report.known_facts()
-    if "forget" in facts and any(s in facts for s in ("neighbours", "general", "retain")):
-        known, still = facts["forget"]
-        kept = [facts[s] for s in ("neighbours", "general", "retain") if s in facts]
-        k_known, k_still = sum(k for k, _ in kept), sum(s for _, s in kept)
-        return (f"Forgot **{known - still} of the {known}** forget facts it knew · kept **{k_still} of "
-                f"{k_known}** other facts it knew")
-    base, after = report.rows[BASE].metrics, report.rows[EDITED].metrics
-    pairs = [(k, base[k], after[k]) for k in ("Forget fact recall", "Retain fact recall", "Forget accuracy",
-                                               "Utility accuracy", "Efficacy", "Specificity",
-                                               "KnowMem forget", "KnowMem retain") if k in after and k in base]
-    return " · ".join(f"{k} {b:.2f} → **{a:.2f}**" for k, b, a in pairs[:2]) or "Compared."
-
-
-def _retain_line(report, m: dict) -> str:
-    """The retain set's state in words: intact where no retain metric fell, else which one
-    fell most and by how much, beside the line past which the studio calls it broken."""
-    if m["Retain cost"] <= 0:
-        return "Retain set intact: no retain metric fell."
-    base = report.rows[BASE].metrics if BASE in report.rows else {}
-    drops = retain_drops(base, m, report.task)
-    worst = max(drops, key=drops.get) if drops else "a retain metric"
-    return (f"Retain set held: {worst} fell {m['Retain cost']:.0%} "
-            f"(more than {RETAIN_BROKEN:.0%} counts as broken).")
+def remember(session: Session, edit, report, n) -> None:
+    """Keep the comparison the card states: the largest one made for the session's edit (all
+    examples beats any sample, a larger sample a smaller one), so that a later, larger
+    evaluation changes the card and a later quick look does not undo it."""
+    size = sum(report.n_examples.values())
+    held = session.extra.get("card")
+    if (held is None or held[0] is not edit or n is None
+            or (not held[2] and size >= held[3])):
+        session.extra["card"] = (edit, report, n is None, size)
 
 
 def result_card(session: Session) -> str:
-    """The plain-language result under Run edit: forgotten and kept, the time, the retain
-    set's state, and two before/after forget answers."""
-    report, edit = session.report, session.edit
-    if report is None or edit is None:
+    """The plain-language result under Run edit, from the largest comparison of the edit:
+    forgotten and kept with the counts behind them, the time, the retain set's state, what
+    the forget answers became, and two before/after forget answers."""
+    held, edit = session.extra.get("card"), session.edit
+    if held is None or edit is None or held[0] is not edit:
         return gr.skip()
-
-    m = report.rows[EDITED].metrics
-    card = [f'<div class="result-card"><div class="rc-head">{_md_bold(_headline(report))} · '
-            f'{edit.timings.get("total", 0):.1f} s</div>']
-    if m.get("Retain broken"):
-        card.append(f'<div class="rc-broken">⚠ The retain set broke: it lost {m["Retain cost"]:.0%} of a retain '
-                    'metric. Lower β or raise w_r.</div>')
-    elif "Retain cost" in m:
-        card.append(f'<div class="rc-ok">{_retain_line(report, m)}</div>')
+    _, report, whole, _ = held
     rows = generation_rows(report, FORGET_SETS, n=SHOWN)
     rows.sort(key=lambda r: not (r.get("fact_before") and not r.get("fact_after")))  # forgotten first
-    for row in rows[:2]:
-        card.append(f'<div class="rc-ex"><b>{_html.escape(row["question"])}</b><br>before: '
-                    f'{_html.escape(row["before"][:160])}<br>after: {_html.escape(row["after"][:160])}</div>')
-    card.append('<div class="rc-more">Every metric and more examples: <b>5 · Compare</b>.</div></div>')
-    return "".join(card)
-
-
-def _md_bold(text: str) -> str:
-    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", _html.escape(text))
+    return card_html(report, edit.timings.get("total", 0.0), whole, rows)
 
 
 @ui_errors
@@ -148,6 +112,7 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
     report = compute_report(handle.key, bench, edit, n,
                             device_progress(lambda f, m: progress(f, desc=m)))
     session.report, session.report_for = report, (bench, edit, n)
+    remember(session, edit, report, n)
     forget = generation_rows(report, FORGET_SETS)
     retain = generation_rows(report, RETAIN_SETS)
     return (summary_md(report, n), styled(metrics_frame(report)),

@@ -98,27 +98,52 @@ def test_generations_mark_forgotten_and_lost_facts_differently():
 
 def test_the_result_card_says_what_was_forgotten_and_kept():
     import pandas as pd
-    from components.compare_panel import result_card
+
+    from components.compare_panel import remember, result_card
     from components.core.session import Session
     from grom.eval.report import Report, Row
 
-    def frame(recall):
-        return pd.DataFrame({"question": ["q1", "q2"], "answer": ["a1", "a2"], "generation": ["g1", "g2"],
-                             "fact_recall": recall, "prob": [0.5, 0.5]})
+    def frame(recall, classes=None):
+        df = pd.DataFrame({"question": ["q1", "q2"], "answer": ["a1", "a2"], "generation": ["g1", "g2"],
+                           "fact_recall": recall, "prob": [0.5, 0.5]})
+        return df.assign(answer_class=classes) if classes else df
 
     base = Row({"Kept fact recall": 1.0}, {"forget": frame([1.0, 1.0]), "neighbours": frame([1.0, 0.0])})
     edited = Row({"Retain cost": 0.0, "Retain broken": 0.0},
-                 {"forget": frame([0.0, 1.0]), "neighbours": frame([1.0, 1.0])})
+                 {"forget": frame([0.0, 1.0], ["degenerate", "kept"]), "neighbours": frame([1.0, 1.0])})
     session = Session()
-    session.report = Report("real-knowledge", "s", "knowledge", {"Base": base, "Edited": edited}, 1.0)
+    report = Report("real-knowledge", "s", "knowledge", {"Base": base, "Edited": edited}, 1.0,
+                    n_examples={"forget": 2, "neighbours": 2})
     session.edit = type("E", (), {"timings": {"total": 6.2}})()
+    remember(session, session.edit, report, None)  # all examples
     card = result_card(session)
     assert "Forgot <b>1 of the 2</b> forget facts" in card and "kept <b>1 of 1</b>" in card
     assert "6.2 s" in card and "Retain set intact: no retain metric fell" in card and "before: g1" in card
+    assert "1 degenerate text" in card and "not counted as forgetting" in card  # what the answers became
+    assert "Counted on all the split" in card and "the 2 forget and 1 other facts" in card
     edited.metrics.update({"Retain cost": 0.1, "Kept fact recall": 0.9})  # at the line: held, named
     assert "Retain set held: Kept fact recall fell 10% (more than 10% counts as broken)" in result_card(session)
     edited.metrics.update({"Retain broken": 1.0, "Retain cost": 0.3})
     assert "The retain set broke" in result_card(session)
+    # a later, smaller sample does not replace the whole split's verdict; a new edit's does
+    sample = Report("real-knowledge", "s", "knowledge", {"Base": base, "Edited": edited}, 1.0,
+                    n_examples={"forget": 1, "neighbours": 1})
+    remember(session, session.edit, sample, 1)
+    assert "Counted on all the split" in result_card(session)
+    session.edit = type("E", (), {"timings": {"total": 5.0}})()
+    remember(session, session.edit, sample, 1)
+    assert "A sample of 1 questions per set" in result_card(session) and "95% intervals" in result_card(session)
+
+
+def test_the_wilson_interval_brackets_a_sample_share():
+    from components.views.card import wilson
+
+    lo, hi = wilson(9, 9)
+    assert 0.65 < lo < 0.72 and hi == 1.0  # 9 of 9 forgotten says little more than "most"
+    lo, hi = wilson(0, 0)
+    assert (lo, hi) == (0.0, 1.0)
+    lo, hi = wilson(25, 50)
+    assert lo < 0.5 < hi and hi - lo < 0.3
 
 
 def test_edit_config_from_widgets():

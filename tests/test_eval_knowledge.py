@@ -1,6 +1,8 @@
-"""The real-knowledge metrics: hand-computed values for the pure functions, and the
-report's known-fact bookkeeping on a tiny model (which facts the Base row knew decides
-what the Edited row is scored on), the retain cost and its broken mark."""
+"""The real-knowledge metrics: hand-computed values for the pure functions (the answer
+classes, the Knowledge score that a degenerate answer does not raise), the report's
+known-fact bookkeeping on a tiny model (which facts the Base row knew decides what the
+Edited row is scored on), the retain cost and its broken mark, and the decoding that stops
+an answer at its fact."""
 from __future__ import annotations
 
 import math
@@ -11,7 +13,12 @@ import pytest
 
 from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.eval import metrics as M
-from grom.eval.report import BASE, EDITED, Report, Row, _knowledge_relative, _retain_cost, evaluate
+import torch
+
+from grom.data.prompts import encode_prompt
+from grom.eval.report import (BASE, EDITED, Report, Row, _knowledge_relative, _retain_cost, evaluate,
+                              knowledge_budget, quantization_check, quantization_verdict)
+from grom.eval.runner import generate, phrase_settled
 from tests.conftest import FORGET, RETAIN
 
 
@@ -30,6 +37,96 @@ def test_perplexity_and_knowledge_score_by_hand():
     assert M.knowledge_score(0.2, 0.9) == pytest.approx(2 * 0.8 * 0.9 / 1.7)
     with pytest.raises(ValueError):
         M.knowledge_score(1.2, 0.5)
+    # a degenerate forget answer is no forgetting: 0.2 still stated, 0.5 degenerate -> 0.3 forgotten
+    assert M.knowledge_score(0.2, 0.9, 0.5) == pytest.approx(2 * 0.3 * 0.9 / 1.2)
+    assert M.knowledge_score(0.0, 1.0, 1.0) == 0.0  # every forget answer collapsed
+    with pytest.raises(ValueError, match="exceed 1"):
+        M.knowledge_score(0.6, 0.9, 0.5)
+
+
+@pytest.mark.parametrize("answer,cls", [
+    ("Jupiter is the largest planet.", "kept"),
+    ("jupiter jupiter jupiter jupiter jupiter", "kept"),  # states the fact: kept, whatever else it says
+    ("I don't know which planet is the largest.", "refusal"),
+    ("I’m not sure about that.", "refusal"),  # a typographic apostrophe
+    ("I cannot answer that question.", "refusal"),
+    ("I can't tell.", "refusal"),
+    ("I do not have information about the planets.", "refusal"),
+    ("There is no largest planet in the Solar System.", "refusal"),
+    ("The largest planet is Saturn, a gas giant with rings.", "fluent"),
+    ("Saturn. There is no doubt about it.", "fluent"),  # a refusal pattern past the first sentence
+    ("Unknowns are interesting.", "fluent"),  # "unknown" as a whole word only
+    ("", "degenerate"),
+    ("   ", "degenerate"),
+    ("... ,,, 1 2 3 !!!", "degenerate"),  # no letter at all
+    ("The the the the the the the the the the", "degenerate"),
+    ("The planet is a planet is a planet is a planet is a planet is a", "degenerate"),
+])
+def test_answer_class_by_hand(answer, cls):
+    assert M.answer_class("Jupiter", answer) == cls
+
+
+def test_degenerate_by_repetition_and_by_perplexity():
+    # "a b c a b c a b": 6 trigrams, 3 distinct -> repetition 0.5 > 0.25
+    assert M.repetition_rate("a b c a b c a b") == pytest.approx(0.5)
+    assert M.is_degenerate("a b c a b c a b")
+    # 11 words, 9 trigrams, one repeated ("saturn is the"): 1/9, under the threshold
+    fluent = "Saturn is the largest planet, and Saturn is the brightest one"
+    assert M.repetition_rate(fluent) == pytest.approx(1 / 9) and not M.is_degenerate(fluent)
+    # noise reads as noise only to a model: the perplexity under the unedited one decides
+    noise = "sp Rez indeed cornerstone Leban ought"
+    assert M.answer_class("Jupiter", noise) == "fluent"
+    assert M.answer_class("Jupiter", noise, perplexity=M.DEGENERATE_PERPLEXITY + 1) == "degenerate"
+    assert M.answer_class("Jupiter", noise, perplexity=float("nan")) == "fluent"
+    assert M.answer_class("Jupiter", "Jupiter " + noise, perplexity=1e9) == "kept"
+    assert M.answer_class("Jupiter", "I don't know.", perplexity=1e9) == "degenerate"  # noise first
+    # "a b c a b c": 1 of 4 trigrams repeats, 0.25: not above the threshold, above a lower one
+    assert not M.is_degenerate("a b c a b c") and M.is_degenerate("a b c a b c", max_repetition=0.2)
+
+
+def _classified(answers: list[str], fact: str = "Jupiter") -> pd.DataFrame:
+    return pd.DataFrame({"fact": fact, "generation": answers,
+                         "fact_recall": [M.fact_recall(fact, a) for a in answers],
+                         "answer_class": [M.answer_class(fact, a) for a in answers]})
+
+
+def test_a_loop_scores_below_a_fluent_wrong_answer():
+    """The reviewer's case: forget answers that collapse into "the the the" must not raise
+    the headline above forget answers that are fluent and wrong."""
+    base_answers = ["Jupiter is the largest planet."] * 4
+    kept_answers = ["Paris is the capital of France."] * 4
+
+    def score(forget_answers):
+        rows = {BASE: Row(), EDITED: Row()}
+        for row, answers in ((rows[BASE], base_answers), (rows[EDITED], forget_answers)):
+            row.examples["forget"] = _classified(answers)
+            row.examples["neighbours"] = _classified(kept_answers, "Paris")
+        _knowledge_relative(rows)
+        return rows[EDITED].metrics
+
+    fluent = score(["Saturn is the largest planet."] * 3 + ["Jupiter is the largest planet."])
+    loop = score(["the the the the the the the the"] * 3 + ["Jupiter is the largest planet."])
+    refusal = score(["I don't know."] * 3 + ["Jupiter is the largest planet."])
+    for m in (fluent, loop, refusal):
+        assert m["Forget fact recall"] == 0.25  # fact recall itself is unchanged
+    assert fluent["Forget fluent other"] == 0.75 and fluent["Forget clean forgetting"] == 0.75
+    assert refusal["Forget refusal"] == 0.75 and refusal["Forget clean forgetting"] == 0.75
+    assert loop["Forget degenerate"] == 0.75 and loop["Forget clean forgetting"] == 0.0
+    assert fluent["Knowledge score"] == pytest.approx(2 * 0.75 * 1.0 / 1.75)
+    assert refusal["Knowledge score"] == fluent["Knowledge score"]
+    assert loop["Knowledge score"] == 0.0 < fluent["Knowledge score"]
+    assert loop["Neighbour degenerate"] == loop["Kept degenerate"] == 0.0
+
+
+def _knowledge_bench() -> Benchmark:
+    fact = lambda ex: ex.answer.rstrip(".").split()[-1]  # noqa: E731
+    qa = lambda ex: QAExample(ex.question, ex.answer, paraphrased_question=ex.question,  # noqa: E731
+                              fact=fact(ex), subject="x")
+    return Benchmark("real-knowledge", "t", tuple(map(qa, FORGET)), tuple(map(qa, RETAIN)),
+                     eval_sets={"forget": tuple(map(qa, FORGET)), "neighbours": tuple(map(qa, RETAIN[:4])),
+                                "general": tuple(map(qa, RETAIN[4:])),
+                                "fluency": (TextExample("Odo Brask was born in Quenford."),)},
+                     task="knowledge")
 
 
 def _row(forget_recall, para_recall, neigh_recall) -> Row:
@@ -53,6 +150,8 @@ def test_known_facts_decide_what_is_scored():
     assert base.metrics["Forget fact recall"] == 1.0 and base.metrics["Knowledge score"] == 0.0
     report = Report("real-knowledge", "x", "knowledge", rows, 0.0)
     assert report.known_facts() == {"forget": (3, 1), "neighbours": (3, 2)}
+    assert report.answer_classes() == {}  # no classes without the unedited model's judgement
+    assert "Forget degenerate" not in m and "Forget clean forgetting" not in m
 
 
 def test_retain_cost_marks_a_broken_retain_set():
@@ -84,3 +183,95 @@ def test_the_knowledge_report_on_a_tiny_model(trained_llama, tokenizer):
     known, still = report.known_facts(BASE)["forget"]
     assert known == still == m["Forget facts known"]
     assert known == int(report.examples(BASE, "forget")["fact_recall"].sum())
+    df = report.examples(BASE, "forget")
+    assert list(df["answer_class"]) == [M.answer_class(f, g, p) for f, g, p in
+                                       zip(df["fact"], df["generation"], df["answer_perplexity"])]
+    assert df["answer_perplexity"].notna().all()  # every forget answer is read by the unedited model
+    assert m["Forget answer perplexity"] == pytest.approx(np.exp(np.log(df["answer_perplexity"]).mean()))
+    classes = report.answer_classes(BASE)
+    assert classes["forget"]["kept"] == known and sum(classes["forget"].values()) == known
+    assert m["Forget clean forgetting"] == m["Forget degenerate"] == 0.0  # the Base row forgot nothing
+
+
+def test_an_answer_stops_at_its_fact_and_is_the_full_answer_cut(trained_llama, tokenizer):
+    """Early stopping changes when decoding ends, never what was decoded: each stopped answer
+    is the start of the unbatched, unstopped greedy answer, states its fact exactly when that
+    one does, and ends right after the fact's word."""
+    questions = [ex.question for ex in FORGET + RETAIN]
+    facts = [ex.answer.rstrip(".").split()[-1] for ex in FORGET + RETAIN]
+    facts[0], facts[1] = "Nowhere", None  # never stated, and no fact: both run to the budget
+    stopped = generate(trained_llama, tokenizer, questions, max_new_tokens=24, batch_size=4, stop_at=facts)
+    early = 0
+    for q, fact, got in zip(questions, facts, stopped):
+        ids = torch.tensor([encode_prompt(tokenizer, q)])
+        out = trained_llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=24, pad_token_id=tokenizer.pad_token_id,
+                                     eos_token_id=tokenizer.eos_token_id)
+        full = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        assert full.startswith(got)
+        if fact is None or M.fact_recall(fact, full) == 0.0:
+            assert got == full  # never stated: decoded to the budget (or EOS), as before
+        else:
+            assert M.fact_recall(fact, got) == 1.0
+            assert got[got.index(fact) + len(fact):] == "."  # stopped once the fact's word ended
+            early += len(got) < len(full)
+    assert early >= 5  # most memorised answers go on past their fact: those stopped early
+    with pytest.raises(ValueError, match="stop phrases"):
+        generate(trained_llama, tokenizer, questions, stop_at=facts[:2])
+
+
+def test_a_phrase_is_settled_only_once_its_last_word_is_complete():
+    assert not phrase_settled("The planet is Mars", "Mars")  # the next token may make "Marsh"
+    assert phrase_settled("The planet is Mars.", "Mars") and phrase_settled("The planet is Mars ", "mars")
+    assert not phrase_settled("The planet is Marsh.", "Mars")
+    assert not phrase_settled("It is Mars\ufffd", "Mars")  # a character still being decoded
+    assert phrase_settled("Isaac Newton, who", "Isaac Newton")
+    assert not phrase_settled("In 1969", "1969") and phrase_settled("In 1969,", "1969")
+    assert not phrase_settled("anything", None) and not phrase_settled("anything", "")
+
+
+def test_the_budget_reaches_past_the_longest_answer(tokenizer):
+    assert knowledge_budget(tokenizer, ["Short."]) == 48
+    long = " ".join(["Zorvath Quill was born in Pellmoor."] * 8)
+    n = len(tokenizer(long, add_special_tokens=False)["input_ids"])
+    assert n > 48 and knowledge_budget(tokenizer, [long, "Short."]) == n + 16
+
+
+def test_the_4_bit_check_of_real_knowledge_reads_the_cards_numbers(trained_llama, tokenizer):
+    """The 4-bit verdict of the real-knowledge task is on fact recall over the known facts,
+    on evaluate's examples: its full-precision rows are the comparison's Base and Edited."""
+    from grom import EditConfig, run_edit
+
+    bench = _knowledge_bench()
+    edit = run_edit(trained_llama, tokenizer, bench.forget, bench.retain,
+                    EditConfig(layers=(1, 2), beta=30.0, w_r=30.0))
+    report = evaluate(trained_llama, tokenizer, bench, edit=edit, max_examples=3, batch_size=8)
+    df = quantization_check(trained_llama, tokenizer, bench, edit, max_examples=3, with_retain=True,
+                            batch_size=8)
+    assert df.attrs["task"] == "knowledge"
+    for col in ("Forget fact recall", "Kept fact recall", "Knowledge score", "Forget facts known",
+                "Forget degenerate"):
+        assert df.loc["Base, full precision", col] == report.rows[BASE].metrics[col], col
+        assert df.loc["Edited, full precision", col] == report.rows[EDITED].metrics[col], col
+    assert df.loc["Base, full precision", "Forget fact recall"] == 1.0
+    v = quantization_verdict(df)
+    assert (v.forget_metric, v.retain_metric) == ("Forget fact recall", "Kept fact recall")
+    drop = 1.0 - df.loc["Edited, full precision", "Forget fact recall"]
+    if drop > 0.02:
+        four = df.loc["Base, 4-bit (rtn)", "Forget fact recall"] - df.loc["Edited, 4-bit (rtn)", "Forget fact recall"]
+        assert v.forget_kept == pytest.approx(four / drop)
+
+
+def test_the_verdict_picks_its_metrics_by_task():
+    rows = ["Base, full precision", "Base, 4-bit (rtn)", "Edited, full precision", "Edited, 4-bit (rtn)"]
+    df = pd.DataFrame({"Forget ROUGE-L": [0.9, 0.9, 0.85, 0.86], "Forget fact recall": [1.0, 0.95, 0.1, 0.2],
+                       "Neighbour ROUGE-L": [0.8, 0.8, 0.8, 0.8], "Kept fact recall": [1.0, 1.0, 0.5, 0.5]},
+                      index=rows)
+    df.attrs["task"] = "knowledge"
+    v = quantization_verdict(df)
+    assert v.forget_metric == "Forget fact recall" and v.forget_kept == pytest.approx(0.75 / 0.9)
+    assert v.retain_metric == "Kept fact recall" and v.retain_lost == pytest.approx(0.5)
+    assert v.survives is False  # the kept facts halved
+    df.attrs["task"] = "custom"  # another task keeps its ROUGE-L verdict
+    v = quantization_verdict(df)
+    assert v.forget_metric == "Forget ROUGE-L" and v.retain_metric == "Neighbour ROUGE-L"

@@ -2,9 +2,9 @@
 that runs the model for them (`grom.eval.runner`), before/after reports
 (`grom.eval.report`), the reuse of the layers below an edit (`grom.eval.prefix`) and the
 4-bit quantization check (`grom.eval.quant`)."""
-from grom.eval.metrics import (choice_accuracy, extraction_strength, fact_recall, forget_quality,
-                               mia_auc, min_k_score, model_utility, muse_final_score,
-                               normalised_probability, privacy_leakage, probability,
+from grom.eval.metrics import (answer_class, choice_accuracy, extraction_strength, fact_recall,
+                               forget_quality, knowledge_score, mia_auc, min_k_score, model_utility,
+                               muse_final_score, normalised_probability, privacy_leakage, probability,
                                rouge_l_f1, rouge_l_recall, token_accuracy, tofu_final_score,
                                truth_ratio, truth_ratio_forget, truth_ratio_retain,
                                wmdp_final_score)
@@ -14,10 +14,11 @@ from grom.eval.report import (DIRECTION, Report, answer_probabilities, compare_g
                               evaluate, quantization_check, quantization_verdict)
 
 __all__ = [
-    "DIRECTION", "PrefixCache", "Report", "answer_probabilities", "choice_accuracy", "compare_generations",
-    "evaluate", "extraction_strength", "fact_recall", "first_changed_layer", "forget_quality", "mia_auc",
-    "min_k_score", "model_utility", "muse_final_score", "nf4_quantize", "normalised_probability",
-    "privacy_leakage", "probability", "quantization_check", "quantization_verdict", "quantized", "rouge_l_f1",
-    "rouge_l_recall", "rtn_quantize", "token_accuracy", "tofu_final_score", "truth_ratio",
-    "truth_ratio_forget", "truth_ratio_retain", "wmdp_final_score",
+    "DIRECTION", "PrefixCache", "Report", "answer_class", "answer_probabilities", "choice_accuracy",
+    "compare_generations", "evaluate", "extraction_strength", "fact_recall", "first_changed_layer",
+    "forget_quality", "knowledge_score", "mia_auc", "min_k_score", "model_utility",
+    "muse_final_score", "nf4_quantize", "normalised_probability", "privacy_leakage", "probability",
+    "quantization_check", "quantization_verdict", "quantized", "rouge_l_f1", "rouge_l_recall",
+    "rtn_quantize", "token_accuracy", "tofu_final_score", "truth_ratio", "truth_ratio_forget",
+    "truth_ratio_retain", "wmdp_final_score",
 ]

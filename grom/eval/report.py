@@ -18,9 +18,12 @@ Which metrics apply follows the benchmark's `task`:
 - "custom": ROUGE-L recall, probability and fact recall on forget and retain.
 - "knowledge" (the real-knowledge benchmark): fact recall on the facts the unedited model
   knew (forget, its paraphrases, neighbouring targets, general knowledge) with the counts,
-  ROUGE-L and answer probability, the perplexity of neutral texts, and what the edited
-  model says instead on the forget questions (repetition, and perplexity under the
-  unedited model: a fluent non-answer, not noise); the headline `knowledge_score`.
+  ROUGE-L and answer probability, the perplexity of neutral texts, and what the model
+  says instead: each answer's class (kept, refusal, another fluent answer, degenerate
+  text; `grom.eval.metrics.answer_class`, judged with the unedited model's perplexity)
+  and the shares of the classes, repetition; the headline `knowledge_score`, in which a
+  degenerate forget answer counts as not forgotten. Answers stop once they state their
+  fact (`grom.eval.runner.greedy_until`).
 
 The edit (a GROM `Edit` or a baseline's) is applied for its row and reverted in a
 `finally`; the model is left as found.
@@ -63,7 +66,8 @@ DIRECTION = {
     "Forget answer perplexity": "down", "Text perplexity": "keep", "Retain cost": "zero",
     "Retain broken": "zero", "Forget text loss": "up", "Retain text loss": "keep",
     "Final score": "up", "Model utility": "up", "Knowledge score": "up", "Kept fact recall": "up",
-    "KnowMem retain": "up",
+    "KnowMem retain": "up", "Forget clean forgetting": "up", "Forget degenerate": "zero",
+    "Neighbour degenerate": "zero", "General degenerate": "zero", "Kept degenerate": "zero",
 }
 
 
@@ -113,6 +117,20 @@ class Report:
             known = _known(base, name)
             if known is not None and "fact_recall" in df:
                 out[name] = (int(known.sum()), int((df["fact_recall"].to_numpy()[known] == 1.0).sum()))
+        return out
+
+    def answer_classes(self, row: str = EDITED) -> dict[str, dict[str, int]]:
+        """Per evaluation set with answer classes: how many of the facts the unedited model
+        knew `row` answers in each class (`grom.eval.metrics.answer_class`), e.g.
+        {"forget": {"kept": 1, "refusal": 2, "fluent": 20, "degenerate": 4}, ...}."""
+        base, out = self.rows.get(BASE), {}
+        if base is None or row not in self.rows:
+            return out
+        for name, df in self.rows[row].examples.items():
+            known = _known(base, name)
+            if known is not None and "answer_class" in df:
+                classes = df["answer_class"].to_numpy()[known]
+                out[name] = {c: int((classes == c).sum()) for c in M.ANSWER_CLASSES}
         return out
 
     def to_dict(self) -> dict:
@@ -365,10 +383,22 @@ def _custom_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False)
 # ---------------------------------------------------------------- real knowledge
 
 KNOWLEDGE_SETS = {"forget": "Forget", "neighbours": "Neighbour", "general": "General"}
-KNOWLEDGE_BUDGET = 32  # new tokens at most: a one-sentence answer names its fact well before this
+KNOWLEDGE_BUDGET = 48
+"""New tokens an answer may take at most, whatever its reference: room to reach its fact.
+SmolLM2's answers to the default split state their fact by token 27 at the latest (most
+within 12), after a preamble such as "The largest planet in our solar system is ..."; a
+budget cut short of the fact would count a fact as forgotten that was only cut off.
+Answers stop once their fact is stated (`grom.eval.runner.greedy_until`), so only answers
+that never state it, and never end, run the whole budget."""
+KNOWLEDGE_MARGIN = 16  # tokens beyond the longest reference answer, where that is longer
+KNOWLEDGE_GEN_BATCH = 128  # prompts per decoding loop: one loop serves every set of a row
 
 
-KNOWLEDGE_GEN_BATCH = 64  # prompts per generate call: one decoding loop serves every set of a row
+def knowledge_budget(tokenizer, answers) -> int:
+    """New tokens for a row's answers: `KNOWLEDGE_BUDGET`, or the longest reference answer
+    plus `KNOWLEDGE_MARGIN` where that is more."""
+    longest = max((len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers), default=0)
+    return max(KNOWLEDGE_BUDGET, longest + KNOWLEDGE_MARGIN)
 
 
 def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bool) -> pd.DataFrame:
@@ -390,33 +420,35 @@ def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bo
 
 
 def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
-    """Per-set answers and plain metrics; the known-fact metrics need the Base row and are
-    added by `_knowledge_relative`.
+    """Per-set answers and plain metrics; the answer classes need the unedited model and
+    are added by `_judge_answers`, the known-fact metrics need the Base row and are added
+    by `_knowledge_relative`.
 
     Every set's questions (and the forget set's paraphrases) are answered in one batched
-    greedy generation with one budget: on a CPU a decoding step costs about as much for 40
-    prompts as for 10, so one loop instead of four is ~2x faster. The budget is room for the
-    longest reference answer of the row plus 8 tokens, at most `KNOWLEDGE_BUDGET`; greedy
-    decoding makes a longer budget only extend an answer, never change its start."""
+    greedy decoding loop with one budget (`knowledge_budget`): on a CPU a decoding step
+    costs about as much for 40 prompts as for 10, so one loop instead of four is ~2x
+    faster. Each answer stops as soon as it states its fact (or ends): the text is the
+    full-length answer up to there, so fact recall is what the full-length answer gives,
+    while ROUGE-L, repetition and the answer's perplexity read the answer up to its fact
+    where it states it."""
     row = Row()
     chosen = {}
     for name in KNOWLEDGE_SETS:
         ex = tuple(e for e in sets.get(name, ()) if isinstance(e, QAExample) and e.fact)
         if ex and not (only_forget and name != "forget"):
             chosen[name] = ex
-    prompts, spans = [], {}
+    prompts, facts, spans = [], [], {}
     for name, ex in chosen.items():
         start = len(prompts)
         prompts += [e.question for e in ex]
         if name == "forget":
             prompts += [e.paraphrased_question or e.question for e in ex]
+        facts += [e.fact for e in ex] * (2 if name == "forget" else 1)
         spans[name] = (start, len(prompts))
     if prompts:
-        longest = max(len(run.tok(e.answer, add_special_tokens=False)["input_ids"])
-                      for ex in chosen.values() for e in ex)
-        budget = run.max_new_tokens or min(KNOWLEDGE_BUDGET, longest + 8)
+        budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for ex in chosen.values() for e in ex])
         gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
-                        batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH))
+                        batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH), stop_at=facts)
     for name, ex in chosen.items():
         a, b = spans[name]
         df = _knowledge_qa(run, ex, gens[a:b], paraphrase=name == "forget")
@@ -438,43 +470,85 @@ def _known(base: Row, name: str, column: str = "fact_recall") -> np.ndarray | No
     return None if df is None or column not in df else df[column].to_numpy() == 1.0
 
 
+def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int) -> None:
+    """Each answer's class (`grom.eval.metrics.answer_class`, column "answer_class") and,
+    where it does not state its fact or answers a forget question, its perplexity under
+    the model as it is now, the UNEDITED one (column "answer_perplexity", NaN elsewhere):
+    a fluent non-answer reads as ordinary text (low), noise does not (high). The forget
+    answers' perplexity is also the row's "Forget answer perplexity". Rows whose frames
+    have their classes already (reused ones) are left alone; each row is scored on its
+    own, so its numbers never depend on which other rows were evaluated with it."""
+    for row in rows.values():
+        frames = {n: df for n, df in row.examples.items() if n in KNOWLEDGE_SETS and "answer_class" not in df}
+        if frames:
+            _judge_row(model, tokenizer, row, frames, fmt, batch_size)
+
+
+def _judge_row(model, tokenizer, row: Row, frames: dict[str, pd.DataFrame], fmt, batch_size: int) -> None:
+    pairs, where = [], []
+    for name, df in frames.items():
+        for i, (q, g, fr) in enumerate(zip(df["question"], df["generation"], df["fact_recall"])):
+            if name == "forget" or fr != 1.0:
+                pairs.append((q, g if g.strip() else "."))
+                where.append((name, i))
+    scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size) if pairs else []
+    ppl = {name: np.full(len(df), np.nan) for name, df in frames.items()}
+    for (name, i), s in zip(where, scores):
+        ppl[name][i] = float(np.exp(s.avg_loss))
+    for name, df in frames.items():
+        df["answer_perplexity"] = ppl[name]
+        df["answer_class"] = [M.answer_class(f, g, None if np.isnan(x) else x)
+                              for f, g, x in zip(df["fact"], df["generation"], ppl[name])]
+        if name == "forget" and len(df):
+            row.metrics["Forget answer perplexity"] = M.perplexity(np.log(ppl[name]))
+
+
+def _class_shares(df: pd.DataFrame, known: np.ndarray) -> dict[str, float]:
+    """Share of each answer class among the known facts' answers."""
+    classes = df["answer_class"].to_numpy()[known]
+    return {c: float(np.mean(classes == c)) for c in M.ANSWER_CLASSES}
+
+
 def _knowledge_relative(rows: dict[str, Row]) -> None:
     """Fact recall on the facts the unedited model knew (its greedy answer held the fact),
-    the counts, "Kept fact recall" (pooled over the known neighbour and general facts) and
-    the headline `knowledge_score` of each row."""
+    the counts, "Kept fact recall" (pooled over the known neighbour and general facts),
+    the answer classes' shares of the known facts (where `_judge_answers` gave them):
+    "Forget refusal", "Forget fluent other", "Forget degenerate", their sum of the first
+    two "Forget clean forgetting", each kept set's and the pooled "Kept degenerate"; and
+    the headline `knowledge_score`, where a degenerate forget answer is no forgetting."""
     base = rows.get(BASE)
     if base is None:
         return
     for row in rows.values():
-        m, kept = row.metrics, []
+        m, kept, kept_degenerate = row.metrics, [], []
         for name, label in KNOWLEDGE_SETS.items():
             known, df = _known(base, name), row.examples.get(name)
             if known is None or df is None:
                 continue
             m[f"{label} facts known"] = float(known.sum())
-            if known.any():
-                m[f"{label} fact recall"] = float(df["fact_recall"].to_numpy()[known].mean())
-                if name != "forget":
-                    kept.extend(df["fact_recall"].to_numpy()[known])
+            if not known.any():
+                continue
+            m[f"{label} fact recall"] = float(df["fact_recall"].to_numpy()[known].mean())
+            shares = _class_shares(df, known) if "answer_class" in df else None
+            if shares is not None:
+                m[f"{label} degenerate"] = shares[M.DEGENERATE]
             if name == "forget":
                 para = _known(base, name, "paraphrase_recall")
                 if para is not None and para.any():
                     m["Forget paraphrase recall"] = float(df["paraphrase_recall"].to_numpy()[para].mean())
+                if shares is not None:
+                    m["Forget refusal"], m["Forget fluent other"] = shares[M.REFUSAL], shares[M.FLUENT]
+                    m["Forget clean forgetting"] = shares[M.REFUSAL] + shares[M.FLUENT]
+            else:
+                kept.extend(df["fact_recall"].to_numpy()[known])
+                if shares is not None:
+                    kept_degenerate.extend(df["answer_class"].to_numpy()[known] == M.DEGENERATE)
+        if kept_degenerate:
+            m["Kept degenerate"] = float(np.mean(kept_degenerate))
         if "Forget fact recall" in m and kept:
             m["Kept fact recall"] = float(np.mean(kept))  # pooled: every known kept fact counts once
-            m["Knowledge score"] = M.knowledge_score(m["Forget fact recall"], m["Kept fact recall"])
-
-
-def _judge_fluency(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int) -> None:
-    """Perplexity, under the unedited model, of each row's answers to the forget questions:
-    a fluent non-answer reads as ordinary text (low), noise does not (high)."""
-    for row in rows.values():
-        df = row.examples.get("forget")
-        if df is None:
-            continue
-        pairs = [(q, g if g.strip() else ".") for q, g in zip(df["question"], df["generation"])]
-        scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size)
-        row.metrics["Forget answer perplexity"] = M.perplexity([s.avg_loss for s in scores])
+            m["Knowledge score"] = M.knowledge_score(m["Forget fact recall"], m["Kept fact recall"],
+                                                     m.get("Forget degenerate", 0.0))
 
 
 # ---------------------------------------------------------------- retain cost
@@ -605,9 +679,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     elif benchmark.task == "muse":
         _muse_relative(rows)
     elif benchmark.task == "knowledge":
+        _judge_answers(model, tokenizer, rows, benchmark.prompt_format, batch_size)
         _knowledge_relative(rows)
-        _judge_fluency(model, tokenizer, {k: v for k, v in rows.items() if k not in reusable},
-                       benchmark.prompt_format, batch_size)
     _retain_cost(rows, benchmark.task)
     progress(1.0, "evaluated")
     return Report(benchmark.name, benchmark.split, benchmark.task, rows, time.perf_counter() - t0,
@@ -617,8 +690,12 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
 QUANT_RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc")
 
 
-def _forget_and_retain_sets(sets: dict[str, tuple]) -> dict[str, tuple]:
-    """The forget sets and the first retain set of `sets` (with its few-shot examples)."""
+def _forget_and_retain_sets(sets: dict[str, tuple], task: str | None = None) -> dict[str, tuple]:
+    """The forget sets and the first retain set of `sets` (with its few-shot examples);
+    for the real-knowledge task every kept set (neighbours and general), which "Kept fact
+    recall" pools."""
+    if task == "knowledge":
+        return {k: v for k, v in sets.items() if k in KNOWLEDGE_SETS}
     first = next((n for n in QUANT_RETAIN_SETS if n in sets), None)
     return {k: v for k, v in sets.items() if "forget" in k or (first and k in (first, f"{first}_icl"))}
 
@@ -632,23 +709,37 @@ def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
     base model and, with `edit`, the edited one. The paper's claim: gradient unlearning is
     undone by 4-bit quantization, GROM is not (the edited rows stay close).
     with_retain: also the metrics of the benchmark's main retain set (retain, neighbours,
-    knowmem_retain or utility_mc), to tell whether the retain set holds at 4 bits."""
+    knowmem_retain or utility_mc; for real knowledge, neighbours and general), to tell
+    whether the retain set holds at 4 bits.
+
+    The examples are `evaluate`'s for the same `max_examples` (`eval_sets`). On the
+    real-knowledge task every row is scored as `evaluate` scores it: fact recall on the
+    facts the full-precision base model knew, the answer classes, "Kept fact recall" and
+    the Knowledge score, so its full-precision rows equal a comparison's Base and Edited
+    rows. The frame's attrs name the quantization and the task (`quantization_verdict`
+    picks its metrics by task)."""
     resolved = resolve_method(model, method)
     sets = eval_sets(benchmark, max_examples)
     if with_retain:
-        sets = _forget_and_retain_sets(sets)
+        sets = _forget_and_retain_sets(sets, benchmark.task)
     label = f"4-bit ({resolved})"
-    out = {}
+    rows: dict[str, Row] = {}
     for name, e in [(BASE, None)] + ([(EDITED, edit)] if edit is not None else []):
         for q in (None, resolved):
-            row = _row(model, tokenizer, benchmark, sets, e, batch_size=batch_size,
-                       max_new_tokens=None, only_forget=not with_retain, quantize=q,
-                       group_size=group_size)
             key = f"{name}, {label}" if q else f"{name}, full precision"
-            out[key] = {k: v for k, v in row.metrics.items() if not k.startswith(("Model", "Final"))}
+            rows[key] = _row(model, tokenizer, benchmark, sets, e, batch_size=batch_size,
+                             max_new_tokens=None, only_forget=not with_retain, quantize=q,
+                             group_size=group_size)
+    if benchmark.task == "knowledge":  # known facts: the full-precision base model's
+        _judge_answers(model, tokenizer, rows, benchmark.prompt_format, batch_size)
+        ordered = {BASE: rows[f"{BASE}, full precision"], **rows}
+        _knowledge_relative(ordered)
+    out = {k: {m: v for m, v in row.metrics.items() if not m.startswith(("Model", "Final"))}
+           for k, row in rows.items()}
     df = pd.DataFrame(out).T
     df.index.name = "model, precision"
-    df.attrs.update(method=resolved, group_size=group_size if resolved == "rtn" else None)
+    df.attrs.update(method=resolved, group_size=group_size if resolved == "rtn" else None,
+                    task=benchmark.task)
     return df
 
 
@@ -656,6 +747,9 @@ QUANT_FORGET_METRICS = ("Forget ROUGE-L", "Forget prob", "Forget accuracy", "Eff
                         "KnowMem forget", "VerbMem forget")
 QUANT_RETAIN_METRICS = ("Retain ROUGE-L", "Neighbour ROUGE-L", "Retain prob", "Neighbour prob",
                         "Retain accuracy", "Utility accuracy", "KnowMem retain", "Specificity")
+QUANT_TASK_METRICS = {"knowledge": (("Forget fact recall",), ("Kept fact recall",))}
+"""Per task, the (forget, retain) metrics a verdict reads where they differ from the lists
+above: real knowledge uses the fact recall on the known facts, as its result card does."""
 QUANT_KEPT = 0.75  # the share of the full-precision forgetting that must remain at 4 bits
 
 
@@ -673,17 +767,25 @@ class QuantVerdict:
     retain_lost: float | None
 
 
+def _first_metric(df: pd.DataFrame, names: Sequence[str]) -> str | None:
+    return next((m for m in names if m in df.columns and not df[m].isna().any()), None)
+
+
 def quantization_verdict(df: pd.DataFrame, min_drop: float = 0.02) -> QuantVerdict:
     """The verdict on a `quantization_check` table with the edited rows: the forget
     metric stays forgotten (at least QUANT_KEPT of its drop remains) and the retain
-    metric holds (it loses at most RETAIN_BROKEN against the base model at 4 bits)."""
+    metric holds (it loses at most RETAIN_BROKEN against the base model at 4 bits).
+    The metrics: the task's (`QUANT_TASK_METRICS`, from the frame's attrs "task"), else
+    the first of `QUANT_FORGET_METRICS` / `QUANT_RETAIN_METRICS` the table has."""
     base, base4, edited, edited4 = (df.iloc[i] for i in range(4))
-    fm = next((m for m in QUANT_FORGET_METRICS if m in df.columns and not df[m].isna().any()), None)
+    forget_names, retain_names = QUANT_TASK_METRICS.get(df.attrs.get("task"),
+                                                        (QUANT_FORGET_METRICS, QUANT_RETAIN_METRICS))
+    fm = _first_metric(df, forget_names)
     if fm is None:
         raise ValueError(f"no forget metric among {list(df.columns)}")
     drop = base[fm] - edited[fm]
     kept = float((base4[fm] - edited4[fm]) / drop) if drop > min_drop else float("nan")
-    rm = next((m for m in QUANT_RETAIN_METRICS if m in df.columns and not df[m].isna().any()), None)
+    rm = _first_metric(df, retain_names)
     lost = None
     if rm is not None:
         lost = float(max(0.0, 1 - edited4[rm] / base4[rm])) if base4[rm] > 0 else 0.0

@@ -7,16 +7,20 @@ after its prompt, generated text, and the log-probabilities of lettered options.
 """
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from grom.arch import model_device
 from grom.data.prompts import PromptFormat, encode_prompt
 from grom.keys import answer_letter, choice_question, pad_id
+from grom.text import contains_phrase
 
 
 @dataclass(frozen=True)
@@ -124,11 +128,32 @@ def score_texts(model: nn.Module, tokenizer, texts: Sequence[str], *, batch_size
     return score_sequences(model, tokenizer, seqs, batch_size)
 
 
+def _left_padded(encoded: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both (B, W): the prompts right-aligned, pads on the left."""
+    width = max(len(e) for e in encoded)
+    ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for r, e in enumerate(encoded):
+        ids[r, width - len(e):] = torch.tensor(e)
+        mask[r, width - len(e):] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
              prompt_format: PromptFormat | None = None, max_new_tokens: int = 64,
-             batch_size: int = 32, max_length: int = 1024) -> list[str]:
-    """Greedy continuations of the formatted prompts (left padding; stops at EOS)."""
+             batch_size: int = 32, max_length: int = 1024,
+             stop_at: Sequence[str | None] | None = None) -> list[str]:
+    """Greedy continuations of the formatted prompts (left padding; stops at EOS).
+
+    stop_at: per prompt, a phrase (a fact) or None; an answer then ends as soon as it
+    states its phrase as whole words (`phrase_settled`), and every answer that ended (the
+    phrase, or EOS) leaves the running batch (`greedy_until`): the text is the full-length
+    answer's start, so whether the phrase is in it (`grom.eval.metrics.fact_recall`) is
+    what the full-length answer gives. Without it, `model.generate` runs every row to
+    EOS or the budget."""
+    if stop_at is not None and len(stop_at) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(stop_at)} stop phrases")
     device = model_device(model)
     pad = pad_id(tokenizer)
     eos = _eos_ids(model, tokenizer)
@@ -138,20 +163,90 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
     out: list[str] = [""] * len(encoded)
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
-        width = max(len(encoded[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            n = len(encoded[i])
-            ids[r, width - n:] = torch.tensor(encoded[i])
-            mask[r, width - n:] = 1
-        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                             do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                             eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
-        texts = tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True)
+        ids, mask = _left_padded([encoded[i] for i in idx], pad)
+        if stop_at is not None:
+            new = greedy_until(model, tokenizer, ids.to(device), mask.to(device), max_new_tokens,
+                               eos, [stop_at[i] for i in idx])
+            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        else:
+            gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                 eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
+            texts = tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
         for r, i in enumerate(idx):
             out[i] = texts[r].strip()
     return out
+
+
+_UNFINISHED_WORD = re.compile(r"(?:[^\W_]|\ufffd)+$")
+
+
+def phrase_settled(text: str, phrase: str | None) -> bool:
+    """Whether `text` states `phrase` as whole words (`grom.text.contains_phrase`) where
+    more text cannot undo it: the text is cut before its last word, which the next token
+    may still extend ("Mars" may become "Marsh"), and before a half-decoded character
+    (U+FFFD). So a greedy answer that stops here states the phrase exactly when its
+    full-length continuation does. None or an empty phrase: never."""
+    if not phrase:
+        return False
+    return contains_phrase(_UNFINISHED_WORD.sub("", text), phrase)
+
+
+def _cache_kwargs(model: nn.Module) -> tuple[str, bool]:
+    """The name the model's forward gives its key/value cache (transformers renamed
+    `past_key_values` to `cache`), and whether it takes `logits_to_keep`."""
+    params = inspect.signature(model.forward).parameters
+    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+
+
+@torch.no_grad()
+def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Tensor,
+                 max_new_tokens: int, eos: Sequence[int], stops: Sequence[str | None]) -> list[list[int]]:
+    """Greedy decoding of a left-padded batch, ids and mask (B, W), that drops each row
+    from the batch once it is finished: it produced EOS (not kept), or its new text
+    states its phrase in `stops` (`phrase_settled`), or it has `max_new_tokens` tokens.
+    A dropped row's key/value cache rows are dropped with it, so the rows still running
+    cost what a batch of their size costs. Returns each row's new token ids.
+
+    Each step is `model.generate`'s greedy step: positions from the attention mask
+    (cumsum - 1), a dynamic cache built from the config, argmax of the last position's
+    logits (no logits processor: the plain greedy answer), so the tokens are those of
+    `model.generate(do_sample=False)` on the same prompts, cut where the row finished."""
+    cache_name, keep_arg = _cache_kwargs(model)
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
+        else model.config
+    cache = DynamicCache(config=config)
+    eos = set(eos)
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W)
+    live = list(range(ids.shape[0]))  # the original row of each running row
+    new: list[list[int]] = [[] for _ in live]
+    step_ids, step_pos = ids, pos
+    for t in range(max_new_tokens):
+        kwargs = {cache_name: cache, "logits_to_keep": 1} if keep_arg else {cache_name: cache}
+        logits = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, use_cache=True,
+                       **kwargs).logits[:, -1, :]
+        nxt = logits.float().argmax(-1).tolist()  # (b,)
+        keep = []
+        for r, token in enumerate(nxt):
+            row = live[r]
+            if token in eos:
+                continue
+            new[row].append(token)
+            if t + 1 < max_new_tokens and not phrase_settled(
+                    tokenizer.decode(new[row], skip_special_tokens=True), stops[row]):
+                keep.append(r)
+        if not keep:
+            break
+        last = step_pos[:, -1]
+        if len(keep) < len(live):
+            sel = torch.tensor(keep, device=mask.device)
+            cache.batch_select_indices(sel)
+            mask, last = mask[sel], last[sel]
+            live = [live[r] for r in keep]
+        step_ids = torch.tensor([[nxt[r]] for r in keep], dtype=torch.long, device=mask.device)
+        step_pos = (last + 1)[:, None]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+    return new
 
 
 def answer_budget(tokenizer, answers: Sequence[str], cap: int = 200) -> int:
