@@ -173,7 +173,8 @@ class PrefixCache:
                 return None
             extra = bound.get("kwargs", {})
             get = lambda name: bound.get(name, extra.get(name))  # noqa: E731
-            ids, cache = get("input_ids"), get("past_key_values")
+            # transformers 5.2x names the key/value cache `cache`; earlier 5.x `past_key_values`
+            ids, cache = get("input_ids"), get("cache") if get("cache") is not None else get("past_key_values")
             if ids is None or get("inputs_embeds") is not None:
                 return None
             if cache is not None:
