@@ -101,8 +101,8 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
         reset_btn = gr.Button("Reset", variant="secondary", scale=1, min_width=90, elem_id="reset-edit")
     status = gr.Markdown("No edit yet: press **Run edit**.", elem_id="edit-status")
     preset = gr.Dropdown(preset_choices(), value=start_preset, label="Preset (the paper's settings)",
-                         info="the paper's tofu10, tofu5, muse-*, wmdp-bio, zsre; smollm2 (the real chat "
-                              "model); demo* (the toy's splits)")
+                         info="the paper's tofu10, tofu5, muse-news, muse-books, wmdp-bio, zsre; smollm2 "
+                              "(the real chat model); demo, demo-forget05, demo-forget01 (the toy's splits)")
     text.md(text.EDIT, elem_classes="panel-intro")
     with gr.Row(equal_height=True):
         target = gr.Radio(TARGETS, value=demo.target, label="Target D", scale=2, min_width=150)
