@@ -2,7 +2,9 @@
 held-out probe questions the edit never saw, asked as they are and transformed
 (paraphrase, fill in the blank, reverse, another prompt format, in context, RWKU's
 adversarial wrappers), and attacks on the weights (relearning, 4- and 8-bit quantization,
-the logit lens), each scored by fact recall for the base model and the edited one.
+the logit lens), each scored by fact recall for the base model and the edited one, and
+the membership attacks (LOSS, zlib, Min-K, Min-K++: can the forget answers be told from
+the other targets' answers by their likelihood? an AUC, 0.5 = they cannot).
 
 Optionally the gradient baseline set in Compare (its method, epochs and learning rate) is
 trained once and put through the same suite, side by side; its patch is dropped after.
@@ -27,8 +29,9 @@ from components.views.tables import download_box, empty_table
 from grom.baselines import get_method, recipe_for_task, run_baseline
 from grom.data.schema import QAExample
 from grom.memory import release_memory
+from grom.robustness.membership import holdout_of
 from grom.robustness.probes import probes_from_examples, transform
-from grom.robustness.suite import WEIGHT_ATTACKS, attack_names, run_attacks
+from grom.robustness.suite import AUC_ATTACKS, TEACHER_FORCED, WEIGHT_ATTACKS, attack_names, run_attacks
 
 LABELS = {
     "heldout": "Held-out probes", "paraphrase": "Paraphrase", "cloze": "Fill in the blank",
@@ -36,6 +39,7 @@ LABELS = {
     "prefix_injection": "Prefix injection", "affirmative_suffix": "Affirmative suffix",
     "role_play": "Role play", "relearn": "Relearning", "quant4": "4-bit quantization",
     "quant8": "8-bit quantization", "logit_lens": "Logit lens (top-1, last layer)",
+    "mia": "Membership inference (Min-K AUC; 0.5 = can't tell)",
 }
 GROM = "GROM"
 TRAIN_SHARE = 0.4  # of the progress bar, when a baseline is trained first
@@ -67,6 +71,7 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
     epochs, lr), that baseline trained now on the same data (its patch not kept)."""
     progress = progress or (lambda *_: None)
     probes, fitted = probes_of(bench)
+    holdout = holdout_of(bench.eval_sets, bench.retain)
     edits = {GROM: grom_edit}
     out: dict[str, dict] = {}
     with DEVICE_LOCK:
@@ -83,8 +88,8 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
         share = (1 - start) / len(edits)
         for i, (name, edit) in enumerate(edits.items()):
             at = start + i * share
-            out[name] = run_attacks(handle.model, handle.tokenizer, edit, probes, fitted=fitted, attacks=names,
-                                    fmt=bench.prompt_format,
+            out[name] = run_attacks(handle.model, handle.tokenizer, edit, probes, fitted=fitted, holdout=holdout,
+                                    attacks=names, fmt=bench.prompt_format,
                                     progress=lambda f, m, at=at, name=name: progress(at + share * f, f"{name}: {m}"))
     return out
 
@@ -117,7 +122,7 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
         removed = f" (the edit removed {1 - h.edited / h.base:.0%} of it)" if h.base > 0 else ""
         parts.append(f"On **{h.n} held-out probes** the edit never saw, recall went from **{h.base:.2f}** to "
                      f"**{h.edited:.2f}**{removed}.")
-    ran = {k: r for k, r in grom.items() if not math.isnan(r.edited) and k != "heldout"}
+    ran = {k: r for k, r in grom.items() if not math.isnan(r.edited) and k != "heldout" and k not in AUC_ATTACKS}
     if ran:
         name, worst = max(ran.items(), key=lambda kv: kv[1].edited)
         parts.append(f"Worst attack: **{LABELS.get(name, name)}**, recall **{worst.edited:.2f}** "
@@ -126,6 +131,8 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
         d = grom["relearn"].details
         curve = ", ".join(f"{s} steps {r:.2f}" for s, r in zip(d.get("steps", ()), d.get("recall", ())))
         parts.append(f"Relearning on {d.get('n_train', '?')} fitted questions: {curve}.")
+    if "mia" in grom and not math.isnan(grom["mia"].edited):
+        parts.append(membership_md(grom["mia"]))
     for name, r in grom.items():
         why = r.details.get("skipped")  # a probe type that could make no probe says why (a string)
         if math.isnan(r.edited) and isinstance(why, str):
@@ -133,6 +140,26 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
     seconds = sum(r.seconds for res in results.values() for r in res.values())
     parts.append(f"{len(names)} attack(s) on {', '.join(results)} in {seconds:.0f} s.")
     return " ".join(parts)
+
+
+def membership_md(result) -> str:
+    """The membership attacks in words: the fitted forget answers' Min-K AUC against the
+    other targets' answers, base and edited, what its distance from 0.5 means, and the
+    held-out probes' AUC."""
+    d = result.details
+    base, edited = result.base, result.edited
+    if abs(edited - 0.5) <= max(0.1, abs(base - 0.5) + 0.05):
+        meaning = "about as hard to tell apart as before the edit"
+    elif edited < 0.5:
+        meaning = ("far below 0.5: the forget answers became conspicuously unlikely, so an attacker who reads "
+                   "likelihoods can tell which facts were unlearned")
+    else:
+        meaning = "far above 0.5: the forget answers are still likelier than comparable facts the model keeps"
+    probes = d.get("auc", {}).get("probes", {}).get("min_k")
+    tail = (f" On the held-out probes: {probes['base']:.2f} to {probes['edited']:.2f}." if probes else "")
+    return (f"Membership inference (Min-K AUC of the {d.get('n_fitted', '?')} fitted forget answers against "
+            f"{d.get('n_holdout', '?')} answers the edit did not aim at; 0.5 = cannot tell): **{base:.2f}** "
+            f"before, **{edited:.2f}** after the edit, {meaning}.{tail}")
 
 
 def lens_figure(results: dict[str, dict]):
@@ -156,8 +183,10 @@ def answers_html(session: Session, row: int) -> str:
         return ""
     name = names[row]
     grom = results[GROM][name]
-    asked = probes if name in WEIGHT_ATTACKS else transform(probes, name)
-    if name == "logit_lens" or not grom.edited_answers:
+    asked = probes if name in WEIGHT_ATTACKS + TEACHER_FORCED else transform(probes, name)
+    if name == "mia":
+        return membership_html(results)
+    if name in TEACHER_FORCED or not grom.edited_answers:
         return (f'<div class="gen-title">{html.escape(LABELS.get(name, name))}: '
                 f'{html.escape(str(grom.details.get("note", "no answers to show (teacher-forced)")))}</div>')
     methods = list(results)
@@ -171,6 +200,30 @@ def answers_html(session: Session, row: int) -> str:
     return (f'<div class="gen-table"><div class="gen-title">{html.escape(LABELS.get(name, name))}: '
             f'the {len(body)} questions asked and every answer</div><table><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def membership_html(results: dict[str, dict]) -> str:
+    """Every membership attack's AUC, per side (fitted forget answers, held-out probes) and
+    method: the table behind the membership row."""
+    methods = [m for m in results if "mia" in results[m] and results[m]["mia"].details.get("auc")]
+    if not methods:
+        why = results.get(GROM, {}).get("mia")
+        note = why.details.get("skipped", "") if why is not None else ""
+        return f'<div class="gen-title">Membership inference: not run. {html.escape(str(note))}</div>'
+    auc = results[GROM]["mia"].details["auc"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["answers", "attack", "Base", *methods])
+    body = []
+    for side, label in (("fitted", "fitted forget"), ("probes", "held-out probes")):
+        for attack, cell in auc.get(side, {}).items():
+            vals = [cell["base"]] + [results[m]["mia"].details["auc"].get(side, {}).get(attack, {}).get("edited",
+                                                                                                    math.nan)
+                                     for m in methods]
+            body.append("<tr class='gen-row'>" + f"<td>{label}</td><td>{html.escape(attack)}</td>"
+                        + "".join(f"<td>{v:.3f}</td>" for v in vals) + "</tr>")
+    return (f'<div class="gen-table"><div class="gen-title">Membership inference: ROC AUC of the forget answers '
+            f'against answers the edit did not aim at (0.5: the attack cannot tell them apart; below: the forget '
+            f'answers are less likely)</div><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+            f'</table></div>')
 
 
 def _baseline_settings(with_baseline: bool, method, epochs, lr) -> tuple | None:
@@ -208,9 +261,10 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
     session.extra["attacks"] = (edit, results, names, probes)
     release_memory()
     frame = results_frame(results, names)
-    recall = {"Base": [results[GROM][n].base for n in names]}
-    recall |= {m: [res[n].edited for n in names] for m, res in results.items()}
-    figure = plots.plot_attacks([LABELS.get(n, n) for n in names], recall)
+    shown = [n for n in names if n not in AUC_ATTACKS]  # the plot's axis is recall, not an AUC
+    recall = {"Base": [results[GROM][n].base for n in shown]}
+    recall |= {m: [res[n].edited for n in shown] for m, res in results.items()}
+    figure = plots.plot_attacks([LABELS.get(n, n) for n in shown], recall)
     return summary_md(results, names), frame, figure, lens_figure(results), answers_html(session, 0)
 
 
@@ -228,7 +282,7 @@ def build_attack_panel() -> SimpleNamespace:
                                     scale=3)
         run = gr.Button("Run the attacks", variant="primary", scale=1, min_width=160, elem_id="attack-run")
     summary = gr.Markdown("Run an edit, then the attacks.", elem_id="attack-summary")
-    table = gr.Dataframe(empty_table("attacks"), label="Fact recall under each attack (click a row for its answers)",
+    table = gr.Dataframe(empty_table("attacks"), label="Fact recall under each attack; the membership row is an AUC (click a row for its answers)",
                          interactive=False, wrap=True, elem_id="attack-table")
     files = download_box("the attack table")
     plot = gr.Plot(plots.empty_figure("Run the attacks to see recall per attack."), show_label=False)

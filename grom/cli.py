@@ -121,27 +121,32 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def attack_sets(args: argparse.Namespace):
-    """(probes, fitted questions, prompt format) for `attack`: the probes of --probes, else
+    """(probes, fitted questions, holdout, prompt format) for `attack`: the probes of --probes, else
     the benchmark's held-out probes (eval_sets["probes"]: real-knowledge, or the rows of
     split "probe" of custom files), else the --forget file's rows of split "probe"; never
-    the fitted questions themselves. The fitted questions are the forget set."""
+    the fitted questions themselves. The fitted questions are the forget set; the holdout
+    (membership attacks) the benchmark's neighbours or general questions, else the
+    --retain file's rows (`grom.robustness.membership.holdout_of`)."""
     from grom.data import load_benchmark, load_custom_file
+    from grom.robustness.membership import holdout_of
     from grom.robustness.probes import probes_from_examples, read_probes
 
     if args.benchmark:
         bench = load_benchmark(args.benchmark, args.split, source=args.source)
         forget, fmt = bench.forget, bench.prompt_format
         held_out = probes_from_examples(bench.eval_sets.get("probes", ()))
+        holdout = holdout_of(bench.eval_sets, bench.retain)
     elif args.forget:
         forget, fmt = load_custom_file(args.forget, split="forget"), None
         held_out = _probe_rows(args.forget)
+        holdout = holdout_of({}, load_custom_file(args.retain, split="retain") if args.retain else ())
     else:
         raise SystemExit("give --benchmark (and --split), or a --forget file (the questions the edit was fitted on)")
     probes = read_probes(args.probes) if args.probes else held_out
     if not probes:
         raise SystemExit("no held-out probes: give --probes FILE (rows with question, answer, fact), or a "
                          "benchmark that holds them (real-knowledge, or custom rows of split 'probe')")
-    return probes, forget, fmt
+    return probes, forget, holdout, fmt
 
 
 def _probe_rows(path: str) -> tuple:
@@ -162,13 +167,13 @@ def attack_command(args: argparse.Namespace) -> int:
 
     names = attack_names(args.attacks)  # an unknown name: refused before anything is loaded
     edit = Edit.load(Path(args.edit))
-    probes, fitted, fmt = attack_sets(args)
+    probes, fitted, holdout, fmt = attack_sets(args)
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     check_edit_fits(model, edit)
-    results = run_attacks(model, tokenizer, edit, probes, fitted=fitted, attacks=names, fmt=fmt,
+    results = run_attacks(model, tokenizer, edit, probes, fitted=fitted, holdout=holdout, attacks=names, fmt=fmt,
                           progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg))
     doc = {"model": args.model, "edit": str(args.edit), "method": edit.method, "n_probes": len(probes),
-           "n_fitted": len(fitted), "attacks": {n: _json_safe(r.to_dict()) for n, r in results.items()}}
+           "n_fitted": len(fitted), "n_holdout": len(holdout), "attacks": {n: _json_safe(r.to_dict()) for n, r in results.items()}}
     print(f"{'attack':<20} {'base':>6} {'edited':>6} {'n':>4} {'seconds':>8}")
     for n, r in results.items():
         print(f"{n:<20} {r.base:>6.3f} {r.edited:>6.3f} {r.n:>4} {r.seconds:>8.1f}")

@@ -13,7 +13,7 @@ from gradio_client import Client, handle_file  # noqa: E402
 
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 
-ATTACKS = ["heldout", "paraphrase", "cloze", "quant8", "logit_lens", "relearn"]
+ATTACKS = ["heldout", "paraphrase", "cloze", "quant8", "logit_lens", "relearn", "mia"]
 
 
 def probe_upload(path):
@@ -44,6 +44,9 @@ def test_the_attack_suite_on_an_uploaded_benchmark_with_probes(url, tmp_path):  
     assert "held-out probes" in summary and "Worst attack" in summary and "Relearning on" in summary
     assert plot["type"] == "plotly" and lens["type"] == "plotly"
     assert "the 8 questions asked" in answers
+    mia = rows["Membership inference (Min-K AUC; 0.5 = can't tell)"]  # the upload's retain rows as holdout
+    assert 0 <= float(mia[1]) <= 1 and 0 <= float(mia[2]) <= 1
+    assert "Membership inference (Min-K AUC of the 16 fitted forget answers against 24 answers the edit did not aim at" in summary
 
 
 def test_a_baseline_beside_grom_and_a_benchmark_without_probes(url, tmp_path):  # noqa: F811

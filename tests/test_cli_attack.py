@@ -45,9 +45,12 @@ def test_attack_writes_the_json_of_every_attack_asked(world, capsys):
     root, model, data, files = world
     out = root / "attacks.json"
     assert main(["attack", "--model", str(model), "--device", "cpu", "--edit", str(root / "edit"), *data,
-                 "--probes", str(files["probes"]), "--attacks", "heldout,cloze,reverse", "--json", str(out)]) == 0
+                 "--probes", str(files["probes"]), "--attacks", "heldout,cloze,reverse,mia", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert set(doc["attacks"]) == {"heldout", "cloze", "reverse"} and doc["n_probes"] == 4
+    assert set(doc["attacks"]) == {"heldout", "cloze", "reverse", "mia"} and doc["n_probes"] == 4
+    mia = doc["attacks"]["mia"]  # the membership attacks: AUCs, the --retain rows as holdout
+    assert mia["measure"] == "auc" and mia["n_holdout"] == doc["n_holdout"] > 0
+    assert set(mia["auc"]["fitted"]) == {"loss", "zlib", "min_k", "min_k++"}
     for name, entry in doc["attacks"].items():
         assert 0 <= entry["base"] <= 1 and 0 <= entry["edited"] <= 1 and entry["n"] == 4 and entry["seconds"] > 0
     # the numbers are those of a direct scoring of the same model and probes

@@ -235,7 +235,7 @@ def test_a_weight_attack_without_its_module_is_refused_up_front(monkeypatch):
     with pytest.raises(ValueError, match=r"attacks on the weights .* need grom.robustness.weights"):
         attack_names("heldout,quant4")
     assert attack_names("heldout") == ("heldout",)
-    assert attack_names("all") == tuple(P.PROBE_TYPES)  # "all" is what there is
+    assert attack_names("all") == (*P.PROBE_TYPES, "mia")  # "all" is what there is
 
 
 def test_an_edit_for_another_model_is_refused(edited, tokenizer):

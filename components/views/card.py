@@ -139,7 +139,7 @@ def attack_line(results: dict | None) -> str:
     if held is not None:
         parts.append(f"Held-out probes: recall {held.edited:.2f} (base {held.base:.2f}, {held.n} questions the "
                      "edit never saw)")
-    others = {k: r for k, r in ran.items() if k != "heldout"}
+    others = {k: r for k, r in ran.items() if k != "heldout" and k != "mia"}  # mia is an AUC, not a recall
     if others:
         name, worst = max(others.items(), key=lambda kv: kv[1].edited)
         parts.append(f"worst attack: {name.replace('_', ' ')}, recall {worst.edited:.2f} (base {worst.base:.2f})")

@@ -6,7 +6,8 @@ scored by fact recall on the held-out probes for the base model and the edited o
 
 Names: the probe types of `grom.robustness.probes` (heldout, paraphrase, cloze, reverse,
 format, incontext, prefix_injection, affirmative_suffix, role_play), then the attacks on
-the weights of `grom.robustness.weights` (relearn, quant4, quant8, logit_lens). An unknown
+the weights of `grom.robustness.weights` (relearn, quant4, quant8, logit_lens), then the
+membership attacks (mia, `grom.robustness.membership`: AUCs, not recall). An unknown
 name is refused before any work, with the list of names. The model is left as it was
 found (unedited) whatever happens: an attack that raises with the edit applied still
 reverts it.
@@ -25,6 +26,7 @@ from torch import nn
 
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
+from grom.robustness.membership import membership_attack
 from grom.robustness.probes import PROBE_TYPES, transform
 from grom.robustness.result import AttackResult, Probe, Recall, probe_recall
 
@@ -43,6 +45,7 @@ class Context:
     probes: tuple[Probe, ...]
     fitted: tuple[QAExample, ...]
     fmt: PromptFormat | None
+    holdout: tuple = ()
 
     def score(self, model: nn.Module) -> Recall:
         """The held-out probes' fact recall of `model` as it is now (`ScoreFn`)."""
@@ -85,11 +88,20 @@ def _logit_lens(ctx: Context) -> AttackResult:
     return _weights("logit_lens_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.probes, fmt=ctx.fmt)
 
 
+def _membership(ctx: Context) -> AttackResult:
+    return membership_attack(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.probes, ctx.holdout, fmt=ctx.fmt)
+
+
 ATTACKS: dict[str, Callable[[Context], AttackResult]] = {
     **{name: _probe_attack(name) for name in PROBE_TYPES},
     "relearn": _relearn, "quant4": _quant(4), "quant8": _quant(8), "logit_lens": _logit_lens,
+    "mia": _membership,
 }
 WEIGHT_ATTACKS = ("relearn", "quant4", "quant8", "logit_lens")
+TEACHER_FORCED = ("logit_lens", "mia")
+"""The attacks that read likelihoods, not generated answers (no answers to show)."""
+AUC_ATTACKS = ("mia",)
+"""The attacks whose `base`/`edited` are an AUC (0.5: cannot tell), not a recall."""
 
 
 def _short_name(name: str) -> str:
@@ -139,7 +151,7 @@ def attack_names(attacks: str | Sequence[str] = "all") -> tuple[str, ...]:
         raise ValueError(f"unknown attack {unknown[0]!r}; the attacks: all, {', '.join(ATTACKS)}")
     missing = _weights_available() if any(a in WEIGHT_ATTACKS for a in wanted) else None
     if missing and everything:
-        log.warning("%s is not available (%s): running the probe attacks only", WEIGHTS_MODULE, missing)
+        log.warning("%s is not available (%s): running the other attacks only", WEIGHTS_MODULE, missing)
         wanted = [a for a in wanted if a not in WEIGHT_ATTACKS]
     elif missing:
         raise ValueError(f"the attacks on the weights ({', '.join(WEIGHT_ATTACKS)}) need {WEIGHTS_MODULE}, "
@@ -148,12 +160,15 @@ def attack_names(attacks: str | Sequence[str] = "all") -> tuple[str, ...]:
 
 
 def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
-                fitted: Sequence[QAExample] = (), attacks: str | Sequence[str] = "all",
-                fmt: PromptFormat | None = None,
+                fitted: Sequence[QAExample] = (), holdout: Sequence = (),
+                attacks: str | Sequence[str] = "all", fmt: PromptFormat | None = None,
                 progress: Callable[[float, str], None] | None = None) -> dict[str, AttackResult]:
     """Each attack of `attacks` on `edit` (a grom.edit.Edit of `model`), by name, in the
     suite's order. probes: the held-out probes (never fitted); fitted: the questions the
-    edit was fitted on (relearning trains on a part of them); fmt: the prompt format
+    edit was fitted on (relearning trains on a part of them; the membership attacks score
+    them); holdout: answers of the same kind the edit neither fitted nor aimed at (the
+    membership attacks' other side; without them "all" reports mia as skipped, and "mia"
+    asked by name is refused); fmt: the prompt format
     (None: the chat template). `progress(fraction, message)` before each attack and at the
     end. Each result's `seconds` is that attack's wall time. The model is returned unedited
     whatever happens (the attacks on the weights restore what they change themselves,
@@ -163,10 +178,14 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
         raise ValueError("no probes to attack with: give the held-out probe questions (question, answer, fact)")
     if "relearn" in names and not fitted:
         raise ValueError("relearn trains on the fitted questions: give fitted= (the edit's forget pairs)")
+    asked = [a.strip() for a in attacks.split(",")] if isinstance(attacks, str) else list(attacks)
+    if "mia" in asked and (len(holdout) < 2 or len(fitted) < 2):
+        raise ValueError("mia compares the fitted forget answers with held-out answers of the same kind: give "
+                         "fitted= and holdout= (at least two rows each, e.g. the benchmark's neighbours)")
     if edit.is_applied:
         raise ValueError("the edit is applied to the model; revert it first (the suite applies it itself)")
     progress = progress or (lambda *_: None)
-    ctx = Context(model, tokenizer, edit, tuple(probes), tuple(fitted), fmt)
+    ctx = Context(model, tokenizer, edit, tuple(probes), tuple(fitted), fmt, tuple(holdout))
     out: dict[str, AttackResult] = {}
     try:
         for i, name in enumerate(names):
