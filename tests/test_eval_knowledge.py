@@ -293,3 +293,27 @@ def test_the_verdict_picks_its_metrics_by_task():
     v = quantization_verdict(df)
     assert v.forget_metric == "Forget ROUGE-L" and v.retain_metric == "Neighbour ROUGE-L"
     assert v.forget_kept == pytest.approx((0.9 - 0.86) / (0.9 - 0.85))  # from the 4-bit base
+
+
+@pytest.mark.parametrize("fmt", [None, "plain"])
+def test_wrong_answers_scored_from_their_first_differing_token_equal_a_full_scoring(trained_llama, tokenizer, fmt):
+    """The truth ratio's wrong answers share their first tokens with the answer (the fact
+    swapped): reading those positions' log-probabilities off the answer's own scores gives
+    the mean NLL that scoring each wrong answer whole gives."""
+    from grom.data.prompts import PLAIN_QA
+    from grom.eval.report import _Runner, _shared_prefix_losses
+
+    fmt = PLAIN_QA if fmt == "plain" else None
+    run = _Runner(trained_llama, tokenizer, fmt, 4, None)
+    wrong = {0: ["Zorvath Quill was born in Quenford.", "Zorvath Quill was born in Veldra."],
+             1: ["He wrote Lanterns of Ash.", "She painted it."],  # the second shares no token
+             2: ["Ilsa Varn won the Harrow Cup."]}
+    items, full_pairs = [], []
+    answers = run.losses([(ex.question, ex.answer) for ex in FORGET])
+    for i, others in wrong.items():
+        for w in others:
+            items.append((FORGET[i].question, FORGET[i].answer, w, answers[i]))
+            full_pairs.append((FORGET[i].question, w))
+    fast = _shared_prefix_losses(run, items)
+    full = np.array([s.avg_loss for s in run.losses(full_pairs)])
+    np.testing.assert_allclose(fast, full, rtol=1e-5)

@@ -53,7 +53,7 @@ from grom.eval import mia
 from grom.eval import upstream as U
 from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.quant import quantized, resolve_method
-from grom.eval.runner import (answer_budget, choice_logprobs, generate, generate_ids, score_answers,
+from grom.eval.runner import (answer_budget, choice_logprobs, encode_pair, generate, generate_ids, score_answers,
                               score_sequences, score_texts)
 
 BASE, EDITED, REFERENCE = "Base", "Edited", "Retain model"
@@ -558,7 +558,8 @@ def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bo
     greedy answers `gens` (the questions', then the paraphrased questions' for the forget
     set)."""
     qs, answers = [ex.question for ex in examples], [ex.answer for ex in examples]
-    avg = np.array([s.avg_loss for s in run.losses(list(zip(qs, answers)))])
+    scored = run.losses(list(zip(qs, answers)))
+    avg = np.array([s.avg_loss for s in scored])
     df = pd.DataFrame({"question": qs, "answer": answers, "fact": [ex.fact for ex in examples],
                        "generation": gens[:len(qs)],
                        "fact_recall": [M.fact_recall(ex.fact, g) for ex, g in zip(examples, gens)],
@@ -570,25 +571,50 @@ def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bo
         df["paraphrase_generation"] = gens[len(qs):]
         df["paraphrase_recall"] = [M.fact_recall(ex.fact, g) for ex, g in zip(examples, gens[len(qs):])]
     if all(ex.perturbed_answers for ex in examples):
-        df["truth_ratio"] = _knowledge_truth_ratios(run, examples, avg)
+        df["truth_ratio"] = _knowledge_truth_ratios(run, examples, scored)
     return df
 
 
-def _knowledge_truth_ratios(run: _Runner, examples: tuple, answer_loss: np.ndarray) -> np.ndarray:
+def _knowledge_truth_ratios(run: _Runner, examples: tuple, answer_scores: list) -> np.ndarray:
     """(n,) TOFU's truth ratio per question (`grom.eval.metrics.truth_ratio`): the wrong
     answers (the bundled `wrong_answers`, the fact swapped) against the paraphrased answer,
     each after the question; the bundled files have no paraphrased answers, so the answer
-    itself stands for it (`answer_loss`, (n,) mean token NLLs), as TOFU does on Real Authors
-    and World Facts."""
-    qs = [ex.question for ex in examples]
-    correct = answer_loss
+    itself stands for it (`answer_scores`: its `TokenScores`), as TOFU does on Real
+    Authors and World Facts. Each wrong answer's mean NLL is `_shared_prefix_losses`'s."""
+    correct = np.array([s.avg_loss for s in answer_scores])
     if any(ex.paraphrased_answer for ex in examples):
         pairs = [(ex.question, ex.paraphrased_answer or ex.answer) for ex in examples]
         correct = np.array([s.avg_loss for s in run.losses(pairs)])
     counts = [len(ex.perturbed_answers) for ex in examples]
-    flat = run.losses([(q, w) for q, ex in zip(qs, examples) for w in ex.perturbed_answers])
-    wrong = np.split(np.array([s.avg_loss for s in flat]), np.cumsum(counts)[:-1])
+    flat = _shared_prefix_losses(run, [(ex.question, ex.answer, w, s) for ex, s in zip(examples, answer_scores)
+                                       for w in ex.perturbed_answers])
+    wrong = np.split(flat, np.cumsum(counts)[:-1])
     return np.array([M.truth_ratio(c, w) for c, w in zip(correct, wrong)])
+
+
+def _shared_prefix_losses(run: _Runner, items: list[tuple]) -> np.ndarray:
+    """(m,) mean NLL per label token of each `other` answer after its question, for items
+    (question, answer, other, answer's TokenScores): what `run.losses` gives for (question,
+    other), computed without reading the LM head where `other` begins with the same tokens
+    as `answer` (a wrong answer is the answer with its fact swapped): those positions have
+    the same context, so their log-probabilities are the answer's, taken from its scores;
+    only the positions from the first differing token on go through the head (on SmolLM2
+    the head, 49k x 576, costs more than the 5 edited layers a prefix-cached pass runs).
+    The same numbers as scoring the whole answer, up to float rounding across batches."""
+    seqs, reused, lengths = [], [], []
+    for question, answer, other, scores in items:
+        ids_o, start_o = encode_pair(run.tok, question, other, run.fmt)
+        ids_a, start_a = encode_pair(run.tok, question, answer, run.fmt)
+        shared = 0
+        if start_o == start_a and ids_o[:start_o] == ids_a[:start_a] and len(scores.logprobs) == len(ids_a) - start_a:
+            limit = min(len(ids_o), len(ids_a)) - start_o - 1  # at least the last label is scored here
+            while shared < limit and ids_o[start_o + shared] == ids_a[start_a + shared]:
+                shared += 1
+        seqs.append((ids_o, start_o + shared))
+        reused.append(float(scores.logprobs[:shared].sum()))
+        lengths.append(len(ids_o) - start_o)
+    tails = score_sequences(run.model, run.tok, seqs, run.batch_size)
+    return np.array([-(r + t.logprobs.sum()) / n for r, t, n in zip(reused, tails, lengths)])
 
 
 def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
