@@ -19,6 +19,7 @@ from torch import nn
 
 from grom.arch import decoder_layers, edit_target, unembedding
 from grom.collect import forward
+from grom.distributed import all_reduce_, share
 from grom.hooks import capture_outputs, stop_after
 from grom.keys import Batch
 
@@ -90,7 +91,8 @@ def score_layers(model: nn.Module, forget: Sequence[Batch], retain: Sequence[Bat
                  progress: Callable[[float], None] | None = None) -> LayerScores:
     """S_l for every layer from one forward pass over the forget and retain key batches.
 
-    alpha (vocab,) the specificity weights (all ones to switch them off).
+    alpha (vocab,) the specificity weights (all ones to switch them off). Under
+    torch.distributed each rank runs its share of the batches and the sums are reduced.
     """
     if matrix == "lm_head":
         raise ValueError("layer scores apply to down_proj / o_proj edits, not the LM head")
@@ -98,16 +100,17 @@ def score_layers(model: nn.Module, forget: Sequence[Batch], retain: Sequence[Bat
     modules = [model.get_submodule(edit_target(model, matrix, l).module_name) for l in range(n)]
     unembed = unembedding(model).detach()
     fw = lambda b: alpha[b.gold].double()  # noqa: E731
-    f_sum = _logit_dots(model, forget, modules, unembed, fw, progress and (lambda p: progress(p / 2)))
+    mine = lambda batches: [batches[i] for i in share(batches)]  # noqa: E731
+    f_sum = _logit_dots(model, mine(forget), modules, unembed, fw, progress and (lambda p: progress(p / 2)))
     a_sum = float(sum(fw(b).sum() for b in forget))
     if a_sum <= 0:
         raise ValueError("every forget token has specificity weight 0: the forget answers use only "
                          "tokens as common in the retain set; switch alpha off or change the data")
     r_count = sum(b.gold.numel() for b in retain)
     rw = lambda b: torch.ones(b.gold.numel(), dtype=torch.float64)  # noqa: E731
-    r_sum = _logit_dots(model, retain, modules, unembed, rw, progress and (lambda p: progress(0.5 + p / 2)))
-    F = f_sum / a_sum
-    R = r_sum / max(r_count, 1)
+    r_sum = _logit_dots(model, mine(retain), modules, unembed, rw, progress and (lambda p: progress(0.5 + p / 2)))
+    F = all_reduce_(f_sum) / a_sum
+    R = all_reduce_(r_sum) / max(r_count, 1)
     S = F - R
     band = best_window(S.tolist(), min(k, n), candidates)
     return LayerScores(tuple(S.tolist()), tuple(F.tolist()), tuple(R.tolist()), tuple(band), matrix, k)

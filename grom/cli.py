@@ -19,6 +19,19 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _budget(text: str) -> int | str:
+    """'20000' -> 20000; 'none' -> "none" (every key counts)."""
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a key budget is a whole number or 'none', not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a key budget must be at least 1 (or 'none'), not {value}")
+    return value
+
+
 def _model_and_sets(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local model folder or Hub id")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
@@ -45,6 +58,10 @@ def _data_args(p: argparse.ArgumentParser) -> None:
                    help="switch the specificity weights off")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--forget-budget", type=_budget, metavar="N|none",
+                   help="at most N forget key positions, a seeded sample (none: every key counts; default 20000)")
+    p.add_argument("--retain-budget", type=_budget, metavar="N|none",
+                   help="at most N retain key positions (none: every key counts; default 40000)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +88,10 @@ def config_from_args(args: argparse.Namespace) -> EditConfig:
     fields = ("matrix", "layers", "k", "target", "beta", "w_r", "rho", "c", "beta_relative",
               "use_alpha", "batch_size", "seed")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+    for f in ("forget_budget", "retain_budget"):
+        value = getattr(args, f, None)
+        if value is not None:
+            changes[f] = None if value == "none" else value
     return base.replace(**changes)
 
 
@@ -95,9 +116,23 @@ def main(argv: list[str] | None = None) -> int:
             return attack_command(args)
         except (ValueError, FileNotFoundError) as err:  # bad input: a clear message, nothing written
             raise SystemExit(f"error: {err}") from None
-    from grom.pipeline import compute_scores, prepare, run_edit
+    from grom import distributed
+
+    # under torchrun (or in a process group already started): each rank edits with its share
+    if distributed.init_from_env():
+        try:
+            return edit_or_scores(args)
+        finally:
+            distributed.shutdown()
+    return edit_or_scores(args)
+
+
+def edit_or_scores(args: argparse.Namespace) -> int:
+    """`edit` and `scores`; under torch.distributed every rank computes, rank 0 writes."""
     from grom.arch import unembedding
+    from grom.distributed import rank
     from grom.models import load_model
+    from grom.pipeline import compute_scores, prepare, run_edit
 
     config = config_from_args(args)
     forget, retain, fmt = load_sets(args)
@@ -107,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scores":
         prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
         scores = compute_scores(model, prep, config)
+        if rank() != 0:
+            return 0
         print(f"{'layer':>5} {'S_l':>10} {'F_l':>10} {'R_l':>10}")
         for l, (s, f, r) in enumerate(zip(scores.S, scores.F, scores.R)):
             mark = "  *" if l in scores.band else ""
@@ -114,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"band (k={config.k}): {list(scores.band)}")
         return 0
     edit = run_edit(model, tokenizer, forget, retain, config)
+    if rank() != 0:
+        return 0
     out = edit.save(Path(args.out))
     print(json.dumps({"out": str(out), "band": edit.band, "timings": edit.timings,
                       "patch_norm": edit.patch_norm()}, indent=2))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -27,6 +27,9 @@ from grom.keys import Batch
 
 # Above this many bytes of cached matrix inputs, the stream re-runs layers instead.
 MAX_INPUT_CACHE_BYTES = 4 << 30
+# The hidden states (and call arguments) entering the band kept per batch, at most this
+# many bytes by default; batches beyond are replayed from the embeddings at each layer.
+HIDDEN_CACHE_BYTES = 8 << 30
 
 
 @dataclass
@@ -107,6 +110,28 @@ def _first(x):
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
+def iter_keys(model: nn.Module, batches: Sequence[Batch], module: nn.Module,
+              only: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+    """(i, inputs of `module` at batch i's key positions, (k_i, n)) for every batch (or
+    those of `only`), one full forward pass each, stopping right after the module."""
+    with torch.no_grad():
+        for i in (range(len(batches)) if only is None else only):
+            with capture_inputs(module, batches[i].select) as got, stop_after(module):
+                forward(model, batches[i])
+            yield i, got[0]
+
+
+def _tensor_bytes(x) -> int:
+    """Bytes of the tensors in a nest of tuples, lists and dicts."""
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in x)
+    if isinstance(x, dict):
+        return sum(_tensor_bytes(v) for v in x.values())
+    return 0
+
+
 class LayerStream:
     """The residual stream of every batch, entering one decoder layer at a time, from
     layer `first` up to `last`.
@@ -114,21 +139,38 @@ class LayerStream:
     kinds: per decoder layer, a label (`grom.arch.layer_kinds`; None: one for all); the
     model's call arguments are captured once per label met in first..last and reused for
     every layer with that label.
+
+    budget: at most this many bytes of hidden states and call arguments are kept (None: no
+    bound); the batches beyond it keep nothing and are replayed from the embeddings at
+    each layer, by a forward pass of the model as it then is (edited up to the current
+    layer), which gives the states the stream would hold: the keys are the same, up to the
+    rounding of the shortcut `advance_linear` takes for the kept batches.
     """
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList, first: int,
-                 batches: Sequence[Batch], last: int | None = None, kinds: Sequence | None = None):
+                 batches: Sequence[Batch], last: int | None = None, kinds: Sequence | None = None,
+                 budget: int | None = None):
         kinds = kinds if kinds is not None else [None] * len(layers)
         self.source = _call_sources(kinds, first, first if last is None else last)
-        self.layers, self.batches, self.at = layers, list(batches), first
+        self.model, self.layers, self.batches, self.at = model, layers, list(batches), first
         self.hidden, self.calls = [], []
-        wanted = sorted(set(self.source.values()))
+        wanted, held = sorted(set(self.source.values())), 0
         with torch.no_grad():
             for batch in self.batches:
                 parts = {j: _split_hidden(c)
                          for j, c in _capture_layer_calls(model, layers, wanted, batch).items()}
-                self.hidden.append(parts[first][0])
-                self.calls.append({j: rest for j, (_, rest) in parts.items()})
+                calls = {j: rest for j, (_, rest) in parts.items()}
+                held += _tensor_bytes(parts[first][0]) + _tensor_bytes(calls)
+                fits = budget is None or held <= budget
+                self.hidden.append(parts[first][0] if fits else None)
+                self.calls.append(calls if fits else None)
+        self._outs: dict = {}
+        self._inputs: dict = {}
+
+    @property
+    def replayed(self) -> int:
+        """How many batches are replayed rather than kept."""
+        return sum(h is None for h in self.hidden)
 
     def start(self) -> tuple:
         """The stream as it enters its first layer (what the forward pass up to it gave),
@@ -136,58 +178,70 @@ class LayerStream:
         return (self.at, dict(self.source), list(self.hidden), list(self.calls))
 
     @classmethod
-    def resume(cls, layers: nn.ModuleList, batches: Sequence[Batch], start: tuple) -> "LayerStream":
+    def resume(cls, model: nn.Module, layers: nn.ModuleList, batches: Sequence[Batch],
+               start: tuple) -> "LayerStream":
         """A stream from `start()` of one over the same batches (its tensors are shared,
         never written: every step makes new ones)."""
         stream = cls.__new__(cls)
         stream.at, source, hidden, calls = start
         stream.source, stream.hidden, stream.calls = dict(source), list(hidden), list(calls)
-        stream.layers, stream.batches = layers, list(batches)
+        stream.model, stream.layers, stream.batches = model, layers, list(batches)
+        stream._outs, stream._inputs = {}, {}
         return stream
 
     def _run(self, i: int, layer: nn.Module):
+        if self.hidden[i] is None:  # replayed: the states entering this layer, from the start
+            call = _capture_layer_calls(self.model, self.layers, [self.at], self.batches[i])[self.at]
+            hidden, (rest, kwargs) = _split_hidden(call)
+            return _first(layer(hidden, *rest, **kwargs))
         rest, kwargs = self.calls[i][self.source[self.at]]
         return _first(layer(self.hidden[i], *rest, **kwargs))
 
-    def keys(self, matrix: nn.Module, device, keep_inputs: bool) -> Keys:
-        """Keys of `matrix` (inside the current layer); with keep_inputs, also keep the
-        layer outputs and the matrix's full inputs so `advance_linear` can be used."""
-        parts, self._outs, self._inputs = [], [], []
+    def key_batches(self, matrix: nn.Module, keep_inputs: bool = False,
+                    only: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(i, inputs of `matrix` (inside the current layer) at batch i's key positions,
+        (k_i, n)) for every batch, or those of `only`. With keep_inputs, also keep the
+        layer outputs and the matrix's full inputs of the kept batches, so that
+        `advance_linear` can be used."""
+        self._outs, self._inputs = {}, {}
         layer = self.layers[self.at]
         with torch.no_grad():
-            for i, batch in enumerate(self.batches):
-                def select(x, batch=batch):
-                    if keep_inputs:
-                        self._inputs.append(x)
+            for i in (range(len(self.batches)) if only is None else only):
+                keep = keep_inputs and self.hidden[i] is not None
+
+                def select(x, batch=self.batches[i], i=i, keep=keep):
+                    if keep:
+                        self._inputs[i] = x
                     return batch.select(x)
 
                 with capture_inputs(matrix, select) as got:
-                    if keep_inputs:
-                        self._outs.append(self._run(i, layer))
+                    if keep:
+                        self._outs[i] = self._run(i, layer)
                     else:
                         with stop_after(matrix):
                             self._run(i, layer)
-                parts.extend(got)
-        return Keys.concat(parts, self.batches, device)
+                yield i, got[0]
 
     def advance_linear(self, P: torch.Tensor, gain: float = 1.0) -> None:
         """Next layer's input = unpatched output + gain * P x, for a matrix whose output
         reaches the residual stream scaled by `gain` and nothing else
-        (`grom.arch.residual_gain`); P is (m, n) in the math layout."""
+        (`grom.arch.residual_gain`); P is (m, n) in the math layout. Replayed batches
+        need nothing: their next pass runs the patched model."""
         gP = P * gain
-        self.hidden = [out + nn.functional.linear(x, gP.to(x.device, x.dtype))
-                       for out, x in zip(self._outs, self._inputs)]
-        self._outs, self._inputs = [], []
+        self.hidden = [None if h is None else
+                       self._outs[i] + nn.functional.linear(self._inputs[i], gP.to(h.device, h.dtype))
+                       for i, h in enumerate(self.hidden)]
+        self._outs, self._inputs = {}, {}
         self.at += 1
 
     def advance(self) -> None:
         """Next layer's input by running the current layer as the model now is."""
         layer = self.layers[self.at]
         with torch.no_grad():
-            self.hidden = [self._run(i, layer) for i in range(len(self.batches))]
-        self._outs, self._inputs = [], []
+            self.hidden = [None if h is None else self._run(i, layer) for i, h in enumerate(self.hidden)]
+        self._outs, self._inputs = {}, {}
         self.at += 1
 
     def input_cache_bytes(self, n: int) -> int:
-        """Bytes that keeping every batch's full matrix inputs (width n) would take."""
-        return sum(h.shape[0] * h.shape[1] * n * h.element_size() for h in self.hidden)
+        """Bytes that keeping every kept batch's full matrix inputs (width n) would take."""
+        return sum(h.shape[0] * h.shape[1] * n * h.element_size() for h in self.hidden if h is not None)

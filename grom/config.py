@@ -86,8 +86,9 @@ class EditConfig:
     stream: bool = True
     """Run the model once up to the band and advance the hidden states layer by layer
     (False: a full forward pass per edited layer, the slower reference path)."""
-    keep_keys: bool = True
-    """Keep the keys on the CPU for the diagnostics (PCA, influence audit)."""
+    keep_keys: bool = False
+    """Keep the keys (float32, on the CPU) for the diagnostics (influence audit, outputs);
+    off, memory does not grow with the number of keys (the system is summed batch by batch)."""
 
     def __post_init__(self) -> None:
         problems = [out_of_bounds(name, getattr(self, name)) for name in BOUNDS

@@ -90,6 +90,7 @@ class Edit:
     # How to reproduce it beyond the config, JSON-able (the studio: the model by name, the
     # benchmark, split, retain sample size and seed, the band mode and preset)
     run: dict = field(default_factory=dict)
+    world_size: int = 1  # processes that computed it (torch.distributed ranks)
     # A loaded edit: the patch_sha256 its edit.json recorded, and the rank of each patch its
     # file held as factors (those patches are the factors' product: the computed patch to
     # its dtype's rounding, not bit for bit)
@@ -171,6 +172,7 @@ class Edit:
             "method": self.method,
             "info": self.info,
             "run": self.run,
+            "world_size": self.world_size,
             "patch_sha256": self.sha256(),
         }
 
@@ -219,6 +221,7 @@ class Edit:
             method=meta.get("method", "grom"),
             info=meta.get("info", {}),
             run=meta.get("run") or {},
+            world_size=int(meta.get("world_size") or 1),
             recorded_sha256=meta.get("patch_sha256"),
             stored_ranks=ranks,
         )
@@ -265,6 +268,9 @@ def read_metadata(text: str) -> dict:
     for key, kind in (("run", dict), ("layers", list), ("info", dict), ("timings", dict)):
         if meta.get(key) is not None and not isinstance(meta[key], kind):
             raise ValueError(f"{META_FILE}: \"{key}\" must be a JSON {kind.__name__.replace('dict', 'object')}.")
+    ws = meta.get("world_size")
+    if ws is not None and not (isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1):
+        raise ValueError(f"{META_FILE}: \"world_size\" must be a whole number of processes (1 or more).")
     sha = meta.get("patch_sha256")
     if sha is not None and not (isinstance(sha, str) and re.fullmatch("[0-9a-f]{64}", sha)):
         raise ValueError(f"{META_FILE}: \"patch_sha256\" must be 64 hexadecimal digits (a sha256).")

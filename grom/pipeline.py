@@ -22,14 +22,14 @@ from torch import nn
 from grom.arch import EditTarget, decoder_layers, edit_target, layer_kinds, lm_head_is_tied, num_layers
 from grom.arch import residual_gain, retie_lm_head, unembedding, untie_lm_head
 from grom.attribution import LayerScores, score_layers
-from grom.collect import MAX_INPUT_CACHE_BYTES, Keys, LayerStream, collect_keys
+from grom.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES, LayerStream, iter_keys
 from grom.config import EditConfig
 from grom.data.schema import as_examples
-from grom.edit import Edit, LayerKeys, LayerRecord
+from grom.distributed import world_size
+from grom.edit import Edit
+from grom.editor import Editor, local_batches
 from grom.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
-from grom.solve import data_matrix, factor, gram, mu_of
-from grom.targets import (Target, corruption_target, head_suppression_target,
-                          specificity_weights, suppression_target)
+from grom.targets import specificity_weights
 
 log = logging.getLogger(__name__)
 
@@ -86,81 +86,6 @@ def _band(model, config: EditConfig, scores: LayerScores | None) -> list[int]:
     return band
 
 
-def _target(model, keys: Keys, alpha, config: EditConfig, W: torch.Tensor) -> tuple[Target, float]:
-    """The target D for these keys and the absolute beta used."""
-    m, s = W.shape[0], keys.X.shape[1]
-    if config.target == "corruption":
-        return corruption_target(s, m, config.c, config.seed), config.c
-    beta = config.beta
-    if config.beta_relative:
-        out = W.to(keys.X.device, torch.float32) @ keys.X  # (m, s) forget outputs
-        beta *= float(out.norm(dim=0).mean())
-    a = alpha[keys.gold]
-    if config.matrix == "lm_head":
-        return head_suppression_target(keys.gold, a, m, beta), beta
-    return suppression_target(keys.gold, a, unembedding(model).detach(), beta), beta
-
-
-def _solve_device(W: torch.Tensor) -> torch.device:
-    return W.device if W.device.type == "cuda" else torch.device("cpu")
-
-
-class _Editor:
-    """Solves and applies one layer at a time; reverts everything in `restore`."""
-
-    def __init__(self, model: nn.Module, prep: Prepared, config: EditConfig):
-        self.model, self.prep, self.config = model, prep, config
-        self.saved: dict[str, torch.Tensor] = {}
-        self.patches: dict[str, torch.Tensor] = {}
-        self.records: list[LayerRecord] = []
-        self.keys: dict[str, LayerKeys] = {}
-        self.timings = {"solve": 0.0, "apply": 0.0}
-
-    def solve_layer(self, t: EditTarget, fkeys: Keys, rkeys: Keys) -> torch.Tensor:
-        """P for one matrix (math layout, weight dtype), applied to the model in place."""
-        t0 = time.perf_counter()
-        param = self.model.get_parameter(t.param_name)
-        W = t.from_param(param.detach())
-        target, beta = _target(self.model, fkeys, self.prep.alpha, self.config, W)
-        cfg, dev = self.config, fkeys.X.device
-        s, r = fkeys.X.shape[1], rkeys.X.shape[1]
-        A_data = data_matrix(gram(fkeys.X), s, gram(rkeys.X.to(dev)) if r else None, r,
-                             w_r=cfg.w_r, w_f=cfg.w_f)
-        system = factor(A_data, mu_of(A_data, cfg.rho), cfg.w_f / s)
-        P = system.update(target.right_product(fkeys.X)).to(param.dtype)
-        solve_s = time.perf_counter() - t0
-        self.timings["solve"] += solve_s
-        t1 = time.perf_counter()
-        patch = t.to_param(P).to(param.device)
-        if not torch.isfinite(patch).all():
-            raise FloatingPointError(f"the update for {t.param_name} is not finite; lower beta or raise rho")
-        with torch.no_grad():
-            self.saved[t.param_name] = param.detach().clone()
-            param.add_(patch)
-        self.patches[t.param_name] = patch.cpu()
-        self.timings["apply"] += time.perf_counter() - t1
-        self.records.append(LayerRecord(t.param_name, t.layer, beta, system.mu, s, r,
-                                        float(P.double().norm()), float(W.double().norm()), solve_s,
-                                        t.transposed))
-        if cfg.keep_keys:
-            self.keys[t.param_name] = LayerKeys(fkeys.X.cpu(), fkeys.example, rkeys.X.cpu(),
-                                                rkeys.example, target.to("cpu"),
-                                                self.prep.n_forget_examples, self.prep.n_retain_examples)
-        return P
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for name, W0 in self.saved.items():
-                self.model.get_parameter(name).copy_(W0)
-        self.saved.clear()
-
-
-def _split(keys: Keys, n_forget_cols: int) -> tuple[Keys, Keys]:
-    f = Keys(keys.X[:, :n_forget_cols], keys.gold[:n_forget_cols], keys.example[:n_forget_cols])
-    r = Keys(keys.X[:, n_forget_cols:], keys.gold[n_forget_cols:], keys.example[n_forget_cols:])
-    return f, r
-
-
 def _batches_key(batches) -> str:
     """A fingerprint of the key batches (token ids, masks, key positions)."""
     h = hashlib.sha256()
@@ -170,36 +95,42 @@ def _batches_key(batches) -> str:
     return h.hexdigest()
 
 
-def _open_stream(model, band: list[int], batches, cache: dict | None) -> LayerStream:
+def _open_stream(model, band: list[int], batches, cache: dict | None,
+                 budget: int | None = HIDDEN_CACHE_BYTES) -> LayerStream:
     """The stream entering band[0]: one forward pass up to it, or the pass an earlier edit
-    of the same (unedited) model made over the same batches, kept in `cache`."""
+    of the same (unedited) model made over the same batches, kept in `cache`. `budget`:
+    bytes of hidden states kept (`LayerStream`); batches beyond are replayed."""
     layers = decoder_layers(model)
-    key = (band[0], band[-1], _batches_key(batches)) if cache is not None else None
+    key = (band[0], band[-1], _batches_key(batches), budget) if cache is not None else None
     if key is not None and key in cache:
-        return LayerStream.resume(layers, batches, cache[key])
-    stream = LayerStream(model, layers, band[0], batches, last=band[-1], kinds=layer_kinds(model))
+        return LayerStream.resume(model, layers, batches, cache[key])
+    stream = LayerStream(model, layers, band[0], batches, last=band[-1], kinds=layer_kinds(model),
+                         budget=budget)
+    if stream.replayed:
+        log.info("%d of %d batches replayed from the embeddings (hidden-state budget %s bytes)",
+                 stream.replayed, len(batches), budget)
     if key is not None:
         cache[key] = stream.start()
     return stream
 
 
 def warm_stream(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
-                band: Sequence[int], cache: dict) -> None:
+                band: Sequence[int], cache: dict, budget: int | None = HIDDEN_CACHE_BYTES) -> None:
     """Put into `cache` (see `run_edit`'s stream_cache) the hidden states entering `band`
     for an edit of these examples with `config`, ahead of the edit itself."""
     prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
     with torch.no_grad():
-        _open_stream(model, sorted(band), prep.forget + prep.retain, cache)
+        _open_stream(model, sorted(band), local_batches(prep)[1], cache, budget)
 
 
-def _edit_band(editor: _Editor, band: list[int], progress: Progress, cache: dict | None = None) -> float:
-    """Edit the band's layers in order on one residual stream; returns key seconds."""
-    model, prep, cfg = editor.model, editor.prep, editor.config
-    batches = prep.forget + prep.retain
-    n_f = sum(b.gold.numel() for b in prep.forget)
+def _edit_band(editor: Editor, band: list[int], progress: Progress, cache: dict | None = None,
+               budget: int | None = HIDDEN_CACHE_BYTES) -> float:
+    """Edit the band's layers in order on one residual stream; returns the seconds spent
+    opening and advancing the stream (the keys' own are in editor.timings["keys"])."""
+    model, cfg = editor.model, editor.config
     gain = residual_gain(model, cfg.matrix)  # None: a patched layer must be re-run
     t0 = time.perf_counter()
-    stream = _open_stream(model, band, batches, cache)
+    stream = _open_stream(model, band, editor.batches, cache, budget)
     key_s = time.perf_counter() - t0
     for step, l in enumerate(range(band[0], band[-1] + 1)):
         if l not in band:
@@ -211,10 +142,7 @@ def _edit_band(editor: _Editor, band: list[int], progress: Progress, cache: dict
         width = t.from_param(matrix.weight).shape[1]
         linear = gain is not None and stream.input_cache_bytes(width) <= MAX_INPUT_CACHE_BYTES
         keep = linear and l != band[-1]
-        t1 = time.perf_counter()
-        fkeys, rkeys = _split(stream.keys(matrix, _solve_device(matrix.weight), keep), n_f)
-        key_s += time.perf_counter() - t1
-        P = editor.solve_layer(t, fkeys, rkeys)
+        P = editor.solve_layer(t, lambda only: stream.key_batches(matrix, keep and only is None, only))
         if l != band[-1]:
             t2 = time.perf_counter()
             stream.advance_linear(P, gain) if keep else stream.advance()
@@ -222,26 +150,20 @@ def _edit_band(editor: _Editor, band: list[int], progress: Progress, cache: dict
     return key_s
 
 
-def _edit_by_replay(editor: _Editor, targets: list[EditTarget], progress: Progress) -> float:
+def _edit_by_replay(editor: Editor, targets: list[EditTarget], progress: Progress) -> float:
     """Edit each matrix in order, taking its keys by full forward passes (stopping right
-    after the matrix) on the model as already edited; returns key seconds."""
-    model, prep = editor.model, editor.prep
-    key_s = 0.0
+    after the matrix) on the model as already edited."""
+    model = editor.model
     for i, t in enumerate(targets):
         progress(0.3 + 0.65 * i / len(targets), f"{t.module_name}: keys, solve, apply")
         module = model.get_submodule(t.module_name)
-        dev = _solve_device(module.weight)
-        t0 = time.perf_counter()
-        fkeys = collect_keys(model, prep.forget, module, dev)
-        rkeys = collect_keys(model, prep.retain, module, dev)
-        key_s += time.perf_counter() - t0
-        editor.solve_layer(t, fkeys, rkeys)
-    return key_s
+        editor.solve_layer(t, lambda only: iter_keys(model, editor.batches, module, only))
+    return 0.0
 
 
 def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
              progress: Progress | None = None, scores: LayerScores | None = None,
-             stream_cache: dict | None = None) -> Edit:
+             stream_cache: dict | None = None, hidden_budget: int | None = HIDDEN_CACHE_BYTES) -> Edit:
     """Compute a GROM edit of `model`; the model is returned as it was found.
 
     forget / retain: sequences of benchmark examples (grom.data.schema). `scores`, if
@@ -249,7 +171,14 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     `stream_cache`, a dict the caller keeps for this model while its weights stay as they
     are, holds the hidden states entering the band from the first edit's forward pass, so
     later edits of the same data and band (a hyperparameter search) skip that pass.
+    `hidden_budget`: bytes of hidden states entering the band kept between layers (None:
+    no bound); the batches beyond it are replayed from the embeddings at each layer.
     `progress(fraction, message)` is called as the stages go.
+
+    Memory grows with the model, not the data: each layer's system is summed batch by
+    batch (n^2 + m n float64), and keys are kept only with config.keep_keys. Under
+    torch.distributed every rank takes its share of the batches and the sums are reduced,
+    so every rank computes the same patches.
     """
     progress = progress or (lambda *_: None)
     t_start = time.perf_counter()
@@ -262,7 +191,7 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
         scores = compute_scores(model, prep, config, lambda p: progress(0.05 + 0.25 * p, "layer scores"))
         timings["scores"] = time.perf_counter() - t0
     band = _band(model, config, scores)
-    editor = _Editor(model, prep, config)
+    editor = Editor(model, prep, config)
     untied = config.matrix == "lm_head" and lm_head_is_tied(model) and untie_lm_head(model)
     was_training = model.training
     model.eval()
@@ -271,16 +200,16 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
             targets = [edit_target(model, config.matrix, l) for l in (band or [None])]
             key_s = _edit_by_replay(editor, targets, progress)
         else:
-            key_s = _edit_band(editor, band, progress, stream_cache)
+            key_s = _edit_band(editor, band, progress, stream_cache, hidden_budget)
     finally:
         editor.restore()
         if untied:
             retie_lm_head(model)
         model.train(was_training)
-    timings.update(keys=key_s, solve=editor.timings["solve"], apply=editor.timings["apply"],
+    timings.update(keys=key_s + editor.timings["keys"], solve=editor.timings["solve"], apply=editor.timings["apply"],
                    total=time.perf_counter() - t_start)
     progress(1.0, "done")
     log.info("GROM edit of %s: %s", [r.param_name for r in editor.records], timings)
     return Edit(config=config, patches=editor.patches, layers=editor.records, scores=scores,
-                timings=timings, unties_lm_head=bool(untied), keys=editor.keys,
+                timings=timings, unties_lm_head=bool(untied), keys=editor.keys, world_size=world_size(),
                 model_name=getattr(getattr(model, "config", None), "_name_or_path", None))

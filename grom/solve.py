@@ -4,6 +4,10 @@
     P = (w_f/s) D Xf^T A^-1
 
 Only the ratio w_r / w_f matters: scaling both scales A, mu and D Xf^T alike.
+
+`SystemSums` builds A_data and D Xf^T batch by batch (memory n^2 + m n float64 whatever
+the number of keys) and factors A in place; `build_system` / `solve_update` take whole key
+matrices (the reference, and the diagnostics that keep the keys).
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grom.distributed import all_reduce_
 from grom.targets import Target, as_target
 
 
@@ -58,16 +63,60 @@ def mu_of(A_data: torch.Tensor, rho: float) -> float:
     return float(rho * torch.diagonal(A_data).mean())
 
 
-def factor(A_data: torch.Tensor, mu: float, wf_s: float) -> RidgeSystem:
-    """Cholesky-factor A = A_data + mu I; a clear error if it is not positive definite."""
-    A = A_data + mu * torch.eye(A_data.shape[0], dtype=A_data.dtype, device=A_data.device)
-    chol, info = torch.linalg.cholesky_ex(A)
+def factor(A_data: torch.Tensor, mu: float, wf_s: float, in_place: bool = False) -> RidgeSystem:
+    """Cholesky-factor A = A_data + mu I; a clear error if it is not positive definite.
+    in_place: A_data's memory becomes the factor (no other n x n matrix is made)."""
+    A = A_data if in_place else A_data.clone()
+    A.diagonal().add_(mu)
+    info = torch.empty((), dtype=torch.int32, device=A.device)
+    chol, info = torch.linalg.cholesky_ex(A, out=(A, info))
     if int(info) != 0:
         raise ValueError(
             "the key matrix A is singular (not positive definite): increase rho (the ridge), "
             "or add more forget/retain data"
         )
     return RidgeSystem(chol, wf_s, mu)
+
+
+class SystemSums:
+    """The data of one matrix's system, summed batch by batch in float64 on `device`:
+
+        A_data = (w_f/s) sum_b Xf_b Xf_b^T + (w_r/r) sum_b Xr_b Xr_b^T    (n, n)
+        DXt    = sum_b D_b Xf_b^T                                         (m, n)
+
+    s and r, the numbers of forget and retain key columns over every batch (and every
+    rank), are known before the first batch, so each batch is added with its weight in
+    place. `reduce` adds the sums of every rank (torch.distributed); `system` factors A in
+    place. Equal to `build_system` on the concatenated keys up to float64 rounding.
+    """
+
+    def __init__(self, m: int, n: int, s: int, r: int, *, w_r: float, w_f: float, device=None):
+        if s == 0:
+            raise ValueError("there are no forget keys: the forget set produced no positions")
+        self.A = torch.zeros(n, n, dtype=torch.float64, device=device)
+        self.DXt = torch.zeros(m, n, dtype=torch.float64, device=device)
+        self.wf_s, self.wr_r = w_f / s, (w_r / r if r > 0 else 0.0)
+
+    def add_forget(self, X: torch.Tensor, target: Target) -> None:
+        """Forget keys X (n, k) of one batch with their target columns D_b (m, k)."""
+        Xd = X.to(self.A.device, torch.float64)
+        self.A.addmm_(Xd, Xd.T, alpha=self.wf_s)
+        target.right_product(X.to(self.A.device), out=self.DXt)
+
+    def add_retain(self, X: torch.Tensor) -> None:
+        """Retain keys X (n, k) of one batch."""
+        if self.wr_r:
+            Xd = X.to(self.A.device, torch.float64)
+            self.A.addmm_(Xd, Xd.T, alpha=self.wr_r)
+
+    def reduce(self) -> None:
+        all_reduce_(self.A)
+        all_reduce_(self.DXt)
+
+    def system(self, rho: float) -> RidgeSystem:
+        """Factor A = A_data + mu I in A_data's memory (the sums are spent)."""
+        A, self.A = self.A, None
+        return factor(A, mu_of(A, rho), self.wf_s, in_place=True)
 
 
 def build_system(Xf: torch.Tensor, Xr: torch.Tensor | None, *, w_r: float, rho: float,

@@ -48,9 +48,11 @@ class Target:
     def s(self) -> int:
         return self.dense.shape[1] if self.dense is not None else self.rows.numel()
 
-    def right_product(self, X: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-        """D X^T in float64, (m, n), for keys X (n, s); chunked over the s columns."""
-        out = torch.zeros(self.m, X.shape[0], dtype=torch.float64, device=X.device)
+    def right_product(self, X: torch.Tensor, chunk: int = 8192, out: torch.Tensor | None = None) -> torch.Tensor:
+        """D X^T in float64, (m, n), for keys X (n, s); chunked over the s columns. With
+        `out` (m, n) float64, the product is added to it in place (and returned)."""
+        if out is None:
+            out = torch.zeros(self.m, X.shape[0], dtype=torch.float64, device=X.device)
         for i in range(0, self.s, chunk):
             Xc = X[:, i:i + chunk].double()
             if self.dense is not None:

@@ -95,7 +95,7 @@ def test_run_edit_leaves_model_unchanged_and_revert_is_exact(tokenizer, build, c
 def test_run_edit_leaves_model_unchanged_when_it_fails(tokenizer, monkeypatch):
     model = tiny_llama(len(tokenizer))
     before = state(model)
-    import grom.pipeline
+    import grom.solve
 
     calls = []
 
@@ -105,8 +105,8 @@ def test_run_edit_leaves_model_unchanged_when_it_fails(tokenizer, monkeypatch):
             raise RuntimeError("solver exploded")
         return real(*a, **k)
 
-    real = grom.pipeline.factor
-    monkeypatch.setattr(grom.pipeline, "factor", failing)
+    real = grom.solve.factor
+    monkeypatch.setattr(grom.solve, "factor", failing)
     with pytest.raises(RuntimeError, match="exploded"):
         run_edit(model, tokenizer, FORGET, RETAIN, EditConfig(layers=(1, 2), beta=5.0))
     assert_same_state(model, before)
@@ -125,7 +125,7 @@ def test_edited_layer_moves_forget_outputs_toward_target_and_keeps_retain(tokeni
     model = tiny_llama(len(tokenizer))
     name = "model.layers.2.mlp.down_proj.weight"
     runs = [run_edit(model, tokenizer, FORGET, RETAIN,
-                     EditConfig(layers=(2,), beta=3.0, w_r=w_r, rho=0.01, use_alpha=False))
+                     EditConfig(layers=(2,), beta=3.0, w_r=w_r, rho=0.01, use_alpha=False, keep_keys=True))
             for w_r in (0.1, 10.0)]
     (fit_lo, cos_lo, f_lo, r_lo), (fit_hi, cos_hi, f_hi, r_hi) = [_movement(e, name) for e in runs]
     assert fit_lo < 0.7 and cos_lo > 0.7 and cos_hi > 0.5  # toward W Xf + D

@@ -87,7 +87,7 @@ def test_model_split_over_two_device_entries(tokenizer):
 
 def test_diagnostics_influence_matches_bruteforce_and_outputs(tokenizer):
     model = tiny_gpt2(len(tokenizer))
-    edit = run_edit(model, tokenizer, FORGET, RETAIN, EditConfig(layers=(1,), beta=5.0, w_r=10.0))
+    edit = run_edit(model, tokenizer, FORGET, RETAIN, EditConfig(layers=(1,), beta=5.0, w_r=10.0, keep_keys=True))
     name = "transformer.h.1.mlp.c_proj.weight"
     k = edit.keys[name]
     fast = influence(edit, name)

@@ -1,0 +1,160 @@
+"""`Editor`: one band edit's layers, each summed batch by batch, solved and applied.
+
+Each layer's system is summed from this rank's key batches (`grom.solve.SystemSums`:
+n^2 + m n float64, whatever the number of keys) and reduced over the ranks under
+torch.distributed; the keys themselves are kept (float32, on the CPU) only with
+`EditConfig.keep_keys`, for the diagnostics. The model is edited in place layer by layer
+(later layers' keys are taken on it) and `restore` puts every weight back bit for bit.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from grom.arch import EditTarget, unembedding
+from grom.config import EditConfig
+from grom.distributed import gather_by_index, share, world_size
+from grom.edit import LayerKeys, LayerRecord
+from grom.solve import SystemSums
+from grom.targets import Target, corruption_target, head_suppression_target, suppression_target
+
+
+def _target(model, gold: torch.Tensor, alpha, config: EditConfig, m: int, beta: float) -> Target:
+    """The target D (m, k) of forget key columns with gold tokens `gold` (k,)."""
+    if config.target == "corruption":
+        return corruption_target(gold.numel(), m, config.c, config.seed)
+    a = alpha[gold]
+    if config.matrix == "lm_head":
+        return head_suppression_target(gold, a, m, beta)
+    return suppression_target(gold, a, unembedding(model).detach(), beta)
+
+
+def _solve_device(W: torch.Tensor) -> torch.device:
+    return W.device if W.device.type == "cuda" else torch.device("cpu")
+
+
+# keys(only): (i, inputs of the matrix at local batch i's key positions, (k_i, n)) for
+# every local batch, or for those of `only`
+KeySource = Callable[[Sequence[int] | None], Iterator[tuple[int, torch.Tensor]]]
+
+
+def local_batches(prep) -> tuple[list[int], list]:
+    """(global indices, batches) of the forget-then-retain batches this rank handles (all
+    of them in one process; `grom.distributed.share` under torch.distributed)."""
+    batches = prep.forget + prep.retain
+    mine = share(batches)
+    return mine, [batches[i] for i in mine]
+
+
+class Editor:
+    """Solves and applies one layer at a time; reverts everything in `restore`. prep: a
+    `grom.pipeline.Prepared` (batches, alpha, example counts)."""
+
+    def __init__(self, model: nn.Module, prep, config: EditConfig):
+        if config.keep_keys and world_size() > 1:
+            raise ValueError("keep_keys (the keys for the diagnostics) needs one process: run the "
+                             "diagnostics without torch.distributed")
+        self.model, self.prep, self.config = model, prep, config
+        self.mine, self.batches = local_batches(prep)
+        self.is_forget = [i < len(prep.forget) for i in self.mine]
+        self.s = sum(b.gold.numel() for b in prep.forget)
+        self.r = sum(b.gold.numel() for b in prep.retain)
+        self.saved: dict[str, torch.Tensor] = {}
+        self.patches: dict[str, torch.Tensor] = {}
+        self.records: list[LayerRecord] = []
+        self.keys: dict[str, LayerKeys] = {}
+        self.timings = {"keys": 0.0, "solve": 0.0, "apply": 0.0}
+
+    def _timed(self, pairs: Iterator) -> Iterator:
+        """`pairs`, with the seconds spent making them added to timings["keys"]."""
+        it = iter(pairs)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                self.timings["keys"] += time.perf_counter() - t0
+                return
+            self.timings["keys"] += time.perf_counter() - t0
+            yield item
+
+    def _beta(self, W: torch.Tensor, keys: KeySource, dev) -> float:
+        """The absolute beta: config.beta, or with beta_relative that times the mean norm of
+        W x over every forget key (per-column float32 norms, in the keys' global order, so
+        one process and N ranks average the same vector)."""
+        cfg = self.config
+        if cfg.target == "corruption":
+            return cfg.c
+        if not cfg.beta_relative:
+            return cfg.beta
+        W32 = W.to(dev, torch.float32)
+        only = [i for i, f in enumerate(self.is_forget) if f]
+        norms = {self.mine[i]: (W32 @ x.to(dev, torch.float32).T).norm(dim=0)
+                 for i, x in self._timed(keys(only))}
+        return cfg.beta * float(torch.cat(gather_by_index(norms)).mean())
+
+    def _sums(self, W: torch.Tensor, keys: KeySource, beta: float, dev) -> tuple[SystemSums, dict]:
+        """The layer's system summed over this rank's batches; the keys kept if asked."""
+        cfg, m = self.config, W.shape[0]
+        sums = SystemSums(m, W.shape[1], self.s, self.r, w_r=cfg.w_r, w_f=cfg.w_f, device=dev)
+        kept: dict = {True: [], False: []}
+        for i, x in self._timed(keys(None)):
+            X, b = x.to(dev, torch.float32).T, self.batches[i]  # (n, k)
+            if self.is_forget[i]:
+                sums.add_forget(X, _target(self.model, b.gold, self.prep.alpha, cfg, m, beta))
+            else:
+                sums.add_retain(X)
+            if cfg.keep_keys:
+                kept[self.is_forget[i]].append((X.cpu(), b))
+        return sums, kept
+
+    def _keep(self, name: str, W: torch.Tensor, kept: dict, beta: float) -> None:
+        def cat(parts):
+            X = torch.cat([X for X, _ in parts], 1) if parts else torch.zeros(W.shape[1], 0)
+            ex = torch.cat([b.example for _, b in parts]) if parts else torch.zeros(0, dtype=torch.long)
+            return X, ex
+
+        (Xf, f_ex), (Xr, r_ex) = cat(kept[True]), cat(kept[False])
+        gold = torch.cat([b.gold for _, b in kept[True]])
+        target = _target(self.model, gold, self.prep.alpha, self.config, W.shape[0], beta).to("cpu")
+        self.keys[name] = LayerKeys(Xf, f_ex, Xr, r_ex, target, self.prep.n_forget_examples,
+                                    self.prep.n_retain_examples)
+
+    def solve_layer(self, t: EditTarget, keys: KeySource) -> torch.Tensor:
+        """P for one matrix (math layout, weight dtype), applied to the model in place."""
+        t0, keys_before = time.perf_counter(), self.timings["keys"]
+        param = self.model.get_parameter(t.param_name)
+        W = t.from_param(param.detach())
+        dev, cfg = _solve_device(param), self.config
+        beta = self._beta(W, keys, dev)
+        sums, kept = self._sums(W, keys, beta, dev)
+        sums.reduce()
+        DXt, system = sums.DXt, sums.system(cfg.rho)
+        P = system.update(DXt).to(param.dtype)
+        del DXt, sums
+        solve_s = time.perf_counter() - t0 - (self.timings["keys"] - keys_before)
+        self.timings["solve"] += solve_s
+        t1 = time.perf_counter()
+        patch = t.to_param(P).to(param.device)
+        if not torch.isfinite(patch).all():
+            raise FloatingPointError(f"the update for {t.param_name} is not finite; lower beta or raise rho")
+        with torch.no_grad():
+            self.saved[t.param_name] = param.detach().clone()
+            param.add_(patch)
+        self.patches[t.param_name] = patch.cpu()
+        self.timings["apply"] += time.perf_counter() - t1
+        self.records.append(LayerRecord(t.param_name, t.layer, beta, system.mu, self.s, self.r,
+                                        float(P.double().norm()), float(W.double().norm()), solve_s,
+                                        t.transposed))
+        if cfg.keep_keys:
+            self._keep(t.param_name, W, kept, beta)
+        return P
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for name, W0 in self.saved.items():
+                self.model.get_parameter(name).copy_(W0)
+        self.saved.clear()
