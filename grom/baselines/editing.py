@@ -36,7 +36,7 @@ from torch import nn
 from grom.arch import decoder_layers, edit_target, num_layers, residual_gain, unembedding
 from grom.attribution import LayerScores
 from grom.baselines import editors as rules
-from grom.baselines.values import Fact, ValueSettings, encode_fact, missing_facts, object_probabilities, optimise_values
+from grom.baselines.values import Fact, Values, ValueSettings, encode_fact, missing_facts, object_probabilities, optimise_values
 from grom.collect import collect_keys, forward
 from grom.config import EditConfig
 from grom.data.prompts import PromptFormat
@@ -182,9 +182,13 @@ def _check(editor: Editor, model, forget, retain) -> float:
 
 def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence,
                config: EditorConfig = EditorConfig(), progress: Callable[[float, str], None] | None = None,
-               scores: LayerScores | None = None) -> Edit:
+               scores: LayerScores | None = None, values: Values | None = None) -> Edit:
     """The editor `name`'s unlearning edit of `forget` (facts), keeping `retain`; the model
-    is returned as it was found. See the module docstring for the steps."""
+    is returned as it was found. See the module docstring for the steps.
+
+    `values`, the `Values` of an earlier run on the same model, facts and value layer
+    (`Edit.info["values"]` is not it: keep the object, e.g. from `optimise_values`), are
+    reused instead of optimised again, so the four rules can share one optimisation."""
     progress = progress or (lambda *_: None)
     editor, t_start = get_editor(name), time.perf_counter()
     forget, retain = as_examples(forget), as_examples(retain)
@@ -203,7 +207,8 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
     try:
         progress(0.1, f"value optimisation at layer {band[-1]}")
         t0 = time.perf_counter()
-        values = optimise_values(model, facts, band[-1], pid, config.values)
+        if values is None or values.layer != band[-1] or values.delta.shape[0] != len(facts):
+            values = optimise_values(model, facts, band[-1], pid, config.values)
         timings = {"values": time.perf_counter() - t0}
         z = _layer_outputs(model, fact_batches, band[-1]) + values.delta.to(values.h.device)
         patches, records = _edit_layers(editor, model, config, layers, fact_batches, prep.retain, z, gain,
