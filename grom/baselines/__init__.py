@@ -6,19 +6,26 @@ method's loss and OpenUnlearning's recipe for the benchmark (grom.baselines.reci
 (its `method` and `info` say what made it), leaving the model as it was found. A method is
 a row of `METHODS` (grom.baselines.methods: its label, needs and defaults, for a UI to
 read) around a loss; the losses are pure functions in `grom.baselines.losses`.
+
+The locate-then-edit editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) are no trained loss:
+`run_editor(name, model, tokenizer, forget, retain, EditorConfig())` (grom.baselines.editing)
+gives their edit as a `grom.Edit` from GROM's keys and retain covariance and one shared value
+optimisation; they have their own registry, `EDITORS`.
 """
 from grom.baselines.defaults import MODEL_DEFAULTS, StartingPoint, starting_point
+from grom.baselines.editing import EDITORS, Editor, EditorConfig, get_editor, run_editor
 from grom.baselines.losses import ga_loss, kl_to_reference, mean_nll, npo_loss, sequence_nll, simnpo_loss
 from grom.baselines.methods import (METHODS, LossInputs, Method, UnknownMethod, get_method,
                                     register_method, unregister_method)
 from grom.baselines.recipes import RECIPES, Recipe, chunk_texts, get_recipe, recipe_for_task
 from grom.baselines.sequences import answer_nll, encode_sequences
 from grom.baselines.train import BASELINES, Settings, run_baseline, train_in_place
+from grom.baselines.values import ValueSettings
 
 __all__ = [
-    "BASELINES", "LossInputs", "METHODS", "MODEL_DEFAULTS", "Method", "RECIPES", "Recipe", "Settings",
+    "BASELINES", "EDITORS", "Editor", "EditorConfig", "LossInputs", "METHODS", "MODEL_DEFAULTS", "Method", "RECIPES", "Recipe", "Settings",
     "StartingPoint", "UnknownMethod", "answer_nll", "chunk_texts", "encode_sequences", "ga_loss",
-    "get_method", "get_recipe", "kl_to_reference", "mean_nll", "npo_loss", "recipe_for_task",
-    "register_method", "run_baseline", "sequence_nll", "simnpo_loss", "starting_point",
-    "train_in_place", "unregister_method",
+    "get_editor", "get_method", "get_recipe", "kl_to_reference", "mean_nll", "npo_loss", "recipe_for_task",
+    "register_method", "run_baseline", "run_editor", "sequence_nll", "simnpo_loss", "starting_point",
+    "train_in_place", "unregister_method", "ValueSettings",
 ]

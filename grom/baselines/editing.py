@@ -1,0 +1,266 @@
+"""`run_editor`: ROME, MEMIT, AlphaEdit or ZeroUnlearn as an unlearning edit, on GROM's terms.
+
+The paper's comparison (section "Baselines"): the four locate-then-edit editors get the
+same per-fact value optimisation and the same retain covariance as GROM, so they differ
+only in the update rule. Here:
+1. GROM's own preparation (grom.pipeline.prepare) gives the retain key batches (and, where
+   no layers are given, the band from GROM's layer scores);
+2. each forget example becomes a fact (grom.baselines.values.encode_fact; a split without
+   subjects is refused before any work) whose key token is collected with GROM's collector
+   (grom.collect.collect_keys), retain keys likewise, at every edited layer;
+3. one value optimisation at the band's last layer L (grom.baselines.values) gives each
+   fact the residual delta that makes its answer improbable;
+4. each layer of the band, in order, on the model as the earlier layers left it: the
+   residual still missing at L's output, divided by the layers left (MEMIT's spread; the
+   whole of it for ROME, which edits L alone), goes through the editor's rule
+   (grom.baselines.editors) with C0 = Xr Xr^T / r of that layer's retain keys.
+The result is a `grom.Edit` (down_proj patches by parameter name, `method` the editor's
+name, `info` its settings and the facts' answer probabilities), applied and reverted like
+GROM's; the model is left as it was found.
+
+The editors are not rows of grom.baselines.methods (those are trained losses): they have
+their own small registry, `EDITORS`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from grom.arch import decoder_layers, edit_target, num_layers, residual_gain, unembedding
+from grom.attribution import LayerScores
+from grom.baselines import editors as rules
+from grom.baselines.values import Fact, Values, ValueSettings, encode_fact, missing_facts, object_probabilities, optimise_values
+from grom.collect import collect_keys, forward
+from grom.config import EditConfig
+from grom.data.prompts import PromptFormat
+from grom.data.schema import as_examples
+from grom.edit import Edit, LayerRecord
+from grom.hooks import capture_outputs, stop_after
+from grom.keys import Encoded, make_batches, pad_id
+from grom.pipeline import compute_scores, prepare
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EditorConfig:
+    """Settings of an editor run; upstream defaults (the ZeroUnlearn harness's Llama
+    hparams) unless said otherwise."""
+
+    layers: tuple[int, ...] | None = None  # the band (ROME edits its last layer); None: GROM's automatic band
+    k: int = 5  # width of the automatic band
+    w_r: float = 15000.0  # retain weight on C0 (MEMIT's mom2_update_weight, ZeroUnlearn's wiki_*_lam)
+    rho: float = 0.03  # GROM's ridge, mu = rho * mean diag (ROME, MEMIT)
+    null_threshold: float = 2e-2  # AlphaEdit's nullspace_threshold (absolute eigenvalue of C0)
+    l2: float = 10.0  # AlphaEdit's L2
+    w_f: float = 50.0  # ZeroUnlearn's forget_*_lam
+    lam: float = 1.0  # ZeroUnlearn's regularization_lam
+    eps: float = 0.01  # ZeroUnlearn's eps: the forget outputs' span is scaled by eps, not removed
+    values: ValueSettings = field(default_factory=ValueSettings)
+    retain_budget: int | None = 40000  # retain key columns, as GROM
+    retain_key_mode: str = "auto"
+    prompt_format: PromptFormat | None = None
+    max_length: int = 512
+    seed: int = 0
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        v = self.values if isinstance(self.values, ValueSettings) else ValueSettings(**self.values)
+        object.__setattr__(self, "values", v)
+        positive = {"w_r": self.w_r, "rho": self.rho, "null_threshold": self.null_threshold, "l2": self.l2,
+                    "w_f": self.w_f, "lr": v.lr, "clamp_norm_factor": v.clamp_norm_factor}
+        bad = [f"{k} = {x!r} must be a positive number" for k, x in positive.items()
+               if not (isinstance(x, (int, float)) and 0 < x < float("inf"))]
+        bad += [f"{k} = {x!r} must be a number >= 0" for k, x in
+                {"lam": self.lam, "eps": self.eps, "kl_factor": v.kl_factor, "weight_decay": v.weight_decay,
+                 "stop_loss": v.stop_loss}.items() if not (isinstance(x, (int, float)) and 0 <= x < float("inf"))]
+        bad += [] if isinstance(v.steps, int) and 1 <= v.steps <= 1000 else [f"steps = {v.steps!r}: use 1 to 1000"]
+        if bad:
+            raise ValueError(f"EditorConfig: {bad[0]}")
+        self.edit_config()  # GROM's checks of the shared settings (layers, k, budgets, ...)
+
+    def edit_config(self) -> EditConfig:
+        """The GROM settings of the shared preparation (keys, band, prompt format)."""
+        return EditConfig(matrix="down_proj", layers=self.layers, k=self.k, w_r=self.w_r, rho=self.rho,
+                          retain_budget=self.retain_budget, retain_key_mode=self.retain_key_mode,
+                          prompt_format=self.prompt_format, max_length=self.max_length, seed=self.seed,
+                          batch_size=self.batch_size, keep_keys=False)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# A rule: (W (m, n), K (n, u), R (m, u), C0 (n, n), config) -> the patch (m, n) float64
+Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, EditorConfig], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Editor:
+    """One editor: its registry name, label, update rule, whether it spreads over the band,
+    and a sentence on what it does and needs (for a UI)."""
+
+    name: str
+    label: str
+    rule: Rule
+    description: str
+    spreads: bool = True  # False: edits only the band's last layer (ROME)
+
+
+_EDITORS = {e.name: e for e in (
+    Editor("rome", "ROME", lambda W, K, R, C0, c: rules.rome_update(W, K, R, rules.ridge(C0, c.rho)),
+           "Rank-one edit of one MLP layer per fact, mapping the fact's subject key to a value that makes "
+           "its answer improbable, weighted by the retain covariance; needs facts with a subject and a "
+           "retain set.", spreads=False),
+    Editor("memit", "MEMIT", lambda W, K, R, C0, c: rules.memit_update(K, R, C0, c.w_r, c.rho),
+           "Least-squares edit of all facts at once, spread over a band of MLP layers, held to the retain "
+           "covariance; needs facts with a subject and a retain set."),
+    Editor("alphaedit", "AlphaEdit",
+           lambda W, K, R, C0, c: rules.alphaedit_update(K, R, rules.null_space_projector(C0, c.null_threshold), c.l2),
+           "MEMIT's edit confined to the null space of the retain keys, so kept inputs are (nearly) "
+           "untouched; needs facts with a subject and a retain set."),
+    Editor("zerounlearn", "ZeroUnlearn",
+           lambda W, K, R, C0, c: rules.zerounlearn_update(W, K, R, C0, w_r=c.w_r, w_f=c.w_f, lam=c.lam, eps=c.eps),
+           "Multiplicative edit of each band layer that removes the facts' original outputs from its "
+           "range and maps the facts elsewhere; needs facts with a subject and a retain set."),
+)}
+EDITORS: Mapping[str, Editor] = MappingProxyType(_EDITORS)
+
+
+def get_editor(name: str) -> Editor:
+    row = EDITORS.get(str(name).strip().lower())
+    if row is None:
+        raise ValueError(f"unknown editor {name!r}; use one of {', '.join(EDITORS)}")
+    return row
+
+
+def _layer_outputs(model: nn.Module, batches, layer: int) -> torch.Tensor:
+    """Decoder layer `layer`'s output at each batch's key positions, (u, d) float32."""
+    module = decoder_layers(model)[layer]
+    parts = []
+    with torch.no_grad():
+        for batch in batches:
+            with capture_outputs(module, batch.select) as got, stop_after(module):
+                forward(model, batch)
+            parts.extend(got)
+    return torch.cat(parts).float()
+
+
+def _band(model, config: EditorConfig, prep, scores: LayerScores | None) -> tuple[list[int], LayerScores | None]:
+    if config.layers is not None:
+        band = sorted(config.layers)
+    else:
+        scores = scores or compute_scores(model, prep, config.edit_config())
+        band = list(scores.band)
+    n = num_layers(model)
+    if any(not 0 <= l < n for l in band):
+        raise ValueError(f"layers {band} are outside the model: it has layers 0..{n - 1}")
+    return band, scores
+
+
+def _check(editor: Editor, model, forget, retain) -> float:
+    """What the run needs, before any work; returns the down_proj residual gain."""
+    if not forget:
+        raise ValueError(f"{editor.label} needs a forget set: it is empty")
+    why = missing_facts(forget)
+    if why:
+        raise ValueError(f"{editor.label} cannot run on this split: {why}")
+    if not retain:
+        raise ValueError(f"{editor.label} needs a retain set (its retain covariance): it is empty")
+    gain = residual_gain(model, "down_proj")
+    if gain is None:
+        raise ValueError(f"{editor.label} edits the MLP output (down_proj) of a model whose MLP output "
+                         "reaches the residual stream linearly; this model normalises it first")
+    return gain
+
+
+def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence,
+               config: EditorConfig = EditorConfig(), progress: Callable[[float, str], None] | None = None,
+               scores: LayerScores | None = None, values: Values | None = None) -> Edit:
+    """The editor `name`'s unlearning edit of `forget` (facts), keeping `retain`; the model
+    is returned as it was found. See the module docstring for the steps.
+
+    `values`, the `Values` of an earlier run on the same model, facts and value layer
+    (`Edit.info["values"]` is not it: keep the object, e.g. from `optimise_values`), are
+    reused instead of optimised again, so the four rules can share one optimisation."""
+    progress = progress or (lambda *_: None)
+    editor, t_start = get_editor(name), time.perf_counter()
+    forget, retain = as_examples(forget), as_examples(retain)
+    gain = _check(editor, model, forget, retain)
+    progress(0.0, "tokenizing")
+    prep = prepare(tokenizer, forget, retain, config.edit_config(), unembedding(model).shape[0])
+    facts = [encode_fact(tokenizer, ex, config.prompt_format, config.max_length) for ex in forget]
+    band, scores = _band(model, config, prep, scores)
+    layers = band if editor.spreads else band[-1:]
+    pid = pad_id(tokenizer)
+    fact_batches = make_batches([Encoded(f.ids[:f.key + 1], (f.key,), (f.ids[f.objects[0]],), i)
+                                 for i, f in enumerate(facts)], config.batch_size, pid)
+    was_training = model.training
+    model.eval()
+    saved: dict[str, torch.Tensor] = {}
+    try:
+        progress(0.1, f"value optimisation at layer {band[-1]}")
+        t0 = time.perf_counter()
+        if values is None or values.layer != band[-1] or values.delta.shape[0] != len(facts):
+            values = optimise_values(model, facts, band[-1], pid, config.values)
+        timings = {"values": time.perf_counter() - t0}
+        z = _layer_outputs(model, fact_batches, band[-1]) + values.delta.to(values.h.device)
+        patches, records = _edit_layers(editor, model, config, layers, fact_batches, prep.retain, z, gain,
+                                        saved, progress, timings)
+        p_edited = object_probabilities(model, facts, pid)
+    finally:
+        with torch.no_grad():
+            for pname, W0 in saved.items():
+                model.get_parameter(pname).copy_(W0)
+        model.train(was_training)
+    timings["total"] = time.perf_counter() - t_start
+    progress(1.0, "done")
+    info = {"editor": editor.name, "settings": config.to_dict(),
+            "value_layer": band[-1], "value_steps": values.steps,
+            "subject_last_keys": sum(f.subject_last for f in facts), "facts": len(facts),
+            "p_answer_before": values.p_before.tolist(), "p_answer_value": values.p_after.tolist(),
+            "p_answer_edited": p_edited.tolist()}
+    log.info("%s edit of %s: %s", editor.label, list(patches), timings)
+    return Edit(config=config.edit_config().replace(layers=tuple(layers)), patches=patches, layers=records,
+                scores=scores, timings=timings, model_name=getattr(getattr(model, "config", None), "_name_or_path", None),
+                method=editor.name, info=info)
+
+
+def _edit_layers(editor: Editor, model, config: EditorConfig, layers: list[int], fact_batches, retain_batches,
+                 z: torch.Tensor, gain: float, saved: dict, progress, timings: dict):
+    """Solve and apply each layer in order (in place, originals kept in `saved`)."""
+    patches, records, last = {}, [], layers[-1]
+    timings.update(keys=0.0, solve=0.0)
+    for i, l in enumerate(layers):
+        progress(0.3 + 0.65 * i / len(layers), f"layer {l}: keys, rule, apply")
+        t = edit_target(model, "down_proj", l)
+        param = model.get_parameter(t.param_name)
+        module = model.get_submodule(t.module_name)
+        dev = param.device if param.device.type == "cuda" else torch.device("cpu")
+        t0 = time.perf_counter()
+        K = collect_keys(model, fact_batches, module, dev).X  # (n, u)
+        Xr = collect_keys(model, retain_batches, module, dev).X  # (n, r)
+        cur = _layer_outputs(model, fact_batches, last)  # (u, d)
+        t1 = time.perf_counter()
+        R = ((z.to(cur.device) - cur) / (len(layers) - i) / gain).T.to(dev)  # (m, u)
+        W = t.from_param(param.detach()).to(dev, torch.float32)
+        P = editor.rule(W, K, R, rules.retain_covariance(Xr), config)
+        patch = t.to_param(P.to(param.dtype)).to(param.device)
+        if not torch.isfinite(patch).all():
+            raise FloatingPointError(f"{editor.label}'s update for {t.param_name} is not finite; raise rho or l2")
+        t2 = time.perf_counter()
+        timings["keys"] += t1 - t0
+        timings["solve"] += t2 - t1
+        with torch.no_grad():
+            saved[t.param_name] = param.detach().clone()
+            param.add_(patch)
+        patches[t.param_name] = patch.cpu()
+        records.append(LayerRecord(t.param_name, l, 0.0, 0.0, K.shape[1], Xr.shape[1], float(P.norm()),
+                                   float(W.double().norm()), t2 - t1, t.transposed))
+    return patches, records
