@@ -323,3 +323,61 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     assert not errors, f"page errors: {errors}"
     page.close()
 
+
+
+def test_the_default_edit_exported_then_imported_in_the_browser(real_url, browser, tmp_path):
+    """Issue 22's flow: the default edit on SmolLM2 exported from the Export tab, then its
+    edit.json alone (a few KB, no 17 MB patch) uploaded back: the app recomputes the patch
+    and says it is the exported one bit for bit."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(real_url)
+    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
+    page.click("#run-edit")
+    page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+    page.get_by_role("tab", name="7 · Export").click()
+    page.get_by_role("button", name="Export the edit").click()
+    page.wait_for_selector("a[href*='edit.json']", timeout=120_000)
+    href = page.locator("a[href*='edit.json']").first.get_attribute("href")
+    meta = tmp_path / "edit.json"
+    meta.write_bytes(page.request.get(href).body())
+    assert meta.stat().st_size < 20_000 and '"patch_sha256"' in meta.read_text()
+    page.locator("#import-files input[type=file]").set_input_files(str(meta))
+    page.click("#import-button")
+    page.wait_for_function("document.querySelector('#import-note')?.innerText.includes('The edit is loaded')",
+                           timeout=300_000)
+    note = text_of(page, "#import-note")
+    assert "identical to the exported edit bit for bit" in note, note
+    page.screenshot(path=str(tmp_path / "real_import.png"))
+    SHARED.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "real_import.png", SHARED / "real_import.png")
+    assert not errors, f"page errors: {errors}"
+    page.close()
+
+
+def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_path):
+    """Issue 22's flow: the demo's invented authors chosen while SmolLM2 is loaded. The
+    page warns that this model cannot know them, keeps SmolLM2's own preset (not the demo
+    model's band 3-5 and beta 150), and the card after Run edit says there was nothing to
+    forget instead of a verdict."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(real_url)
+    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
+    page.get_by_label("Benchmark", exact=True).click()
+    page.get_by_role("option", name="Demo: fictitious authors (bundled)").click()
+    page.get_by_role("button", name="Load benchmark").click()
+    page.wait_for_function("document.body.innerText.includes(\"never saw the demo's invented authors\")",
+                           timeout=120_000)
+    assert page.get_by_label("Preset (the paper's settings)").input_value() == "smollm2"
+    page.click("#run-edit")
+    page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+    card = text_of(page, "#edit-status")
+    assert "stated none of these forget facts" in card and "nothing to forget" in card, card
+    page.screenshot(path=str(tmp_path / "real_demo_bench.png"))
+    SHARED.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "real_demo_bench.png", SHARED / "real_demo_bench.png")
+    assert not errors, f"page errors: {errors}"
+    page.close()
