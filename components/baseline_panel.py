@@ -114,14 +114,14 @@ def check_trainable(bench, method: Method | str) -> None:
         raise UserError(f"{label} cannot train on {bench.name}/{bench.split}: its forget set has no "
                         "question/answer or text examples. Load a benchmark (or your own file) with "
                         "question/answer or text rows.")
-    if method.needs_retain and not any(isinstance(ex, usable) for ex in bench.retain):
+    if method.uses_retain(method.defaults) and not any(isinstance(ex, usable) for ex in bench.retain):
         free = [row.label for row in METHODS.values() if not row.needs_retain]
         raise UserError(f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
                         f"has no retain examples: choose {' or '.join(free) or 'another method'}, or "
                         "load a benchmark with a retain set.")
-    if method.needs_answers:
-        raise UserError(f"{label} trains toward an alternate answer set, which this studio does not "
-                        "provide yet: choose another method.")
+    if method.needs_answers and not all(isinstance(ex, (QAExample, FactRecord)) for ex in bench.forget):
+        raise UserError(f"{label} answers each forget question with \"I don't know\", and {bench.name}/"
+                        f"{bench.split} has forget rows that are not questions: choose another method.")
 
 
 def check_sizes(bench) -> None:

@@ -301,11 +301,15 @@ def test_unknown_method_names_the_registered_ones():
         Method("My Method", "Mine", METHODS["ga"].loss, "Upper case.")
 
 
-def test_a_method_needing_answers_is_refused_with_a_reason(trained_llama, tokenizer):
+def test_a_method_needing_answers_refuses_forget_rows_without_a_question(trained_llama, tokenizer):
+    # alternate answers (a seeded "I don't know" per question) are built for QA forget sets
+    # (tests/test_baseline_methods_more.py); a text forget set has no question to answer
     register_method(Method("idk", "IdkGA", METHODS["ga"].loss, "Toward \"I don't know\".", needs_answers=True))
     try:
-        with pytest.raises(ValueError, match="IdkGA trains toward alternate answers"):
-            run_baseline("idk", trained_llama, tokenizer, FORGET, RETAIN, **FAST)
+        with pytest.raises(ValueError, match="needs question/answer"):
+            run_baseline("idk", trained_llama, tokenizer, [TextExample("a text to forget")], RETAIN, **FAST)
+        with pytest.raises(ValueError, match="GA trains toward no alternate answer"):
+            run_baseline("ga", trained_llama, tokenizer, FORGET, RETAIN, alternates=["x"] * len(FORGET), **FAST)
     finally:
         unregister_method("idk")
 

@@ -83,3 +83,18 @@ def kl_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Ten
     logp = F.log_softmax(logits.float(), dim=-1).reshape(B * T, V)
     logq = F.log_softmax(ref_logits.to(logits.device).float(), dim=-1).reshape(B * T, V)
     return F.kl_div(logp, logq, reduction="batchmean", log_target=True)
+
+
+def dpo_loss(win_nll: torch.Tensor, win_ref_nll: torch.Tensor, lose_nll: torch.Tensor,
+             lose_ref_nll: torch.Tensor, beta: float) -> torch.Tensor:
+    """DPO with the alternate answer as the winner and the forget answer as the loser:
+    ``-(2/beta) mean logsigmoid(beta (win_ratio - lose_ratio))``, each ratio
+    ``log pi - log pi_ref = nll_ref - nll`` of the summed sequence NLLs, (B,) each.
+
+    As ``compute_dpo_loss(win_inputs=alternate, lose_inputs=forget)`` (src/trainer/utils.py
+    at d3d7cf9e6b3c125d16687d4232680d8d83548f1a), OpenUnlearning's IDK-DPO; its 2/beta
+    scale makes it NPO when the winner is dropped.
+    """
+    win = win_ref_nll.to(win_nll.device, win_nll.dtype) - win_nll
+    lose = lose_ref_nll.to(lose_nll.device, lose_nll.dtype) - lose_nll
+    return -2.0 / beta * F.logsigmoid(beta * (win - lose)).mean()

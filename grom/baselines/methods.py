@@ -18,6 +18,7 @@ The losses themselves are the pure functions of grom.baselines.losses.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
@@ -41,6 +42,17 @@ class LossInputs:
     retain_kl: () the KL retain term (`grom.baselines.losses.kl_to_reference`) when the
     run asks for it (``retain_loss="kl"``), else None; a method's retain term is then this
     instead of the retain NLL.
+
+    forget_logits (B, T, V), forget_labels (B, T): the forget batch's logits (with graph)
+    and its HF-style labels (-100 where there is no loss), for token-level losses.
+    reference_logits (B, T, V): the unedited model's logits on the same batch (no graph),
+    None unless the method `needs_reference_logits`. alternate_nll, alternate_counts (B,):
+    the summed NLL of each forget question's alternate answer (an "I don't know") and its
+    token count, None unless the method `needs_answers`; reference_alternate_nll (B,): the
+    same under the unedited model, when it also `needs_reference`. state: a dict that lives
+    for the whole run (the same object at every micro-batch), for a method that carries a
+    value from step to step (PDU's dual variable). epoch: the passes over the forget set
+    completed before this micro-batch.
     """
 
     forget_nll: torch.Tensor
@@ -50,10 +62,20 @@ class LossInputs:
     reference_nll: torch.Tensor | None
     args: Mapping[str, float]
     retain_kl: torch.Tensor | None = None
+    forget_logits: torch.Tensor | None = None
+    forget_labels: torch.Tensor | None = None
+    reference_logits: torch.Tensor | None = None
+    alternate_nll: torch.Tensor | None = None
+    alternate_counts: torch.Tensor | None = None
+    reference_alternate_nll: torch.Tensor | None = None
+    state: dict | None = None
+    epoch: int = 0
 
 
 # (the scalar to minimise, the named terms to log, e.g. {"forget": ..., "retain": ...})
 LossFn = Callable[[LossInputs], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# (the trained weight change by parameter name, the run's args) -> the Edit's patches
+Finish = Callable[[dict, Mapping[str, float]], dict]
 
 
 @dataclass(frozen=True)
@@ -64,11 +86,19 @@ class Method:
     loss: the loss of one micro-batch (`LossFn`). description: one sentence on what it does
     and what it needs, for a UI. needs_retain: the loss has a retain term (a retain set is
     required unless `alpha` is 0). needs_reference: the loss compares with the unedited
-    model's forget NLL (computed once, before training, one number per sequence).
-    needs_answers: the loss trains toward an alternate answer set (e.g. "I don't know");
-    no built-in method does, and `run_baseline` refuses such a method until it takes one.
-    defaults: every hyperparameter the loss reads (`LossInputs.args`), with its default;
-    the caller may override them (a value for any other is ignored, with a warning).
+    model's forget NLL (computed once, before training, one number per sequence; also the
+    alternate answers' when it `needs_answers`). needs_answers: the loss trains toward an
+    alternate answer per forget question: `run_baseline` pairs each with a seeded "I don't
+    know" (grom.baselines.idk), or takes the caller's `alternates`; the forget set must then
+    be question/answer examples. needs_reference_logits: the loss reads the unedited
+    model's logits on each forget batch (run with a copy of the trained weights only, no
+    second model). defaults: every hyperparameter the loss reads (`LossInputs.args`), with
+    its default; the caller may override them (a value for any other is ignored, with a
+    warning). positive: the hyperparameters that must be > 0 (every one must be finite).
+    finish: None, or a function (weight change of the trained run, args) -> the Edit's
+    patches, for a method whose edit is not the trained change itself (TaskVector
+    negates and scales it). recipe: training settings this method runs with unless the
+    caller gives them (e.g. RMU's constant schedule), over the benchmark's recipe.
     """
 
     name: str
@@ -79,11 +109,27 @@ class Method:
     needs_reference: bool = False
     needs_answers: bool = False
     defaults: Mapping[str, float] = field(default_factory=dict)
+    needs_reference_logits: bool = False
+    positive: tuple[str, ...] = ()
+    finish: Finish | None = None
+    recipe: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.name or self.name != self.name.strip().lower():
             raise ValueError(f"method name {self.name!r}: use a non-empty lower-case name")
         object.__setattr__(self, "defaults", MappingProxyType({k: float(v) for k, v in self.defaults.items()}))
+        object.__setattr__(self, "recipe", MappingProxyType(dict(self.recipe)))
+        unknown = sorted(set(self.positive) - set(self.defaults))
+        if unknown:
+            raise ValueError(f"method {self.name}: positive names {unknown}, which are not in its defaults")
+
+    def check_args(self, args: Mapping[str, float]) -> None:
+        """Refuse hyperparameters out of range, naming the first one: every one finite,
+        those in `positive` > 0."""
+        for k, v in args.items():
+            if not math.isfinite(v) or (k in self.positive and not v > 0):
+                need = " > 0" if k in self.positive else ""
+                raise ValueError(f"{self.label}: {k} = {v}; it must be a finite number{need}")
 
     def uses_retain(self, args: Mapping[str, float]) -> bool:
         """Whether a run with these hyperparameters has a retain term: the method has one
@@ -167,10 +213,12 @@ BUILT_IN = (
     Method("npo", "NPO", npo, "Negative preference optimisation: pushes each forget answer below the "
            "unedited model's likelihood of it, with a bounded loss, plus a retain term; needs a "
            "retain set and one reference pass.",
-           needs_retain=True, needs_reference=True, defaults={"beta": 0.1, "gamma": 1.0, "alpha": 1.0}),
+           needs_retain=True, needs_reference=True, defaults={"beta": 0.1, "gamma": 1.0, "alpha": 1.0},
+           positive=("beta",)),
     Method("simnpo", "SimNPO", simnpo, "Simple NPO: NPO's bounded loss on the length-normalised forget "
            "likelihood, with no reference model, plus a retain term; needs a retain set.",
-           needs_retain=True, defaults={"beta": 4.5, "delta": 0.0, "gamma": 0.125, "alpha": 1.0}),
+           needs_retain=True, defaults={"beta": 4.5, "delta": 0.0, "gamma": 0.125, "alpha": 1.0},
+           positive=("beta",)),
 )
 for _row in BUILT_IN:
     register_method(_row)

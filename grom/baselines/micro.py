@@ -4,6 +4,7 @@ retain batch's NLL or its KL to the unedited model)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -53,17 +54,49 @@ def retain_terms(model, s: Settings, batch, ref_params) -> tuple[torch.Tensor, t
     return r_nll, r_counts, kl_to_reference(logits, ref_logits)
 
 
-def micro_loss(model, s: Settings, row: Method, forget: list[Encoded], retain: list[Encoded], f_idx,
-               r_idx, ref: torch.Tensor | None, pad: int,
-               ref_params=None) -> tuple[torch.Tensor, dict[str, float]]:
+@dataclass
+class RunData:
+    """What every micro-batch of one run reads: the encoded forget / retain / alternate
+    sequences (alternates[i] answers forget[i]'s question), the reference NLLs of the
+    forget and alternate answers (n,), the unedited trained weights for reference logits,
+    the pad id, the method's run-long state, and the passes over the forget set done."""
+
+    forget: list[Encoded]
+    retain: list[Encoded]
+    pad: int
+    alternates: list[Encoded] | None = None
+    ref: torch.Tensor | None = None
+    ref_alternates: torch.Tensor | None = None
+    ref_params: dict | None = None
+    state: dict = field(default_factory=dict)
+    epoch: int = 0
+
+
+def micro_loss(model, s: Settings, row: Method, run: RunData, f_idx,
+               r_idx) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch's loss and its logged terms: the row's, and the forget NLL."""
-    nll, counts = batch_nll(model, collate([forget[i] for i in f_idx.tolist()], pad))
-    r_nll = r_counts = kl = None
+    idx = f_idx.tolist()
+    batch = collate([run.forget[i] for i in idx], run.pad)
+    logits = batch_logits(model, batch)
+    labels = batch.labels.to(logits.device)
+    nll, counts = sequence_nll(logits, labels)
+    r_nll = r_counts = kl = ref_logits = a_nll = a_counts = ref_alt = None
     if row.uses_retain(s.method_args):
-        r_nll, r_counts, kl = retain_terms(model, s, collate([retain[i] for i in r_idx.tolist()], pad),
-                                           ref_params)
-    reference = None if ref is None else ref[f_idx].to(nll.device)
-    loss, terms = row.loss(LossInputs(nll, counts, r_nll, r_counts, reference, s.method_args, kl))
-    parts = {k: float(v.detach()) for k, v in terms.items()}
+        r_nll, r_counts, kl = retain_terms(model, s, collate([run.retain[i] for i in r_idx.tolist()], run.pad),
+                                           run.ref_params)
+    if row.needs_reference_logits:
+        with eval_mode(model), torch.no_grad():
+            ref_logits = batch_logits(model, batch, run.ref_params)
+    if row.needs_answers:
+        a_nll, a_counts = batch_nll(model, collate([run.alternates[i] for i in idx], run.pad))
+        if run.ref_alternates is not None:
+            ref_alt = run.ref_alternates[f_idx].to(nll.device)
+    reference = None if run.ref is None else run.ref[f_idx].to(nll.device)
+    loss, terms = row.loss(LossInputs(nll, counts, r_nll, r_counts, reference, s.method_args, kl,
+                                      forget_logits=logits, forget_labels=labels,
+                                      reference_logits=ref_logits, alternate_nll=a_nll,
+                                      alternate_counts=a_counts, reference_alternate_nll=ref_alt,
+                                      state=run.state, epoch=run.epoch))
+    parts = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in terms.items()}
     parts["forget_nll"] = float(mean_nll(nll.detach(), counts))
     return loss, parts

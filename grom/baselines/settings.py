@@ -71,14 +71,17 @@ RECIPE_FIELDS = ("epochs", "lr", "batch_size", "grad_accum", "warmup_epochs", "w
 RETAIN_LOSSES = ("nll", "kl")
 
 
-def _from_recipe(recipe: str, kw: dict) -> dict:
+def _from_recipe(recipe: str, kw: dict, own: Mapping[str, object] | None = None) -> dict:
     """`kw` with the training settings it leaves out (or gives as None) taken from the
-    recipe. Epochs given without max_steps run those epochs, also under a recipe that
-    counts steps (WMDP's max_steps 80)."""
+    method's `own` recipe (its row's), then from the benchmark's recipe. Epochs given
+    without max_steps run those epochs, also under a recipe that counts steps (WMDP's
+    max_steps 80)."""
     r = get_recipe(recipe)
     out = {k: v for k, v in kw.items() if v is not None}
     if "epochs" in out and "max_steps" not in out:  # epochs given: the recipe's max_steps does not override it
         out["max_steps"] = None
+    for name, value in (own or {}).items():
+        out.setdefault(name, value)
     for name in RECIPE_FIELDS:
         out.setdefault(name, getattr(r, name))
     out["recipe"] = r.name
@@ -94,13 +97,17 @@ def resolve_settings(method: str, *, recipe: str | None = None,
     delta are shorthands for `method_args` entries; None (or absent) takes the method's
     default."""
     row = get_method(method)
-    kw = _from_recipe(recipe or DEFAULT_RECIPE, kw)
+    bad = sorted(set(row.recipe) - set(RECIPE_FIELDS) - {"params"})
+    if bad:
+        raise ValueError(f"{row.name}: its recipe sets {bad[0]!r}, which is no training setting")
+    kw = _from_recipe(recipe or DEFAULT_RECIPE, kw, row.recipe)
     given = dict(method_args or {})
     for key, value in (("beta", beta), ("alpha", alpha), ("gamma", gamma), ("delta", delta)):
         if value is not None and given.get(key) is not None:
             raise ValueError(f"{row.name}: {key} is given twice, as {key}= and in method_args")
         given.setdefault(key, value)
     args = _method_args(row, given)
+    row.check_args(args)
     clash = sorted(set(args) & {f.name for f in fields(Settings)})
     if clash:
         raise ValueError(f"{row.name}: its hyperparameter {clash[0]!r} has the name of a training "

@@ -46,15 +46,13 @@ import torch
 from torch import nn
 
 from grom.arch import model_device
-from grom.baselines.methods import BUILT_IN, Method, get_method
-from grom.baselines.micro import micro_loss, reference_nll
+from grom.baselines.methods import BUILT_IN, Method
+from grom.baselines.micro import RunData, micro_loss, reference_nll
+from grom.baselines.prepare import Encodings, prepare_run
 from grom.baselines.optim import adamw, lr_factor, optimizer_step, select_parameters, updated_tensors
-from grom.baselines.recipes import chunk_corpus
-from grom.baselines.sequences import encode_sequences
-from grom.baselines.settings import Settings, resolve_settings
+from grom.baselines.settings import Settings
 from grom.config import EditConfig
 from grom.data.prompts import PromptFormat
-from grom.data.schema import as_examples
 from grom.edit import Edit
 from grom.keys import Encoded, pad_id
 from grom.memory import releasing
@@ -126,7 +124,22 @@ class _Clock:
         return f"; about {rest:.0f} s left" if rest >= 1 else ""
 
 
-def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], retain: list[Encoded],
+def _run_data(model: nn.Module, s: Settings, row: Method, data: Encodings, slots, pad: int,
+              progress: Progress) -> RunData:
+    """What the micro-batches read, with the reference NLLs computed once, before training."""
+    run = RunData(data.forget, data.retain, pad, alternates=data.alternates)
+    if row.needs_reference:
+        progress(0.0, f"{row.label}: the unedited model's log-probabilities of {len(data.forget)} forget answers")
+        run.ref = reference_nll(model, data.forget, s, pad)
+        if row.needs_answers:
+            run.ref_alternates = reference_nll(model, data.alternates, s, pad)
+    # the unedited weights for the KL retain term and reference logits (a copy of the trained ones only)
+    if row.needs_reference_logits or (s.retain_loss == "kl" and row.uses_retain(s.method_args)):
+        run.ref_params = {n: p.detach().clone() for n, p in slots}
+    return run
+
+
+def _train(model: nn.Module, s: Settings, row: Method, data: Encodings,
            slots: list[tuple[str, nn.Parameter]], pad: int,
            progress: Progress) -> tuple[Trained, dict[str, torch.Tensor]]:
     """Train `slots` in place; returns the run's summary and the fp32 masters. Sets train
@@ -135,13 +148,8 @@ def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], re
     trained = {n for n, _ in slots}
     torch.manual_seed(s.seed)
     gen = torch.Generator().manual_seed(s.seed)
-    ref = None
-    if row.needs_reference:
-        progress(0.0, f"{row.label}: the unedited model's log-probabilities of {len(forget)} forget answers")
-        ref = reference_nll(model, forget, s, pad)
-    # the unedited weights for the KL retain term (a copy of the trained ones only)
-    ref_params = ({n: p.detach().clone() for n, p in slots}
-                  if s.retain_loss == "kl" and row.uses_retain(s.method_args) else None)
+    forget, retain = data.forget, data.retain
+    run = _run_data(model, s, row, data, slots, pad, progress)
     for n, p in model.named_parameters():
         p.requires_grad_(n in trained)
         p.grad = None
@@ -157,6 +165,8 @@ def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], re
                      n_retain=len(retain))
     clock = _Clock(total)
     while result.steps < total:
+        if result.steps:
+            run.epoch += 1
         order = torch.randperm(n_f, generator=gen)
         micro = list(torch.split(order, s.batch_size))
         for k in range(0, len(micro), s.grad_accum):
@@ -168,7 +178,7 @@ def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], re
             for i, f_idx in enumerate(group):
                 r_idx = (torch.randint(0, len(retain), (len(f_idx),), generator=gen)
                          if retain and row.needs_retain else None)
-                loss, parts = micro_loss(model, s, row, forget, retain, f_idx, r_idx, ref, pad, ref_params)
+                loss, parts = micro_loss(model, s, row, run, f_idx, r_idx)
                 (loss / len(group)).backward()
                 parts["loss"] = float(loss.detach())
                 for key, v in parts.items():
@@ -186,29 +196,6 @@ def _train(model: nn.Module, s: Settings, row: Method, forget: list[Encoded], re
     result.seconds = time.perf_counter() - t0
     log.info("%s: %d steps in %.1fs on %s", s.method, result.steps, result.seconds, model_device(model))
     return result, masters
-
-
-def _setup(method, tokenizer, forget, retain, kw) -> tuple[Settings, Method, list[Encoded], list[Encoded]]:
-    s = resolve_settings(method, **kw)
-    row = get_method(s.method)
-    if row.needs_answers:
-        raise ValueError(f"{row.label} trains toward alternate answers (e.g. \"I don't know\"), and "
-                         "run_baseline takes none yet")
-    forget, retain = as_examples(forget), as_examples(retain or ())
-    if not forget:
-        raise ValueError("the forget set is empty: give at least one example to forget")
-    if row.uses_retain(s.method_args) and not retain:
-        raise ValueError(f"{row.label} needs retain examples for its retain loss (or alpha=0)")
-    if s.chunk_corpus:  # the recipe's chunks of each joined corpus (MUSE 2048 tokens, WMDP 512)
-        forget, retain = chunk_corpus(tokenizer, forget, s.max_length), chunk_corpus(tokenizer, retain, s.max_length)
-    enc_f = encode_sequences(tokenizer, forget, s.prompt_format, s.max_length, chunked=s.chunk_corpus)
-    enc_r = (encode_sequences(tokenizer, retain, s.prompt_format, s.max_length, chunked=s.chunk_corpus)
-             if retain else [])
-    if not enc_f:
-        raise ValueError("the forget examples produced no answer tokens (empty answers or texts?)")
-    if row.uses_retain(s.method_args) and not enc_r:
-        raise ValueError("the retain examples produced no answer tokens (empty answers or texts?)")
-    return s, row, enc_f, enc_r
 
 
 def _rng_devices(model: nn.Module) -> list[int]:
@@ -233,7 +220,7 @@ def _differences(slots, masters: Mapping[str, torch.Tensor],
     return patches
 
 
-def _trained_patches(model: nn.Module, s: Settings, row: Method, enc_f, enc_r, slots, pad: int,
+def _trained_patches(model: nn.Module, s: Settings, row: Method, data: Encodings, slots, pad: int,
                      progress: Progress) -> tuple[dict[str, torch.Tensor], Trained]:
     """Train, take the patches, and put the model back as it was found, also when training
     fails or is cancelled (each original copy is dropped once written back)."""
@@ -241,7 +228,7 @@ def _trained_patches(model: nn.Module, s: Settings, row: Method, enc_f, enc_r, s
     originals = {n: p.detach().to("cpu", copy=True) for n, p in slots}
     try:
         with torch.random.fork_rng(devices=_rng_devices(model)):
-            run, masters = _train(model, s, row, enc_f, enc_r, slots, pad, progress)
+            run, masters = _train(model, s, row, data, slots, pad, progress)
         return _differences(slots, masters, originals), run
     finally:
         with torch.no_grad():
@@ -256,12 +243,12 @@ def train_in_place(method: str, model: nn.Module, tokenizer, forget: Sequence, r
     """Train `model` with the method and leave it trained (mode, requires_grad flags and
     .grad are restored; the weights are not). Same arguments as `run_baseline`; for tests
     and for whoever wants the trained model itself."""
-    s, row, enc_f, enc_r = _setup(method, tokenizer, forget, retain, kw)
+    s, row, data = prepare_run(method, tokenizer, forget, retain, kw)
     slots = select_parameters(model, s.params)
     state = ModelState(model)
     try:
         with torch.random.fork_rng(devices=_rng_devices(model)):
-            run, _ = _train(model, s, row, enc_f, enc_r, slots, pad_id(tokenizer), progress or (lambda *_: None))
+            run, _ = _train(model, s, row, data, slots, pad_id(tokenizer), progress or (lambda *_: None))
         return run
     finally:
         state.restore()
@@ -279,7 +266,7 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
                  weight_decay: float | None = None, max_grad_norm: float | None = None,
                  max_length: int | None = None, schedule: str | None = None,
                  chunk_corpus: bool | None = None, master_weights: bool = False,
-                 retain_loss: str = "nll") -> Edit:
+                 retain_loss: str = "nll", alternates: Sequence[str] | None = None) -> Edit:
     """Unlearn by fine-tuning with `method` (a name in grom.baselines.METHODS) and return
     the weight change as an `Edit`; the model is returned exactly as it was found (also on
     failure), and what the run allocated is freed.
@@ -296,7 +283,10 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     HF). `params`: None trains every parameter, else those whose name contains one of the
     substrings (e.g. ["mlp"]). master_weights: train bf16 / fp16 weights through float32
     masters (default: in their own dtype, as OpenUnlearning). retain_loss: "nll" or "kl"
-    (GradDiff, NPO and SimNPO's retain term; upstream's ``retain_loss_type``).
+    (the retain term of the methods with one; upstream's ``retain_loss_type``).
+    alternates: for a method that `needs_answers` (IDK-NLL, IDK-DPO), one answer per forget
+    example to train toward; None pairs each question with a seeded "I don't know"
+    (grom.baselines.idk).
     `progress(fraction, message)` is called after every optimizer step and every
     micro-batch of an accumulated one, with the time left at the pace so far; an exception
     from it cancels the run.
@@ -314,10 +304,12 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
               method_args=method_args, params=params, max_steps=max_steps, grad_accum=grad_accum,
               warmup_epochs=warmup_epochs, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
               max_length=max_length, schedule=schedule, chunk_corpus=chunk_corpus,
-              master_weights=master_weights, retain_loss=retain_loss)
-    s, row, enc_f, enc_r = _setup(method, tokenizer, forget, retain, kw)
+              master_weights=master_weights, retain_loss=retain_loss, alternates=alternates)
+    s, row, data = prepare_run(method, tokenizer, forget, retain, kw)
     slots = select_parameters(model, s.params)
-    patches, run = _trained_patches(model, s, row, enc_f, enc_r, slots, pad_id(tokenizer), progress)
+    patches, run = _trained_patches(model, s, row, data, slots, pad_id(tokenizer), progress)
+    if row.finish is not None:
+        patches = row.finish(patches, s.method_args)
     last = run.history[-1] if run.history else {}
     info = {
         **s.to_dict(),

@@ -1,0 +1,113 @@
+"""The token-level forget losses of OpenUnlearning's newer methods (UNDIAL, WGA, SatImp,
+CE-U, PDU): pure functions of the logits and HF-style labels.
+
+``logits`` (B, T, V) and ``labels`` (B, T) unshifted, -100 where there is no loss, as in
+grom.baselines.losses: the logits at position t - 1 predict ``labels[b, t]``. Each is taken
+in float32. Transcribed from github.com/locuslab/open-unlearning at commit
+d3d7cf9e6b3c125d16687d4232680d8d83548f1a: src/trainer/utils.py (``compute_undial_loss``,
+``compute_wga_loss``, ``compute_satimp_loss``), src/trainer/unlearn/ceu.py
+(``compute_batch_ceu``), src/trainer/unlearn/pdu.py (``PDU.compute_loss``). With
+``l_t = -log p(y_t)`` the per-token NLL over the answer tokens (the valid positions):
+
+- UNDIAL:  ``mean over every position of CE(softmax(z_ref - beta * onehot(y)), z)``
+- WGA:     ``-mean_t[ p(y_t)^beta * l_t ]`` (weights detached)
+- SatImp:  ``-mean_t[ p(y_t)^beta1 (1 - p(y_t))^beta2 * l_t ]`` (weights detached)
+- CE-U:    ``mean_t CE(softmax(z_t with z_t[y_t] = -inf), z_t)`` (target detached), the first
+           `ignore_first` answer tokens of each sequence left out
+- PDU:     ``mean_t (max_v z_t,v - mean_v z_t,v)^2``
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from grom.baselines.losses import IGNORE_INDEX
+
+
+def _shift(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T-1, V) float32 logits and the (B, T-1) labels they predict."""
+    return logits[:, :-1, :].float(), labels[:, 1:].to(logits.device)
+
+
+def _token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token NLL of the valid positions, (N,), and the valid mask (B, T-1)."""
+    z, y = _shift(logits, labels)
+    valid = y != IGNORE_INDEX
+    return F.cross_entropy(z[valid], y[valid], reduction="none"), valid
+
+
+def _empty(logits: torch.Tensor) -> torch.Tensor:
+    """A zero that keeps the graph, for a batch with no answer token (upstream: nan)."""
+    return logits.float().sum() * 0.0
+
+
+def undial_loss(logits: torch.Tensor, ref_logits: torch.Tensor, labels: torch.Tensor,
+                beta: float) -> torch.Tensor:
+    """UNDIAL's self-distillation: cross-entropy to the unedited model's distribution with
+    the answer token's logit lowered by `beta`, averaged over every position (prompt and
+    padding included, as upstream). ref_logits (B, T, V), no grad.
+
+    One deliberate difference: upstream builds the lowering mask by indexing with the raw
+    shifted labels, so at every position without a label (-100) it lowers the logit of
+    token V - 100 (negative indexing); here positions without a label keep the teacher's
+    distribution unchanged.
+    """
+    z, y = _shift(logits, labels)
+    teacher = ref_logits[:, :-1, :].to(z.device).float()
+    valid = y != IGNORE_INDEX
+    lowered = teacher.clone()
+    b, t = valid.nonzero(as_tuple=True)
+    lowered[b, t, y[b, t]] -= beta
+    target = F.softmax(lowered, dim=-1)
+    return -(target * F.log_softmax(z, dim=-1)).sum(-1).mean()
+
+
+def wga_loss(logits: torch.Tensor, labels: torch.Tensor, beta: float) -> torch.Tensor:
+    """WGA: gradient ascent with each answer token weighted by its own probability to the
+    power `beta` (detached), ``-mean(p^beta * nll)``."""
+    nll, _ = _token_nll(logits, labels)
+    if nll.numel() == 0:
+        return _empty(logits)
+    w = torch.exp(-nll.detach()) ** beta
+    return -(w * nll).mean()
+
+
+def satimp_loss(logits: torch.Tensor, labels: torch.Tensor, beta1: float, beta2: float) -> torch.Tensor:
+    """SatImp: gradient ascent weighted by ``p^beta1 (1 - p)^beta2`` (detached)."""
+    nll, _ = _token_nll(logits, labels)
+    if nll.numel() == 0:
+        return _empty(logits)
+    p = torch.exp(-nll.detach())
+    return -((p ** beta1) * ((1 - p) ** beta2) * nll).mean()
+
+
+def ceu_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_first: int = 1) -> torch.Tensor:
+    """CE-U: cross-entropy to the model's own (detached) distribution with the answer token
+    removed, at every answer position but the first `ignore_first` of each sequence."""
+    valid = labels != IGNORE_INDEX
+    first = (valid.cumsum(dim=-1) <= int(ignore_first)) & valid
+    kept = labels.masked_fill(first, IGNORE_INDEX)
+    z, y = _shift(logits, kept)
+    mask = y != IGNORE_INDEX
+    if not bool(mask.any()):
+        return _empty(logits)
+    zv, yv = z[mask], y[mask]
+    target = zv.detach().clone()
+    target.scatter_(-1, yv.unsqueeze(-1), float("-inf"))
+    return -(F.softmax(target, dim=-1) * F.log_softmax(zv, dim=-1)).sum(-1).mean()
+
+
+def pdu_forget_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """PDU's forget term: the squared gap between the largest and the mean logit, averaged
+    over the positions that predict answer tokens (pushes those distributions flat).
+
+    One deliberate difference: upstream masks the unshifted logits with the unshifted
+    labels (the position holding an answer token, which predicts the token after it);
+    here the positions are those that predict the answer tokens, as in every other loss.
+    """
+    z, y = _shift(logits, labels)
+    mask = y != IGNORE_INDEX
+    if not bool(mask.any()):
+        return _empty(logits)
+    zv = z[mask]
+    return ((zv.max(dim=-1).values - zv.mean(dim=-1)) ** 2).mean()
