@@ -14,13 +14,17 @@ from grom.baselines import METHODS, REFUSALS, answer_nll, get_method, idk_altern
 from grom.baselines.losses import dpo_loss, npo_loss
 from grom.baselines.methods import LossInputs
 from grom.baselines.methods_more import pdu
-from grom.baselines.token_losses import ceu_loss, pdu_forget_loss, satimp_loss, undial_loss, wga_loss
+from grom.baselines.settings import resolve_settings
+from grom.baselines.token_losses import (ceu_loss, pdu_forget_loss, rmu_activation_loss, satimp_loss,
+                                        undial_loss, wga_loss)
 from grom.data.schema import QAExample, TextExample
 from tests.conftest import FORGET, RETAIN
 from tests.test_baselines import assert_same, snapshot
 
 FAST = dict(lr=1e-3, max_steps=6, batch_size=2, grad_accum=1, warmup_epochs=0)
-NEW = ("idknll", "idkdpo", "undial", "wga", "satimp", "ceu", "pdu", "taskvector")
+NEW = ("idknll", "idkdpo", "undial", "wga", "satimp", "ceu", "pdu", "rmu", "taskvector")
+# RMU on the 4-layer tiny model: layer 1's activations, layers 0-1's down_proj trained
+TINY = {"rmu": dict(method_args={"layer": 1.0}, params=[".layers.0.mlp.down_proj", ".layers.1.mlp.down_proj"])}
 
 # one batch of two sequences, V = 4; labels unshifted (label t predicted at position t - 1)
 torch.manual_seed(0)
@@ -161,7 +165,7 @@ def test_every_new_method_is_registered_with_a_row():
 @pytest.mark.parametrize("method", NEW)
 def test_each_new_method_runs_through_run_baseline(method, trained_llama, tokenizer):
     snap = snapshot(trained_llama)
-    edit = run_baseline(method, trained_llama, tokenizer, FORGET, RETAIN, **FAST)
+    edit = run_baseline(method, trained_llama, tokenizer, FORGET, RETAIN, **{**FAST, **TINY.get(method, {})})
     assert_same(trained_llama, snap)
     assert isinstance(edit, Edit) and edit.method == method and edit.patches
     losses = [h["loss"] for h in edit.info["history"]]
@@ -193,3 +197,26 @@ def test_task_vector_is_the_negated_scaled_fine_tuning(trained_llama, tokenizer)
     assert one.info["history"][-1]["finetune"] < one.info["history"][0]["finetune"]  # it fine-tuned
     with one.applied(trained_llama):
         assert answer_nll(trained_llama, tokenizer, FORGET) > f0  # and the edit goes the other way
+
+
+def test_rmu_activation_loss_by_hand():
+    torch.manual_seed(2)
+    h, target = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
+    want = 0.0
+    for b in range(2):
+        rows = [t for t in range(4) if LABELS[b, t] != -100]  # unshifted, as upstream
+        want += sum(sum((h[b, t, k] - target[b, t, k]).item() ** 2 for k in range(3)) / 3 for t in rows) / len(rows)
+    assert float(rmu_activation_loss(h, target, LABELS)) == pytest.approx(want / 2, rel=1e-5)
+
+
+def test_rmu_has_its_own_recipe_and_trains_only_its_matrices(trained_llama, tokenizer):
+    s = resolve_settings("rmu")
+    assert (s.lr, s.schedule, s.max_steps, s.params) == (
+        5e-5, "constant", 80, (".layers.5.mlp.down_proj", ".layers.6.mlp.down_proj", ".layers.7.mlp.down_proj"))
+    assert resolve_settings("rmu", lr=1e-3).lr == 1e-3  # the caller's value wins
+    edit = run_baseline("rmu", trained_llama, tokenizer, FORGET, RETAIN, **{**FAST, **TINY["rmu"]})
+    assert set(edit.patches) == {f"model.layers.{i}.mlp.down_proj.weight" for i in (0, 1)}
+    first, last = edit.info["history"][0], edit.info["history"][-1]
+    assert last["forget"] < first["forget"] and first["retain"] == pytest.approx(0.0, abs=1e-8)
+    with pytest.raises(ValueError, match="layer 3: use a decoder layer from 0 to 2"):
+        run_baseline("rmu", trained_llama, tokenizer, FORGET, RETAIN, **{**FAST, **TINY["rmu"], "method_args": {"layer": 3}})

@@ -52,7 +52,10 @@ class LossInputs:
     same under the unedited model, when it also `needs_reference`. state: a dict that lives
     for the whole run (the same object at every micro-batch), for a method that carries a
     value from step to step (PDU's dual variable). epoch: the passes over the forget set
-    completed before this micro-batch.
+    completed before this micro-batch. forget_hidden, retain_hidden (B, T, d): the output
+    of decoder layer ``args["layer"]`` on the forget / retain batch (with graph), and
+    reference_retain_hidden the unedited model's (no graph), when the method
+    `needs_hidden`; retain_labels (B, T) the retain batch's labels.
     """
 
     forget_nll: torch.Tensor
@@ -70,6 +73,10 @@ class LossInputs:
     reference_alternate_nll: torch.Tensor | None = None
     state: dict | None = None
     epoch: int = 0
+    forget_hidden: torch.Tensor | None = None
+    retain_hidden: torch.Tensor | None = None
+    reference_retain_hidden: torch.Tensor | None = None
+    retain_labels: torch.Tensor | None = None
 
 
 # (the scalar to minimise, the named terms to log, e.g. {"forget": ..., "retain": ...})
@@ -92,7 +99,9 @@ class Method:
     know" (grom.baselines.idk), or takes the caller's `alternates`; the forget set must then
     be question/answer examples. needs_reference_logits: the loss reads the unedited
     model's logits on each forget batch (run with a copy of the trained weights only, no
-    second model). defaults: every hyperparameter the loss reads (`LossInputs.args`), with
+    second model). needs_hidden: the loss reads the activations of decoder layer
+    ``args["layer"]`` (its defaults must hold "layer"), the retain batch's also under the
+    unedited weights. defaults: every hyperparameter the loss reads (`LossInputs.args`), with
     its default; the caller may override them (a value for any other is ignored, with a
     warning). positive: the hyperparameters that must be > 0 (every one must be finite).
     finish: None, or a function (weight change of the trained run, args) -> the Edit's
@@ -110,6 +119,7 @@ class Method:
     needs_answers: bool = False
     defaults: Mapping[str, float] = field(default_factory=dict)
     needs_reference_logits: bool = False
+    needs_hidden: bool = False
     positive: tuple[str, ...] = ()
     finish: Finish | None = None
     recipe: Mapping[str, object] = field(default_factory=dict)
@@ -119,6 +129,8 @@ class Method:
             raise ValueError(f"method name {self.name!r}: use a non-empty lower-case name")
         object.__setattr__(self, "defaults", MappingProxyType({k: float(v) for k, v in self.defaults.items()}))
         object.__setattr__(self, "recipe", MappingProxyType(dict(self.recipe)))
+        if self.needs_hidden and "layer" not in self.defaults:
+            raise ValueError(f"method {self.name}: needs_hidden reads args['layer']; give it a default")
         unknown = sorted(set(self.positive) - set(self.defaults))
         if unknown:
             raise ValueError(f"method {self.name}: positive names {unknown}, which are not in its defaults")

@@ -1,6 +1,6 @@
 """The paper's other trained comparators, as rows of the method registry (registered at
-import, after the built-in four): IDK-NLL, IDK-DPO, UNDIAL, WGA, SatImp, CE-U, PDU and
-TaskVector.
+import, after the built-in four): IDK-NLL, IDK-DPO, UNDIAL, WGA, SatImp, CE-U, PDU, RMU
+and TaskVector.
 
 Losses and defaults from github.com/locuslab/open-unlearning at commit
 d3d7cf9e6b3c125d16687d4232680d8d83548f1a (``src/trainer/unlearn/<method>.py``,
@@ -24,6 +24,12 @@ d3d7cf9e6b3c125d16687d4232680d8d83548f1a (``src/trainer/unlearn/<method>.py``,
   primal-dual on, the dual updated at every micro-batch). Upstream has no default for
   ``retain_loss_eps`` (the retain loss the constraint allows); here a negative value (the
   default, -1) takes the retain loss of the first retain batch under the unedited model.
+- RMU: rmu.py, RMU.yaml (steering_coeff 2, gamma 1, alpha 1, the activations of
+  ``model.layers.7``, retain term EMBED_DIFF: the retain activations held to the unedited
+  model's), with the original recipe of centerforaisafety/wmdp rmu/unlearn.py (`RMU_RECIPE`:
+  constant lr 5e-5, 80 steps, only layers 5-7's ``mlp.down_proj`` trained; RMU.yaml trains
+  every parameter). The frozen copy is a copy of the trained matrices only, run through
+  ``functional_call``. A caller changing `layer` should change `params` with it.
 - TaskVector: MUSE's baselines/baselines/task_vector.py (jaechan-repo/muse_bench at
   e0000386e5318665693db28e27b41711674256ef): fine-tune on the forget set, then
   ``theta_0 - scale * (theta_ft - theta_0)`` (MUSE's ``alpha``, 1 by default). The
@@ -36,7 +42,8 @@ import torch
 
 from grom.baselines.losses import dpo_loss, mean_nll
 from grom.baselines.methods import LossInputs, Method, _with_retain, register_method
-from grom.baselines.token_losses import ceu_loss, pdu_forget_loss, satimp_loss, undial_loss, wga_loss
+from grom.baselines.token_losses import (ceu_loss, pdu_forget_loss, rmu_activation_loss, satimp_loss,
+                                        undial_loss, wga_loss)
 
 Terms = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -85,6 +92,23 @@ def pdu(x: LossInputs) -> Terms:
     return loss, {"forget": forget, "retain": retain, "retain_preference": torch.tensor(lam)}
 
 
+def rmu(x: LossInputs) -> Terms:
+    """``gamma * |h_forget - c|^2 + alpha * |h_retain - h_retain_ref|^2`` at decoder layer
+    `layer`; the control vector ``c = steering_coeff * u / |u|``, u uniform in [0, 1)^d,
+    drawn once per run from the run's seeded generator (upstream: ``torch.rand``, once)."""
+    st = x.state if x.state is not None else {}
+    h = x.forget_hidden
+    if "control" not in st:
+        u = torch.rand(1, 1, h.shape[-1])
+        st["control"] = u / u.norm() * x.args["steering_coeff"]
+    forget = rmu_activation_loss(h, st["control"].expand_as(h), x.forget_labels)
+    loss, terms = x.args["gamma"] * forget, {"forget": forget}
+    if x.retain_hidden is not None:
+        retain = rmu_activation_loss(x.retain_hidden, x.reference_retain_hidden, x.retain_labels)
+        loss, terms["retain"] = loss + x.args["alpha"] * retain, retain
+    return loss, terms
+
+
 def finetune(x: LossInputs) -> Terms:
     """Plain fine-tuning on the forget answers (the task vector's training run)."""
     nll = mean_nll(x.forget_nll, x.forget_counts)
@@ -98,6 +122,11 @@ def negate_scaled(patches: dict, args) -> dict:
 
 
 _RETAIN = dict(gamma=1.0, alpha=1.0)
+# centerforaisafety/wmdp rmu/unlearn.py (bc5e1ba0367ea826caeeeaa50656336a1e87acfb, cited by
+# OpenUnlearning's rmu.py): lr 5e-5, no schedule, 80 batches, layers 5-7's MLP down_proj
+# (param_ids [6]); OpenUnlearning's WMDP experiment runs the same lr, steps and schedule.
+RMU_RECIPE = dict(lr=5e-5, schedule="constant", max_steps=80, warmup_epochs=0.0, weight_decay=0.0,
+                  params=tuple(f".layers.{i}.mlp.down_proj" for i in (5, 6, 7)))
 MORE = (
     Method("idknll", "IDK-NLL", idk_nll, "Trains the model to answer each forget question with \"I don't "
            "know\" (a seeded refusal per question) while training on the retain answers; needs "
@@ -125,6 +154,11 @@ MORE = (
            "retain set.", needs_retain=True,
            defaults={"gamma": 1.0, "alpha": 1.0, "retain_loss_eps": -1.0, "dual_step_size": 1.0,
                      "dual_warmup_epochs": 5.0, "primal_dual": 1.0}, positive=("alpha",)),
+    Method("rmu", "RMU", rmu, "Representation misdirection: steers one layer's activations on the forget "
+           "data toward a fixed random vector while holding the retain activations to the unedited "
+           "model's; trains a few layers' MLP output matrices; needs a retain set.", needs_retain=True,
+           needs_hidden=True, defaults={"layer": 7.0, "steering_coeff": 2.0, "gamma": 1.0, "alpha": 1.0},
+           positive=("steering_coeff",), recipe=RMU_RECIPE),
     Method("taskvector", "TaskVector", finetune, "Task arithmetic: fine-tunes on the forget set, then "
            "subtracts the scaled weight change from the unedited model; needs the forget set only.",
            defaults={"scale": 1.0}, positive=("scale",), finish=negate_scaled),

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from grom.baselines.losses import kl_to_reference, mean_nll, sequence_nll
 from grom.baselines.methods import LossInputs, Method
-from grom.baselines.sequences import batch_logits, batch_nll, collate
+from grom.baselines.sequences import batch_forward, batch_logits, batch_nll, collate
 from grom.baselines.settings import Settings
 from grom.keys import Encoded
 
@@ -42,16 +43,30 @@ def reference_nll(model: nn.Module, forget: list[Encoded], s: Settings, pad: int
     return torch.cat(out)
 
 
-def retain_terms(model, s: Settings, batch, ref_params) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(retain NLL per sequence, label counts, the KL term or None) of one retain batch; the
-    KL's reference logits come from the unedited weights `ref_params`, in eval mode."""
-    logits = batch_logits(model, batch)
-    r_nll, r_counts = sequence_nll(logits, batch.labels.to(logits.device))
-    if s.retain_loss != "kl":
-        return r_nll, r_counts, None
-    with eval_mode(model), torch.no_grad():
-        ref_logits = batch_logits(model, batch, ref_params)
-    return r_nll, r_counts, kl_to_reference(logits, ref_logits)
+class RetainTerms(NamedTuple):
+    """One retain batch's terms: NLL per sequence and label counts (B,), the KL term or
+    None, the layer's activations (B, T, d) and the unedited model's, or None, the labels."""
+
+    nll: torch.Tensor
+    counts: torch.Tensor
+    kl: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    reference_hidden: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+
+
+def retain_terms(model, s: Settings, batch, ref_params, hidden: int | None = None) -> RetainTerms:
+    """The terms of one retain batch; the KL's reference logits and the reference
+    activations come from the unedited weights `ref_params`, in eval mode."""
+    logits, h = batch_forward(model, batch, hidden=hidden)
+    labels = batch.labels.to(logits.device)
+    r_nll, r_counts = sequence_nll(logits, labels)
+    kl = ref_h = None
+    if s.retain_loss == "kl" or hidden is not None:
+        with eval_mode(model), torch.no_grad():
+            ref_logits, ref_h = batch_forward(model, batch, ref_params, hidden=hidden)
+        kl = kl_to_reference(logits, ref_logits) if s.retain_loss == "kl" else None
+    return RetainTerms(r_nll, r_counts, kl, h, ref_h, labels)
 
 
 @dataclass
@@ -77,13 +92,14 @@ def micro_loss(model, s: Settings, row: Method, run: RunData, f_idx,
     """One micro-batch's loss and its logged terms: the row's, and the forget NLL."""
     idx = f_idx.tolist()
     batch = collate([run.forget[i] for i in idx], run.pad)
-    logits = batch_logits(model, batch)
+    hidden = int(s.method_args["layer"]) + 1 if row.needs_hidden else None
+    logits, f_hidden = batch_forward(model, batch, hidden=hidden)
     labels = batch.labels.to(logits.device)
     nll, counts = sequence_nll(logits, labels)
-    r_nll = r_counts = kl = ref_logits = a_nll = a_counts = ref_alt = None
+    ref_logits = a_nll = a_counts = ref_alt = None
+    r = RetainTerms(None, None)
     if row.uses_retain(s.method_args):
-        r_nll, r_counts, kl = retain_terms(model, s, collate([run.retain[i] for i in r_idx.tolist()], run.pad),
-                                           run.ref_params)
+        r = retain_terms(model, s, collate([run.retain[i] for i in r_idx.tolist()], run.pad), run.ref_params, hidden)
     if row.needs_reference_logits:
         with eval_mode(model), torch.no_grad():
             ref_logits = batch_logits(model, batch, run.ref_params)
@@ -92,8 +108,10 @@ def micro_loss(model, s: Settings, row: Method, run: RunData, f_idx,
         if run.ref_alternates is not None:
             ref_alt = run.ref_alternates[f_idx].to(nll.device)
     reference = None if run.ref is None else run.ref[f_idx].to(nll.device)
-    loss, terms = row.loss(LossInputs(nll, counts, r_nll, r_counts, reference, s.method_args, kl,
-                                      forget_logits=logits, forget_labels=labels,
+    loss, terms = row.loss(LossInputs(nll, counts, r.nll, r.counts, reference, s.method_args, r.kl,
+                                      forget_logits=logits, forget_labels=labels, forget_hidden=f_hidden,
+                                      retain_hidden=r.hidden, reference_retain_hidden=r.reference_hidden,
+                                      retain_labels=r.labels,
                                       reference_logits=ref_logits, alternate_nll=a_nll,
                                       alternate_counts=a_counts, reference_alternate_nll=ref_alt,
                                       state=run.state, epoch=run.epoch))

@@ -91,6 +91,23 @@ def batch_logits(model: nn.Module, batch: LMBatch, params=None) -> torch.Tensor:
     return torch.func.functional_call(model, params, args=(), kwargs=kw).logits
 
 
+def batch_forward(model: nn.Module, batch: LMBatch, params=None,
+                  hidden: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logits (B, T, V), hidden (B, T, d) or None): as `batch_logits`, and with `hidden` =
+    l + 1 the output of decoder layer l (HF's ``hidden_states[l + 1]``; the last entry,
+    after the final norm, is refused)."""
+    if hidden is None:
+        return batch_logits(model, batch, params), None
+    dev = model_device(model)
+    kw = dict(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev),
+              use_cache=False, output_hidden_states=True)
+    out = model(**kw) if params is None else torch.func.functional_call(model, params, args=(), kwargs=kw)
+    if not 1 <= hidden < len(out.hidden_states) - 1:
+        raise ValueError(f"layer {hidden - 1}: use a decoder layer from 0 to {len(out.hidden_states) - 3} "
+                         "(the last one's output passes the final norm)")
+    return out.logits, out.hidden_states[hidden]
+
+
 def batch_nll(model: nn.Module, batch: LMBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed NLL of each sequence's label tokens and their number, (B,) each."""
     logits = batch_logits(model, batch)

@@ -111,3 +111,18 @@ def pdu_forget_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return _empty(logits)
     zv = z[mask]
     return ((zv.max(dim=-1).values - zv.mean(dim=-1)) ** 2).mean()
+
+
+def rmu_activation_loss(h: torch.Tensor, target: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """RMU's activation distance: per sequence, the squared error averaged over the hidden
+    size and summed over its labelled positions, divided by their number; then the mean
+    over the batch. h (B, T, d), target (B, T, d) or broadcastable, labels (B, T).
+
+    As ``RMU.compute_activation_loss`` (src/trainer/unlearn/rmu.py at d3d7cf9e): the mask
+    is the unshifted ``labels != -100`` (the positions holding answer tokens), upstream's
+    choice, kept. In float32.
+    """
+    mask = (labels != IGNORE_INDEX).to(h.device)
+    sq = (h.float() - target.to(h.device).float()) ** 2
+    per_seq = (sq.mean(-1) * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+    return per_seq.mean()

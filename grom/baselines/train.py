@@ -134,7 +134,8 @@ def _run_data(model: nn.Module, s: Settings, row: Method, data: Encodings, slots
         if row.needs_answers:
             run.ref_alternates = reference_nll(model, data.alternates, s, pad)
     # the unedited weights for the KL retain term and reference logits (a copy of the trained ones only)
-    if row.needs_reference_logits or (s.retain_loss == "kl" and row.uses_retain(s.method_args)):
+    if (row.needs_reference_logits or (row.needs_hidden and row.uses_retain(s.method_args))
+            or (s.retain_loss == "kl" and row.uses_retain(s.method_args))):
         run.ref_params = {n: p.detach().clone() for n, p in slots}
     return run
 
