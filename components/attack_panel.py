@@ -6,7 +6,8 @@ the logit lens), each scored by fact recall for the base model and the edited on
 the membership attacks (LOSS, zlib, Min-K, Min-K++: can the forget answers be told from
 the other targets' answers by their likelihood? an AUC, 0.5 = they cannot).
 
-Optionally the gradient baseline set in Compare (its method, epochs and learning rate) is
+Optionally the baseline set in Compare (a trained method or a closed-form editor, with its
+two settings; `components.core.comparators`) is
 trained once and put through the same suite, side by side; its patch is dropped after.
 The shared model is given back unedited whatever happens (the suite's promise).
 """
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
+from components.core.comparators import check_editor, comparator_label, is_editor, run_comparator
 from components.core.comparison import shared_model
 from components.core.device import DEVICE_LOCK, device_progress, on_device_for
 from components.core.errors import UserError, shorten, ui_errors
@@ -26,7 +28,7 @@ from components.core.limits import limit, over
 from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
-from grom.baselines import get_method, recipe_for_task, run_baseline
+from grom.baselines import get_method
 from grom.data.schema import QAExample
 from grom.memory import release_memory
 from grom.robustness.membership import holdout_of
@@ -79,11 +81,10 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
         start = 0.0
         if baseline is not None:
             method, epochs, lr = baseline
-            label = get_method(method).label
-            edits[label] = run_baseline(method, handle.model, handle.tokenizer, bench.forget, bench.retain,
-                                        recipe=recipe_for_task(bench.task).name, epochs=epochs, lr=lr,
-                                        prompt_format=bench.prompt_format,
-                                        progress=lambda f, m: progress(TRAIN_SHARE * f, f"{label}: {m}"))
+            label = comparator_label(method)
+            edits[label] = run_comparator(method, handle.model, handle.tokenizer, bench, epochs, lr,
+                                          band=grom_edit.band,
+                                          progress=lambda f, m: progress(TRAIN_SHARE * f, f"{label}: {m}"))
             start = TRAIN_SHARE
         share = (1 - start) / len(edits)
         for i, (name, edit) in enumerate(edits.items()):
@@ -226,9 +227,12 @@ def membership_html(results: dict[str, dict]) -> str:
             f'</table></div>')
 
 
-def _baseline_settings(with_baseline: bool, method, epochs, lr) -> tuple | None:
+def _baseline_settings(with_baseline: bool, method, epochs, lr, bench=None) -> tuple | None:
     if not with_baseline:
         return None
+    if is_editor(method):
+        name = str(method).strip().lower()
+        return (name, *check_editor(name, bench, epochs, lr))
     try:
         row = get_method(str(method or ""))
     except (KeyError, ValueError) as err:
@@ -255,7 +259,7 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
     except ValueError as err:
         raise UserError(str(err)) from None
     probes, _ = probes_of(bench)  # checked here, before any work
-    baseline = _baseline_settings(with_baseline, method, epochs, lr)
+    baseline = _baseline_settings(with_baseline, method, epochs, lr, bench)
     results = compute_attacks(handle.key, bench, edit, names, baseline,
                               device_progress(lambda f, m: progress(f, desc=m)))
     session.extra["attacks"] = (edit, results, names, probes)

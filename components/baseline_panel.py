@@ -1,7 +1,8 @@
-"""Compare with a gradient baseline: train any method of the library's registry
-(`grom.baselines.METHODS`: GA, GradDiff, NPO, SimNPO and whatever is registered) on the
-session's benchmark (`grom.baselines.run_baseline`, OpenUnlearning's recipe for the
-benchmark: `grom.baselines.recipes.recipe_for_task`) and put its
+"""Compare with a baseline: train any method of the library's registry
+(`grom.baselines.METHODS`: GA, GradDiff, NPO, SimNPO, IDK, ... and whatever is registered),
+or run a closed-form editor (`grom.baselines.EDITORS`: ROME, MEMIT, AlphaEdit, ZeroUnlearn,
+on GROM's band; `components.core.comparators`), on the session's benchmark (a trained
+method with OpenUnlearning's recipe for the benchmark) and put its
 time of update and its metrics beside GROM's. The panel lists, labels and checks the
 methods from their registry rows: a new method needs no change here.
 
@@ -19,6 +20,8 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
+from components.core.comparators import (check_editor, comparator_choices, comparator_label, editor_boxes,
+                                         is_editor, run_comparator)
 from components.core.comparison import examples_per_set, reference_for, report_rows, shared_model
 from components.core.device import DEVICE_LOCK, device_progress, on_device_for
 from components.core.errors import UserError, shorten, ui_errors
@@ -28,9 +31,8 @@ from components.core.session import REGISTRY, ModelKey, Session, current_benchma
 from components.core.sources import DEMO
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
-from grom.baselines import METHODS, Method, get_method, run_baseline
+from grom.baselines import EDITORS, METHODS, Method
 from grom.baselines.defaults import starting_point
-from grom.baselines.recipes import recipe_for_task
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 from grom.eval import evaluate
 from grom.eval.report import BASE, EDITED, REFERENCE
@@ -63,13 +65,20 @@ def default_epochs(method: str, key: ModelKey | None = None) -> float:
 
 
 def on_method_change(method: str, session: Session):
-    """A new method (or model): its default learning rate and epochs for the session's model."""
-    return default_lr(method, session.model_key), default_epochs(method, session.model_key)
+    """A new method (or model): its default learning rate and epochs for the session's
+    model; for an editor, its value optimisation's steps and learning rate, the boxes
+    relabelled to say so."""
+    if is_editor(method):
+        b = editor_boxes()
+        return gr.update(value=b.rate, label=b.rate_label), gr.update(value=b.count, label=b.count_label)
+    return (gr.update(value=default_lr(method, session.model_key), label="Learning rate"),
+            gr.update(value=default_epochs(method, session.model_key), label="Epochs"))
 
 
 def method_choices() -> list[tuple[str, str]]:
-    """The method box: every registered method, labelled "GA: what it does"."""
-    return [(f"{row.label}: {row.description.rstrip('.')}", name) for name, row in METHODS.items()]
+    """The method box: every registered method, labelled "GA: what it does", then the
+    closed-form editors."""
+    return comparator_choices()
 
 
 def parse_method(method) -> Method:
@@ -79,7 +88,7 @@ def parse_method(method) -> Method:
         if name in (key, row.label.lower()):
             return row
     raise UserError(f"Unknown baseline {shorten(method)!r}: choose one of "
-                    f"{', '.join(row.label for row in METHODS.values())}.")
+                    f"{', '.join([row.label for row in METHODS.values()] + [e.label for e in EDITORS.values()])}.")
 
 
 def _number(value) -> float:
@@ -135,20 +144,19 @@ def check_sizes(bench) -> None:
 @on_device_for(600)
 def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float, grom_edit,
                      cached, n, progress):
-    """Train the baseline (the model is given back as found), then the rows of the table:
-    `cached` (a Report with Base, GROM's Edited and Retain model rows) or those rows
-    computed now, and the baseline's row. Returns (baseline Edit, GROM report, baseline
-    report)."""
+    """Train the baseline (or run the editor on GROM's band; the model is given back as
+    found), then the rows of the table: `cached` (a Report with Base, GROM's Edited and
+    Retain model rows) or those rows computed now, and the baseline's row. Returns
+    (baseline Edit, GROM report, baseline report)."""
     progress = progress or (lambda *_: None)
     with DEVICE_LOCK:
         handle = shared_model(key, "baseline")
         try:
-            edit = run_baseline(method, handle.model, handle.tokenizer, bench.forget, bench.retain,
-                                recipe=recipe_for_task(bench.task).name, epochs=epochs, lr=lr,
-                                prompt_format=bench.prompt_format,
-                                progress=lambda f, m: progress(TRAIN_SHARE * f, m))
+            edit = run_comparator(method, handle.model, handle.tokenizer, bench, epochs, lr,
+                                  band=grom_edit.band if grom_edit is not None else None,
+                                  progress=lambda f, m: progress(TRAIN_SHARE * f, m))
         except (ValueError, TypeError) as err:  # the data: nothing the baseline can train on
-            raise UserError(f"{get_method(method).label} cannot train on {bench.name}/{bench.split}: {err}.") from err
+            raise UserError(f"{comparator_label(method)} cannot run on {bench.name}/{bench.split}: {err}.") from err
         rest = 1 - TRAIN_SHARE
         report = cached or report_rows(handle, bench, grom_edit, n,
                                        lambda f, m: progress(TRAIN_SHARE + rest / 2 * f, m))
@@ -221,13 +229,19 @@ def did_not_forget(base: dict, mine: dict) -> str:
 
 def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, finals: dict,
                n, grom_note: str, failed: str = "") -> str:
-    label = get_method(method).label
+    label = comparator_label(method)
     t = edit.timings.get("total", edit.timings.get("train", 0.0))
-    epochs = f"{settings['epochs']:g} epoch{'' if settings['epochs'] == 1 else 's'}"
     info = edit.info
-    head = (f"**{label}**, {epochs} ({info.get('steps', '?')} optimizer steps of {info.get('batch_size', '?')} × "
-            f"{info.get('grad_accum', '?')} examples, lr {settings['lr']:g}, OpenUnlearning's "
-            f"{str(info.get('recipe', 'tofu')).upper()} recipe): updated the weights in **{t:.1f} s**")
+    if is_editor(method):
+        head = (f"**{label}** (closed-form editor on GROM's keys and retain covariance; layers "
+                f"{', '.join(str(l) for l in edit.band)}; the value optimisation {settings['epochs']:g} steps at lr "
+                f"{settings['lr']:g}, {edit.timings.get('values', 0.0):.1f} s of it): updated the weights in "
+                f"**{t:.1f} s**")
+    else:
+        epochs = f"{settings['epochs']:g} epoch{'' if settings['epochs'] == 1 else 's'}"
+        head = (f"**{label}**, {epochs} ({info.get('steps', '?')} optimizer steps of {info.get('batch_size', '?')} × "
+                f"{info.get('grad_accum', '?')} examples, lr {settings['lr']:g}, OpenUnlearning's "
+                f"{str(info.get('recipe', 'tofu')).upper()} recipe): updated the weights in **{t:.1f} s**")
     if failed:
         head += f". {failed}"
         head += (f" (GROM's edit took {grom_seconds:.1f} s.)" if grom_seconds else
@@ -262,19 +276,23 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     a summary (times and their ratio) and the table Base / GROM / method / Retain model."""
     handle = current_model(session)
     bench = current_benchmark(session)
-    row = parse_method(method)
-    method = row.name
-    epochs, lr = check_settings(epochs, lr)
     n = examples_per_set(max_examples, full_set, bench)
-    check_trainable(bench, row)
-    check_sizes(bench)
+    if is_editor(method):
+        method = str(method).strip().lower()
+        label = comparator_label(method)
+        epochs, lr = check_editor(method, bench, epochs, lr)
+    else:
+        row = parse_method(method)
+        method, label = row.name, row.label
+        epochs, lr = check_settings(epochs, lr)
+        check_trainable(bench, row)
+        check_sizes(bench)
     grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
     cached = _cached_report(session, bench, grom, n)
     edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,
                                           device_progress(lambda f, m: progress(f, desc=m)))
     if cached is None and grom is not None:
         session.extra["baseline_grom_report"] = (report, (bench, grom, n))
-    label = row.label
     grom_seconds = grom.timings.get("total") if grom is not None else None
     seconds = edit.timings.get("total", edit.timings.get("train"))
     rows = [("Base", mine.rows[BASE].metrics, None)]
@@ -297,7 +315,8 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
 
 def build_baseline_panel() -> SimpleNamespace:
     """The accordion's widgets: method, epochs, learning rate, Run; the summary and table."""
-    with gr.Accordion(f"Compare with a gradient baseline: {', '.join(r.label for r in METHODS.values())}",
+    with gr.Accordion(f"Compare with a baseline: {', '.join(r.label for r in METHODS.values())}, and the editors "
+                      f"{', '.join(e.label for e in EDITORS.values())}",
                       open=False,
                       elem_id="baseline-panel"):
         text.md(text.BASELINE, elem_classes="panel-intro")

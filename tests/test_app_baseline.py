@@ -68,3 +68,45 @@ def test_a_baseline_needs_no_grom_edit_and_a_fresh_session_has_the_start_split(u
     text, table = c.predict("ga", 0.25, 1e-3, max_examples=N, api_name="/run_baseline")  # 4 steps
     assert table["headers"] == ["metric", "Base", "GA", "Retain model", "goal"]
     assert "Press **Run edit**" in text and "4 optimizer steps" in text
+
+
+def test_a_closed_form_editor_beside_the_grom_edit(url, tmp_path):  # noqa: F811
+    """ROME through the same box: the demo's facts carry their author as subject, the editor
+    edits GROM's band with a short value optimisation, its column sits beside GROM's, the
+    model is given back bit for bit; a file without subjects is refused before any work."""
+    from gradio_client import handle_file
+
+    from tests.test_app import demo_upload
+
+    c = new_client(url)
+    c.predict("demo", "forget01", "", None, None, api_name="/load_benchmark")
+    model = REGISTRY.current.model
+    before = weights_hash(model)
+    c.predict(api_name="/run_edit", **QUICK)
+    text, table = c.predict("rome", 5, 0.5, max_examples=N, api_name="/run_baseline")
+    heads, rows = table["headers"], {r[0]: r for r in table["data"]}
+    assert heads[:4] == ["metric", "Base", "GROM", "ROME"], heads
+    assert "**ROME** (closed-form editor on GROM's keys and retain covariance; layers 5;" in text, text
+    assert "the value optimisation 5 steps at lr 0.5" in text and rows["Time of update"][3].endswith(" s")
+    assert weights_hash(model) == before
+    with pytest.raises(Exception, match="Value steps = 0.5"):
+        c.predict("memit", 0.5, 0.5, max_examples=N, api_name="/run_baseline")
+    _, upload = demo_upload(tmp_path / "nosubject.jsonl", 6, 24)  # question/answer rows only
+    c.predict("custom", "forget", "", handle_file(str(upload)), None, api_name="/load_benchmark")
+    with pytest.raises(Exception, match="AlphaEdit cannot edit custom/.*has no subject"):
+        c.predict("alphaedit", 5, 0.5, max_examples=N, api_name="/run_baseline")
+    assert weights_hash(model) == before
+
+
+def test_choosing_an_editor_relabels_the_two_boxes():
+    from components.baseline_panel import method_choices, on_method_change
+    from components.core.session import Session
+
+    lr, epochs = on_method_change("rome", Session())
+    assert (lr["label"], epochs["label"]) == ("Value learning rate", "Value steps (per-fact vector)")
+    assert (lr["value"], epochs["value"]) == (0.1, 25)
+    lr, epochs = on_method_change("npo", Session())
+    assert (lr["label"], epochs["label"]) == ("Learning rate", "Epochs")
+    names = [n for _, n in method_choices()]
+    assert names[:4] == ["ga", "graddiff", "npo", "simnpo"] and names[-4:] == ["rome", "memit", "alphaedit",
+                                                                               "zerounlearn"]

@@ -85,10 +85,15 @@ COMPARE = ("**5 · Compare.** The same questions go to the model before and afte
            "for the demo, to its twin trained without the forget set, the gold standard): forget "
            "answers should break, retain answers should not move.")
 
-BASELINE = ("The gradient baselines unlearn by fine-tuning: for several epochs they take gradient "
+BASELINE = ("The trained baselines unlearn by fine-tuning: for several epochs they take gradient "
             "steps that push the likelihood of the forget answers down (GA alone; GradDiff, NPO and "
-            "SimNPO with a term that keeps the retain answers likely), while GROM's time is one "
-            "least-squares solve per edited layer.")
+            "SimNPO with a term that keeps the retain answers likely; IDK-NLL and IDK-DPO toward "
+            "\"I don't know\"; UNDIAL, WGA, SatImp, CE-U, PDU, RMU, TaskVector as OpenUnlearning and "
+            "MUSE define them), while GROM's time is one least-squares solve per edited layer. The "
+            "closed-form editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) use GROM's own keys, retain "
+            "covariance and band, with one per-fact value optimisation (the two boxes are then its "
+            "steps and learning rate): only the update rule differs from GROM's. They need facts "
+            "with a subject (real knowledge, ZsRE, or a `subject` column in your file).")
 
 BASELINE_RECIPE = ("OpenUnlearning's recipe for the benchmark: AdamW on the weights in the model's "
                    "own dtype; TOFU-style and fact benchmarks: batch 8 × 4 accumulation steps (32), "

@@ -1,0 +1,100 @@
+"""Every method the studio can run beside GROM, by one name: the trained methods of
+`grom.baselines.METHODS` (GA, GradDiff, NPO, SimNPO, IDK-NLL, ...) and the closed-form
+locate-then-edit editors of `grom.baselines.EDITORS` (ROME, MEMIT, AlphaEdit,
+ZeroUnlearn). The Compare tab's baseline and the "Is it gone?" tab both train through
+`run_comparator`, so each lists, checks and runs the same methods.
+
+The two kinds share the panel's two number boxes: a trained method reads them as epochs
+and learning rate; an editor as the steps and learning rate of its per-fact value
+optimisation (`grom.baselines.values.ValueSettings`), the only backpropagation it needs.
+An editor edits GROM's band of the session's edit where there is one (the paper's terms:
+the same keys and retain covariance, only the update rule differs), else the band GROM's
+layer scores suggest.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from components.core.errors import UserError, shorten
+from components.core.limits import limit, over
+from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
+from grom.baselines.recipes import recipe_for_task
+from grom.baselines.values import ValueSettings, missing_facts
+
+MAX_VALUE_STEPS = 100  # a value optimisation's steps: ROME's 20-25, upstream's longest 50
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """What the panel's two number boxes mean for a method, and their starting values."""
+
+    count_label: str
+    rate_label: str
+    count: float
+    rate: float
+
+
+def is_editor(name: str) -> bool:
+    return str(name or "").strip().lower() in EDITORS
+
+
+def comparator_choices() -> list[tuple[str, str]]:
+    """(label, name) of every method: "GA: what it does", then "ROME: ... (closed-form
+    editor; needs facts with a subject)"."""
+    trained = [(f"{row.label}: {row.description.rstrip('.')}", name) for name, row in METHODS.items()]
+    editors = [(f"{e.label}: {e.description.split(';')[0]} (closed-form editor; needs facts with a subject)", name)
+               for name, e in EDITORS.items()]
+    return trained + editors
+
+
+def comparator_label(name: str) -> str:
+    name = str(name or "").strip().lower()
+    return EDITORS[name].label if name in EDITORS else METHODS[name].label
+
+
+def editor_boxes() -> Boxes:
+    v = ValueSettings()
+    return Boxes("Value steps (per-fact vector)", "Value learning rate", v.steps, v.lr)
+
+
+def check_editor(name: str, bench, steps, lr) -> tuple[int, float]:
+    """An editor's (value steps, value lr), checked, and the split checked to hold what an
+    editor needs (facts with a subject, a retain set for its covariance); a `UserError`
+    that names what is missing, before any work."""
+    label = comparator_label(name)
+    try:
+        steps_f, lr_f = float(steps), float(lr)
+    except (TypeError, ValueError):
+        raise UserError(f"{label}'s value steps and learning rate must be numbers (got {shorten(steps)}, "
+                        f"{shorten(lr)}).") from None
+    if not (math.isfinite(steps_f) and steps_f >= 1 and steps_f == int(steps_f)):
+        raise UserError(f"Value steps = {shorten(steps)}: a whole number from 1 (ROME takes 20 to 25).")
+    if steps_f > MAX_VALUE_STEPS:
+        raise UserError(f"Value steps = {steps_f:g}: at most {MAX_VALUE_STEPS} on this server.")
+    if not (math.isfinite(lr_f) and 0 < lr_f <= 10):
+        raise UserError(f"Value learning rate = {shorten(lr)}: a number above 0 and at most 10 (ROME: 0.1 to 0.5).")
+    why = missing_facts(bench.forget)
+    if why:
+        raise UserError(f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load real-knowledge (or ZsRE), or "
+                        "upload rows with a `subject` column.")
+    if not bench.retain:
+        raise UserError(f"{label} needs a retain set (its covariance keeps what is not forgotten): "
+                        f"{bench.name}/{bench.split} has none.")
+    if len(bench.forget) > limit("GROM_MAX_EXAMPLES"):
+        raise over(f"{label} optimises a vector per fact, and {bench.name}/{bench.split} has {{n}}",
+                   len(bench.forget), "GROM_MAX_EXAMPLES")
+    return int(steps_f), lr_f
+
+
+def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None):
+    """The method's edit of the session's data (an `Edit`; the model is given back as
+    found): a trained method with the benchmark's recipe for `count` epochs at lr `rate`,
+    an editor with `count` value steps at lr `rate` on `band` (GROM's, where given)."""
+    if is_editor(name):
+        config = EditorConfig(layers=tuple(band) if band else None, prompt_format=bench.prompt_format,
+                              values=ValueSettings(steps=int(count), lr=float(rate)))
+        return run_editor(get_editor(name).name, model, tokenizer, bench.forget, bench.retain, config,
+                          progress=progress)
+    return run_baseline(name, model, tokenizer, bench.forget, bench.retain, recipe=recipe_for_task(bench.task).name,
+                        epochs=count, lr=rate, prompt_format=bench.prompt_format, progress=progress)
