@@ -254,6 +254,8 @@ def on_quant_check(max_examples: int, full_set: bool, session: Session):
     df = _quant(handle.key, bench, edit, n)
     method = (f"round-to-nearest, group size {df.attrs['group_size']}" if df.attrs.get("method") == "rtn"
               else "NF4 (bitsandbytes)")
+    if df.attrs.get("method") == "rtn" and "cannot run" in df.attrs.get("quantizer_reason", ""):
+        method += f"; {df.attrs['quantizer_reason'].split(': ', 1)[-1]}"  # why not NF4
     # metrics as rows, the four models as columns: narrow enough for the panel
     out = df.T.astype(float).round(3).reset_index(names="metric")
     out.columns = ["metric"] + [c.split(",")[0] + (" 4-bit" if "4-bit" in c else "") for c in df.index]

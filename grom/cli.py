@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     edit = sub.add_parser("edit", help="compute a GROM edit and save it (patch.safetensors + edit.json)")
     _data_args(edit)
-    edit.add_argument("--out", required=True, help="folder to write the edit into")
+    edit.add_argument("--out", help="folder to write the edit into (required unless --plan)")
+    edit.add_argument("--plan", action="store_true",
+                      help="print the memory plan (bytes per stage, from the model's config) and exit")
     scores = sub.add_parser("scores", help="print the per-layer logit-lens scores S_l and the band")
     _data_args(scores)
     attack = sub.add_parser("attack", help="is it really gone? held-out probes and attacks on a saved edit")
@@ -135,9 +137,13 @@ def edit_or_scores(args: argparse.Namespace) -> int:
     from grom.pipeline import compute_scores, prepare, run_edit
 
     config = config_from_args(args)
+    if args.command == "edit" and not args.plan and not args.out:
+        raise SystemExit("error: give --out FOLDER (where the edit is written), or --plan")
     forget, retain, fmt = load_sets(args)
     if fmt is not None and config.prompt_format is None:
         config = config.replace(prompt_format=fmt)
+    if args.command == "edit" and plan_before_loading(args, config, forget, retain):
+        return 0
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
     if args.command == "scores":
         prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
@@ -157,6 +163,34 @@ def edit_or_scores(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(out), "band": edit.band, "timings": edit.timings,
                       "patch_norm": edit.patch_norm()}, indent=2))
     return 0
+
+
+def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, retain) -> bool:
+    """The memory plan from the model's config and tokenizer alone (no weights loaded):
+    printed with --plan (True: stop there); else a clear exit when it will not fit on the
+    device. An automatic band is planned at its width k (the layers do not change the
+    bytes)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from grom.distributed import rank
+    from grom.models import resolve_device, resolve_model_name
+    from grom.plan import WillNotFit, check_fits, free_bytes, plan_edit
+
+    name = resolve_model_name(args.model)
+    model_config = AutoConfig.from_pretrained(name, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    p = plan_edit(model_config, tokenizer, forget, retain, config, args.dtype)
+    if args.plan:
+        if rank() == 0:
+            print(json.dumps(p.settings))
+            print(p.describe())
+            print(f"peak: {p.peak / 2**30:.3f} GiB at stage {p.peak_stage!r}")
+        return True
+    try:
+        check_fits(p, free_bytes(resolve_device(args.device)), model_config, config)
+    except WillNotFit as err:
+        raise SystemExit(f"error: {err}") from None
+    return False
 
 
 def attack_sets(args: argparse.Namespace):

@@ -31,6 +31,7 @@ from grom.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
 from grom.attribution import LayerScores
 from grom.config import EditConfig
 from grom.data.sources import MAX_JSON_DEPTH, json_depth
+from grom.editable import NotEditable, weight_problem
 
 log = logging.getLogger(__name__)
 
@@ -114,15 +115,13 @@ class Edit:
         for name, P in self.patches.items():
             if not torch.isfinite(P).all():
                 raise ValueError(f"the patch for {name} has non-finite values; not applied")
+        check_patchable(model, self.patches)
         if self.unties_lm_head and lm_head_is_tied(model):
             self._untied = untie_lm_head(model)
         try:
             with torch.no_grad():
                 for name, P in self.patches.items():
                     W = model.get_parameter(name)
-                    if W.device.type == "meta":
-                        raise ValueError(f"{name} is offloaded (on the meta device); load the model "
-                                         "so that the edited layers live on a real device")
                     if W.shape != P.shape:
                         raise ValueError(f"patch {name} has shape {tuple(P.shape)}, the model's "
                                          f"weight {tuple(W.shape)}: is this the model it was made for?")
@@ -239,6 +238,21 @@ class Edit:
             if r.param_name in self.stored_ranks and P is not None and \
                     abs(float(P.double().norm()) - r.patch_norm) > 1e-4 * max(r.patch_norm, 1e-30):
                 raise ValueError(f"{mismatch} ({r.param_name}'s norm is not the one recorded).")
+
+
+def check_patchable(model: nn.Module, patches: dict[str, torch.Tensor]) -> None:
+    """`NotEditable` for the first patched weight that cannot take a float patch in place
+    (quantized, offloaded: `grom.editable.weight_problem`), before anything is changed."""
+    for name in patches:
+        module_name, _, attr = name.rpartition(".")
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            continue  # an unknown name: apply's shape check says so
+        if attr == "weight":
+            problem = weight_problem(module, module_name)
+            if problem:
+                raise NotEditable(f"this edit cannot be applied: {problem}")
 
 
 def read_metadata(text: str) -> dict:

@@ -27,6 +27,7 @@ from grom.config import EditConfig
 from grom.data.schema import as_examples
 from grom.distributed import world_size
 from grom.edit import Edit
+from grom.editable import check_edit_inputs
 from grom.editor import Editor, local_batches
 from grom.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
 from grom.targets import specificity_weights
@@ -84,6 +85,16 @@ def _band(model, config: EditConfig, scores: LayerScores | None) -> list[int]:
     if bad:
         raise ValueError(f"layers {bad} are outside the model: it has layers 0..{n - 1}")
     return band
+
+
+def _layers_it_may_edit(config: EditConfig, scores: LayerScores | None) -> list[int] | None:
+    """The layers an edit may patch, known before any forward pass: the given ones, the
+    given scores' band, else the automatic band's candidates (None: every layer)."""
+    if config.layers is not None:
+        return sorted(config.layers)
+    if scores is not None:
+        return list(scores.band)
+    return None if config.candidates is None else sorted(config.candidates)
 
 
 def _batches_key(batches) -> str:
@@ -173,7 +184,9 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     later edits of the same data and band (a hyperparameter search) skip that pass.
     `hidden_budget`: bytes of hidden states entering the band kept between layers (None:
     no bound); the batches beyond it are replayed from the embeddings at each layer.
-    `progress(fraction, message)` is called as the stages go.
+    `progress(fraction, message)` is called as the stages go. A matrix it may patch that
+    cannot take a float patch in place (quantized, offloaded: `grom.editable`) is a
+    `NotEditable` error before any forward pass.
 
     Memory grows with the model, not the data: each layer's system is summed batch by
     batch (n^2 + m n float64), and keys are kept only with config.keep_keys. Under
@@ -182,6 +195,8 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     """
     progress = progress or (lambda *_: None)
     t_start = time.perf_counter()
+    check_edit_inputs(model, config.matrix, _layers_it_may_edit(config, scores),
+                      reads_head=config.target == "suppression")
     progress(0.0, "tokenizing")
     vocab = unembedding(model).shape[0]
     prep = prepare(tokenizer, forget, retain, config, vocab)

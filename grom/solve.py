@@ -40,8 +40,12 @@ class RidgeSystem:
     mu: float
 
     def solve(self, B: torch.Tensor) -> torch.Tensor:
-        """A^-1 B for B (n, k), float64."""
-        return torch.cholesky_solve(B.to(self.chol.device, torch.float64), self.chol)
+        """A^-1 B for B (n, k), float64: two triangular solves, L Y = B then L^T X = Y.
+        (torch.cholesky_solve copies a row-major factor into column-major order first: one
+        more n x n float64 matrix, measured on the CPU; solve_triangular reads it as is.)"""
+        B = B.to(self.chol.device, torch.float64)
+        Y = torch.linalg.solve_triangular(self.chol, B, upper=False)
+        return torch.linalg.solve_triangular(self.chol.mT, Y, upper=True)
 
     def update(self, DXt: torch.Tensor) -> torch.Tensor:
         """P = (w_f/s) (D Xf^T) A^-1 from D Xf^T (m, n); float64."""
@@ -68,8 +72,12 @@ def factor(A_data: torch.Tensor, mu: float, wf_s: float, in_place: bool = False)
     in_place: A_data's memory becomes the factor (no other n x n matrix is made)."""
     A = A_data if in_place else A_data.clone()
     A.diagonal().add_(mu)
+    # LAPACK factors column-major matrices and torch copies a row-major one into that
+    # order first (one more n x n, measured). A is symmetric: its transpose view is A itself
+    # in column-major order, factored in its own memory.
+    Ac = A.mT
     info = torch.empty((), dtype=torch.int32, device=A.device)
-    chol, info = torch.linalg.cholesky_ex(A, out=(A, info))
+    chol, info = torch.linalg.cholesky_ex(Ac, out=(Ac, info))
     if int(info) != 0:
         raise ValueError(
             "the key matrix A is singular (not positive definite): increase rho (the ridge), "

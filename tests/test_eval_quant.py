@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from grom.eval.quant import QuantInfo, nf4_available, nf4_quantize, quantized, rtn_quantize
+from grom.eval import quant
+from grom.eval.quant import QuantInfo, choose_method, nf4_available, nf4_quantize, quantized, rtn_quantize
 
 
 def tiny_llama(dtype=torch.float32) -> LlamaForCausalLM:
@@ -239,3 +240,26 @@ def test_quantized_info_as_dict():
     with quantized(tiny_llama(), method="rtn", group_size=32) as info:
         d = info.as_dict()
     assert d["method"] == "rtn" and d["group_size"] == 32 and d["n_matrices"] == 14
+
+
+def test_auto_says_which_quantizer_and_why(monkeypatch):
+    """"auto" falls back to round-to-nearest only with a reason: no CUDA, no bitsandbytes,
+    or a model off the GPU; an explicit method is "asked for"."""
+    model = tiny_llama()
+    monkeypatch.setattr(quant.torch.cuda, "is_available", lambda: False)
+    assert choose_method(model, "auto") == ("rtn", "auto: NF4 (bitsandbytes) cannot run: no CUDA GPU")
+    with quantized(model, "auto") as info:
+        pass
+    assert info.as_dict()["quantizer"] == "rtn" and "no CUDA GPU" in info.as_dict()["reason"]
+    assert choose_method(model, "rtn") == ("rtn", "asked for")
+
+    def no_bnb():
+        raise RuntimeError("no module named bitsandbytes")
+
+    monkeypatch.setattr(quant.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(quant, "_import_bnb", no_bnb)
+    method, why = choose_method(model, "auto")
+    assert method == "rtn" and "bitsandbytes not installed" in why and "requirements-gpu.txt" in why
+    monkeypatch.setattr(quant, "_import_bnb", lambda: object())  # bitsandbytes there, the model on the CPU
+    assert choose_method(model, "auto") == ("rtn", "auto: NF4 (bitsandbytes) cannot run: the model is on cpu, "
+                                                   "not a CUDA GPU")

@@ -112,6 +112,10 @@ def test_quantization_attack_scores_both_models_quantized(trained_llama, tokeniz
         edited = score(trained_llama).value
     assert abs(r8.edited - edited) < abs(r4.edited - edited) + 1e-9  # 8 bits: closer to full precision
     assert r4.details["group_size"] == 128 and r4.details["n_matrices"] == 4 * 7
+    assert r4.details["quantizer"] == "rtn" and r4.details["quantizer_reason"].startswith("asked for")
+    if not torch.cuda.is_available():  # says why bitsandbytes' own formats did not run
+        assert "NF4: cannot run here (no CUDA GPU)" in r4.details["quantizer_reason"]
+        assert "int8: cannot run here" in r8.details["quantizer_reason"]
     assert 0.9 < r8.details["patch_kept"] < 1.1 and 0.5 < r4.details["patch_kept"] < 1.5
     with pytest.raises(ValueError, match="4 or 8"):
         quantization_attack(trained_llama, tokenizer, edit, score, bits=3)

@@ -13,7 +13,8 @@ Two transforms:
 * :func:`rtn_quantize`: round-to-nearest, asymmetric min/max with an integer zero point,
   group-wise along the input dimension (GPTQ's asymmetric ``Quantizer`` per group of
   128, i.e. the "RTN w4g128" baseline of the GPTQ/AWQ papers). Runs anywhere.
-* :func:`nf4_quantize`: bitsandbytes NF4 (what ``load_in_4bit=True`` uses), CUDA only.
+* :func:`nf4_quantize`: bitsandbytes NF4 (what ``load_in_4bit=True`` uses), CUDA only
+  (bitsandbytes is the optional GPU extra: requirements-gpu.txt, ``pip install .[gpu]``).
 * :func:`int8_quantize`: bitsandbytes LLM.int8() weights (what ``load_in_8bit=True``
   stores), CUDA only.
 """
@@ -26,7 +27,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-__all__ = ["rtn_quantize", "nf4_quantize", "int8_quantize", "nf4_available", "quantized",
+__all__ = ["rtn_quantize", "nf4_quantize", "int8_quantize", "nf4_available", "bnb_unavailable",
+           "choose_method", "quantized",
            "QuantInfo", "quantizable_weights"]
 
 
@@ -106,15 +108,21 @@ def _import_bnb():
     return bnbf
 
 
-def nf4_available() -> bool:
-    """True when CUDA is available and bitsandbytes imports."""
+def bnb_unavailable() -> str | None:
+    """Why bitsandbytes' NF4 / int8 cannot run here (no CUDA GPU; not installed or broken),
+    or None when it can."""
     if not torch.cuda.is_available():
-        return False
+        return "no CUDA GPU"
     try:
         _import_bnb()
     except RuntimeError:
-        return False
-    return True
+        return "bitsandbytes not installed (pip install -r requirements-gpu.txt)"
+    return None
+
+
+def nf4_available() -> bool:
+    """True when CUDA is available and bitsandbytes imports."""
+    return bnb_unavailable() is None
 
 
 def nf4_quantize(W: torch.Tensor, blocksize: int = 64) -> torch.Tensor:
@@ -176,14 +184,15 @@ class QuantInfo:
 
     method: str
     group_size: int | None
+    reason: str = ""  # why this quantizer: "asked for", or why "auto" chose it
     n_matrices: int = 0
     n_params: int = 0
     modules: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "group_size": self.group_size,
-                "n_matrices": self.n_matrices, "n_params": self.n_params,
+        return {"method": self.method, "quantizer": self.method, "reason": self.reason,
+                "group_size": self.group_size, "n_matrices": self.n_matrices, "n_params": self.n_params,
                 "modules": list(self.modules), "skipped": list(self.skipped)}
 
 
@@ -236,6 +245,15 @@ def quantizable_weights(model: nn.Module, include_lm_head: bool = False):
 
 
 def resolve_method(model: nn.Module, method: str) -> str:
+    """The quantizer `method` ("auto", "rtn", "nf4", "int8") runs as (`choose_method`)."""
+    return choose_method(model, method)[0]
+
+
+def choose_method(model: nn.Module, method: str) -> tuple[str, str]:
+    """(quantizer, why): `method` itself ("asked for"; nf4/int8 raise a RuntimeError that
+    names what is missing), or for "auto" NF4 when the model is on CUDA and bitsandbytes
+    imports, else round-to-nearest and the reason (no CUDA GPU, bitsandbytes not
+    installed, the model not on the GPU)."""
     if method not in ("auto", "rtn", "nf4", "int8"):
         raise ValueError(f"method must be 'auto', 'rtn', 'nf4' or 'int8', got {method!r}")
     if method != "auto":
@@ -244,10 +262,15 @@ def resolve_method(model: nn.Module, method: str) -> str:
                                "has no CUDA GPU; use 'rtn'.")
         if method in ("nf4", "int8"):
             _import_bnb()
-        return method
+        return method, "asked for"
     from grom.arch import model_device
 
-    return "nf4" if model_device(model).type == "cuda" and nf4_available() else "rtn"
+    missing = bnb_unavailable()
+    if missing is None and model_device(model).type != "cuda":
+        missing = f"the model is on {model_device(model).type}, not a CUDA GPU"
+    if missing is None:
+        return "nf4", "auto: CUDA and bitsandbytes are there"
+    return "rtn", f"auto: NF4 (bitsandbytes) cannot run: {missing}"
 
 
 @contextlib.contextmanager
@@ -273,7 +296,7 @@ def quantized(model: nn.Module, method: str = "auto", group_size: int = 128,
     normal or by exception, copies the saved originals back bit for bit. Originals are
     kept on the CPU. Yields a :class:`QuantInfo`.
     """
-    resolved = resolve_method(model, method)
+    resolved, reason = choose_method(model, method)
     if resolved == "rtn":
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -288,7 +311,7 @@ def quantized(model: nn.Module, method: str = "auto", group_size: int = 128,
         fn = int8_quantize
     targets, skipped = quantizable_weights(model, include_lm_head=include_lm_head)
     group = {"rtn": group_size, "nf4": 64}.get(resolved)  # int8: one scale per row (None)
-    info = QuantInfo(method=resolved, group_size=group, skipped=skipped)
+    info = QuantInfo(method=resolved, group_size=group, reason=reason, skipped=skipped)
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
         with torch.no_grad():

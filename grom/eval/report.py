@@ -52,7 +52,7 @@ from grom.eval import metrics as M
 from grom.eval import mia
 from grom.eval import upstream as U
 from grom.eval.prefix import PrefixCache, first_changed_layer
-from grom.eval.quant import quantized, resolve_method
+from grom.eval.quant import choose_method, quantized
 from grom.eval.runner import (answer_budget, choice_logprobs, encode_pair, generate, generate_ids, score_answers,
                               score_sequences, score_texts)
 
@@ -921,9 +921,9 @@ def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
     real-knowledge task every row is scored as `evaluate` scores it: fact recall on the
     facts the full-precision base model knew, the answer classes, "Kept fact recall" and
     the Knowledge score, so its full-precision rows equal a comparison's Base and Edited
-    rows. The frame's attrs name the quantization and the task (`quantization_verdict`
-    picks its metrics by task)."""
-    resolved = resolve_method(model, method)
+    rows. The frame's attrs name the quantization (method; quantizer_reason: why that
+    one) and the task (`quantization_verdict` picks its metrics by task)."""
+    resolved, reason = choose_method(model, method)
     sets = eval_sets(benchmark, max_examples)
     if with_retain:
         sets = _forget_and_retain_sets(sets, benchmark.task)
@@ -943,7 +943,7 @@ def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
            for k, row in rows.items()}
     df = pd.DataFrame(out).T
     df.index.name = "model, precision"
-    df.attrs.update(method=resolved, group_size=group_size if resolved == "rtn" else None,
+    df.attrs.update(method=resolved, quantizer_reason=reason, group_size=group_size if resolved == "rtn" else None,
                     task=benchmark.task)
     return df
 

@@ -121,7 +121,9 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
             cols += range(start - 1, len(seq) - 1)
             labels += seq[start:]
         hidden = _final_hidden(model, ids.to(device), mask.to(device))
-        rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+        # indices where the last hidden state lives: a sharded model (device_map) returns it
+        # on its last device, not the first one the inputs went to
+        rows_t, cols_t = torch.tensor(rows, device=hidden.device), torch.tensor(cols, device=hidden.device)
         logits = head(hidden[rows_t, cols_t].to(head.weight.device)).float()
         logp = torch.log_softmax(logits, dim=-1)
         lab = torch.tensor(labels, device=logits.device)
@@ -308,7 +310,7 @@ def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Ten
             break
         last = step_pos[:, -1]
         if len(keep) < len(live):
-            sel = torch.tensor(keep, device=mask.device)
+            sel = torch.tensor(keep)  # on the CPU: it indexes every layer's cache, on whatever device each is
             cache.batch_select_indices(sel)
             mask, last = mask[sel], last[sel]
             live = [live[r] for r in keep]

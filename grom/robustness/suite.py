@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 from torch import nn
 
 from grom.data.prompts import PromptFormat
+from grom.edit import check_patchable
 from grom.data.schema import QAExample
 from grom.robustness.membership import membership_attack
 from grom.robustness.probes import PROBE_TYPES, transform
@@ -112,12 +113,14 @@ def _short_name(name: str) -> str:
 
 def check_edit_fits(model: nn.Module, edit) -> None:
     """That `edit` was made for `model`: the model name its edit.json records (when it
-    records one) names the same model, and every patch has a weight of its shape. A
-    ValueError that says which, before anything is run."""
+    records one) names the same model, every patch has a weight of its shape, and that
+    weight can take it (`grom.editable`: not quantized, not offloaded). A ValueError that
+    says which, before anything is run."""
     loaded = getattr(getattr(model, "config", None), "_name_or_path", None)
     if edit.model_name and loaded and _short_name(edit.model_name) != _short_name(loaded):
         raise ValueError(f"this edit was made for the model {edit.model_name!r}, and {loaded!r} is loaded: "
                          "give the model it was made for (--model)")
+    check_patchable(model, edit.patches)  # quantized (a packed shape) or offloaded: said as such
     params = dict(model.named_parameters(remove_duplicate=False))  # a tied head under its own name too
     for name, P in edit.patches.items():
         W = params.get(name)

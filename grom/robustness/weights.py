@@ -32,7 +32,7 @@ from grom.baselines.train import ModelState
 from grom.data.prompts import PromptFormat, encode_prompt
 from grom.data.schema import QAExample
 from grom.eval.prefix import first_changed_layer
-from grom.eval.quant import quantizable_weights, quantized
+from grom.eval.quant import bnb_unavailable, quantizable_weights, quantized
 from grom.hooks import capture_outputs, stop_after
 from grom.keys import pad_id
 from grom.memory import releasing
@@ -178,6 +178,17 @@ def _patch_kept(model: nn.Module, edit, method: str, bits: int, group_size: int)
     return num / den if den > 0 else None
 
 
+def _why(info, bits: int) -> str:
+    """Why this quantizer: asked for, and for round-to-nearest whether bitsandbytes'
+    formats could have run here."""
+    if info.method != "rtn":
+        return info.reason
+    missing = bnb_unavailable()
+    other = "NF4" if bits == 4 else "int8"
+    return f"{info.reason}; bitsandbytes {other}: " + (f"cannot run here ({missing})" if missing else
+                                                      f"available (method='{other.lower()}')")
+
+
 def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bits: int = 4,
                         method: str = "rtn", group_size: int = 128) -> AttackResult:
     """Names "quant4" / "quant8" (method "rtn"), "nf4", "int8": score the base model and
@@ -188,7 +199,9 @@ def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bi
     input weights of each output row, `bits` 4 or 8 (GPTQ's RTN w4g128 / w8g128), on any
     device. "nf4" (bits 4) / "int8" (bits 8, one absmax scale per row): bitsandbytes, a
     RuntimeError naming what is missing without CUDA or bitsandbytes.
-    details: method, bits, group_size, n_matrices, skipped (the modules left alone),
+    details: method (also as quantizer) and quantizer_reason (asked for; for round-to-nearest,
+    why bitsandbytes' format could not run here, or that it could), bits, group_size,
+    n_matrices, skipped (the modules left alone),
     patch_kept (`_patch_kept`: the share of the patch the quantized edited model still
     carries along the patch's direction; None where it patches no quantized matrix).
     """
@@ -203,7 +216,8 @@ def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bi
         base = score(model)
     with edit.applied(model), quantized(model, method, group_size=group_size, bits=bits):
         edited = score(model)
-    details = {"method": info.method, "bits": bits, "group_size": info.group_size,
+    details = {"method": info.method, "quantizer": info.method, "quantizer_reason": _why(info, bits),
+               "bits": bits, "group_size": info.group_size,
                "n_matrices": info.n_matrices, "skipped": list(info.skipped),
                "patch_kept": _patch_kept(model, edit, method, bits, group_size)}
     return AttackResult(name, base.value, edited.value, time.perf_counter() - t0, len(edited.hits),
