@@ -194,6 +194,8 @@ def wire(ui: SimpleNamespace) -> None:
                            [k.summary, k.table, k.plot, k.lens, k.answers], api_name="attacks",
                            show_progress_on=[k.summary], **DEVICE)
     attacked.success(result_card, s, e.status, **LOCAL)  # the card gains the held-out line
+    # Stop: the running suite ends at its next forward pass (components.core.device), the model unedited
+    k.stop.click(None, None, None, cancels=[attacked], api_visibility="private")
     k.table.select(on_attack_select, s, k.answers, **LOCAL)
     offer_files(k.table, k.files, "attacks")
     d.quant_btn.click(on_quant_check, [c.max_examples, c.full_set, s], [d.quant_table, d.quant_note],

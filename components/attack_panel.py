@@ -285,6 +285,7 @@ def build_attack_panel() -> SimpleNamespace:
         with_baseline = gr.Checkbox(value=False, label="also the baseline set in Compare (trained here first)",
                                     scale=3)
         run = gr.Button("Run the attacks", variant="primary", scale=1, min_width=160, elem_id="attack-run")
+        stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="attack-stop")
     summary = gr.Markdown("Run an edit, then the attacks.", elem_id="attack-summary")
     table = gr.Dataframe(empty_table("attacks"), label="Fact recall under each attack; the membership row is an AUC (click a row for its answers)",
                          interactive=False, wrap=True, elem_id="attack-table")
@@ -292,5 +293,6 @@ def build_attack_panel() -> SimpleNamespace:
     plot = gr.Plot(plots.empty_figure("Run the attacks to see recall per attack."), show_label=False)
     lens = gr.Plot(plots.empty_figure("Tick the logit lens and run the attacks."), show_label=False)
     answers = gr.HTML(elem_id="attack-answers")
-    return SimpleNamespace(attacks=attacks, with_baseline=with_baseline, run=run, summary=summary, table=table,
+    return SimpleNamespace(attacks=attacks, with_baseline=with_baseline, run=run, stop=stop, summary=summary,
+                           table=table,
                            files=files, plot=plot, lens=lens, answers=answers)

@@ -149,7 +149,11 @@ ATTACKS = ("**Is it gone?** The edit was fitted on some of the target's question
            "few fine-tuning steps on fitted questions (relearning), 4- and 8-bit rounding, and the logit "
            "lens (is the answer still readable inside the model?). Each cell is fact recall: the share of "
            "probes whose greedy answer states the fact; the base model's column is what there was to "
-           "forget. A forgetting that holds only on the fitted wording is masking, not removal.")
+           "forget. A forgetting that holds only on the fitted wording is masking, not removal. The "
+           "membership row is an AUC instead: can an attacker who reads likelihoods tell the forget answers "
+           "from answers about other targets? 0.5 means no; far below 0.5 means the forget answers became "
+           "conspicuously unlikely, which gives away what was unlearned. **Stop** ends a run at its next "
+           "step; the model is left unedited either way.")
 
 EXPORT = ("**7 · Export.** The edit is data: the settings in JSON (the model by its name, the benchmark, "
           "split, retain sample and seed, every setting, the band, and the sha256 of the patch) and the "
