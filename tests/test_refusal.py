@@ -157,3 +157,9 @@ def test_the_cli_takes_the_refusal_target():
                                       "--refusal", "No idea."])
     cfg = config_from_args(args)
     assert cfg.target == "refusal" and cfg.refusal == "No idea."
+
+
+def test_the_edit_form_offers_the_refusal_target():
+    from components.core.form import TARGETS
+
+    assert "refusal" in TARGETS
