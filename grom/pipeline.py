@@ -1,7 +1,8 @@
 """`run_edit`: the whole GROM edit, from examples to an `Edit`.
 
 1. tokenize forget and retain examples into key positions; specificity weights alpha;
-   seeded subsampling to the key budgets;
+   seeded subsampling to the key budgets (the refusal target: forget keys after each
+   question followed by a refusal, `grom.refusal`; its band scored on the answers);
 2. pick the band by the layer scores S_l (unless layers are given);
 3. edit the band's layers in order, each layer's keys taken on the model as already
    edited by the earlier ones: the hidden states entering the band are computed once,

@@ -163,3 +163,14 @@ def test_the_edit_form_offers_the_refusal_target():
     from components.core.form import TARGETS
 
     assert "refusal" in TARGETS
+
+
+def test_the_band_is_scored_on_the_forget_answers_as_for_suppression(tokenizer):
+    from grom.pipeline import compute_scores, prepare
+
+    model = tiny_llama(len(tokenizer))
+    vocab = unembedding(model).shape[0]
+    sup, ref = EditConfig(k=2), EditConfig(k=2, target="refusal")
+    prep = prepare(tokenizer, FORGET, RETAIN, ref, vocab)
+    assert torch.equal(prep.alpha, torch.ones(vocab))  # every refusal token promoted alike
+    assert compute_scores(model, prep, ref).S == compute_scores(model, prepare(tokenizer, FORGET, RETAIN, sup, vocab), sup).S
