@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from grom.config import PRESETS, EditConfig
+from grom.config import PRESETS, TARGETS, EditConfig
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -49,7 +49,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", choices=["down_proj", "o_proj", "lm_head"])
     p.add_argument("--layers", type=_ints, help="layers to edit, e.g. 11-15 (default: automatic band)")
     p.add_argument("-k", type=int, help="width of the automatic band")
-    p.add_argument("--target", choices=["suppression", "corruption"])
+    p.add_argument("--target", choices=TARGETS)
+    p.add_argument("--refusal", help="with --target refusal: the one answer every forget question is "
+                                     "taught (default: one of a built-in set per question, by --seed)")
     for name in ("beta", "w_r", "rho", "c"):
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=float)
     p.add_argument("--beta-relative", action="store_true", default=None,
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> EditConfig:
     base = PRESETS[args.preset] if args.preset else EditConfig()
-    fields = ("matrix", "layers", "k", "target", "beta", "w_r", "rho", "c", "beta_relative",
+    fields = ("matrix", "layers", "k", "target", "refusal", "beta", "w_r", "rho", "c", "beta_relative",
               "use_alpha", "batch_size", "seed")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
     for f in ("forget_budget", "retain_budget"):

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from grom.arch import MATRIX_KINDS
 from grom.data.prompts import PromptFormat
 from grom.keys import KEY_MODES
+from grom.refusal import refusal_problem
 
-TARGETS = ("suppression", "corruption")
+TARGETS = ("suppression", "corruption", "refusal")
 # The range of every numeric setting, one source of truth for the library, the CLI and the
 # app's widgets and imports: (lowest, highest), both allowed. The upper bounds are far past
 # what the paper uses (beta 20 to 1000, w_r 10 to 1000, rho 0.03, c 45) and only stop
@@ -50,9 +51,11 @@ class EditConfig:
     candidates: tuple[int, ...] | None = None
     """Layers the automatic band may use (None: all)."""
     target: str = "suppression"
-    """"suppression" (push away from the gold tokens) or "corruption" (toward c * u)."""
+    """"suppression" (push away from the gold tokens), "corruption" (toward c * u) or
+    "refusal" (toward a refusal's tokens, keys teacher-forced on prompt + refusal:
+    `grom.refusal`; the band is still scored on the forget answers)."""
     beta: float = 65.0
-    """Suppression strength."""
+    """Suppression strength (the refusal target's promotion strength too)."""
     beta_relative: bool = False
     """If True, beta is in units of the mean norm of the edited matrix's output on the
     forget keys (so one value transfers across model sizes); the paper's presets use
@@ -66,7 +69,12 @@ class EditConfig:
     c: float = 45.0
     """Corruption strength (target "corruption")."""
     use_alpha: bool = True
-    """Weight each forget token by its specificity alpha (off: the paper's ablation)."""
+    """Weight each forget token by its specificity alpha (off: the paper's ablation). The
+    refusal target promotes every refusal token alike (alpha guards shared words against
+    suppression, which promotion does not do); the band's scores still use it."""
+    refusal: str | None = None
+    """Target "refusal": the one answer every forget question is taught (None: one of
+    `grom.refusal.REFUSALS` per question, drawn with `seed`)."""
     forget_budget: int | None = 20000
     """At most this many forget key columns (seeded subsample); None: all."""
     retain_budget: int | None = 40000
@@ -96,6 +104,9 @@ class EditConfig:
         check = [
             (self.matrix in MATRIX_KINDS, f"matrix must be one of {', '.join(MATRIX_KINDS)}"),
             (self.target in TARGETS, f"target must be one of {', '.join(TARGETS)}"),
+            (self.target != "refusal" or self.key_mode in ("auto", "qa"),
+             f"the refusal target takes its keys after each forget question (key_mode auto or qa), "
+             f"not {self.key_mode!r}"),
             (self.key_mode in KEY_MODES and self.retain_key_mode in KEY_MODES,
              f"key modes must be one of {', '.join(KEY_MODES)}"),
             (self.layers is None or (len(self.layers) > 0 and all(
@@ -103,6 +114,7 @@ class EditConfig:
              "layers must be None or a non-empty list of layer numbers"),
         ]
         problems += [msg for ok, msg in check if not ok]
+        problems.append(self.refusal is not None and refusal_problem(self.refusal))
         problems = [p for p in problems if p]
         if problems:
             raise ValueError(f"EditConfig: {problems[0]}")

@@ -19,13 +19,20 @@ from grom.config import EditConfig
 from grom.distributed import gather_by_index, share, world_size
 from grom.edit import LayerKeys, LayerRecord
 from grom.solve import SystemSums
-from grom.targets import Target, corruption_target, head_suppression_target, suppression_target
+from grom.targets import (Target, corruption_target, head_promotion_target, head_suppression_target,
+                          mean_row, promotion_target, suppression_target)
 
 
-def _target(model, gold: torch.Tensor, alpha, config: EditConfig, m: int, beta: float) -> Target:
-    """The target D (m, k) of forget key columns with gold tokens `gold` (k,)."""
+def _target(model, gold: torch.Tensor, alpha, config: EditConfig, m: int, beta: float,
+            w_bar: torch.Tensor | None = None) -> Target:
+    """The target D (m, k) of forget key columns with gold tokens `gold` (k,); w_bar (m,) the
+    mean LM-head row the refusal target centres on (computed once per edit by the caller)."""
     if config.target == "corruption":
         return corruption_target(gold.numel(), m, config.c, config.seed)
+    if config.target == "refusal":  # gold: the refusal's next tokens (grom.refusal)
+        if config.matrix == "lm_head":
+            return head_promotion_target(gold, m, beta)
+        return promotion_target(gold, unembedding(model).detach(), beta, w_bar)
     a = alpha[gold]
     if config.matrix == "lm_head":
         return head_suppression_target(gold, a, m, beta)
@@ -67,6 +74,8 @@ class Editor:
         self.records: list[LayerRecord] = []
         self.keys: dict[str, LayerKeys] = {}
         self.timings = {"keys": 0.0, "solve": 0.0, "apply": 0.0}
+        refusal = config.target == "refusal" and config.matrix != "lm_head"
+        self.w_bar = mean_row(unembedding(model).detach()) if refusal else None
 
     def _timed(self, pairs: Iterator) -> Iterator:
         """`pairs`, with the seconds spent making them added to timings["keys"]."""
@@ -104,7 +113,7 @@ class Editor:
         for i, x in self._timed(keys(None)):
             X, b = x.to(dev, torch.float32).T, self.batches[i]  # (n, k)
             if self.is_forget[i]:
-                sums.add_forget(X, _target(self.model, b.gold, self.prep.alpha, cfg, m, beta))
+                sums.add_forget(X, _target(self.model, b.gold, self.prep.alpha, cfg, m, beta, self.w_bar))
             else:
                 sums.add_retain(X)
             if cfg.keep_keys:
@@ -119,7 +128,7 @@ class Editor:
 
         (Xf, f_ex), (Xr, r_ex) = cat(kept[True]), cat(kept[False])
         gold = torch.cat([b.gold for _, b in kept[True]])
-        target = _target(self.model, gold, self.prep.alpha, self.config, W.shape[0], beta).to("cpu")
+        target = _target(self.model, gold, self.prep.alpha, self.config, W.shape[0], beta, self.w_bar).to("cpu")
         self.keys[name] = LayerKeys(Xf, f_ex, Xr, r_ex, target, self.prep.n_forget_examples,
                                     self.prep.n_retain_examples)
 

@@ -1,7 +1,8 @@
 """`run_edit`: the whole GROM edit, from examples to an `Edit`.
 
 1. tokenize forget and retain examples into key positions; specificity weights alpha;
-   seeded subsampling to the key budgets;
+   seeded subsampling to the key budgets (the refusal target: forget keys after each
+   question followed by a refusal, `grom.refusal`; its band scored on the answers);
 2. pick the band by the layer scores S_l (unless layers are given);
 3. edit the band's layers in order, each layer's keys taken on the model as already
    edited by the earlier ones: the hidden states entering the band are computed once,
@@ -30,6 +31,7 @@ from grom.edit import Edit
 from grom.editable import check_edit_inputs
 from grom.editor import Editor, local_batches
 from grom.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
+from grom.refusal import encode_refusals
 from grom.targets import specificity_weights
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,10 @@ class Prepared:
     alpha: torch.Tensor  # (vocab,)
     n_forget_examples: int
     n_retain_examples: int
+    scored: tuple[list, torch.Tensor] | None = None
+    """(forget batches, alpha) the layer scores read where they differ from the edit's
+    (the refusal target: its keys follow a refusal, its band is where the model writes the
+    forget answers, scored as for suppression); None: `forget` and `alpha`."""
 
 
 def prepare(tokenizer, forget: Sequence, retain: Sequence, config: EditConfig, vocab_size: int) -> Prepared:
@@ -62,17 +68,25 @@ def prepare(tokenizer, forget: Sequence, retain: Sequence, config: EditConfig, v
         alpha = specificity_weights(gold_tokens(enc_f), gold_tokens(enc_r), vocab_size)
     else:
         alpha = torch.ones(vocab_size)
-    enc_f = subsample(enc_f, config.forget_budget, config.seed)
-    enc_r = subsample(enc_r, config.retain_budget, config.seed + 1)
-    by_len = lambda e: len(e.input_ids)  # noqa: E731  (less padding per batch)
-    pid = pad_id(tokenizer)
-    return Prepared(make_batches(sorted(enc_f, key=by_len), config.batch_size, pid),
-                    make_batches(sorted(enc_r, key=by_len), config.batch_size, pid),
-                    alpha, len(forget), len(retain))
+    pid, size, seed = pad_id(tokenizer), config.batch_size, config.seed
+    retain_batches = _batches(enc_r, config.retain_budget, seed + 1, size, pid)
+    forget_batches = _batches(enc_f, config.forget_budget, seed, size, pid)
+    if config.target != "refusal":
+        return Prepared(forget_batches, retain_batches, alpha, len(forget), len(retain))
+    enc_refusal = encode_refusals(tokenizer, forget, seed=seed, refusal=config.refusal, **kw)
+    return Prepared(_batches(enc_refusal, config.forget_budget, seed, size, pid), retain_batches,
+                    torch.ones(vocab_size), len(forget), len(retain), scored=(forget_batches, alpha))
+
+
+def _batches(encoded, budget: int | None, seed: int, batch_size: int, pid: int) -> list:
+    """The key positions subsampled to `budget` (seeded), batched by length (less padding)."""
+    kept = sorted(subsample(encoded, budget, seed), key=lambda e: len(e.input_ids))
+    return make_batches(kept, batch_size, pid)
 
 
 def compute_scores(model, prep: Prepared, config: EditConfig, progress=None) -> LayerScores:
-    return score_layers(model, prep.forget, prep.retain, prep.alpha, matrix=config.matrix,
+    forget, alpha = prep.scored or (prep.forget, prep.alpha)
+    return score_layers(model, forget, prep.retain, alpha, matrix=config.matrix,
                         k=config.k, candidates=config.candidates, progress=progress)
 
 

@@ -3,7 +3,10 @@
 - token suppression, ``d_j = -beta * alpha_j * u_j`` with `u_j` the unit LM-head row of
   the gold token (down_proj / o_proj), or the one-hot `e_{g_j}` (LM head, kept sparse:
   a vocab x s matrix is never built);
-- representation corruption, ``d_j = c * u`` for one seeded random unit vector `u`.
+- representation corruption, ``d_j = c * u`` for one seeded random unit vector `u`;
+- refusal (token promotion), ``d_j = +beta * v_j`` with `v_j` the unit vector along
+  ``w_{g_j} - mean_v w_v``, `g_j` the refusal's next token (`grom.refusal`), or the one-hot
+  ``+e_{g_j}`` at the LM head (`promotion_target`, `head_promotion_target`).
 
 `alpha` is the specificity weight: tokens as frequent in the retain answers as in the
 forget answers get little push, so shared words ("the", "was") are left alone.
@@ -115,3 +118,37 @@ def corruption_target(s: int, m: int, c: float, seed: int) -> Target:
     """Representation corruption: every column is c * u, (m, s)."""
     u = corruption_direction(m, seed)
     return Target(m, dense=(c * u)[:, None].expand(m, s).contiguous())
+
+
+def promotion_target(gold: torch.Tensor, unembed: torch.Tensor, beta: float,
+                     w_bar: torch.Tensor | None = None) -> Target:
+    """Token promotion (the refusal target) for down_proj / o_proj: d_j = beta v_j, (m, s),
+    with v_j the unit vector along ``w_{g_j} - w_bar``, w_bar the mean LM-head row.
+
+    gold (s,) the token each key should predict next; unembed (vocab, m) LM head; w_bar
+    (m,) its mean row if already known (`mean_row`; computed here otherwise).
+
+    Why centred: read through the logit lens (the final norm taken as a fixed scale), a
+    change d of the residual moves log p(g) by ``<w_g - sum_v p_v w_v, d>`` to first order,
+    so the steepest direction toward g is ``w_g - E_p[w]``. The model's own p at each key
+    would need its logits at every forget position (one more pass, an (s, m) store, which
+    the batch-summed system avoids); ``w_bar`` is that expectation under a uniform p, one
+    m-vector for the whole edit. The plain row ``w_g`` (suppression's direction, sign
+    flipped) also carries the component every row shares, which lifts a whole family of
+    tokens along with g; the centred direction lifts g against the average token.
+    """
+    w_bar = mean_row(unembed) if w_bar is None else w_bar
+    v = unembed[gold.to(unembed.device)].double() - w_bar.to(unembed.device, torch.float64)
+    v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return Target(unembed.shape[1], dense=(beta * v).T.float().contiguous())
+
+
+def mean_row(unembed: torch.Tensor) -> torch.Tensor:
+    """The mean LM-head row w_bar (m,), float64, without a float64 copy of the head."""
+    return unembed.sum(0, dtype=torch.float64) / unembed.shape[0]
+
+
+def head_promotion_target(gold: torch.Tensor, vocab_size: int, beta: float) -> Target:
+    """Token promotion for the LM head: d_j = +beta e_{g_j}, kept sparse. (The centred
+    ``e_g - 1/V`` differs by a shift of every logit, which no softmax sees.)"""
+    return Target(vocab_size, rows=gold.long(), coef=torch.full((gold.numel(),), float(beta)))

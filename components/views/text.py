@@ -72,7 +72,9 @@ $$P = \frac{w_f}{s}\, D X_f^\top A^{-1},\qquad A = \frac{w_r}{r} X_r X_r^\top + 
 
 Suppression: $d_j = -\beta\,\alpha_j\,u_j$ with $u_j$ the unit LM-head row of the gold token and
 $\alpha_j = \max\bigl(0, 1 - \mathrm{rf}(g_j)/\mathrm{ff}(g_j)\bigr)$; corruption: $d_j = c\,u$
-for one fixed random unit vector $u$. Only $w_r / w_f$ matters ($w_f = 1$). Then
+for one fixed random unit vector $u$; refusal: keys after each forget question followed by a refusal
+("I don't know."), $d_j = \beta\,v_j$ with $v_j$ the unit $w_{g_j} - \bar w$ toward the refusal's next token.
+Only $w_r / w_f$ matters ($w_f = 1$). Then
 $W \leftarrow W + P$, layer by layer through the band.
 """
 
