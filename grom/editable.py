@@ -69,8 +69,8 @@ def weight_problem(module: nn.Module, name: str) -> str | None:
                 f"{tuple(W.shape)}): a float patch cannot be added to it exactly; {LOAD_FLOAT}")
     if W.device.type == "meta" or _offloaded(module):
         return f"{name} is offloaded (its weight is not on a device: meta/disk/cpu offload); {LOAD_ON_DEVICE}"
-    shape = _expected_shape(module)
-    if W.ndim != 2 or (shape is not None and tuple(W.shape) != shape):
+    shape = _expected_shape(module)  # a norm's or an embedding's weight has no layer shape to check
+    if shape is not None and (W.ndim != 2 or tuple(W.shape) != shape):
         return (f"{name} ({kind}) holds a weight of shape {tuple(W.shape)}, not the {shape} it computes "
                 f"with (a packed or wrapped weight); {LOAD_FLOAT}")
     return None

@@ -238,7 +238,8 @@ def test_baseline_settings_defaults_and_data_checks():
 
     mine = Session()
     mine.model_key = ModelKey("org/model", "cpu", "float32")
-    assert bp.on_method_change("npo", mine) == (1e-5, 10)  # the session's model, whatever was loaded last
+    lr, epochs = bp.on_method_change("npo", mine)  # the session's model, whatever was loaded last
+    assert (lr["value"], epochs["value"]) == (1e-5, 10)
     from grom.baselines.defaults import MODEL_DEFAULTS
     smol = ModelKey("smollm2-135m-instruct", "cpu", "float32")
     row = next(r for r in MODEL_DEFAULTS if r.family == "smollm2").methods["simnpo"]

@@ -166,3 +166,14 @@ def test_score_sequences_indexes_where_the_hidden_state_lives(tokenizer, monkeyp
         got = runner.score_sequences(model, tokenizer, seqs)
     for a, b in zip(expected, got):
         assert a.logprobs.shape == b.logprobs.shape and abs(a.logprobs - b.logprobs).max() < 1e-6
+
+
+def test_a_norm_or_embedding_weight_is_editable():
+    """The trained baselines patch every parameter they train, norms included: a 1-D float
+    weight has no layer shape to check and is editable as it is."""
+    from grom.editable import weight_problem
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(64)
+    assert weight_problem(model.model.layers[0].input_layernorm, "norm") is None
+    assert weight_problem(model.model.embed_tokens, "embed") is None
