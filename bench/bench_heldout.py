@@ -16,7 +16,9 @@ grid: the preset's beta, w_r, rho, k varied, on the benchmark's own split (FIT_F
 carry: on a custom split of the target's known facts: a fixed third held out as probes
 (by the SHA-256 of the ids, the benchmark's hash order reversed so the cut differs from
 FIT_FRACTION's), and the edit fitted on 1/3, 2/3 or all of the other two thirds; then
-all of them as one text (corpus keys, every token of the answers), and a wider band.
+all of them as one text (corpus keys, every token of the answers), and a wider band (10
+layers ending where the preset's automatic band ends). Every variant on the band the
+preset picks for the benchmark's split (fixed, so no layer scores are recomputed).
 """
 from __future__ import annotations
 
@@ -127,13 +129,17 @@ def carry(args, model, tok) -> None:
         base = t.score(None, sets)
         rows = [["base", "-", "-", "-", f"{base['probes']:.2f}", f"{base['kept']:.2f}"]]
         _log(f"{name}: carry: {len(probes)} probes, pool {len(pool)}, base {base}")
+        first, _ = t.edit(t.bench.forget, cfg)  # the preset's automatic band on the benchmark's split
+        band = tuple(first.band)
+        wide = tuple(range(max(0, band[-1] - 9), band[-1] + 1))
+        cfg = cfg.replace(layers=band)  # every variant on the same band: no layer scores to recompute
         variants = []  # (label, forget examples, the questions they fit, config)
         for frac in (1 / 3, 2 / 3, 1.0):
             m = round(frac * len(pool))
             variants.append((f"{m} questions fitted", tuple(pool[:m]), pool[:m], cfg))
         text = TextExample(" ".join(ex.answer for ex in pool), id=f"{name}/text")
         variants.append((f"one text of the {len(pool)} answers (corpus keys)", (text,), pool, cfg))
-        variants.append((f"{len(pool)} questions, band of 10", tuple(pool), pool, cfg.replace(k=10)))
+        variants.append((f"{len(pool)} questions, band of 10", tuple(pool), pool, cfg.replace(layers=wide)))
         for label, forget, fitted, c in variants:
             e, secs = t.edit(forget, c, reuse=False)
             s = t.score(e, {**sets, "fitted": probes_from_examples(fitted)})
