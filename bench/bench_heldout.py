@@ -53,7 +53,7 @@ def _log(msg: str) -> None:
 class Target:
     """One target's benchmark (known facts, 128 retain) and its three scored sets."""
 
-    def __init__(self, args, model, tok, name: str):
+    def __init__(self, args, model, tok, name: str, base: tuple[str, ...] = ("fitted", "probes", "kept")):
         self.model, self.tok, self.args = model, tok, args
         bench = load_benchmark("real-knowledge", name, known_only=True)
         retain = tuple(random.Random(args.seed).sample(bench.retain, args.retain_examples))
@@ -61,7 +61,7 @@ class Target:
         self.sets = {"fitted": probes_from_examples(bench.forget),
                      "probes": probes_from_examples(bench.eval_sets["probes"]),
                      "kept": probes_from_examples(bench.eval_sets["neighbours"] + bench.eval_sets["general"])}
-        self.base = self.score(None)
+        self.base = self.score(None, {k: v for k, v in self.sets.items() if k in base})
         self.scores, self.caches = None, {}
 
     def score(self, edit, sets=None) -> dict[str, float]:
@@ -119,14 +119,14 @@ def _rank(ex) -> str:
 def carry(args, model, tok) -> None:
     cfg = PRESETS[args.preset].replace(seed=args.seed)
     for name in args.targets:
-        t = Target(args, model, tok, name)
+        t = Target(args, model, tok, name, base=("kept",))
         known = knowledge().known
         qa = [ex for ex in knowledge().targets[name].qa if known.get(ex.id, (False,))[0]]
         order = sorted(qa, key=_rank)
         cut = len(order) // 3
         probes, pool = order[:cut], order[cut:]
         sets = {"probes": probes_from_examples(probes), "kept": t.sets["kept"]}
-        base = t.score(None, sets)
+        base = {**t.score(None, {"probes": sets["probes"]}), "kept": t.base["kept"]}
         rows = [["base", "-", "-", "-", f"{base['probes']:.2f}", f"{base['kept']:.2f}"]]
         _log(f"{name}: carry: {len(probes)} probes, pool {len(pool)}, base {base}")
         first, _ = t.edit(t.bench.forget, cfg)  # the preset's automatic band on the benchmark's split
