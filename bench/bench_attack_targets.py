@@ -79,9 +79,9 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
     baseline at its starting point for this model."""
     t0 = time.perf_counter()
     if method == GROM:
-        config = PRESETS[args.preset].replace(prompt_format=bench.prompt_format, seed=args.seed)
+        config = PRESETS[args.preset].replace(prompt_format=bench.prompt_format, seed=args.seed, **args.override)
         edit = run_edit(model, tok, bench.forget, bench.retain, config)
-        return edit, time.perf_counter() - t0, {"preset": args.preset, "band": list(edit.band)}
+        return edit, time.perf_counter() - t0, {"preset": args.preset, **args.override, "band": list(edit.band)}
     recipe = recipe_for_task(bench.task).name
     point = starting_point(args.model, method, recipe)
     edit = run_baseline(method, model, tok, bench.forget, bench.retain, recipe=recipe, epochs=point.epochs,
@@ -156,6 +156,7 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", default="grom,npo,simnpo")
     ap.add_argument("--attacks", default="all")
     ap.add_argument("--preset", default="smollm2")
+    ap.add_argument("--set", default="", help="the preset's settings changed, e.g. beta=100,k=8")
     ap.add_argument("--custom", default=None, help="a file with split forget/retain/probe rows, instead of targets")
     ap.add_argument("--retain-examples", type=int, default=128, help="the app's seeded retain sample (0: all)")
     ap.add_argument("--all-facts", dest="known_only", action="store_false",
@@ -167,6 +168,8 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.override = {k.strip(): (int(v) if k.strip() == "k" else float(v))
+                     for k, v in (p.split("=") for p in args.set.split(",") if p.strip())}
     args.methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
         if m != GROM:
