@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench_knowledge import md_table  # noqa: E402  (bench/ is the script's own folder)
-from grom import PRESETS, run_edit  # noqa: E402
+from grom import PRESETS, best_window, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.data.knowledge import FORGET3, knowledge  # noqa: E402
 from grom.data.schema import TextExample  # noqa: E402
@@ -81,7 +81,9 @@ class Target:
         t0 = time.perf_counter()
         if not reuse:
             return run_edit(self.model, self.tok, forget, self.bench.retain, config), time.perf_counter() - t0
-        cache = self.caches.setdefault(config.k, {})
+        if self.scores is not None and config.layers is None:  # given scores carry their own k's band
+            config = config.replace(layers=tuple(best_window(self.scores.S, config.k, config.candidates)))
+        cache = self.caches.setdefault(config.layers, {})
         e = run_edit(self.model, self.tok, forget, self.bench.retain, config, scores=self.scores,
                      stream_cache=cache)
         self.scores = self.scores or e.scores
