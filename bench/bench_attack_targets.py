@@ -18,7 +18,8 @@ other targets' held-out answers (`holdout_of`). Every attack at its default size
 Recorded: each attack's base and edited value (recall; AUC for mia) and seconds, and
 each method's own edit/training time. A markdown table per target on stdout (rows =
 attacks, columns = base / each method, then the seconds), the whole as JSON with --json.
---custom FILE: an uploaded-style benchmark (rows with split forget / retain / probe) in
+--tables A.json B.json: the tables of runs made apart (e.g. GROM in one, the baselines in
+another), side by side per target. --custom FILE: an uploaded-style benchmark (rows with split forget / retain / probe) in
 place of the real-knowledge targets (the demo model has no probes of its own).
 """
 from __future__ import annotations
@@ -131,8 +132,9 @@ def target_table(res: dict) -> str:
     rows = []
     for name in first:
         row = [name + (" (AUC)" if name in AUC_ATTACKS else ""), _cell(first[name]["base"])]
-        row += [_cell(res["methods"][m]["attacks"][name]["edited"]) for m in methods]
-        row += [f"{res['methods'][m]['attacks'][name]['seconds']:.0f}" for m in methods]
+        got = [res["methods"][m]["attacks"].get(name) for m in methods]  # a method run on fewer attacks: "-"
+        row += [_cell(g["edited"]) if g else "-" for g in got]
+        row += [f"{g['seconds']:.0f}" if g else "-" for g in got]
         rows.append(row)
     times = [["edit / training s", ""] + [f"{res['methods'][m]['edit_seconds']:.0f}" for m in methods]
              + [""] * len(methods),
@@ -142,6 +144,19 @@ def target_table(res: dict) -> str:
              *(f"{m} s" for m in methods)]
     return (f"\n### {res['target']}: {res['n_fitted']} fitted, {res['n_probes']} held-out probes, "
             f"{res['n_holdout']} holdout answers\n\n" + md_table(heads, rows + times))
+
+
+def merged(paths) -> list[dict]:
+    """The targets of several --json files, each target's methods from every file that ran
+    it (a later file's method replaces an earlier one's), in the order first seen."""
+    out: dict[str, dict] = {}
+    for path in paths:
+        for res in json.loads(Path(path).read_text())["results"]:
+            have = out.setdefault(res["target"], {**res, "methods": {}})
+            have["methods"].update(res["methods"])
+    for res in out.values():  # GROM first, then the baselines
+        res["methods"] = dict(sorted(res["methods"].items(), key=lambda kv: kv[0] != GROM))
+    return list(out.values())
 
 
 def _save(args, current: dict) -> None:
@@ -164,7 +179,13 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tables", nargs="+", default=None, metavar="JSON",
+                    help="no run: the tables of earlier --json files, their methods side by side per target")
     args = ap.parse_args(argv)
+    if args.tables:
+        for res in merged(args.tables):
+            print(target_table(res))
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
