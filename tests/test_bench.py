@@ -44,3 +44,31 @@ def test_bench_scaling_and_influence_quick(tmp_path):
 def test_bench_demo_scripts_quick(tmp_path, script, args):
     out = run_script(tmp_path, script, *args)
     assert "Final" in out and "Forget" in out
+
+
+def test_bench_attack_targets_on_the_demo_with_a_probe_upload(tmp_path):
+    """GROM and NPO through two attacks on an uploaded benchmark with probe rows (the demo
+    model has no probes of its own), then the JSON read back as tables."""
+    import json
+
+    from grom.data import load_benchmark
+
+    demo = load_benchmark("demo", "forget01")
+    row = lambda ex, split: {"question": ex.question, "answer": ex.answer, "fact": ex.fact,  # noqa: E731
+                             "split": split}
+    rows = [row(ex, "forget") for ex in demo.forget[:12]] + [row(ex, "probe") for ex in demo.forget[12:18]]
+    rows += [row(ex, "retain") for ex in demo.retain[:12]]
+    upload = tmp_path / "p.jsonl"
+    upload.write_text("\n".join(json.dumps(r) for r in rows))
+    model = str(BENCH.parent / "assets" / "demo-full")
+    out = run_script(tmp_path, "bench_attack_targets.py", "--model", model, "--preset", "demo-forget01",
+                     "--custom", str(upload), "--methods", "grom,npo", "--attacks", "heldout,quant8",
+                     "--threads", "1", "--json", "out.json")
+    assert "### custom: 12 fitted, 6 held-out probes" in out and "| heldout | 1.00 |" in out
+    res = json.loads((tmp_path / "out.json").read_text())["results"][0]
+    assert set(res["methods"]) == {"grom", "npo"}
+    assert res["methods"]["npo"]["settings"]["lr"] == 1e-3  # the demo's starting point
+    for m in res["methods"].values():
+        assert set(m["attacks"]) == {"heldout", "quant8"} and m["edit_seconds"] > 0
+    tables = run_script(tmp_path, "bench_attack_targets.py", "--tables", "out.json")
+    assert "| attack | base | GROM | NPO | grom s | npo s |" in tables

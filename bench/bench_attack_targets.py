@@ -1,0 +1,219 @@
+"""Is it really gone? GROM and the gradient baselines through every attack, per target
+(issue 24 item 8): SmolLM2-135M-Instruct on the real-knowledge benchmark.
+
+    python bench/bench_attack_targets.py --targets the-solar-system,world-war-ii,the-human-body \
+        --methods grom,npo,simnpo --attacks all --threads 1 --json attacks.json
+    python bench/bench_attack_targets.py --model assets/demo-full --preset demo \
+        --custom probes.jsonl --methods grom,npo --attacks heldout,quant8   # a check in seconds
+
+For each target: the benchmark split as the studio loads it on SmolLM2 (the known facts
+only, `known_only`; the app's seeded sample of 128 retain examples), GROM with `--preset`
+(the studio's edit), each baseline of `--methods` at its SmolLM2 starting point
+(`grom.baselines.starting_point`: lr and epochs; the benchmark's recipe for the rest,
+`recipe_for_task`), then `grom.robustness.run_attacks` on each edit exactly as the "Is it
+gone?" panel calls it (components/attack_panel.compute_attacks): the held-out probes
+(eval_sets["probes"], never fitted), fitted = the edit's forget questions, holdout = the
+other targets' held-out answers (`holdout_of`). Every attack at its default size.
+
+Recorded: each attack's base and edited value (recall; AUC for mia) and seconds, and
+each method's own edit/training time. A markdown table per target on stdout (rows =
+attacks, columns = base / each method, then the seconds), the whole as JSON with --json.
+--tables A.json B.json: the tables of runs made apart (e.g. GROM in one, the baselines in
+another), side by side per target. --custom FILE: an uploaded-style benchmark (rows with split forget / retain / probe) in
+place of the real-knowledge targets (the demo model has no probes of its own).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from grom import PRESETS, run_edit  # noqa: E402
+from grom.baselines import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
+from grom.data import load_benchmark  # noqa: E402
+from grom.data.knowledge import FORGET3  # noqa: E402
+from grom.models import load_model  # noqa: E402
+from grom.robustness import attack_names, probes_from_examples, run_attacks  # noqa: E402
+from grom.robustness.membership import holdout_of  # noqa: E402
+from grom.robustness.suite import AUC_ATTACKS  # noqa: E402
+
+GROM = "grom"
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def md_table(headers, rows) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def load_split(args, target: str):
+    """The benchmark of one target (or of the --custom file), its retain set cut to the
+    app's seeded sample (components.core.validate.retain_subset)."""
+    if args.custom:
+        bench = load_benchmark("custom", "forget", source=args.custom)
+    else:
+        bench = load_benchmark("real-knowledge", target, known_only=args.known_only)
+    if args.retain_examples and len(bench.retain) > args.retain_examples:
+        retain = tuple(random.Random(args.seed).sample(bench.retain, args.retain_examples))
+        bench = dataclasses.replace(bench, retain=retain)
+    return bench
+
+
+def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict]:
+    """(edit, seconds, settings) of one method on `bench`: GROM with the preset, a
+    baseline at its starting point for this model."""
+    t0 = time.perf_counter()
+    if method == GROM:
+        config = PRESETS[args.preset].replace(prompt_format=bench.prompt_format, seed=args.seed, **args.override)
+        edit = run_edit(model, tok, bench.forget, bench.retain, config)
+        return edit, time.perf_counter() - t0, {"preset": args.preset, **args.override, "band": list(edit.band)}
+    recipe = recipe_for_task(bench.task).name
+    point = starting_point(args.model, method, recipe)
+    edit = run_baseline(method, model, tok, bench.forget, bench.retain, recipe=recipe, epochs=point.epochs,
+                        lr=point.lr, seed=args.seed, prompt_format=bench.prompt_format)
+    return edit, time.perf_counter() - t0, {"recipe": recipe, "lr": point.lr, "epochs": point.epochs}
+
+
+def run_target(args, model, tok, target: str) -> dict:
+    bench = load_split(args, target)
+    held = [ex for ex in bench.eval_sets.get("probes", ()) if getattr(ex, "fact", None)]
+    if not held:
+        raise SystemExit(f"{bench.name}/{bench.split} has no held-out probes with a fact")
+    probes = probes_from_examples(held)
+    fitted = tuple(bench.forget)
+    holdout = holdout_of(bench.eval_sets, bench.retain)
+    _log(f"{target}: {len(fitted)} fitted, {len(probes)} probes, {len(bench.retain)} retain, "
+         f"{len(holdout)} holdout")
+    out = {"target": target, "n_fitted": len(fitted), "n_probes": len(probes), "n_retain": len(bench.retain),
+           "n_holdout": len(holdout), "methods": {}}
+    for method in args.methods:
+        _log(f"{target}: {method}: edit")
+        edit, secs, settings = make_edit(method, model, tok, bench, args)
+        _log(f"{target}: {method}: edit {secs:.1f} s; attacks")
+        t0 = time.perf_counter()
+        results = run_attacks(model, tok, edit, probes, fitted=fitted, holdout=holdout, attacks=args.attacks,
+                              fmt=bench.prompt_format)
+        suite = time.perf_counter() - t0
+        out["methods"][method] = {"edit_seconds": secs, "suite_seconds": suite, "settings": settings,
+                                  "attacks": {k: {**r.to_dict(), "edited_answers": list(r.edited_answers),
+                                                  "base_answers": list(r.base_answers)}
+                                              for k, r in results.items()}}
+        _log(f"{target}: {method}: suite {suite:.1f} s: " + ", ".join(
+            f"{k} {r.base:.2f}->{r.edited:.2f}" for k, r in results.items()))
+        del edit
+        if args.json:  # each method as it comes: a long run can be read early
+            _save(args, out)
+    return out
+
+
+def _cell(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
+
+
+def target_table(res: dict) -> str:
+    methods = list(res["methods"])
+    first = res["methods"][methods[0]]["attacks"]
+    rows = []
+    for name in first:
+        row = [name + (" (AUC)" if name in AUC_ATTACKS else ""), _cell(first[name]["base"])]
+        got = [res["methods"][m]["attacks"].get(name) for m in methods]  # a method run on fewer attacks: "-"
+        row += [_cell(g["edited"]) if g else "-" for g in got]
+        row += [f"{g['seconds']:.0f}" if g else "-" for g in got]
+        rows.append(row)
+    times = [["edit / training s", ""] + [f"{res['methods'][m]['edit_seconds']:.0f}" for m in methods]
+             + [""] * len(methods),
+             ["whole suite s", ""] + [""] * len(methods)
+             + [f"{res['methods'][m]['suite_seconds']:.0f}" for m in methods]]
+    heads = ["attack", "base", *(get_method(m).label if m != GROM else "GROM" for m in methods),
+             *(f"{m} s" for m in methods)]
+    return (f"\n### {res['target']}: {res['n_fitted']} fitted, {res['n_probes']} held-out probes, "
+            f"{res['n_holdout']} holdout answers\n\n" + md_table(heads, rows + times))
+
+
+def merged(paths) -> list[dict]:
+    """The targets of several --json files, each target's methods from every file that ran
+    it (a later file's method replaces an earlier one's), in the order first seen."""
+    out: dict[str, dict] = {}
+    for path in paths:
+        for res in json.loads(Path(path).read_text())["results"]:
+            have = out.setdefault(res["target"], {**res, "methods": {}})
+            have["methods"].update(res["methods"])
+    for res in out.values():  # GROM first, then the baselines
+        res["methods"] = dict(sorted(res["methods"].items(), key=lambda kv: kv[0] != GROM))
+    return list(out.values())
+
+
+def _save(args, current: dict) -> None:
+    done = [r for r in args.results if r["target"] != current["target"]] + [current]
+    Path(args.json).write_text(json.dumps({"machine": args.machine, "results": done}, indent=1))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--targets", default=",".join(FORGET3))
+    ap.add_argument("--methods", default="grom,npo,simnpo")
+    ap.add_argument("--attacks", default="all")
+    ap.add_argument("--preset", default="smollm2")
+    ap.add_argument("--set", default="", help="the preset's settings changed, e.g. beta=100,k=8")
+    ap.add_argument("--custom", default=None, help="a file with split forget/retain/probe rows, instead of targets")
+    ap.add_argument("--retain-examples", type=int, default=128, help="the app's seeded retain sample (0: all)")
+    ap.add_argument("--all-facts", dest="known_only", action="store_false",
+                    help="every fact, not only those SmolLM2 was probed to know (the studio's default)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--tables", nargs="+", default=None, metavar="JSON",
+                    help="no run: the tables of earlier --json files, their methods side by side per target")
+    args = ap.parse_args(argv)
+    if args.tables:
+        for res in merged(args.tables):
+            print(target_table(res))
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.override = {k.strip(): (int(v) if k.strip() == "k" else float(v))
+                     for k, v in (p.split("=") for p in args.set.split(",") if p.strip())}
+    args.methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
+    for m in args.methods:
+        if m != GROM:
+            get_method(m)  # an unknown method fails here, before the model loads
+    attack_names(args.attacks)
+    if args.preset not in PRESETS:
+        raise SystemExit(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
+    targets = ["custom"] if args.custom else [t.strip() for t in args.targets.split(",") if t.strip()]
+    load = os.getloadavg()
+    args.machine = (f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch "
+                    f"{torch.__version__}, {datetime.date.today()}, load {load[0]:.1f} at start")
+    print(f"# {args.machine}\n# " + " ".join(["python", "bench/bench_attack_targets.py",
+                                             *(sys.argv[1:] if argv is None else argv)]))
+    model, tok = load_model(args.model)
+    args.results = []
+    for target in targets:
+        res = run_target(args, model, tok, target)
+        res["load_at_end"] = os.getloadavg()[0]
+        args.results.append(res)
+        if args.json:
+            _save(args, res)
+        print(target_table(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
