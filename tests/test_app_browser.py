@@ -368,6 +368,8 @@ def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_pat
     page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
     page.get_by_label("Benchmark", exact=True).click()
     page.get_by_role("option", name="Demo: fictitious authors (bundled)").click()
+    page.get_by_label("Split", exact=True).click()  # its smallest split: 40 questions, not 400
+    page.get_by_role("option", name="forget01", exact=True).click()
     page.get_by_role("button", name="Load benchmark").click()
     page.wait_for_function("document.body.innerText.includes(\"never saw the demo's invented authors\")",
                            timeout=120_000)
