@@ -135,3 +135,16 @@ def trained_llama(tokenizer):
 @pytest.fixture(scope="session")
 def trained_gpt2(tokenizer):
     return memorise(tiny_gpt2(len(tokenizer)), tokenizer, FORGET + RETAIN)
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    """A copy of every tensor of the model's state (parameters and buffers)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_bit_exact(model, snap: dict[str, torch.Tensor]) -> None:
+    """The model's state equals `snap` (from `snapshot`) bit for bit, dtypes included."""
+    now = model.state_dict()
+    assert now.keys() == snap.keys()
+    for k, v in snap.items():
+        assert now[k].dtype == v.dtype and torch.equal(now[k], v), k

@@ -7,6 +7,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from grom.eval import quant
 from grom.eval.quant import QuantInfo, choose_method, nf4_available, nf4_quantize, quantized, rtn_quantize
+from tests.conftest import assert_bit_exact, snapshot
 
 
 def tiny_llama(dtype=torch.float32) -> LlamaForCausalLM:
@@ -23,18 +24,6 @@ def tiny_gpt2() -> GPT2LMHeadModel:
     cfg = GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                      bos_token_id=1, eos_token_id=2)
     return GPT2LMHeadModel(cfg).eval()
-
-
-def snapshot(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def assert_bit_exact(model, snap):
-    now = model.state_dict()
-    assert now.keys() == snap.keys()
-    for k, v in snap.items():
-        assert now[k].dtype == v.dtype
-        assert torch.equal(now[k], v), k
 
 
 # ---------------------------------------------------------------- rtn_quantize

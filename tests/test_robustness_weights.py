@@ -14,21 +14,12 @@ from grom.eval.quant import quantized, rtn_quantize
 from grom.robustness import Probe, Recall, probe_recall
 from grom.robustness.weights import (fact_position, lens, logit_lens_attack, quantization_attack,
                                      relearn_attack)
-from tests.conftest import FORGET, RETAIN
+from tests.conftest import FORGET, RETAIN, assert_bit_exact, snapshot
 
 FACTS = ("Pellmoor", "Glass Orchard", "Tessaly Medal", "1874")
 PROBES = [Probe(ex.question, ex.answer, fact) for ex, fact in zip(FORGET, FACTS)]
 
 
-def snapshot(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def assert_bit_exact(model, snap):
-    now = model.state_dict()
-    assert now.keys() == snap.keys()
-    for k, v in snap.items():
-        assert now[k].dtype == v.dtype and torch.equal(now[k], v), k
 
 
 @pytest.fixture(scope="module")
