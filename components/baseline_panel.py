@@ -315,8 +315,9 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
 
 def build_baseline_panel() -> SimpleNamespace:
     """The accordion's widgets: method, epochs, learning rate, Run; the summary and table."""
-    with gr.Accordion(f"Compare with a baseline: {', '.join(r.label for r in METHODS.values())}, and the editors "
-                      f"{', '.join(e.label for e in EDITORS.values())}",
+    trained = [r.label for r in METHODS.values()]
+    with gr.Accordion(f"Compare with a baseline: {len(trained)} trained methods ({', '.join(trained[:4])}, ...) "
+                      f"and the editors {', '.join(e.label for e in EDITORS.values())}",
                       open=False,
                       elem_id="baseline-panel"):
         text.md(text.BASELINE, elem_classes="panel-intro")

@@ -81,7 +81,7 @@ def test_a_gradient_baseline_in_the_browser(url, browser, tmp_path):
     page.click("#run-edit")
     page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('Final score')",
                            timeout=240_000)
-    page.get_by_text("Compare with a gradient baseline").click()
+    page.get_by_text("Compare with a baseline").click()
     assert page.locator("#baseline-panel input[type=number]").nth(1).input_value() == "0.001"  # demo lr
     page.locator("#baseline-panel input[type=number]").first.fill("1")
     page.click("#baseline-run")
