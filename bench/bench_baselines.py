@@ -55,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, demo_preset, run_edit  # noqa: E402
-from grom.baselines import METHODS, run_baseline  # noqa: E402
+from grom.baselines import BASELINES, METHODS, run_baseline  # noqa: E402
+from grom.baselines.defaults import starting_point  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
 from grom.eval import evaluate, quantization_check  # noqa: E402
@@ -88,7 +89,7 @@ def md_table(headers: list[str], rows: list[list]) -> str:
 
 def parse_lr(text: str | None, methods: list[str]) -> dict[str, float]:
     """--lr: one value for every method, or method=value pairs over the defaults."""
-    lrs = {m: LR[m] for m in methods}
+    lrs = {m: LR[m] if m in LR else starting_point("demo", m).lr for m in methods}
     if not text:
         return lrs
     if "=" not in text:
@@ -227,7 +228,8 @@ def run_bench(b: Bench, methods: list[str], lrs: dict[str, float]) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", default="forget10")
-    ap.add_argument("--methods", default=",".join(METHODS), help="baselines, comma-separated")
+    ap.add_argument("--methods", default=",".join(BASELINES),
+                    help=f"baselines, comma-separated (default: the four built-in ones; any of {', '.join(METHODS)})")
     ap.add_argument("--epochs", type=float, default=10)
     ap.add_argument("--lr", default=None, help="one lr for all, or method=lr pairs (default: LR)")
     ap.add_argument("--batch-size", type=int, default=8, help="baselines' per-step batch")
