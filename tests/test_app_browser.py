@@ -379,7 +379,7 @@ def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_pat
     box.fill("5")
     box.press("Enter")
     page.click("#run-edit")
-    page.wait_for_function("document.querySelector('#edit-status .result-card') || "
+    page.wait_for_function("document.querySelector('#edit-status .result-card')?.innerText.includes('facts') || "
                            "document.querySelector('.toast-body.error')", timeout=900_000)
     card = text_of(page, "#edit-status")
     page.screenshot(path=str(tmp_path / "real_demo_bench.png"))
