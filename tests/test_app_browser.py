@@ -379,9 +379,10 @@ def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_pat
     box.fill("5")
     box.press("Enter")
     page.click("#run-edit")
-    page.wait_for_function("document.querySelector('#edit-status .result-card')?.innerText.includes('facts') || "
-                           "document.querySelector('.toast-body.error')", timeout=900_000)
-    card = text_of(page, "#edit-status")
+    cards = "Array.from(document.querySelectorAll('#edit-status .result-card')).map(c => c.textContent).join(' ')"
+    page.wait_for_function(f"({cards}).includes('facts') || document.querySelector('.toast-body.error')",
+                           timeout=900_000)
+    card = page.evaluate(cards)
     page.screenshot(path=str(tmp_path / "real_demo_bench.png"))
     SHARED.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "real_demo_bench.png", SHARED / "real_demo_bench.png")
