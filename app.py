@@ -26,8 +26,8 @@ from components.attack_panel import build_attack_panel, on_attack_select, on_run
 from components.baseline_panel import build_baseline_panel, on_method_change, on_run_baseline
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, on_benchmark_change,
                                         on_load_benchmark, on_model_loaded, on_restore_benchmark)
-from components.compare_panel import (ask_box, build_answers_panel, build_compare_panel, on_compare,
-                                      on_compare_files, on_generate, result_card)
+from components.compare_panel import (ask_box, build_answers_panel, build_compare_panel, on_card_first,
+                                      on_compare, on_compare_files, on_generate, result_card)
 from components.core import form
 from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
 from components.core.comparison import default_examples, warm_base_rows
@@ -166,8 +166,10 @@ def wire(ui: SimpleNamespace) -> None:
     run = e.run.click(on_run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
                       show_progress_on=[e.status, r.summary], **DEVICE)  # progress where the user looks
     run.success(on_edit_done, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
+       .success(on_card_first, compare_io[0], e.status, api_name="card_after_edit", api_visibility="private",
+                show_progress_on=[e.status], scroll_to_output=True, **DEVICE) \
        .success(on_compare, *compare_io, api_name="compare_after_edit", api_visibility="private",
-                show_progress_on=[e.status, c.summary], **DEVICE) \
+                show_progress_on=[c.summary], **DEVICE) \
        .success(result_card, s, e.status, scroll_to_output=True, **LOCAL) \
        .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
     compared = c.run.click(on_compare, *compare_io, api_name="compare", **DEVICE)

@@ -107,15 +107,49 @@ def result_card(session: Session) -> str:
     return card_html(report, edit.timings.get("total", 0.0), whole, rows, attacks)
 
 
+ANSWERS_FIRST = ("knowledge",)
+"""The tasks whose card rests on the greedy answers alone (fact recall, answer classes):
+after an edit their answers are evaluated first and the card drawn from them
+(`on_card_first`), and the comparison that follows adds the teacher-forced scores to
+those very answers."""
+
+
+def _answers(session: Session, bench, edit, n):
+    """The answers-stage report made for this edit, benchmark and size, else None."""
+    held = session.extra.get("answers")
+    return held[3] if held is not None and held[0] is edit and held[1] is bench and held[2] == n else None
+
+
+@ui_errors
+def on_card_first(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
+    """Right after an edit, on a benchmark in `ANSWERS_FIRST`: the greedy answers of every
+    evaluation set (the Base row's reused) and the card they give, before the comparison's
+    probabilities and truth ratios (about a third of its time on SmolLM2). Elsewhere
+    nothing: the comparison draws the card."""
+    bench = current_benchmark(session)
+    if bench.task not in ANSWERS_FIRST:
+        return gr.skip()
+    handle, edit = current_model(session), current_edit(session)
+    n = examples_per_set(max_examples, full_set, bench)
+    report = compute_report(handle.key, bench, edit, n,
+                            device_progress(lambda f, m: progress(f, desc=f"the answers: {m}")),
+                            stage="answers")
+    session.extra["answers"] = (edit, bench, n, report)
+    remember(session, edit, report, covers_split(bench, n))
+    return result_card(session)
+
+
 @ui_errors
 def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
-    """Metrics before/after (+ retain model) and generations for forget and retain examples."""
+    """Metrics before/after (+ retain model) and generations for forget and retain examples
+    (the answers of `on_card_first` where it ran for this edit and size: not decoded again)."""
     handle = current_model(session)
     edit = current_edit(session)
     bench = current_benchmark(session)
     n = examples_per_set(max_examples, full_set, bench)
     report = compute_report(handle.key, bench, edit, n,
-                            device_progress(lambda f, m: progress(f, desc=m)))
+                            device_progress(lambda f, m: progress(f, desc=m)),
+                            answers=_answers(session, bench, edit, n))
     session.report, session.report_for = report, (bench, edit, n)
     whole = covers_split(bench, n)
     remember(session, edit, report, whole)

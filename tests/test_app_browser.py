@@ -38,6 +38,21 @@ def text_of(page, selector: str) -> str:
     return page.evaluate(f"(document.querySelector({selector!r}) || {{innerText: ''}}).innerText")
 
 
+def open_page(browser, url: str, width: int = 1366, height: int = 900):
+    """A new page at `url` once its layer scores are drawn; (page, the page errors seen)."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
+    return page, errors
+
+
+def run_edit_to_card(page) -> None:
+    page.click("#run-edit")
+    page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+
+
 @pytest.mark.parametrize("width,height", SIZES)
 def test_demo_edit_in_the_browser(url, browser, width, height, tmp_path):
     page = browser.new_page(viewport={"width": width, "height": height})
@@ -99,16 +114,6 @@ def test_a_gradient_baseline_in_the_browser(url, browser, tmp_path):
     SHARED.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "baseline.png", SHARED / "baseline.png")
     page.close()
-
-
-def open_page(browser, url, width=1366, height=900):
-    """A new page of the app with its S_l drawn, and the page errors it collects."""
-    page = browser.new_page(viewport={"width": width, "height": height})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url)
-    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=120_000)
-    return page, errors
 
 
 def shot(page, name: str, tmp_path, full_page: bool = True) -> None:
@@ -287,13 +292,8 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     equal the full evaluation's (the comparison's downloadable metrics) once Compare runs
     on all examples, and the card says it counted every question."""
 
-    page = browser.new_page(viewport={"width": 1366, "height": 768})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(real_url)
-    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
-    page.click("#run-edit")
-    page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+    page, errors = open_page(browser, real_url, 1366, 768)
+    run_edit_to_card(page)
 
     page.get_by_role("tab", name="5 · Compare").click()
     page.get_by_label("all examples").check()
@@ -329,13 +329,8 @@ def test_the_default_edit_exported_then_imported_in_the_browser(real_url, browse
     """Issue 22's flow: the default edit on SmolLM2 exported from the Export tab, then its
     edit.json alone (a few KB, no 17 MB patch) uploaded back: the app recomputes the patch
     and says it is the exported one bit for bit."""
-    page = browser.new_page(viewport={"width": 1366, "height": 768})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(real_url)
-    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
-    page.click("#run-edit")
-    page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+    page, errors = open_page(browser, real_url, 1366, 768)
+    run_edit_to_card(page)
     page.get_by_role("tab", name="7 · Export").click()
     page.get_by_role("button", name="Export the edit").click()
     page.wait_for_selector("a[href*='edit.json']", timeout=120_000)
@@ -361,11 +356,7 @@ def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_pat
     page warns that this model cannot know them, keeps SmolLM2's own preset (not the demo
     model's band 3-5 and beta 150), and the card after Run edit says there was nothing to
     forget instead of a verdict."""
-    page = browser.new_page(viewport={"width": 1366, "height": 768})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(real_url)
-    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
+    page, errors = open_page(browser, real_url, 1366, 768)
     page.get_by_label("Benchmark", exact=True).click()
     page.get_by_role("option", name="Demo: fictitious authors (bundled)").click()
     page.get_by_label("Split", exact=True).click()  # its smallest split: 40 questions, not 400

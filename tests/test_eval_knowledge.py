@@ -5,6 +5,7 @@ Edited row is scored on), the retain cost and its broken mark, and the decoding 
 an answer at its fact."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -317,3 +318,42 @@ def test_wrong_answers_scored_from_their_first_differing_token_equal_a_full_scor
     fast = _shared_prefix_losses(run, items)
     full = np.array([s.avg_loss for s in run.losses(full_pairs)])
     np.testing.assert_allclose(fast, full, rtol=1e-5)
+
+
+def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_llama, tokenizer, monkeypatch):
+    """The card's stage (answers, recall, classes) and the full evaluation that takes its
+    answers give exactly the metrics of one full evaluation, without decoding twice."""
+    from grom import EditConfig, run_edit
+    from grom.eval import report as R
+
+    bench = _knowledge_bench()
+    edit = run_edit(trained_llama, tokenizer, bench.forget, bench.retain,
+                    EditConfig(layers=(1, 2), beta=30.0, w_r=30.0))
+    base = evaluate(trained_llama, tokenizer, bench, batch_size=8)
+    whole = evaluate(trained_llama, tokenizer, bench, edit, reuse=base, batch_size=8)
+    quick = evaluate(trained_llama, tokenizer, bench, edit, reuse=base, batch_size=8, stage="answers")
+    assert quick.stage == "answers" and quick.to_dict()["stage"] == "answers"
+    q, w = quick.rows[EDITED].metrics, whole.rows[EDITED].metrics
+    assert {k for k in w if k not in q} == {"Forget prob", "Neighbour prob", "General prob", "Forget truth ratio",
+                                            "Neighbour truth ratio", "General truth ratio",
+                                            "Text perplexity"} & set(w)
+    for key in ("Forget fact recall", "Kept fact recall", "Knowledge score", "Retain cost", "Forget degenerate"):
+        assert q[key] == w[key], key
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the answers were decoded again")
+    monkeypatch.setattr(R, "generate", no_decoding)
+    monkeypatch.setattr(R, "_judge_row", no_decoding)
+    rest = evaluate(trained_llama, tokenizer, bench, edit, reuse=base, batch_size=8, answers=quick)
+    assert rest.stage == "full" and rest.rows[EDITED].metrics == w
+    for name in ("forget", "neighbours", "general"):
+        pd.testing.assert_frame_equal(rest.examples(EDITED, name), whole.examples(EDITED, name))
+
+
+def test_an_answers_stage_report_is_not_reused_for_a_full_base_row(trained_llama, tokenizer):
+    bench = _knowledge_bench()
+    quick = evaluate(trained_llama, tokenizer, bench, batch_size=8, stage="answers")
+    full = evaluate(trained_llama, tokenizer, bench, reuse=quick, batch_size=8)
+    assert "Forget prob" not in quick.rows[BASE].metrics and "Forget prob" in full.rows[BASE].metrics
+    with pytest.raises(ValueError, match="real-knowledge"):
+        evaluate(trained_llama, tokenizer, dataclasses.replace(bench, task="custom"), stage="answers")

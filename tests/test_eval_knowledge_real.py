@@ -6,7 +6,6 @@ edit turns the forget answers into degenerate text instead of rising with it.
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 
 import pytest
@@ -19,20 +18,6 @@ from grom.eval import evaluate
 from grom.eval import metrics as M
 from grom.eval.report import knowledge_budget
 from grom.eval.runner import generate
-from grom.models import ModelLoadError, load_model
-
-NAME = "smollm2-135m-instruct"
-
-
-@pytest.fixture(scope="module")
-def real():
-    try:
-        model, tok = load_model(NAME, local_files_only=True)
-    except ModelLoadError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"SmolLM2 could not be fetched here: {err}")
-    return model, tok
 
 
 @pytest.fixture(scope="module")

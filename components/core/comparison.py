@@ -45,17 +45,20 @@ def shared_model(key: ModelKey, what: str = "comparison") -> ModelHandle:
 
 
 @on_device
-def compute_report(key: ModelKey, bench, edit, n, progress, record_at: tuple[int, ...] = ()):
-    """Base, Edited and Retain model rows in one Report; the Base row is cached."""
+def compute_report(key: ModelKey, bench, edit, n, progress, record_at: tuple[int, ...] = (),
+                   stage: str = "full", answers=None):
+    """Base, Edited and Retain model rows in one Report; the Base row is cached. `stage`
+    and `answers` as `grom.eval.evaluate`'s (the card's answers first, then the rest)."""
     with DEVICE_LOCK:
-        return report_rows(shared_model(key), bench, edit, n, progress, record_at)
+        return report_rows(shared_model(key), bench, edit, n, progress, record_at, stage, answers)
 
 
-def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = ()):
+def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),
+                stage: str = "full", answers=None):
     """Base, Edited (with `edit`) and Retain model rows; the unedited rows come from the
-    first report per (model, benchmark, n) (`evaluate(reuse=)`), and the Edited row runs
-    only the edit's layers and above on batches seen before (`evaluate(prefix=)`; the Base
-    row records them for a band starting at a layer of `record_at`). Runs under
+    first full report per (model, benchmark, n) (`evaluate(reuse=)`), and the Edited row
+    runs only the edit's layers and above on batches seen before (`evaluate(prefix=)`; the
+    Base row records them for a band starting at a layer of `record_at`). Runs under
     DEVICE_LOCK (re-entrant: callers may hold it already)."""
     with DEVICE_LOCK:
         ck = (handle.key, id(bench), n)
@@ -64,8 +67,8 @@ def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[
         report = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
                           reference=reference_for(handle, bench), max_examples=n,
                           progress=progress, reuse=prior, prefix=handle.prefix_cache,
-                          record_at=record_at)
-    if prior is None:
+                          record_at=record_at, stage=stage, answers=answers)
+    if prior is None and report.stage == "full":  # an answers-stage Base row lacks the scores
         _BASE_CACHE[ck] = (bench, report)
         while len(_BASE_CACHE) > 6:
             _BASE_CACHE.popitem(last=False)

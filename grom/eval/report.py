@@ -112,6 +112,7 @@ class Report:
     rows: dict[str, Row]
     seconds: float
     n_examples: dict[str, int] = field(default_factory=dict)
+    stage: str = "full"  # or "answers": the greedy answers' metrics alone (`evaluate(stage=)`)
 
     def table(self) -> pd.DataFrame:
         """One row per model, one column per metric (NaN where a metric does not apply)."""
@@ -155,7 +156,7 @@ class Report:
 
     def to_dict(self) -> dict:
         return {"benchmark": self.benchmark, "split": self.split, "task": self.task,
-                "seconds": self.seconds, "n_examples": self.n_examples,
+                "seconds": self.seconds, "n_examples": self.n_examples, "stage": self.stage,
                 "metrics": {k: v.metrics for k, v in self.rows.items()}}
 
 
@@ -172,9 +173,11 @@ class _Runner:
     """Shared settings for scoring one model."""
 
     def __init__(self, model, tokenizer, fmt: PromptFormat | None, batch_size: int,
-                 max_new_tokens: int | None):
+                 max_new_tokens: int | None, stage: str = "full", given: dict | None = None):
         self.model, self.tok, self.fmt = model, tokenizer, fmt
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.stage = stage  # "full", or "answers": the greedy answers and what they give alone
+        self.given = given or {}  # set name -> an earlier frame of this model's answers to reuse
 
     def losses(self, pairs, fmt=None, add_eos=True, moments=False):
         return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,
@@ -553,26 +556,53 @@ def knowledge_budget(tokenizer, answers) -> int:
     return max(KNOWLEDGE_BUDGET, longest + KNOWLEDGE_MARGIN)
 
 
-def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bool) -> pd.DataFrame:
+JUDGED = ("answer_perplexity", "answer_class")  # `_judge_answers`'s columns
+
+
+def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bool,
+                  given: pd.DataFrame | None = None) -> pd.DataFrame:
     """Fact recall, ROUGE-L, answer probability and truth ratio of one QA set from its
     greedy answers `gens` (the questions', then the paraphrased questions' for the forget
-    set)."""
+    set). In the "answers" stage only what the answers give (no probability, no truth
+    ratio: the teacher-forced passes); `given`, the frame these answers came from, lends
+    its answer classes (judged on the same answers)."""
     qs, answers = [ex.question for ex in examples], [ex.answer for ex in examples]
-    scored = run.losses(list(zip(qs, answers)))
-    avg = np.array([s.avg_loss for s in scored])
     df = pd.DataFrame({"question": qs, "answer": answers, "fact": [ex.fact for ex in examples],
                        "generation": gens[:len(qs)],
                        "fact_recall": [M.fact_recall(ex.fact, g) for ex, g in zip(examples, gens)],
-                       "rougeL_recall": [M.rouge_l_recall(a, g) for a, g in zip(answers, gens)],
-                       "prob": M.probability(avg),
-                       "repetition": [M.repetition_rate(g) for g in gens[:len(qs)]]})
+                       "rougeL_recall": [M.rouge_l_recall(a, g) for a, g in zip(answers, gens)]})
+    if run.stage == "full":
+        scored = run.losses(list(zip(qs, answers)))
+        df["prob"] = M.probability(np.array([s.avg_loss for s in scored]))
+    df["repetition"] = [M.repetition_rate(g) for g in gens[:len(qs)]]
     if paraphrase:
         df["paraphrase"] = [ex.paraphrased_question or ex.question for ex in examples]
         df["paraphrase_generation"] = gens[len(qs):]
         df["paraphrase_recall"] = [M.fact_recall(ex.fact, g) for ex, g in zip(examples, gens[len(qs):])]
-    if all(ex.perturbed_answers for ex in examples):
+    if run.stage == "full" and all(ex.perturbed_answers for ex in examples):
         df["truth_ratio"] = _knowledge_truth_ratios(run, examples, scored)
+    if given is not None and all(c in given for c in JUDGED):
+        for c in JUDGED:
+            df[c] = given[c].to_numpy()
     return df
+
+
+def _given_answers(run: _Runner, chosen: dict[str, tuple]) -> dict[str, list[str]] | None:
+    """The answers of `run.given` (an earlier evaluation of this model on these sets) per
+    set, the forget set's paraphrases after its questions; None unless it has every set's,
+    for the same questions."""
+    out = {}
+    for name, ex in chosen.items():
+        df = run.given.get(name)
+        if df is None or list(df.get("question", ())) != [e.question for e in ex]:
+            return None
+        gens = list(df["generation"])
+        if name == "forget":
+            if "paraphrase_generation" not in df:
+                return None
+            gens += list(df["paraphrase_generation"])
+        out[name] = gens
+    return out
 
 
 def _knowledge_truth_ratios(run: _Runner, examples: tuple, answer_scores: list) -> np.ndarray:
@@ -635,8 +665,9 @@ def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = Fal
         ex = tuple(e for e in sets.get(name, ()) if isinstance(e, QAExample) and e.fact)
         if ex and not (only_forget and name not in FORGET_SIDE):
             chosen[name] = ex
+    given = _given_answers(run, chosen) if run.given else None
     prompts, facts, spans = [], [], {}
-    for name, ex in chosen.items():
+    for name, ex in (chosen.items() if given is None else ()):
         start = len(prompts)
         prompts += [e.question for e in ex]
         if name == "forget":
@@ -648,12 +679,18 @@ def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = Fal
         gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
                         batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH), stop_at=facts)
     for name, ex in chosen.items():
-        a, b = spans[name]
-        df = _knowledge_qa(run, ex, gens[a:b], paraphrase=name == "forget")
+        if given is None:
+            a, b = spans[name]
+            answers = gens[a:b]
+        else:
+            answers = given[name]
+        df = _knowledge_qa(run, ex, answers, paraphrase=name == "forget",
+                           given=run.given.get(name) if given is not None else None)
         label = KNOWLEDGE_SETS[name]
         row.examples[name] = df
         row.metrics[f"{label} ROUGE-L"] = float(df["rougeL_recall"].mean())
-        row.metrics[f"{label} prob"] = float(df["prob"].mean())
+        if "prob" in df:
+            row.metrics[f"{label} prob"] = float(df["prob"].mean())
         if "truth_ratio" in df:
             tr = df["truth_ratio"].to_numpy()
             if name in FORGET_SIDE:  # TOFU's forget aggregate, mean min(TR, 1/TR): 1 = cannot tell
@@ -663,7 +700,7 @@ def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = Fal
     if "forget" in row.examples:
         row.metrics["Forget repetition"] = float(row.examples["forget"]["repetition"].mean())
     texts = [e.text for e in sets.get("fluency", ()) if isinstance(e, TextExample)]
-    if texts and not only_forget:
+    if texts and not only_forget and run.stage == "full":
         scores = score_texts(run.model, run.tok, texts, batch_size=run.batch_size)
         row.metrics["Text perplexity"] = M.perplexity([s.avg_loss for s in scores])
     return row
@@ -686,6 +723,10 @@ def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int)
         frames = {n: df for n, df in row.examples.items() if n in KNOWLEDGE_SETS and "answer_class" not in df}
         if frames:
             _judge_row(model, tokenizer, row, frames, fmt, batch_size)
+        forget = row.examples.get("forget")  # classes lent by an earlier stage: its perplexity too
+        if forget is not None and len(forget) and "answer_perplexity" in forget:
+            row.metrics.setdefault("Forget answer perplexity",
+                                   M.perplexity(np.log(forget["answer_perplexity"].to_numpy())))
 
 
 def _judge_row(model, tokenizer, row: Row, frames: dict[str, pd.DataFrame], fmt, batch_size: int) -> None:
@@ -792,6 +833,7 @@ def _retain_cost(rows: dict[str, Row], task: str) -> None:
             row.metrics["Retain broken"] = float(row.metrics["Retain cost"] > RETAIN_BROKEN)
 
 
+STAGES = ("full", "answers")
 ROWS: dict[str, Callable] = {"tofu": _tofu_row, "muse": _muse_row, "wmdp": _wmdp_row,
                              "zsre": _zsre_row, "custom": _custom_row, "knowledge": _knowledge_row}
 
@@ -814,11 +856,11 @@ def _reference_pair(reference, tokenizer):
 
 def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens, only_forget=False,
          quantize: str | None = None, group_size: int = 128, prefix: PrefixCache | None = None,
-         record_at: tuple[int, ...] = ()) -> Row:
+         record_at: tuple[int, ...] = (), stage: str = "full", given: dict | None = None) -> Row:
     fn = ROWS.get(benchmark.task)
     if fn is None:
         raise ValueError(f"no metrics for task {benchmark.task!r}; known: {', '.join(ROWS)}")
-    run = _Runner(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens)
+    run = _Runner(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens, stage, given)
     t0 = time.perf_counter()
     was_training = model.training
     replay = nullcontext()
@@ -840,7 +882,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
              max_examples: int | None = None, progress: Callable | None = None,
              batch_size: int = 32, max_new_tokens: int | None = None,
              include_base: bool = True, reuse: Report | None = None,
-             prefix: PrefixCache | None = None, record_at: tuple[int, ...] = ()) -> Report:
+             prefix: PrefixCache | None = None, record_at: tuple[int, ...] = (),
+             stage: str = "full", answers: Report | None = None) -> Report:
     """The benchmark's metrics for the base model ("Base"), the model with `edit` applied
     ("Edited", applied and reverted here) and the reference model ("Retain model":
     `reference` is a model sharing `tokenizer`, or a `(model, tokenizer)` pair).
@@ -850,12 +893,28 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     for each set's longest answer, see `grom.eval.runner.answer_budget`).
     reuse: an earlier report of the same benchmark, split and example counts whose "Base"
     and "Retain model" rows are taken as they are instead of being computed again (the
-    unedited models give the same numbers); an incompatible report is ignored.
+    unedited models give the same numbers); an incompatible report is ignored, and so is
+    an "answers"-stage one in a full evaluation (its rows lack the teacher-forced scores).
     prefix: a `grom.eval.prefix.PrefixCache` kept for `model`: the Edited row then runs
     only the layers from the edit's first changed one on every batch seen before (the
     same numbers, sooner), and records the batches it has not seen; the Base row records
     for a band starting at each layer in `record_at` (the next edit's, where known).
+    stage: "full" (every metric), or "answers" (the real-knowledge task only): the greedy
+    answers and what they alone give (fact recall and its counts, the answer classes,
+    ROUGE-L, repetition, the Knowledge score and the retain cost), without the
+    teacher-forced scores (probability, truth ratio, text perplexity). A verdict that
+    rests on the answers is then ready in about two thirds of the time; the Report says
+    `stage="answers"`.
+    answers: an earlier report of this same edit on the same sets (the "answers" stage,
+    typically): its Edited row's answers and their classes are taken instead of being
+    decoded and judged again, so the full evaluation after it costs the teacher-forced
+    scores alone and reads the very answers the first verdict was drawn from. The caller
+    vouches that it is the same edit; a report of other sets or questions is ignored.
     """
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, not {stage!r}")
+    if stage != "full" and benchmark.task != "knowledge":
+        raise ValueError(f"stage={stage!r} applies to the real-knowledge task, not {benchmark.task!r}")
     progress = progress or (lambda *_: None)
     t0 = time.perf_counter()
     sets = eval_sets(benchmark, max_examples)
@@ -868,8 +927,12 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     n_examples = {k: len(v) for k, v in sets.items()}
     reusable = {}
     if reuse is not None and (reuse.benchmark, reuse.split, reuse.n_examples) == \
-            (benchmark.name, benchmark.split, n_examples):
+            (benchmark.name, benchmark.split, n_examples) and reuse.stage in ("full", stage):
         reusable = {k: v for k, v in reuse.rows.items() if k in (BASE, REFERENCE)}
+    given = {}
+    if answers is not None and EDITED in answers.rows and (answers.benchmark, answers.split, answers.n_examples) \
+            == (benchmark.name, benchmark.split, n_examples):
+        given = answers.rows[EDITED].examples
     rows: dict[str, Row] = {}
     for i, (name, m, tok, e) in enumerate(jobs):
         if name in reusable:
@@ -878,7 +941,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         progress(i / len(jobs), f"evaluating: {name}")
         mine = prefix if m is model else None  # kept for `model`, not for the reference
         rows[name] = _row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                          prefix=mine, record_at=record_at)
+                          prefix=mine, record_at=record_at, stage=stage,
+                          given=given if name == EDITED else None)
     if benchmark.task == "tofu":
         _tofu_relative(rows)
     elif benchmark.task == "muse":
@@ -889,7 +953,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     _retain_cost(rows, benchmark.task)
     progress(1.0, "evaluated")
     return Report(benchmark.name, benchmark.split, benchmark.task, rows, time.perf_counter() - t0,
-                  n_examples)
+                  n_examples, stage)
 
 
 QUANT_RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc")

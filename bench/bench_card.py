@@ -1,0 +1,72 @@
+"""Run edit to result card on the default page, timed in a real browser (issue 22).
+
+    python bench/bench_card.py [--runs 2] [--threads 2]
+
+Launches the app on SmolLM2-135M-Instruct in this process (as `python app.py` opens it),
+opens the page in headless chromium at 1366x768, waits for the page-load warm-ups (layer
+scores, the stream into the suggested band, the Base row of the comparison), then clicks
+Run edit `--runs` times (the same edit: each click makes it again) and prints, per click,
+the seconds to the result card (drawn from the answers of every known fact) and to the
+full comparison (the teacher-forced scores added), with the card's first line.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    import torch
+    from playwright.sync_api import sync_playwright
+
+    torch.set_num_threads(args.threads)
+    from components.core.sources import REAL
+    from tests.app_fixtures import launch
+
+    blocks, url = launch(REAL)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.machine()}, {os.cpu_count()} cores, torch "
+          f"{torch.__version__}, {args.threads} threads, load {os.getloadavg()[0]:.2f}")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
+        page = browser.new_page(viewport={"width": 1366, "height": 768})
+        t0 = time.perf_counter()
+        page.goto(url)
+        page.wait_for_function("document.body.innerText.includes('Band (')", timeout=600_000)
+        time.sleep(1.0)
+        # the page's warm-ups (the stream into the band, the Base row) run after the scores: wait them out
+        page.wait_for_function("!document.querySelector('.progress-text, .eta-bar')", timeout=600_000)
+        time.sleep(20.0)
+        print(f"page ready (scores shown, warm-ups given 20 s) in {time.perf_counter() - t0:.1f} s")
+        for run in range(args.runs):
+            before = page.evaluate("document.querySelector('#compare-summary')?.innerText || ''")
+            t = time.perf_counter()
+            page.click("#run-edit")
+            page.wait_for_function("!document.querySelector('#edit-status .result-card')", timeout=60_000)
+            page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+            card_s = time.perf_counter() - t
+            page.wait_for_function("(s) => { const x = document.querySelector('#compare-summary')?.innerText || '';"
+                                   " return x !== s && x.startsWith('Compared'); }", arg=before, timeout=600_000)
+            full_s = time.perf_counter() - t
+            card = page.evaluate("document.querySelector('#edit-status .result-card').textContent")
+            first = " ".join(card.split())[:150]
+            print(f"run {run + 1}: Run edit to card {card_s:.1f} s, to the full comparison {full_s:.1f} s, "
+                  f"load {os.getloadavg()[0]:.2f}; card: {first}")
+        browser.close()
+    blocks.close()
+
+
+if __name__ == "__main__":
+    main()
