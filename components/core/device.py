@@ -11,11 +11,21 @@ a ZeroGPU Space, and cancellation.
   in a fraction of a second instead of running to its end.
 - `on_device` marks the compute functions: `spaces.GPU` on a ZeroGPU Space, plain
   functions elsewhere. They take plain values and return plain values; sessions are
-  only changed outside them (on ZeroGPU they run in another process).
+  only changed outside them.
+
+On ZeroGPU (the `spaces` package with SPACES_ZERO_GPU set, as `spaces.config` reads it;
+spaces 0.51.3, `spaces/config.py`, `spaces/zero/wrappers.py`) a `spaces.GPU` call runs in
+a worker process forked from the main one (`multiprocessing` "fork"), its arguments and
+result pickled; whatever it changes in module state stays in that worker, which may be
+reused for the next call of the same function or not. The main process has no real CUDA
+(spaces patches `torch.cuda`), so the app asks it nothing there (`ON_ZEROGPU`). Models are
+loaded in the main process and inherited by every fork. Without ZeroGPU (a plain machine,
+a plain GPU Space, where `spaces.GPU` returns the function unchanged) nothing differs.
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import Callable
@@ -26,38 +36,81 @@ from gradio.context import LocalContext
 from components.core.errors import JobCancelled
 from grom.arch import decoder_layers
 
-DEVICE_LOCK = threading.RLock()
+class DeviceLock:
+    """A re-entrant lock (`threading.RLock`'s interface) made anew in a forked child: a
+    ZeroGPU worker is forked while another request's thread may hold the parent's lock,
+    and a copy held by a thread that does not exist in the child would never be released."""
+    def __init__(self):
+        self._lock = threading.RLock()
+
+    def renew(self) -> None:
+        self._lock = threading.RLock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self):
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+DEVICE_LOCK = DeviceLock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=DEVICE_LOCK.renew)
 
 
 DEVICE_QUEUE = "device"  # the concurrency_id of every event that touches the model
 
 
-def _gpu_decorator() -> tuple[Callable, bool]:
+def _zerogpu() -> bool:
+    """Whether this process runs on ZeroGPU: `spaces` importable and SPACES_ZERO_GPU true
+    (what `spaces.config.Settings.zero_gpu` reads; elsewhere `spaces.GPU` is a no-op)."""
+    if os.environ.get("SPACES_ZERO_GPU", "").strip().lower() not in ("1", "t", "true"):
+        return False
     try:
         import spaces  # noqa: F401  (only on Hugging Face Spaces)
     except ImportError:
-        return (lambda fn: fn), False
-    return spaces.GPU, True
+        return False
+    return True
 
 
-on_device, ON_SPACES = _gpu_decorator()
+ON_ZEROGPU = _zerogpu()
+ON_SPACES = ON_ZEROGPU  # the older name: compute functions run in another process
 
 
-def on_device_for(seconds: int) -> Callable:
-    """`on_device` for long work (training a baseline): on ZeroGPU, a GPU slot of up to
-    `seconds` (`spaces.GPU(duration=...)`; the default slot is 60 s); elsewhere a no-op."""
-    if not ON_SPACES:
-        return lambda fn: fn
-    import spaces
+def on_device(fn: Callable | None = None, *, duration: Callable | None = None) -> Callable:
+    """Mark a compute function (bare, or with `duration`, a function of the same arguments
+    giving the seconds of GPU it asks for: `components.core.gpu_time`). On ZeroGPU it is
+    `spaces.GPU(duration=...)`; elsewhere the function itself. A compute function takes
+    and returns plain picklable values, and no state it changes outlives it on ZeroGPU."""
+    def mark(f: Callable) -> Callable:
+        if not ON_ZEROGPU:
+            return f
+        import spaces
 
-    return spaces.GPU(duration=seconds)
+        return spaces.GPU(duration=duration)(f) if duration is not None else spaces.GPU(f)
+
+    return mark(fn) if fn is not None else mark
+
+
+def kept_cache(cache):
+    """`cache` (a stream, prefix or similar cache a compute function fills for later ones),
+    or None on ZeroGPU, where it would be filled in a worker that the next call may not
+    share: the work is then simply done again, the results are the same."""
+    return None if ON_ZEROGPU else cache
 
 
 def device_progress(callback: Callable | None) -> Callable | None:
     """A progress callback to hand to an `on_device` function (it also stops a cancelled
     job at each stage): on ZeroGPU those run in another process and take only plain,
     picklable values, so none is passed there."""
-    if ON_SPACES or callback is None:
+    if ON_ZEROGPU or callback is None:
         return None
 
     def report(*args, **kwargs):

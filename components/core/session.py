@@ -139,7 +139,7 @@ class ModelRegistry:
             del self._handles[old]
             log.info("unloaded %s to make room", old.label())
         gc.collect()
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():  # asks no device (a ZeroGPU main process has none)
             torch.cuda.empty_cache()
 
 
