@@ -22,7 +22,8 @@ import pandas as pd
 
 from components.core.comparators import (check_editor, check_gpu_time, comparator_choices, comparator_label,
                                          editor_boxes, is_editor, train_comparator)
-from components.core.comparison import comparison_report, compute_report, examples_per_set, shared_model
+from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
+                                        shared_model)
 from components.core.device import device_progress
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET
@@ -156,6 +157,7 @@ def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float
     (baseline Edit, GROM report, baseline report). Three compute functions, each within
     one GPU call on ZeroGPU (the training refused first if it cannot fit one)."""
     check_gpu_time(key, bench, method, epochs)
+    reference_for(shared_model(key, "baseline"), bench)  # loaded here: every worker forked next has it
     band = grom_edit.band if grom_edit is not None else None
     edit = train_comparator(key, bench, method, epochs, lr, band, _part(progress, 0.0, TRAIN_SHARE))
     rest = 1 - TRAIN_SHARE

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import gradio as gr
 import torch
 
-from components.core.device import device_progress
+from components.core.device import ON_ZEROGPU, device_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
 from components.core.models import DEVICES, DTYPES, ensure_model, model_choices, model_key, n_layers
@@ -18,14 +18,17 @@ from grom.arch import num_layers
 
 
 def summary(handle: ModelHandle) -> str:
-    """Markdown: architecture, layers, sizes, device and memory of the loaded model."""
+    """Markdown: architecture, layers, sizes, device and memory of the loaded model (no
+    CUDA query on ZeroGPU, whose main process has no GPU)."""
     m, cfg = handle.model, handle.model.config
     n_params = sum(p.numel() for p in m.parameters())
     n_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
     name = {DEMO: "bundled demo (assets/demo-full)",
             REAL: "SmolLM2-135M-Instruct (package index GGUF, float32)"}.get(handle.key.name, handle.key.shown)
     mem = f"{n_bytes / 2**20:,.1f} MiB of weights"
-    if handle.key.device.startswith("cuda"):
+    if ON_ZEROGPU:  # this process has no GPU to ask: each compute call gets one
+        mem += "; GPU attached per request (ZeroGPU)"
+    elif handle.key.device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info()
         mem += f"; GPU {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
     rows = [("model", name), ("architecture", f"{type(m).__name__} ({cfg.model_type})"),

@@ -25,15 +25,18 @@ a plain GPU Space, where `spaces.GPU` returns the function unchanged) nothing di
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import os
 import threading
 import time
 from typing import Callable
 
+import gradio as gr
 from anyio import from_thread
 from gradio.context import LocalContext
 
-from components.core.errors import JobCancelled
+from components.core.errors import JobCancelled, message_for
 from grom.arch import decoder_layers
 
 class DeviceLock:
@@ -86,17 +89,37 @@ ON_SPACES = ON_ZEROGPU  # the older name: compute functions run in another proce
 
 def on_device(fn: Callable | None = None, *, duration: Callable | None = None) -> Callable:
     """Mark a compute function (bare, or with `duration`, a function of the same arguments
-    giving the seconds of GPU it asks for: `components.core.gpu_time`). On ZeroGPU it is
-    `spaces.GPU(duration=...)`; elsewhere the function itself. A compute function takes
-    and returns plain picklable values, and no state it changes outlives it on ZeroGPU."""
+    giving the seconds of GPU it asks for: `components.core.durations`). On ZeroGPU it is
+    `spaces.GPU(duration=...)` of the function with its errors made `gr.Error`s
+    (`_worker_errors`); elsewhere the function itself. A compute function takes and returns
+    plain picklable values, and no state it changes outlives it on ZeroGPU."""
     def mark(f: Callable) -> Callable:
         if not ON_ZEROGPU:
             return f
         import spaces
 
-        return spaces.GPU(duration=duration)(f) if duration is not None else spaces.GPU(f)
+        task = _worker_errors(f)
+        return spaces.GPU(duration=duration)(task) if duration is not None else spaces.GPU(task)
 
     return mark(fn) if fn is not None else mark
+
+
+def _worker_errors(f: Callable) -> Callable:
+    """`f`, its exceptions turned into a `gr.Error` with the message a user sees (as the
+    handlers' `ui_errors` would): spaces passes a worker's `gr.Error` on as it is, but any
+    other exception only as "ZeroGPU worker error" and its class name (spaces 0.51.3,
+    `spaces/zero/wrappers.py`, `exception_result`), which would lose what to do."""
+    @functools.wraps(f)
+    def task(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception as err:  # noqa: BLE001  (the worker's edge: the message crosses, the traceback is logged)
+            logging.getLogger(__name__).warning("%s failed in the GPU worker", f.__name__, exc_info=True)
+            raise gr.Error(message_for(err), print_exception=False) from None
+
+    return task
 
 
 def kept_cache(cache):

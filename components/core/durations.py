@@ -28,7 +28,7 @@ def shape_of(key: ModelKey) -> Shape | None:
     return Shape(len(layers), sum(p.numel() for p in layers[0].parameters()), int(width))
 
 
-def edit_s(key: ModelKey, forget, retain, config, scores=None, *_rest) -> int:
+def edit_s(key: ModelKey, forget, retain, config, scores=None, *_rest, **_kw) -> int:
     """`compute_edit(key, forget, retain, config, scores, progress)`'s duration."""
     shape = shape_of(key)
     if shape is None:
@@ -37,7 +37,7 @@ def edit_s(key: ModelKey, forget, retain, config, scores=None, *_rest) -> int:
     return gpu_seconds(edit_flops(shape, example_tokens(forget) + example_tokens(retain), band, scores is None))
 
 
-def scores_s(key: ModelKey, forget, retain, *_rest) -> int:
+def scores_s(key: ModelKey, forget, retain, *_rest, **_kw) -> int:
     """`compute_scores`'s: one forward pass over the keys' examples."""
     shape = shape_of(key)
     if shape is None:
@@ -46,7 +46,7 @@ def scores_s(key: ModelKey, forget, retain, *_rest) -> int:
     return gpu_seconds(2.0 * tokens * shape.layers * shape.layer_params)
 
 
-def report_s(key: ModelKey, bench, edit, n, *_rest) -> int:
+def report_s(key: ModelKey, bench, edit, n, *_rest, **_kw) -> int:
     """`compute_report(key, bench, edit, n, ...)`'s: every set, at most `n` examples each,
     teacher-forced and answered (up to GROM_MAX_NEW_TOKENS), for up to three models."""
     shape = shape_of(key)
@@ -59,7 +59,7 @@ def report_s(key: ModelKey, bench, edit, n, *_rest) -> int:
     return gpu_seconds(flops, steps)
 
 
-def edit_and_report_s(key: ModelKey, bench, edit, n, *_rest) -> int:
+def edit_and_report_s(key: ModelKey, bench, edit, n, *_rest, **_kw) -> int:
     """A diagnostic that may make the edit again with its keys, then evaluates."""
     shape = shape_of(key)
     if shape is None:
@@ -72,7 +72,7 @@ def edit_and_report_s(key: ModelKey, bench, edit, n, *_rest) -> int:
     return gpu_seconds(edit_flops(shape, tokens, band, False) + flops, steps)
 
 
-def rerun_s(key: ModelKey, edit, inputs, *_rest) -> int:
+def rerun_s(key: ModelKey, edit, inputs, *_rest, **_kw) -> int:
     """A diagnostic on the edit made again with its keys (`inputs` its forget, retain)."""
     shape = shape_of(key)
     if shape is None or inputs is None:
@@ -81,7 +81,7 @@ def rerun_s(key: ModelKey, edit, inputs, *_rest) -> int:
     return gpu_seconds(2 * edit_flops(shape, tokens, len(edit.band) or 1, False))
 
 
-def sweep_point_s(key: ModelKey, forget, retain, config, f_eval, r_eval, *_rest) -> int:
+def sweep_point_s(key: ModelKey, forget, retain, config, f_eval, r_eval, *_rest, **_kw) -> int:
     """One point of a sweep: the edit (or none) and the two sets' answer probabilities."""
     shape = shape_of(key)
     if shape is None:
@@ -93,7 +93,7 @@ def sweep_point_s(key: ModelKey, forget, retain, config, f_eval, r_eval, *_rest)
     return gpu_seconds(edit + probe)
 
 
-def train_s(key: ModelKey, bench, method, epochs, *_rest) -> int:
+def train_s(key: ModelKey, bench, method, epochs, *_rest, **_kw) -> int:
     """`train_comparator(key, bench, method, epochs, lr, band)`'s: `epochs` over the forget
     and retain examples (an editor's value steps count as epochs over its facts)."""
     shape = shape_of(key)
@@ -112,7 +112,7 @@ def train_need_s(key: ModelKey, bench, epochs) -> float:
     return gpu_seconds(train_flops(shape, tokens, float(epochs)), cap=10 ** 9)
 
 
-def attack_s(key: ModelKey, bench, edit, name, *_rest) -> int:
+def attack_s(key: ModelKey, bench, edit, name, *_rest, **_kw) -> int:
     """One attack on one edit: its probes read in a few forms, a short relearning run."""
     shape = shape_of(key)
     if shape is None:
@@ -123,7 +123,7 @@ def attack_s(key: ModelKey, bench, edit, name, *_rest) -> int:
     return gpu_seconds(flops, steps)
 
 
-def generate_s(key: ModelKey, prompt, edit, *_rest) -> int:
+def generate_s(key: ModelKey, prompt, edit, *_rest, **_kw) -> int:
     """A typed question answered before and after."""
     shape = shape_of(key)
     if shape is None:
