@@ -30,7 +30,8 @@ FAKE = ROOT / "tests" / "fake_spaces"
 def test_every_flow_of_the_app_runs_under_zerogpu():
     """Page load, Run edit, Compare (twice: the Base report kept in the parent), a typed
     question, the three diagnostics, a sweep (a call per point), a baseline (training and
-    evaluation apart), the attacks' refusal, export then import (bit for bit): in the
+    evaluation apart), export then import (bit for bit), the attacks (refused without
+    probes; on an upload with probes, a call per attack and edit): in the
     parent no CUDA call, no model loaded in a worker, the base weights unchanged, every
     call asking for 1..300 s."""
     env = dict(os.environ, SPACES_ZERO_GPU="true", GROM_MODELS="demo", OMP_NUM_THREADS="1",
@@ -42,7 +43,7 @@ def test_every_flow_of_the_app_runs_under_zerogpu():
     names = [name for name, _ in seen["calls"]]
     assert names[:2] == ["compute_scores", "compute_edit"] and names.count("sweep_point") == 3
     assert {"_outputs", "_influence", "_quant", "train_comparator", "_generate"} <= set(names)
-    assert names[-1] == "compute_edit"  # the import computed the edit again
+    assert names[-5:] == ["train_comparator"] + ["attack_once"] * 4 and seen["attack_rows"] == 2
     assert all(1 <= s <= 300 for _, s in seen["calls"])
     assert "held-out probe" in seen["attacks"] and seen["baseline"].startswith("**GA**")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 import gradio as gr
 import torch
@@ -19,7 +21,7 @@ import spaces  # the stand-in: imported first, as on a Space
 assert spaces.__file__.replace("\\", "/").endswith("tests/fake_spaces/spaces/__init__.py"), spaces.__file__
 
 import app  # noqa: E402
-from components import (attack_panel, baseline_panel, compare_panel, diagnostics_panel, edit_panel,  # noqa: E402
+from components import (attack_panel, baseline_panel, benchmark_panel, compare_panel, diagnostics_panel, edit_panel,  # noqa: E402
                         export_panel, sweep_panel)
 from components.core import comparison, device, form, models  # noqa: E402
 from components.core.session import REGISTRY, Session  # noqa: E402
@@ -48,6 +50,19 @@ def loads_only_here() -> None:
 
     models._load = guard(models._load)
     comparison._reference_loader = guard(comparison._reference_loader)
+
+
+def probe_rows() -> str:
+    """An upload of the demo's forget01 authors: 8 fitted forget rows, 4 held-out probe rows
+    (the same authors' other questions) and 20 retain rows, each with its fact."""
+    from grom.data import load_benchmark
+
+    demo = load_benchmark("demo", "forget01")
+    row = lambda ex, split: {"question": ex.question, "answer": ex.answer, "fact": ex.fact,  # noqa: E731
+                             "paraphrased_question": ex.paraphrased_question, "split": split}
+    rows = [row(ex, "forget") for ex in demo.forget[:8]] + [row(ex, "probe") for ex in demo.forget[16:20]]
+    rows += [row(ex, "retain") for ex in demo.retain[:20]]
+    return "\n".join(json.dumps(r) for r in rows)
 
 
 def calls_since(mark: int) -> list[str]:
@@ -137,6 +152,19 @@ def main() -> dict:
     restored = export_panel.on_import_run([files[1]], session, progress=quiet)
     assert "identical" in restored[-1], restored[-1]
     assert session.edit is not exported and session.edit.config == exported.config
+
+    # the attacks on a split with held-out probes: the baseline's training, then a call per attack and edit
+    probes = Path(tempfile.mkdtemp()) / "probes.jsonl"
+    probes.write_text(probe_rows())
+    benchmark_panel.on_load_benchmark("custom", "forget", "", str(probes), None, session)
+    values.update(preset=form.CUSTOM, beta=150.0, beta_relative=True)
+    edit_panel.on_run_edit(*[values[n] for n in form.NAMES], session, quiet)
+    mark = len(spaces.CALLS)
+    summary, frame, *_ = attack_panel.on_run_attacks(["heldout", "paraphrase"], True, "ga", 1, 1e-5, session,
+                                                     progress=quiet)
+    assert calls_since(mark) == ["train_comparator"] + ["attack_once"] * 4, calls_since(mark)
+    assert list(frame.columns[:4]) == ["attack", "Base", "GROM", "GA"] and len(frame) == 2, frame.columns
+    seen["attack_rows"] = len(frame)
 
     assert weights_hash(REGISTRY.get(start_key).model) == before  # the parent's base model, untouched
     assert all(0 < s <= spaces.MAX_DURATION_S for _, s in spaces.CALLS)
