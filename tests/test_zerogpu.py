@@ -146,3 +146,17 @@ def test_an_over_long_training_is_refused_naming_the_limits():
         refuse_over(1234.2, "Training GA for 10 epochs on 4,000 examples", "fewer epochs, GROM_MAX_EPOCHS")
     assert "1,235 s" in str(err.value) and "GROM_MAX_EPOCHS" in str(err.value)
     refuse_over(299, "Training", "")  # within the limit: nothing
+
+
+def test_a_worker_forked_before_a_load_loads_the_model_itself(monkeypatch):
+    """spaces reuses an idle worker: one forked before the main process loaded a model
+    loads it itself; the main process never loads in `resident`."""
+    from components.core import models, session as core_session
+
+    key = models.model_key("demo", "cpu", "float32")
+    monkeypatch.setattr(core_session.REGISTRY, "_handles", {})
+    with pytest.raises(UserError, match="was unloaded"):
+        core_session.resident(key)
+    monkeypatch.setattr(core_session, "in_gpu_worker", lambda: True)
+    handle = core_session.resident(key)
+    assert handle.key == key and core_session.REGISTRY.get(key) is handle

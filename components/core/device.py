@@ -84,6 +84,12 @@ def _zerogpu() -> bool:
 
 
 ON_ZEROGPU = _zerogpu()
+_MAIN_PID = os.getpid()  # the process that imported the app: the main one on ZeroGPU
+
+
+def in_gpu_worker() -> bool:
+    """Whether this is a ZeroGPU worker (a process forked from the main one for a call)."""
+    return ON_ZEROGPU and os.getpid() != _MAIN_PID
 ON_SPACES = ON_ZEROGPU  # the older name: compute functions run in another process
 
 

@@ -72,6 +72,9 @@ def _load(key: ModelKey, progress=None) -> tuple:
         raise UserError(str(err)) from err
 
 
+REGISTRY.loader = _load  # a ZeroGPU worker forked before a model was loaded loads it itself
+
+
 def ensure_model(key: ModelKey, progress=None) -> ModelHandle:
     """The shared model for `key`, loaded (a registry model fetched, with `progress`) if
     another one is loaded now. In the calling process (the main one on ZeroGPU)."""
