@@ -22,7 +22,7 @@ import pandas as pd
 
 from components.core.comparators import check_editor, check_gpu_time, comparator_label, is_editor, train_comparator
 from components.core.comparison import shared_model
-from components.core.device import DEVICE_LOCK, device_progress, on_device
+from components.core.device import DEVICE_LOCK, device_progress, local_progress, on_device
 from components.core.durations import attack_s
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
@@ -271,7 +271,8 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
         raise UserError(str(err)) from None
     probes, _ = probes_of(bench)  # checked here, before any work
     baseline = _baseline_settings(with_baseline, method, epochs, lr, bench)
-    results = compute_attacks(handle.key, bench, edit, names, baseline, lambda f, m: progress(f, desc=m))
+    results = compute_attacks(handle.key, bench, edit, names, baseline,
+                              local_progress(lambda f, m: progress(f, desc=m)))
     session.extra["attacks"] = (edit, results, names, probes)
     release_memory()
     frame = results_frame(results, names)

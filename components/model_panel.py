@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import gradio as gr
 import torch
 
-from components.core.device import ON_ZEROGPU, device_progress
+from components.core.device import ON_ZEROGPU, local_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
 from components.core.models import DEVICES, DTYPES, ensure_model, model_choices, model_key, n_layers
@@ -47,7 +47,7 @@ def on_load_model(choice: str, device: str, dtype: str, session: Session,
     band-width slider sized to the model's layers."""
     key = model_key(choice, device, dtype)
     progress(0.1, desc=f"loading {key.label()}")
-    handle = ensure_model(key, device_progress(lambda f, m: progress(f, desc=m)))
+    handle = ensure_model(key, local_progress(lambda f, m: progress(f, desc=m)))  # loads here, ZeroGPU too
     if session.model_key != key:
         session.model_key = key
         session.scores = session.scores_for = None

@@ -13,7 +13,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from components.core.device import DEVICE_LOCK, device_progress, kept_cache, on_device
+from components.core.device import DEVICE_LOCK, device_progress, kept_cache, local_progress, on_device
 from components.core.durations import sweep_point_s
 from components.core.edits import trim_stream_cache
 from components.core.errors import UserError, shorten, ui_errors
@@ -167,7 +167,7 @@ def on_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
     f_name, f_eval, r_name, r_eval = eval_subsets(bench)
     forget, retain = session.extra.get("edit_inputs", (bench.forget, bench.retain))
     res = _sweep(handle.key, forget, retain, configs, f_eval, r_eval, bench.prompt_format,
-                 lambda f, m: progress(f, desc=m), current=(edit, base))
+                 local_progress(lambda f, m: progress(f, desc=m)), current=(edit, base))
     run = dict(edit.run)
     points = [None] + [(c.to_dict(), run | ({"band": list(v), "band_mode": "manual", "k": len(v)}
                                             if param == "band" else {"band": list(edit.band)}))

@@ -135,11 +135,10 @@ def kept_cache(cache):
     return None if ON_ZEROGPU else cache
 
 
-def device_progress(callback: Callable | None) -> Callable | None:
-    """A progress callback to hand to an `on_device` function (it also stops a cancelled
-    job at each stage): on ZeroGPU those run in another process and take only plain,
-    picklable values, so none is passed there."""
-    if ON_ZEROGPU or callback is None:
+def local_progress(callback: Callable | None) -> Callable | None:
+    """`callback` for work done in this process (loading a model, on ZeroGPU too), checking
+    at each stage that the job is still wanted."""
+    if callback is None:
         return None
 
     def report(*args, **kwargs):
@@ -147,6 +146,13 @@ def device_progress(callback: Callable | None) -> Callable | None:
         return callback(*args, **kwargs)
 
     return report
+
+
+def device_progress(callback: Callable | None) -> Callable | None:
+    """A progress callback to hand to an `on_device` function (it also stops a cancelled
+    job at each stage): on ZeroGPU those run in another process and take only plain,
+    picklable values, so none is passed there."""
+    return None if ON_ZEROGPU else local_progress(callback)
 
 
 CANCEL_CHECK_S = 0.2  # how often a running job asks whether it was cancelled
