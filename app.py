@@ -31,13 +31,13 @@ from components.compare_panel import (ask_box, build_answers_panel, build_compar
 from components.core import form
 from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
 from components.core.comparison import default_examples, warm_base_rows
-from components.core.device import DEVICE_QUEUE, ON_SPACES
+from components.core.device import DEVICE_QUEUE, ON_ZEROGPU
 from components.core.downloads import table_files
 from components.core.edits import warm_edit
 from components.core.errors import ui_errors
 from components.core.guard import BodyLimit, QueueGuard, UploadGuard
 from components.core.limits import limit
-from components.core.models import ensure_model, model_key, n_layers
+from components.core.models import ensure_model, model_key, n_layers, preload_allowed
 from components.core.session import REGISTRY, Session
 from components.core.sources import DEMO, REAL
 from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
@@ -312,8 +312,10 @@ def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session)
     """On the real model, while the visitor reads the page: the forward pass up to the
     suggested band (Run edit then runs only the band) and the unedited rows of the
     comparison, keeping what the layers below that band give on its batches (then only
-    the Edited row is left, on the band and above); all cached for every later page."""
-    if session.model_key is not None and session.model_key.name == REAL:
+    the Edited row is left, on the band and above); all cached for every later page.
+    Nothing on ZeroGPU: it would spend the visitor's GPU time on opening the page, and
+    the stream and prefix caches would stay in a worker."""
+    if session.model_key is not None and session.model_key.name == REAL and not ON_ZEROGPU:
         band = warm_edit(k, retain_examples, seed, session)
         warm_base_rows(max_examples, session, min(band) if band else None)
 
@@ -382,7 +384,7 @@ def build_app(warm: bool = False) -> gr.Blocks:
             .success(on_warm_comparison, warm_inputs + [ui.session], None,
                      api_visibility="private", **DEVICE)
     demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"))
-    if warm and start_key is not None and not ON_SPACES:
+    if warm and start_key is not None and not ON_ZEROGPU:
         threading.Thread(target=warm_first_page, name="warm-first-page", daemon=True,
                          args=(start_key, [c.value for c in score_inputs],
                                [c.value for c in warm_inputs])).start()
@@ -434,10 +436,13 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = parse_args(argv)
 
-    threads = args.threads or (1 if args.model == DEMO and not torch.cuda.is_available() else None)
+    on_cpu = args.device == "cpu" or (not ON_ZEROGPU and not torch.cuda.is_available())
+    threads = args.threads or (1 if args.model == DEMO and on_cpu else None)
     if threads:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
+    if ON_ZEROGPU:  # in this process, before any GPU worker is forked: every worker has them
+        preload_allowed(args.device)
     preload(args.model, args.device)
     log.info("model ready in %.1f s", time.perf_counter() - t0)
     build_app(warm=True).launch(server_name=args.host, server_port=args.port, share=args.share,

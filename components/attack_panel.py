@@ -20,9 +20,10 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core.comparators import check_editor, comparator_label, is_editor, run_comparator
+from components.core.comparators import check_editor, check_gpu_time, comparator_label, is_editor, train_comparator
 from components.core.comparison import shared_model
-from components.core.device import DEVICE_LOCK, device_progress, on_device_for
+from components.core.device import DEVICE_LOCK, device_progress, local_progress, on_device
+from components.core.durations import attack_s
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
 from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model
@@ -66,32 +67,42 @@ def probes_of(bench) -> tuple[tuple, tuple[QAExample, ...]]:
     return probes_from_examples(held), fitted
 
 
-@on_device_for(600)
+@on_device(duration=attack_s)
+def attack_once(key: ModelKey, bench, edit, name: str, progress=None) -> dict:
+    """{name: AttackResult} of one attack on `edit` (a GPU call of its own on ZeroGPU)."""
+    probes, fitted = probes_of(bench)
+    holdout = holdout_of(bench.eval_sets, bench.retain)
+    with DEVICE_LOCK:
+        handle = shared_model(key, "attacks")
+        return run_attacks(handle.model, handle.tokenizer, edit, probes, fitted=fitted, holdout=holdout,
+                           attacks=(name,), fmt=bench.prompt_format, progress=progress)
+
+
 def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], baseline: tuple | None,
                     progress) -> dict[str, dict]:
     """{method: {attack: AttackResult}} for GROM's edit and, where `baseline` = (method,
-    epochs, lr), that baseline trained now on the same data (its patch not kept)."""
+    epochs, lr), that baseline trained now on the same data (its patch not kept). One
+    compute function per attack and per edit, and one for the training (refused first on
+    ZeroGPU where it cannot fit one call), so that each fits ZeroGPU's limit."""
     progress = progress or (lambda *_: None)
-    probes, fitted = probes_of(bench)
-    holdout = holdout_of(bench.eval_sets, bench.retain)
     edits = {GROM: grom_edit}
+    start = 0.0
+    if baseline is not None:
+        method, epochs, lr = baseline
+        label = comparator_label(method)
+        check_gpu_time(key, bench, method, epochs)
+        edits[label] = train_comparator(key, bench, method, epochs, lr, grom_edit.band,
+                                        device_progress(lambda f, m: progress(TRAIN_SHARE * f, f"{label}: {m}")))
+        start = TRAIN_SHARE
+    share = (1 - start) / (len(edits) * len(names))
     out: dict[str, dict] = {}
-    with DEVICE_LOCK:
-        handle = shared_model(key, "attacks")
-        start = 0.0
-        if baseline is not None:
-            method, epochs, lr = baseline
-            label = comparator_label(method)
-            edits[label] = run_comparator(method, handle.model, handle.tokenizer, bench, epochs, lr,
-                                          band=grom_edit.band,
-                                          progress=lambda f, m: progress(TRAIN_SHARE * f, f"{label}: {m}"))
-            start = TRAIN_SHARE
-        share = (1 - start) / len(edits)
-        for i, (name, edit) in enumerate(edits.items()):
-            at = start + i * share
-            out[name] = run_attacks(handle.model, handle.tokenizer, edit, probes, fitted=fitted, holdout=holdout,
-                                    attacks=names, fmt=bench.prompt_format,
-                                    progress=lambda f, m, at=at, name=name: progress(at + share * f, f"{name}: {m}"))
+    for i, (method, edit) in enumerate(edits.items()):
+        out[method] = {}
+        for j, name in enumerate(names):
+            at = start + (i * len(names) + j) * share
+            step = device_progress(lambda f, m, at=at, method=method: progress(at + share * f, f"{method}: {m}"))
+            out[method] |= attack_once(key, bench, edit, name, step)
+    progress(1.0, "attacks done")
     return out
 
 
@@ -261,7 +272,7 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
     probes, _ = probes_of(bench)  # checked here, before any work
     baseline = _baseline_settings(with_baseline, method, epochs, lr, bench)
     results = compute_attacks(handle.key, bench, edit, names, baseline,
-                              device_progress(lambda f, m: progress(f, desc=m)))
+                              local_progress(lambda f, m: progress(f, desc=m)))
     session.extra["attacks"] = (edit, results, names, probes)
     release_memory()
     frame = results_frame(results, names)

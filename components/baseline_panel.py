@@ -20,10 +20,11 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core.comparators import (check_editor, comparator_choices, comparator_label, editor_boxes,
-                                         is_editor, run_comparator)
-from components.core.comparison import examples_per_set, reference_for, report_rows, shared_model
-from components.core.device import DEVICE_LOCK, device_progress, on_device_for
+from components.core.comparators import (check_editor, check_gpu_time, comparator_choices, comparator_label,
+                                         editor_boxes, is_editor, train_comparator)
+from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
+                                        shared_model)
+from components.core.device import device_progress
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET
 from components.core.limits import limit, over
@@ -34,7 +35,6 @@ from components.views.tables import download_box, empty_table, format_metric, go
 from grom.baselines import EDITORS, METHODS, Method
 from grom.baselines.defaults import starting_point
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
-from grom.eval import evaluate
 from grom.eval.report import BASE, EDITED, REFERENCE
 from grom.memory import release_memory
 
@@ -141,28 +141,30 @@ def check_sizes(bench) -> None:
                        f"has {{n}}", len(examples), "GROM_MAX_EXAMPLES")
 
 
-@on_device_for(600)
+def _part(progress, start: float, share: float):
+    """`progress` for a stage from `start` to `start + share` of the bar (None stays None:
+    on ZeroGPU no callback crosses into a GPU worker)."""
+    if progress is None:
+        return None
+    return lambda f, m: progress(start + share * f, m)
+
+
 def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float, grom_edit,
                      cached, n, progress):
     """Train the baseline (or run the editor on GROM's band; the model is given back as
     found), then the rows of the table: `cached` (a Report with Base, GROM's Edited and
     Retain model rows) or those rows computed now, and the baseline's row. Returns
-    (baseline Edit, GROM report, baseline report)."""
-    progress = progress or (lambda *_: None)
-    with DEVICE_LOCK:
-        handle = shared_model(key, "baseline")
-        try:
-            edit = run_comparator(method, handle.model, handle.tokenizer, bench, epochs, lr,
-                                  band=grom_edit.band if grom_edit is not None else None,
-                                  progress=lambda f, m: progress(TRAIN_SHARE * f, m))
-        except (ValueError, TypeError) as err:  # the data: nothing the baseline can train on
-            raise UserError(f"{comparator_label(method)} cannot run on {bench.name}/{bench.split}: {err}.") from err
-        rest = 1 - TRAIN_SHARE
-        report = cached or report_rows(handle, bench, grom_edit, n,
-                                       lambda f, m: progress(TRAIN_SHARE + rest / 2 * f, m))
-        mine = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
-                        reference=reference_for(handle, bench), max_examples=n, reuse=report,
-                        progress=lambda f, m: progress(TRAIN_SHARE + rest / 2 * (1 + f), m))
+    (baseline Edit, GROM report, baseline report). Three compute functions, each within
+    one GPU call on ZeroGPU (the training refused first if it cannot fit one)."""
+    check_gpu_time(key, bench, method, epochs)
+    reference_for(shared_model(key, "baseline"), bench)  # loaded here: every worker forked next has it
+    band = grom_edit.band if grom_edit is not None else None
+    edit = train_comparator(key, bench, method, epochs, lr, band, _part(progress, 0.0, TRAIN_SHARE))
+    rest = 1 - TRAIN_SHARE
+    report = cached or comparison_report(shared_model(key, "baseline"), bench, grom_edit, n,
+                                         _part(progress, TRAIN_SHARE, rest / 2))
+    mine = compute_report(key, bench, edit, n, _part(progress, TRAIN_SHARE + rest / 2, rest / 2),
+                          prior=report, prefix=False)
     return edit, report, mine
 
 

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import gradio as gr
 import numpy as np
 
-from components.core.comparison import FORGET_SETS, RETAIN_SETS, compute_report, covers_split, examples_per_set
+from components.core.comparison import FORGET_SETS, RETAIN_SETS, comparison_report, covers_split, examples_per_set
 from components.core.device import DEVICE_LOCK, device_progress, on_device
+from components.core.durations import generate_s
 from components.core.downloads import report_files
 from components.core.errors import UserError, ui_errors
 from components.core.limits import limit
@@ -131,9 +132,9 @@ def on_card_first(max_examples: int, full_set: bool, session: Session, progress=
         return gr.skip()
     handle, edit = current_model(session), current_edit(session)
     n = examples_per_set(max_examples, full_set, bench)
-    report = compute_report(handle.key, bench, edit, n,
-                            device_progress(lambda f, m: progress(f, desc=f"the answers: {m}")),
-                            stage="answers")
+    report = comparison_report(handle, bench, edit, n,
+                               device_progress(lambda f, m: progress(f, desc=f"the answers: {m}")),
+                               stage="answers")
     session.extra["answers"] = (edit, bench, n, report)
     remember(session, edit, report, covers_split(bench, n))
     return result_card(session)
@@ -147,9 +148,8 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
     edit = current_edit(session)
     bench = current_benchmark(session)
     n = examples_per_set(max_examples, full_set, bench)
-    report = compute_report(handle.key, bench, edit, n,
-                            device_progress(lambda f, m: progress(f, desc=m)),
-                            answers=_answers(session, bench, edit, n))
+    report = comparison_report(handle, bench, edit, n, device_progress(lambda f, m: progress(f, desc=m)),
+                               answers=_answers(session, bench, edit, n))
     session.report, session.report_for = report, (bench, edit, n)
     whole = covers_split(bench, n)
     remember(session, edit, report, whole)
@@ -160,7 +160,7 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
             generations_html(retain, "Retain examples: the answers should stay", kind="retain"))
 
 
-@on_device
+@on_device(duration=generate_s)
 def _generate(key: ModelKey, prompt: str, edit, fmt) -> list[dict]:
     """The prompt's greedy answer before and after `edit` (None: the original model's only)."""
     with DEVICE_LOCK:

@@ -11,7 +11,8 @@ import pandas as pd
 import torch
 
 from components.core.comparison import examples_per_set
-from components.core.device import DEVICE_LOCK, on_device
+from components.core.device import DEVICE_LOCK, kept_cache, on_device
+from components.core.durations import edit_and_report_s, rerun_s
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
                                      resident)
@@ -72,12 +73,12 @@ def with_keys(key: ModelKey, edit, inputs):
     forget, retain = inputs
     config = edit.config.replace(keep_keys=True, layers=tuple(edit.band) or None)
     return run_edit(handle.model, handle.tokenizer, forget, retain, config,
-                    scores=edit.scores, stream_cache=handle.stream_cache)
+                    scores=edit.scores, stream_cache=kept_cache(handle.stream_cache))
 
 
 # ---------------------------------------------------------------- where the outputs moved
 
-@on_device
+@on_device(duration=rerun_s)
 def _outputs(key: ModelKey, edit, inputs, param: str):
     with DEVICE_LOCK:  # W is read from the shared model: no edit may be applied meanwhile
         full = with_keys(key, edit, inputs)
@@ -154,7 +155,7 @@ def on_pca(param: str, session: Session):
 
 # ---------------------------------------------------------------- influence
 
-@on_device
+@on_device(duration=rerun_s)
 def _influence(key: ModelKey, edit, inputs, param: str):
     with DEVICE_LOCK:
         full = with_keys(key, edit, inputs)
@@ -234,7 +235,7 @@ def on_table_select(evt: gr.SelectData, session: Session):
 
 # ---------------------------------------------------------------- quantization
 
-@on_device
+@on_device(duration=edit_and_report_s)
 def _quant(key: ModelKey, bench, edit, n):
     with DEVICE_LOCK:
         handle = resident(key, "request")

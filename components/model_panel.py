@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import gradio as gr
 import torch
 
-from components.core.device import device_progress
+from components.core.device import ON_ZEROGPU, local_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
 from components.core.models import DEVICES, DTYPES, ensure_model, model_choices, model_key, n_layers
@@ -18,14 +18,17 @@ from grom.arch import num_layers
 
 
 def summary(handle: ModelHandle) -> str:
-    """Markdown: architecture, layers, sizes, device and memory of the loaded model."""
+    """Markdown: architecture, layers, sizes, device and memory of the loaded model (no
+    CUDA query on ZeroGPU, whose main process has no GPU)."""
     m, cfg = handle.model, handle.model.config
     n_params = sum(p.numel() for p in m.parameters())
     n_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
     name = {DEMO: "bundled demo (assets/demo-full)",
             REAL: "SmolLM2-135M-Instruct (package index GGUF, float32)"}.get(handle.key.name, handle.key.shown)
     mem = f"{n_bytes / 2**20:,.1f} MiB of weights"
-    if handle.key.device.startswith("cuda"):
+    if ON_ZEROGPU:  # this process has no GPU to ask: each compute call gets one
+        mem += "; GPU attached per request (ZeroGPU)"
+    elif handle.key.device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info()
         mem += f"; GPU {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
     rows = [("model", name), ("architecture", f"{type(m).__name__} ({cfg.model_type})"),
@@ -44,7 +47,7 @@ def on_load_model(choice: str, device: str, dtype: str, session: Session,
     band-width slider sized to the model's layers."""
     key = model_key(choice, device, dtype)
     progress(0.1, desc=f"loading {key.label()}")
-    handle = ensure_model(key, device_progress(lambda f, m: progress(f, desc=m)))
+    handle = ensure_model(key, local_progress(lambda f, m: progress(f, desc=m)))  # loads here, ZeroGPU too
     if session.model_key != key:
         session.model_key = key
         session.scores = session.scores_for = None

@@ -13,8 +13,9 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from components.core.device import DEVICE_LOCK, device_progress, on_device
-from components.core.edits import STREAM_CACHE_ENTRIES
+from components.core.device import DEVICE_LOCK, device_progress, kept_cache, local_progress, on_device
+from components.core.durations import sweep_point_s
+from components.core.edits import trim_stream_cache
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import add_row, restore, row_index
 from components.core.runs import band_text
@@ -95,13 +96,12 @@ def sweep_values(param: str, values: str, config, band: list[int], n_layers: int
     return out
 
 
-@on_device
-def _sweep(key: ModelKey, forget, retain, configs, f_eval, r_eval, fmt, progress, current=None):
-    """[(p forget, p retain, seconds)] for the unedited model and each config; `current`,
-    (the session's edit, its config as the sweep writes it), is reused for that config
-    instead of being solved again."""
-
-
+@on_device(duration=sweep_point_s)
+def sweep_point(key: ModelKey, forget, retain, config, f_eval, r_eval, fmt, progress, current=None):
+    """(p forget, p retain, seconds) of one point: the unedited model where `config` is
+    None, else the edit of `config` (`current`, the session's Edit, where it was made with
+    that config: reused, not solved again) applied while scoring. One GPU call per point,
+    so that a sweep of any length fits ZeroGPU's limit on one call."""
     progress = progress or (lambda f, m: None)
     with DEVICE_LOCK:
         handle = resident(key, "sweep")
@@ -111,25 +111,38 @@ def _sweep(key: ModelKey, forget, retain, configs, f_eval, r_eval, fmt, progress
             return (float(answer_probabilities(model, tok, f_eval, prompt_format=fmt).mean()),
                     float(answer_probabilities(model, tok, r_eval, prompt_format=fmt).mean()))
 
-        n = len(configs)
-        progress(0.0, "scoring the unedited model")
-        out = [(*probs(), 0.0)]
-        for i, config in enumerate(configs):
-            def step(f, msg, i=i):
-                progress((i + 0.9 * f) / n, f"point {i + 1} of {n}: {msg}")
+        if config is None:
+            return (*probs(), 0.0)
+        t0 = time.perf_counter()
+        if current is not None:
+            edit, seconds = current, float(current.timings.get("total", 0.0))
+        else:
+            cache = kept_cache(handle.stream_cache)
+            edit = run_edit(model, tok, forget, retain, config, progress=progress, stream_cache=cache)
+            seconds = time.perf_counter() - t0
+            trim_stream_cache(cache)
+        progress(0.9, "scoring")
+        with edit.applied(model):
+            return (*probs(), seconds)
 
-            step(0.0, "edit")
-            t0 = time.perf_counter()
-            same = current is not None and config == current[1]
-            edit = current[0] if same else run_edit(model, tok, forget, retain, config, progress=step,
-                                                    stream_cache=handle.stream_cache)
-            seconds = float(edit.timings.get("total", 0.0)) if same else time.perf_counter() - t0
-            while len(handle.stream_cache) > STREAM_CACHE_ENTRIES:
-                handle.stream_cache.pop(next(iter(handle.stream_cache)))
-            progress((i + 0.9) / n, f"point {i + 1} of {n}: scoring")
-            with edit.applied(model):
-                out.append((*probs(), seconds))
-        progress(1.0, "done")
+
+def _sweep(key: ModelKey, forget, retain, configs, f_eval, r_eval, fmt, progress, current=None):
+    """[(p forget, p retain, seconds)] for the unedited model and each config, a
+    `sweep_point` call each; `current`, (the session's edit, its config as the sweep
+    writes it), is reused for that config instead of being solved again."""
+    progress = progress or (lambda f, m: None)
+    n = len(configs)
+    progress(0.0, "scoring the unedited model")
+    out = [sweep_point(key, forget, retain, None, f_eval, r_eval, fmt, None)]
+    for i, config in enumerate(configs):
+        def step(f, msg, i=i):
+            progress((i + 0.9 * f) / n, f"point {i + 1} of {n}: {msg}")
+
+        step(0.0, "edit")
+        same = current is not None and config == current[1]
+        out.append(sweep_point(key, forget, retain, config, f_eval, r_eval, fmt,
+                               device_progress(step), current[0] if same else None))
+    progress(1.0, "done")
     return out
 
 
@@ -154,7 +167,7 @@ def on_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
     f_name, f_eval, r_name, r_eval = eval_subsets(bench)
     forget, retain = session.extra.get("edit_inputs", (bench.forget, bench.retain))
     res = _sweep(handle.key, forget, retain, configs, f_eval, r_eval, bench.prompt_format,
-                 device_progress(lambda f, m: progress(f, desc=m)), current=(edit, base))
+                 local_progress(lambda f, m: progress(f, desc=m)), current=(edit, base))
     run = dict(edit.run)
     points = [None] + [(c.to_dict(), run | ({"band": list(v), "band_mode": "manual", "k": len(v)}
                                             if param == "band" else {"band": list(edit.band)}))

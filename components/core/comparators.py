@@ -16,8 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, on_device
+from components.core.durations import train_need_s, train_s
 from components.core.errors import UserError, shorten
+from components.core.gpu_time import refuse_over
 from components.core.limits import limit, over
+from components.core.session import ModelKey, resident
 from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
 from grom.baselines.recipes import recipe_for_task
 from grom.baselines.values import ValueSettings, missing_facts
@@ -98,3 +102,28 @@ def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float
                           progress=progress)
     return run_baseline(name, model, tokenizer, bench.forget, bench.retain, recipe=recipe_for_task(bench.task).name,
                         epochs=count, lr=rate, prompt_format=bench.prompt_format, progress=progress)
+
+
+@on_device(duration=train_s)
+def train_comparator(key: ModelKey, bench, name: str, count: float, rate: float, band=None, progress=None):
+    """`run_comparator` on the resident model `key`, as one compute function: the method's
+    Edit (CPU patches of every parameter it changed; the shared model given back as
+    found). A split it cannot train on is a `UserError` that says so."""
+    with DEVICE_LOCK:
+        handle = resident(key, "baseline")
+        try:
+            return run_comparator(name, handle.model, handle.tokenizer, bench, count, rate, band=band,
+                                  progress=progress)
+        except (ValueError, TypeError) as err:  # the data: nothing the baseline can train on
+            raise UserError(f"{comparator_label(name)} cannot run on {bench.name}/{bench.split}: {err}.") from err
+
+
+def check_gpu_time(key: ModelKey, bench, name: str, count: float) -> None:
+    """On ZeroGPU: refuse, before any work, a training that one GPU call cannot hold.
+    Training is one call (its optimiser state is not carried between calls), so it is
+    bounded, not split; its evaluation runs in calls of its own."""
+    if ON_ZEROGPU and not is_editor(name):
+        refuse_over(train_need_s(key, bench, count),
+                    f"Training {comparator_label(name)} for {count:g} epochs on "
+                    f"{len(bench.forget) + len(bench.retain):,} examples",
+                    "fewer epochs, GROM_MAX_EPOCHS, or a smaller split, GROM_MAX_EXAMPLES")

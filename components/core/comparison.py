@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from components.core.device import DEVICE_LOCK, on_device
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, kept_cache, on_device
+from components.core.durations import report_s
 from components.core.limits import limit, over
 from components.core.session import (REGISTRY, ModelHandle, ModelKey, Session, current_benchmark,
                                      current_model, resident)
@@ -44,34 +45,60 @@ def shared_model(key: ModelKey, what: str = "comparison") -> ModelHandle:
     return resident(key, what)
 
 
-@on_device
-def compute_report(key: ModelKey, bench, edit, n, progress, record_at: tuple[int, ...] = (),
-                   stage: str = "full", answers=None):
-    """Base, Edited and Retain model rows in one Report; the Base row is cached. `stage`
+@on_device(duration=report_s)
+def compute_report(key: ModelKey, bench, edit, n, progress, record_at: tuple[int, ...] = (), prior=None,
+                   prefix: bool = True, stage: str = "full", answers=None):
+    """Base, Edited and Retain model rows in one Report, the unedited ones taken from
+    `prior` (an earlier Report of the same model, benchmark and size) where given. Pure
+    in what it returns; the caller keeps the Base report (`comparison_report`). `stage`
     and `answers` as `grom.eval.evaluate`'s (the card's answers first, then the rest)."""
     with DEVICE_LOCK:
-        return report_rows(shared_model(key), bench, edit, n, progress, record_at, stage, answers)
+        return report_rows(shared_model(key), bench, edit, n, progress, record_at, prior, prefix, stage, answers)
 
 
-def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),
-                stage: str = "full", answers=None):
-    """Base, Edited (with `edit`) and Retain model rows; the unedited rows come from the
-    first full report per (model, benchmark, n) (`evaluate(reuse=)`), and the Edited row
-    runs only the edit's layers and above on batches seen before (`evaluate(prefix=)`; the
-    Base row records them for a band starting at a layer of `record_at`). Runs under
-    DEVICE_LOCK (re-entrant: callers may hold it already)."""
+def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (), prior=None,
+                prefix: bool = True, stage: str = "full", answers=None):
+    """Base, Edited (with `edit`) and Retain model rows; the unedited rows come from
+    `prior` (`evaluate(reuse=)`), and the Edited row runs only the edit's layers and above
+    on batches seen before (`evaluate(prefix=)`, the model's prefix cache; none on
+    ZeroGPU, where it would be filled in a worker: `kept_cache`; the Base row records
+    them for a band starting at a layer of `record_at`; `prefix` False: no prefix cache,
+    as for a baseline's patch of every layer). Runs under DEVICE_LOCK
+    (re-entrant: callers may hold it already)."""
     with DEVICE_LOCK:
-        ck = (handle.key, id(bench), n)
-        hit = _BASE_CACHE.get(ck)
-        prior = hit[1] if hit is not None and hit[0] is bench else None
-        report = evaluate(handle.model, handle.tokenizer, bench, edit=edit,
-                          reference=reference_for(handle, bench), max_examples=n,
-                          progress=progress, reuse=prior, prefix=handle.prefix_cache,
-                          record_at=record_at, stage=stage, answers=answers)
-    if prior is None and report.stage == "full":  # an answers-stage Base row lacks the scores
+        return evaluate(handle.model, handle.tokenizer, bench, edit=edit,
+                        reference=reference_for(handle, bench), max_examples=n,
+                        progress=progress, reuse=prior,
+                        prefix=kept_cache(handle.prefix_cache) if prefix else None,
+                        record_at=record_at, stage=stage, answers=answers)
+
+
+def base_report(key: ModelKey, bench, n):
+    """The first Report made for (model, benchmark, n) in this process, or None."""
+    hit = _BASE_CACHE.get((key, id(bench), n))
+    return hit[1] if hit is not None and hit[0] is bench else None
+
+
+def keep_base(key: ModelKey, bench, n, report) -> None:
+    """Keep `report` as the Base report of (model, benchmark, n) unless there is one (the
+    six most recent kept). In the main process: a compute function only returns it."""
+    ck = (key, id(bench), n)
+    hit = _BASE_CACHE.get(ck)
+    if (hit is None or hit[0] is not bench) and report.stage == "full":  # an answers-stage Base lacks scores
         _BASE_CACHE[ck] = (bench, report)
         while len(_BASE_CACHE) > 6:
             _BASE_CACHE.popitem(last=False)
+
+
+def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),
+                      stage: str = "full", answers=None):
+    """`compute_report` with the Base report of this process (`base_report`) and the
+    result kept (`keep_base`). The reference model, where there is one, is loaded here
+    first, so that a ZeroGPU worker forked next inherits it."""
+    reference_for(handle, bench)
+    report = compute_report(handle.key, bench, edit, n, progress, record_at, base_report(handle.key, bench, n),
+                            stage=stage, answers=answers)
+    keep_base(handle.key, bench, n, report)
     return report
 
 
@@ -79,12 +106,15 @@ def warm_base_rows(max_examples: int, session: Session, band_start: int | None =
     """Compute the unedited rows of the session's benchmark ahead of the first comparison
     (a new page of the real model: the first Run edit then costs only the Edited row, and
     on the layers from `band_start` on, the suggested band's first). Cached per model,
-    benchmark and size for every session; silent on any problem."""
+    benchmark and size for every session; silent on any problem. Skipped on ZeroGPU: it
+    would spend a visitor's GPU time on opening the page."""
+    if ON_ZEROGPU:
+        return
     try:
         handle, bench = current_model(session), current_benchmark(session)
-        if (handle.key, id(bench), int(max_examples)) not in _BASE_CACHE:
-            compute_report(handle.key, bench, None, int(max_examples), None,
-                           () if band_start is None else (int(band_start),))
+        if base_report(handle.key, bench, int(max_examples)) is None:
+            comparison_report(handle, bench, None, int(max_examples), None,
+                              () if band_start is None else (int(band_start),))
     except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
         log.info("base rows not precomputed: %s", err)
 

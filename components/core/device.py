@@ -11,53 +11,134 @@ a ZeroGPU Space, and cancellation.
   in a fraction of a second instead of running to its end.
 - `on_device` marks the compute functions: `spaces.GPU` on a ZeroGPU Space, plain
   functions elsewhere. They take plain values and return plain values; sessions are
-  only changed outside them (on ZeroGPU they run in another process).
+  only changed outside them.
+
+On ZeroGPU (the `spaces` package with SPACES_ZERO_GPU set, as `spaces.config` reads it;
+spaces 0.51.3, `spaces/config.py`, `spaces/zero/wrappers.py`) a `spaces.GPU` call runs in
+a worker process forked from the main one (`multiprocessing` "fork"), its arguments and
+result pickled; whatever it changes in module state stays in that worker, which may be
+reused for the next call of the same function or not. The main process has no real CUDA
+(spaces patches `torch.cuda`), so the app asks it nothing there (`ON_ZEROGPU`). Models are
+loaded in the main process and inherited by every fork. Without ZeroGPU (a plain machine,
+a plain GPU Space, where `spaces.GPU` returns the function unchanged) nothing differs.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+import os
 import threading
 import time
 from typing import Callable
 
+import gradio as gr
 from anyio import from_thread
 from gradio.context import LocalContext
 
-from components.core.errors import JobCancelled
+from components.core.errors import JobCancelled, message_for
 from grom.arch import decoder_layers
 
-DEVICE_LOCK = threading.RLock()
+class DeviceLock:
+    """A re-entrant lock (`threading.RLock`'s interface) made anew in a forked child: a
+    ZeroGPU worker is forked while another request's thread may hold the parent's lock,
+    and a copy held by a thread that does not exist in the child would never be released."""
+    def __init__(self):
+        self._lock = threading.RLock()
+
+    def renew(self) -> None:
+        self._lock = threading.RLock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self):
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+DEVICE_LOCK = DeviceLock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=DEVICE_LOCK.renew)
 
 
 DEVICE_QUEUE = "device"  # the concurrency_id of every event that touches the model
 
 
-def _gpu_decorator() -> tuple[Callable, bool]:
+def _zerogpu() -> bool:
+    """Whether this process runs on ZeroGPU: `spaces` importable and SPACES_ZERO_GPU true
+    (what `spaces.config.Settings.zero_gpu` reads; elsewhere `spaces.GPU` is a no-op)."""
+    if os.environ.get("SPACES_ZERO_GPU", "").strip().lower() not in ("1", "t", "true"):
+        return False
     try:
         import spaces  # noqa: F401  (only on Hugging Face Spaces)
     except ImportError:
-        return (lambda fn: fn), False
-    return spaces.GPU, True
+        return False
+    return True
 
 
-on_device, ON_SPACES = _gpu_decorator()
+ON_ZEROGPU = _zerogpu()
+_MAIN_PID = os.getpid()  # the process that imported the app: the main one on ZeroGPU
 
 
-def on_device_for(seconds: int) -> Callable:
-    """`on_device` for long work (training a baseline): on ZeroGPU, a GPU slot of up to
-    `seconds` (`spaces.GPU(duration=...)`; the default slot is 60 s); elsewhere a no-op."""
-    if not ON_SPACES:
-        return lambda fn: fn
-    import spaces
-
-    return spaces.GPU(duration=seconds)
+def in_gpu_worker() -> bool:
+    """Whether this is a ZeroGPU worker (a process forked from the main one for a call)."""
+    return ON_ZEROGPU and os.getpid() != _MAIN_PID
+ON_SPACES = ON_ZEROGPU  # the older name: compute functions run in another process
 
 
-def device_progress(callback: Callable | None) -> Callable | None:
-    """A progress callback to hand to an `on_device` function (it also stops a cancelled
-    job at each stage): on ZeroGPU those run in another process and take only plain,
-    picklable values, so none is passed there."""
-    if ON_SPACES or callback is None:
+def on_device(fn: Callable | None = None, *, duration: Callable | None = None) -> Callable:
+    """Mark a compute function (bare, or with `duration`, a function of the same arguments
+    giving the seconds of GPU it asks for: `components.core.durations`). On ZeroGPU it is
+    `spaces.GPU(duration=...)` of the function with its errors made `gr.Error`s
+    (`_worker_errors`); elsewhere the function itself. A compute function takes and returns
+    plain picklable values, and no state it changes outlives it on ZeroGPU."""
+    def mark(f: Callable) -> Callable:
+        if not ON_ZEROGPU:
+            return f
+        import spaces
+
+        task = _worker_errors(f)
+        return spaces.GPU(duration=duration)(task) if duration is not None else spaces.GPU(task)
+
+    return mark(fn) if fn is not None else mark
+
+
+def _worker_errors(f: Callable) -> Callable:
+    """`f`, its exceptions turned into a `gr.Error` with the message a user sees (as the
+    handlers' `ui_errors` would): spaces passes a worker's `gr.Error` on as it is, but any
+    other exception only as "ZeroGPU worker error" and its class name (spaces 0.51.3,
+    `spaces/zero/wrappers.py`, `exception_result`), which would lose what to do."""
+    @functools.wraps(f)
+    def task(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except gr.Error:
+            raise
+        except Exception as err:  # noqa: BLE001  (the worker's edge: the message crosses, the traceback is logged)
+            logging.getLogger(__name__).warning("%s failed in the GPU worker", f.__name__, exc_info=True)
+            raise gr.Error(message_for(err), print_exception=False) from None
+
+    return task
+
+
+def kept_cache(cache):
+    """`cache` (a stream, prefix or similar cache a compute function fills for later ones),
+    or None on ZeroGPU, where it would be filled in a worker that the next call may not
+    share: the work is then simply done again, the results are the same."""
+    return None if ON_ZEROGPU else cache
+
+
+def local_progress(callback: Callable | None) -> Callable | None:
+    """`callback` for work done in this process (loading a model, on ZeroGPU too), checking
+    at each stage that the job is still wanted."""
+    if callback is None:
         return None
 
     def report(*args, **kwargs):
@@ -65,6 +146,13 @@ def device_progress(callback: Callable | None) -> Callable | None:
         return callback(*args, **kwargs)
 
     return report
+
+
+def device_progress(callback: Callable | None) -> Callable | None:
+    """A progress callback to hand to an `on_device` function (it also stops a cancelled
+    job at each stage): on ZeroGPU those run in another process and take only plain,
+    picklable values, so none is passed there."""
+    return None if ON_ZEROGPU else local_progress(callback)
 
 
 CANCEL_CHECK_S = 0.2  # how often a running job asks whether it was cancelled

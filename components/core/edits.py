@@ -1,10 +1,15 @@
 """A GROM edit for a session, on the device: the compute function, the warm-up of the
-stream entering the band, and the cache key of the layer scores an edit may reuse."""
+stream entering the band, and the cache key of the layer scores an edit may reuse.
+
+On ZeroGPU the stream cache is not used and the warm-up is skipped: both would fill a
+cache in a GPU worker that the next call may not share (`kept_cache`), spending GPU time
+on every page for nothing. The edit is the same, its first forward pass just not saved."""
 from __future__ import annotations
 
 import logging
 
-from components.core.device import DEVICE_LOCK, on_device
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, kept_cache, on_device
+from components.core.durations import edit_s
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, resident
 from components.core.validate import retain_subset
 from grom import EditConfig, best_window, run_edit
@@ -17,15 +22,22 @@ def scores_key(session: Session, matrix: str, use_alpha: bool, n_retain) -> tupl
     return (session.model_key, id(session.benchmark), matrix, bool(use_alpha), n_retain)
 
 
-@on_device
+@on_device(duration=edit_s)
 def compute_edit(key: ModelKey, forget, retain, config, scores, progress):
+    """The Edit (CPU patches) of `config` on the resident model `key`."""
     with DEVICE_LOCK:
         handle = resident(key, "edit")
+        cache = kept_cache(handle.stream_cache)
         edit = run_edit(handle.model, handle.tokenizer, forget, retain, config,
-                        progress=progress, scores=scores, stream_cache=handle.stream_cache)
-        while len(handle.stream_cache) > STREAM_CACHE_ENTRIES:  # oldest first (dicts keep order)
-            handle.stream_cache.pop(next(iter(handle.stream_cache)))
+                        progress=progress, scores=scores, stream_cache=cache)
+        trim_stream_cache(cache)
         return edit
+
+
+def trim_stream_cache(cache: dict | None) -> None:
+    """Keep the newest STREAM_CACHE_ENTRIES bands' streams (dicts keep their order)."""
+    while cache is not None and len(cache) > STREAM_CACHE_ENTRIES:
+        cache.pop(next(iter(cache)))
 
 
 @on_device
@@ -39,7 +51,10 @@ def _warm(key: ModelKey, forget, retain, config, band) -> None:
 def warm_edit(k: int, retain_examples: int, seed: int, session: Session) -> list[int] | None:
     """The forward pass up to the suggested band, ahead of the first Run edit (the page's
     defaults; any other choice just misses the cache). Returns that band (None without
-    layer scores). Silent on any problem."""
+    layer scores; None on ZeroGPU, where the stream would stay in a worker). Silent on
+    any problem."""
+    if ON_ZEROGPU:
+        return None
     try:
         handle, bench = current_model(session), current_benchmark(session)
         if session.scores is None:

@@ -68,7 +68,7 @@ def _is_oom(err: BaseException) -> bool:
 
 def _free_memory() -> None:
     gc.collect()
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # asks no device (a ZeroGPU main process has none)
         torch.cuda.empty_cache()
 
 

@@ -25,6 +25,7 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_SERVER_UPLOADS_PER_MINUTE | 120 | uploads the whole server accepts per minute |
 | GROM_MAX_REQUEST_MB | 4 | body of any request but an upload (the queue's inputs) |
 | GROM_UPLOAD_CACHE_MB | 512 | uploaded files kept on disk (the oldest go) |
+| GROM_GPU_SECONDS | 300 | seconds of GPU one call asks for on ZeroGPU (its limit: components/core/gpu_time.py) |
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ DEFAULTS = {
     "GROM_MAX_QUEUED_PER_SESSION": 3, "GROM_MAX_QUEUE": 64, "GROM_RESIDENT_MODELS": 2,
     "GROM_MAX_SESSIONS": 32, "GROM_EXPORT_MAX_MB": 256, "GROM_EXPORTS_PER_MINUTE": 6,
     "GROM_UPLOADS_PER_MINUTE": 30, "GROM_UPLOAD_CACHE_MB": 512, "GROM_SERVER_UPLOADS_PER_MINUTE": 120,
-    "GROM_MAX_REQUEST_MB": 4, "GROM_MAX_PATCH_MB": 24,
+    "GROM_MAX_REQUEST_MB": 4, "GROM_MAX_PATCH_MB": 24, "GROM_GPU_SECONDS": 300,
 }
 
 

@@ -1,16 +1,26 @@
 """Which models a visitor may load and how: the model box's choices, the registry key
-for the widgets' values, and loading into the shared registry."""
+for the widgets' values, and loading into the shared registry.
+
+Loading is not a compute function: it runs in the process that serves the page, so that
+the shared registry holds the model. On ZeroGPU that is what the platform asks (models
+loaded in the main process, moved to "cuda" there, which `spaces` intercepts; every GPU
+worker is forked from it and inherits them): the allow-listed models are loaded at start
+(`preload_allowed`), and a model loaded by a request is loaded there too (CPU work)."""
 from __future__ import annotations
 
-from components.core.device import on_device
+import logging
+
+from components.core.device import ON_ZEROGPU
 from components.core.errors import UserError, shorten
-from components.core.limits import ModelPolicy
+from components.core.limits import ModelPolicy, limit
 from components.core.session import REGISTRY, ModelHandle, ModelKey
 from components.core.sources import DEMO, REAL, require_hub, resolve_source
 from grom.arch import num_layers
 from grom.demo import load_demo_model
 from grom.fetch import registry_model
 from grom.models import ModelLoadError, load_model, resolve_device, resolve_dtype
+
+log = logging.getLogger(__name__)
 
 MODEL_CHOICES = [
     ("SmolLM2-135M-Instruct: a real chat model (fetched once, ~40 s)", REAL),
@@ -38,10 +48,13 @@ def model_key(choice: str, device: str, dtype: str) -> ModelKey:
         raise UserError(f"This server offers only these models: {', '.join(policy.allowed)} "
                         f"(its host set GROM_MODELS). Pick one of them; {shorten(choice)!r} is not among them.")
     name = resolve_source(choice, "model")
-    try:
-        dev = resolve_device(device)
-    except ValueError as err:
-        raise UserError(str(err)) from err
+    if ON_ZEROGPU:  # no CUDA to ask in this process: the GPU comes with each request
+        dev = "cuda" if device in ("auto", "cuda") else device
+    else:
+        try:
+            dev = resolve_device(device)
+        except ValueError as err:
+            raise UserError(str(err)) from err
     if dtype == "auto":
         dtype = "bfloat16" if dev.startswith("cuda") else "float32"
     return ModelKey(name, dev, dtype)
@@ -59,11 +72,34 @@ def _load(key: ModelKey, progress=None) -> tuple:
         raise UserError(str(err)) from err
 
 
-@on_device
+REGISTRY.loader = _load  # a ZeroGPU worker forked before a model was loaded loads it itself
+
+
 def ensure_model(key: ModelKey, progress=None) -> ModelHandle:
     """The shared model for `key`, loaded (a registry model fetched, with `progress`) if
-    another one is loaded now."""
+    another one is loaded now. In the calling process (the main one on ZeroGPU)."""
     return REGISTRY.load(key, lambda k: _load(k, progress))
+
+
+def preload_allowed(device: str = "auto", dtype: str = "auto") -> list[ModelKey]:
+    """Every model of the host's GROM_MODELS loaded now, at most GROM_RESIDENT_MODELS of
+    them (the first ones named), so that every GPU worker forked later has them; the keys
+    loaded. Nothing without GROM_MODELS (a free choice cannot be loaded ahead). A model
+    that fails is logged and skipped: a request for it says why."""
+    policy = ModelPolicy.from_env()
+    if policy.allowed is None:
+        return []
+    room = limit("GROM_RESIDENT_MODELS")
+    if len(policy.allowed) > room:
+        log.warning("GROM_MODELS names %d models and GROM_RESIDENT_MODELS keeps %d: loading %s at start; "
+                    "the others load when asked", len(policy.allowed), room, ", ".join(policy.allowed[:room]))
+    loaded = []
+    for name in policy.allowed[:room]:
+        try:
+            loaded.append(ensure_model(model_key(name, device, dtype)).key)
+        except Exception as err:  # noqa: BLE001  (one bad name does not keep the others out)
+            log.warning("could not preload %s: %s", name, err)
+    return loaded
 
 
 def n_layers(handle: ModelHandle) -> int:

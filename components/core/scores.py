@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from components.core.device import DEVICE_LOCK, device_progress, on_device
+from components.core.durations import scores_s
 from components.core.session import ModelKey, resident
 from grom.arch import unembedding
 from grom.pipeline import compute_scores as score
 from grom.pipeline import prepare
 
 
-@on_device
+@on_device(duration=scores_s)
 def compute_scores(key: ModelKey, forget, retain, config, progress):
     with DEVICE_LOCK:
         handle = resident(key, "scores")

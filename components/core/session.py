@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from components.core.device import DEVICE_LOCK, add_cancel_hooks
+from components.core.device import DEVICE_LOCK, add_cancel_hooks, in_gpu_worker
 from components.core.errors import UserError
 from components.core.limits import limit
 from components.core.sources import shown_name
@@ -80,6 +80,7 @@ class ModelRegistry:
     def __init__(self):
         self._handles: dict[ModelKey, ModelHandle] = {}  # least recently used first
         self._references: dict = {}
+        self.loader: Callable[[ModelKey], tuple] | None = None  # what `resident` loads with in a GPU worker
 
     @property
     def current(self) -> ModelHandle | None:
@@ -139,7 +140,7 @@ class ModelRegistry:
             del self._handles[old]
             log.info("unloaded %s to make room", old.label())
         gc.collect()
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():  # asks no device (a ZeroGPU main process has none)
             torch.cuda.empty_cache()
 
 
@@ -203,8 +204,16 @@ def current_model(session: Session) -> ModelHandle:
 
 
 def resident(key: ModelKey, what: str = "request") -> ModelHandle:
-    """The loaded model for `key`, inside a compute function (call with DEVICE_LOCK held)."""
+    """The loaded model for `key`, inside a compute function (call with DEVICE_LOCK held).
+
+    In a ZeroGPU worker forked before the main process loaded `key` (spaces reuses an idle
+    worker for the next call of the same function), the model is loaded there with
+    `REGISTRY.loader` (set by components.core.models): the main process checked it has it
+    just before the call, and the copy lives only as long as that worker."""
     handle = REGISTRY.get(key)
+    if handle is None and in_gpu_worker() and REGISTRY.loader is not None:
+        log.info("%s was loaded after this GPU worker was forked: loading it here too", key.label())
+        handle = REGISTRY.load(key, REGISTRY.loader)
     if handle is None:
         raise UserError(f"{key.label()} was unloaded while the {what} was queued (other visitors "
                         "loaded other models); press Load model to load it again.")

@@ -1,0 +1,120 @@
+"""How many seconds of GPU a compute function asks ZeroGPU for: computed from its work.
+
+ZeroGPU grants a call the `duration` its `spaces.GPU` decorator asks for (60 s when none is
+given), and a shorter ask is served sooner (huggingface/hub-docs
+`docs/hub/spaces-zerogpu.md` @00b2cbfe, "Duration Management" and "Dynamic duration": the
+duration may be a function of the call's arguments). The longest one call may ask is not
+in those docs; the ZeroGPU team gives 5 minutes (huggingface.co/spaces/zero-gpu-explorers/
+README discussion #7), and spaces 0.51.3 (`spaces/zero/client.py`, `schedule`) raises
+"ZeroGPU illegal duration" when the server refuses a longer one. So a call asks for at most
+`GROM_GPU_SECONDS` (default 300); a host whose account is granted more raises it.
+
+The estimate is a small pure function of the work (`gpu_seconds`): floating-point
+operations at a stated effective rate, plus the latency of the generated tokens' steps,
+times a margin, plus a fixed overhead. The rate is a deliberately low estimate (no GPU
+was at hand to measure it here): an H200 half-slice does ~400 TFLOP/s of dense bf16 at
+peak, and forward passes of a few hundred tokens with hooks reach a small part of it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Iterable, Sequence
+
+from components.core.limits import limit, over
+
+CHARS_PER_TOKEN = 3.0  # English BPE averages ~4 characters a token: 3 over-counts, on purpose
+
+
+@dataclass(frozen=True)
+class Rate:
+    """What a second of ZeroGPU buys, and the slack around it."""
+    flops_per_s: float = 2e13
+    """Effective dense throughput (20 TFLOP/s: ~5% of an H200 half-slice's bf16 peak)."""
+    step_s: float = 2e-4
+    """Seconds per decoder layer per generated-token step (small decode batches are bound
+    by kernel launches, not by FLOPs)."""
+    margin: float = 2.0
+    """The estimate is multiplied by this (a call that runs past its duration is aborted)."""
+    overhead_s: float = 10.0
+    """Forking the worker, pickling arguments and results, first CUDA use."""
+
+
+RATE = Rate()
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the cost of a token depends on, read from a loaded model."""
+    layers: int
+    layer_params: int
+    """Parameters of one decoder layer (a token costs 2 x this FLOPs per layer forward)."""
+    key_dim: int
+    """Input size n of an edited matrix (the MLP width for down_proj): the solve is n x n."""
+
+
+def cap_seconds() -> int:
+    """The most one GPU call asks for (GROM_GPU_SECONDS, default 300: ZeroGPU's limit)."""
+    return limit("GROM_GPU_SECONDS")
+
+
+def gpu_seconds(flops: float, steps: float = 0.0, rate: Rate = RATE, cap: int | None = None) -> int:
+    """ceil(overhead + margin x (flops / flops_per_s + steps x step_s)), at most `cap`
+    (default `cap_seconds()`). `steps`: generated-token steps x layers."""
+    cap = cap_seconds() if cap is None else cap
+    need = rate.overhead_s + rate.margin * (flops / rate.flops_per_s + steps * rate.step_s)
+    return int(min(cap, math.ceil(need)))
+
+
+def example_tokens(examples: Iterable) -> float:
+    """An upper estimate of the tokens in `examples` (every text field of each, at
+    CHARS_PER_TOKEN): what a forward pass over them costs, without tokenizing."""
+    chars = 0
+    for ex in examples:
+        for f in fields(ex):
+            value = getattr(ex, f.name)
+            if isinstance(value, str):
+                chars += len(value)
+            elif isinstance(value, tuple):
+                chars += sum(len(v) for v in value if isinstance(v, str))
+    return chars / CHARS_PER_TOKEN
+
+
+def edit_flops(shape: Shape, tokens: float, band_layers: int, with_scores: bool) -> float:
+    """A GROM edit of `tokens` (forget + retain): a forward pass over all layers to collect
+    keys (and one more for the layer scores when they are not given), the Grams
+    (2 n^2 per token and band layer) and a float64 solve (~n^3) per band layer."""
+    passes = 2 if with_scores else 1
+    forward = 2.0 * tokens * shape.layers * shape.layer_params * passes
+    n = float(shape.key_dim)
+    return forward + band_layers * (2.0 * tokens * n * n + n ** 3)
+
+
+def eval_work(shape: Shape, tokens: float, answers: int, new_tokens: int, rows: int,
+              batch: int = 32) -> tuple[float, float]:
+    """(FLOPs, steps) of evaluating `rows` models (Base, Edited, Retain) on sets of
+    `tokens` teacher-forced tokens and `answers` generated answers of `new_tokens` each,
+    in batches of `batch`."""
+    flops = rows * 2.0 * (tokens + answers * new_tokens) * shape.layers * shape.layer_params
+    steps = rows * math.ceil(answers / batch) * new_tokens * shape.layers
+    return flops, steps
+
+
+def train_flops(shape: Shape, tokens: float, epochs: float) -> float:
+    """A gradient baseline: forward and backward (~3 forwards) of every token each epoch,
+    and as much again for a retain or reference pass."""
+    return 2.0 * 6.0 * epochs * tokens * shape.layers * shape.layer_params
+
+
+def eval_sets_of(bench, n: int | None) -> Sequence[tuple]:
+    """The evaluation sets of `bench` as a comparison of `n` examples per set reads them."""
+    sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}
+    return [tuple(v)[:n] if n is not None else tuple(v) for v in sets.values()]
+
+
+def refuse_over(seconds: float, what: str, names: str) -> None:
+    """On ZeroGPU, work that one call cannot hold and that is not split: an error that says
+    how long it would take and which limits bring it within GROM_GPU_SECONDS."""
+    if seconds > cap_seconds():
+        raise over(f"{what} needs about {{n}} s of GPU in one call (ask for less: {names})",
+                   math.ceil(seconds), "GROM_GPU_SECONDS")

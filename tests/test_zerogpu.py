@@ -1,0 +1,162 @@
+"""The app on a ZeroGPU Space, with a stand-in `spaces` (tests/fake_spaces): each GPU
+function runs in a forked process, its arguments and result pickled, CUDA raising in the
+parent. Every flow of the app passes under it (tests/zerogpu_flows.py, in a fresh
+interpreter: the app decides at import whether it runs on ZeroGPU); the stand-in itself
+and the pricing of GPU time are checked here against hand-computed values.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gradio as gr
+import pytest
+import torch
+
+from components.core import device
+from components.core.errors import UserError
+from components.core.gpu_time import (Rate, Shape, edit_flops, eval_work, example_tokens, gpu_seconds, refuse_over,
+                                      train_flops)
+from grom.data.schema import QAExample, TextExample
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ROOT / "tests" / "fake_spaces"
+
+
+def test_every_flow_of_the_app_runs_under_zerogpu():
+    """Page load, Run edit, Compare (twice: the Base report kept in the parent), a typed
+    question, the three diagnostics, a sweep (a call per point), a baseline (training and
+    evaluation apart), export then import (bit for bit), the attacks (refused without
+    probes; on an upload with probes, a call per attack and edit): in the
+    parent no CUDA call, no model loaded in a worker, the base weights unchanged, every
+    call asking for 1..300 s."""
+    env = dict(os.environ, SPACES_ZERO_GPU="true", GROM_MODELS="demo", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(FAKE), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "tests.zerogpu_flows"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-6000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    names = [name for name, _ in seen["calls"]]
+    assert names[:2] == ["compute_scores", "compute_edit"] and names.count("sweep_point") == 3
+    assert {"_outputs", "_influence", "_quant", "train_comparator", "_generate"} <= set(names)
+    assert names[-5:] == ["train_comparator"] + ["attack_once"] * 4 and seen["attack_rows"] == 2
+    assert all(1 <= s <= 300 for _, s in seen["calls"])
+    assert "held-out probe" in seen["attacks"] and seen["baseline"].startswith("**GA**")
+
+
+@pytest.fixture
+def fake_spaces():
+    """The stand-in module, loaded under another name (the suite's own `spaces` import, if
+    any, is not touched); torch.cuda given back afterwards."""
+    spec = importlib.util.spec_from_file_location("fake_spaces_for_test", FAKE / "spaces" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        module._allow_cuda()
+
+
+STATE = {"n": 0}
+
+
+def bump(by: int) -> int:
+    STATE["n"] += by
+    return STATE["n"]
+
+
+def fail(message: str) -> None:
+    raise UserError(message)
+
+
+def test_the_stand_in_forks_pickles_and_forbids_cuda(fake_spaces):
+    gpu = fake_spaces.GPU(duration=lambda by: 5 * by)(bump)
+    assert gpu(3) == 3 and STATE["n"] == 0  # changed in the worker only
+    assert fake_spaces.CALLS == [("bump", 15)]
+    assert fake_spaces.GPU(bump)(1) == 1 and fake_spaces.CALLS[-1] == ("bump", 60)  # the default
+    with pytest.raises(UserError, match="what to do"):
+        fake_spaces.GPU(fail)("what to do")
+    with pytest.raises(RuntimeError, match="illegal duration"):
+        fake_spaces.GPU(duration=301)(bump)(1)
+    with pytest.raises(RuntimeError, match="main process of a ZeroGPU Space"):
+        torch.cuda.is_available()
+    with pytest.raises(RuntimeError, match="main process"):
+        torch.cuda.mem_get_info()
+
+
+def test_off_zerogpu_the_compute_functions_are_the_plain_functions():
+    """A plain machine or a plain GPU Space: nothing wrapped, every cache kept."""
+    assert not device.ON_ZEROGPU
+    assert device.on_device(bump) is bump and device.on_device(duration=lambda *a: 1)(bump) is bump
+    cache = {}
+    assert device.kept_cache(cache) is cache
+
+
+def test_a_worker_error_reaches_the_page_with_its_message():
+    """spaces passes only a gr.Error on with its text: the wrapper makes one of any error."""
+    with pytest.raises(gr.Error, match="press Load"):
+        device._worker_errors(fail)("the model was unloaded: press Load model")
+
+
+def test_the_lock_is_new_in_a_forked_child():
+    """A ZeroGPU worker forked while another request holds the lock can still take it."""
+    lock = device.DeviceLock()
+    lock.acquire()
+    old = lock._lock
+    lock.renew()  # what os.register_at_fork runs in the child
+    assert lock._lock is not old and lock.acquire(timeout=1)
+    lock.release()
+    old.release()
+
+
+def test_gpu_seconds_by_hand():
+    rate = Rate(flops_per_s=1e12, step_s=0.01, margin=2.0, overhead_s=10.0)
+    assert gpu_seconds(5e12, rate=rate, cap=300) == 20  # 10 + 2 x 5 s
+    assert gpu_seconds(5e12, steps=100, rate=rate, cap=300) == 22  # + 2 x 100 x 0.01 s
+    assert gpu_seconds(1.0, rate=rate, cap=300) == 11  # a part of a second rounds up
+    assert gpu_seconds(1e15, rate=rate, cap=300) == 300  # never above ZeroGPU's limit
+
+
+def test_the_work_measures_by_hand():
+    ex = QAExample(question="abcdef", answer="xyz", perturbed_answers=("abc",))
+    assert example_tokens([ex, TextExample(text="123456789")]) == (6 + 3 + 3 + 9) / 3
+    shape = Shape(layers=2, layer_params=10, key_dim=3)
+    assert edit_flops(shape, tokens=4, band_layers=1, with_scores=False) == 2 * 4 * 2 * 10 + (2 * 4 * 9 + 27)
+    assert edit_flops(shape, 4, 1, True) == 2 * 2 * 4 * 2 * 10 + (2 * 4 * 9 + 27)
+    assert eval_work(shape, tokens=5, answers=33, new_tokens=4, rows=3, batch=32) == (
+        3 * 2 * (5 + 33 * 4) * 2 * 10, 3 * 2 * 4 * 2)
+    assert train_flops(shape, tokens=4, epochs=0.5) == 12 * 0.5 * 4 * 2 * 10
+
+
+def test_the_paper_shapes_are_priced_and_capped():
+    """Llama-3.2-1B (16 layers of ~61 M parameters, MLP 8192) on TOFU-10%-sized data
+    (~260k tokens, band of 5): about two minutes asked; an 8B (32 x ~218 M, MLP 14336) on
+    a MUSE-sized million tokens: more than one call may take, so the cap."""
+    small = gpu_seconds(edit_flops(Shape(16, 61_000_000, 8192), 2.6e5, 5, True), cap=300)
+    assert 60 < small < 300
+    assert gpu_seconds(edit_flops(Shape(32, 218_000_000, 14336), 1e6, 4, True), cap=300) == 300
+
+
+def test_an_over_long_training_is_refused_naming_the_limits():
+    with pytest.raises(UserError, match="GROM_GPU_SECONDS") as err:
+        refuse_over(1234.2, "Training GA for 10 epochs on 4,000 examples", "fewer epochs, GROM_MAX_EPOCHS")
+    assert "1,235 s" in str(err.value) and "GROM_MAX_EPOCHS" in str(err.value)
+    refuse_over(299, "Training", "")  # within the limit: nothing
+
+
+def test_a_worker_forked_before_a_load_loads_the_model_itself(monkeypatch):
+    """spaces reuses an idle worker: one forked before the main process loaded a model
+    loads it itself; the main process never loads in `resident`."""
+    from components.core import models, session as core_session
+
+    key = models.model_key("demo", "cpu", "float32")
+    monkeypatch.setattr(core_session.REGISTRY, "_handles", {})
+    with pytest.raises(UserError, match="was unloaded"):
+        core_session.resident(key)
+    monkeypatch.setattr(core_session, "in_gpu_worker", lambda: True)
+    handle = core_session.resident(key)
+    assert handle.key == key and core_session.REGISTRY.get(key) is handle
