@@ -32,6 +32,7 @@ def test_bench_edit_splits_the_time_for_both_paths(tmp_path):
 def test_bench_scaling_and_influence_quick(tmp_path):
     out = run_script(tmp_path, "bench_scaling.py", "--quick")
     assert "## solve vs key dimension n" in out and "## key collection vs tokens" in out
+    assert "## the memory plan against the measured peak" in out  # one quick shape, in a child process
     out = run_script(tmp_path, "bench_influence.py", "--quick")
     difference = float(out.split("largest relative difference:")[1].split()[0])
     assert difference < 1e-6  # the Woodbury influences match the re-solves
