@@ -164,8 +164,10 @@ def plan(model_config, band: Sequence[int], n_forget_tokens: int, n_retain_token
         "weights": weights,
         "forward": weights + cache + parts["forward"],
         "keys": base + system + transient + max(before_last, k * keys_layer),
-        # the solve, then (keep_keys) the layer's keys concatenated beside the factor
-        "solve": base + k * keys_layer + max(system + parts["solve_extra"], 8 * n * n + keys_layer),
+        # the solve, then (keep_keys) the layer's keys concatenated beside the factor; before the
+        # band's last layer the stream's pass cache stays through the solve (grom.pipeline._edit_band
+        # advances the stream with P once it is solved)
+        "solve": base + max(before_last, k * keys_layer) + max(system + parts["solve_extra"], 8 * n * n + keys_layer),
         "evaluation": weights + parts["forward"] + parts["eval_logits"],
     }
     settings = dict(matrix=cfg.matrix, band=list(band), n_forget_tokens=n_forget_tokens,

@@ -43,6 +43,9 @@ def test_parts_by_hand():
     assert p.stages["weights"] == ModelShape.from_config(cfg).n_params * 4
     # 20 batches of 200 tokens, 4000 keys: 200 keys a batch
     assert p.parts["batch_keys"] == 3 * 8 * n * 200 + 12 * m * 200
+    # solving the first layer, the stream's pass cache is still held (it advances with P after)
+    base = p.stages["weights"] + p.parts["hidden_cache"] + p.parts["patches"]
+    assert p.stages["solve"] == base + p.parts["key_pass"] + p.parts["system"] + p.parts["solve_extra"]
     kept = plan(cfg, [1, 2], 1000, 3000, "float32", None, config=ec.replace(keep_keys=True), seq_len=50)
     assert kept.parts["keys_kept"] == 2 * 4 * n * 4000 and kept.peak > p.peak
     half = plan(cfg, [1, 2], 1000, 3000, "bfloat16", None, config=ec, seq_len=50)
