@@ -4,6 +4,7 @@
     python bench/bench_gpu.py                             # both workloads, cuda, bfloat16
     python bench/bench_gpu.py --workload tofu-1b          # one of them
     python bench/bench_gpu.py --device cpu --scale 0.05   # scaled down, on this CPU
+    python bench/bench_gpu.py --plan-only                 # the plan at full size, nothing run
 
 Workloads (models randomly initialised from the paper's configs: nothing is downloaded;
 the seconds and bytes of an edit do not depend on the weights' values):
@@ -184,8 +185,10 @@ def marking_edit_stages(peaks: StagePeaks):
         Editor._sums, Editor.solve_layer = sums, solve_layer
 
 
-def run_workload(name: str, device: str, dtype: str, scale: float, layers: int | None) -> dict:
-    """One workload: the plan, then each stage timed and metered. Returns the rows."""
+def run_workload(name: str, device: str, dtype: str, scale: float, layers: int | None,
+                 plan_only: bool = False) -> dict:
+    """One workload: the plan, then (unless plan_only) each stage timed and metered.
+    Returns the seconds, peaks and the plan's stages (bytes)."""
     w = WORKLOADS[name]
     shape = scaled_shape(w.shape, scale) if scale != 1 else dict(w.shape)
     config = PRESETS[w.preset].replace(prompt_format=PromptFormat(kind="template"), keep_keys=False,
@@ -200,12 +203,17 @@ def run_workload(name: str, device: str, dtype: str, scale: float, layers: int |
     plan = plan_edit(cfg, tok, forget, retain, config, dtype)
     print(f"\n## {name}: {shape}, band {list(config.layers)}, {len(forget)} forget / {len(retain)} retain "
           f"examples, {plan.settings['n_forget_tokens']:,} + {plan.settings['n_retain_tokens']:,} tokens, {dtype}")
+    if plan_only:
+        print(plan.describe())
+        print(f"peak: {plan.peak / GiB:.2f} GiB at stage {plan.peak_stage!r}")
+        return dict(plan=plan.stages)
     try:
         check_fits(plan, free_bytes(device), cfg, config)
     except WillNotFit as err:
         print(f"skipped: {err}")
         return {}
     peaks, seconds = StagePeaks(device), {}
+    torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device(device):
         model = LlamaForCausalLM._from_config(cfg, dtype=getattr(torch, dtype))
@@ -242,7 +250,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--scale", type=float, default=1.0, help="widths and tokens times S (e.g. 0.05 on a CPU)")
     p.add_argument("--layers", type=int, help="keep N layers (the band: the last ones)")
     p.add_argument("--threads", type=int, help="torch threads (CPU)")
+    p.add_argument("--plan-only", action="store_true", help="print the memory plan of each workload, run nothing")
     args = p.parse_args(argv)
+    if args.plan_only:
+        dtype = args.dtype or "bfloat16"
+        return {n: run_workload(n, args.device, dtype, args.scale, args.layers, True)
+                for n in (list(WORKLOADS) if args.workload == "all" else [args.workload])}
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no GPU here: run with --device cpu --scale 0.05 (scaled down), or on a machine with CUDA")
     if args.threads:
