@@ -33,39 +33,24 @@ def _budget(text: str) -> int | str:
     return value
 
 
-def _device_map(text: str) -> str | None:
-    try:
-        return parse_device_map(text)
-    except ShardingError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _max_memory(text: str) -> dict | None:
-    try:
-        return parse_max_memory(text)
-    except ShardingError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def load_args_model(args: argparse.Namespace):
-    """(model, tokenizer) as the arguments say: on --device, or sharded by --device-map
-    within --max-memory."""
-    from grom.models import load_model
-
-    if args.max_memory and not args.device_map:
-        raise SystemExit("error: --max-memory needs --device-map (auto, balanced or sequential)")
-    return load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                      max_memory=args.max_memory)
+def _sharding_arg(parse):
+    """An argparse `type=` from a `grom.sharding` parser (its message on a bad value)."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ShardingError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return convert
 
 
 def _model_and_sets(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local model folder or Hub id")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
-    p.add_argument("--device-map", type=_device_map, metavar="MAP",
+    p.add_argument("--device-map", type=_sharding_arg(parse_device_map), metavar="MAP",
                    help=f"shard the model with accelerate: {DEVICE_MAP_HELP} (then --device is ignored; "
                         "edited layers must not land on disk)")
-    p.add_argument("--max-memory", type=_max_memory, metavar="BUDGETS",
+    p.add_argument("--max-memory", type=_sharding_arg(parse_max_memory), metavar="BUDGETS",
                    help=f"with --device-map, the memory each device may hold: {MAX_MEMORY_HELP}")
     p.add_argument("--benchmark", help="benchmark name (demo, tofu, muse-news, ...) instead of files")
     p.add_argument("--split", help="benchmark split, e.g. forget10")
@@ -146,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.max_memory and not args.device_map:
+        raise SystemExit("error: --max-memory needs --device-map (auto, balanced or sequential)")
     if args.command == "attack":
         try:
             return attack_command(args)
@@ -167,6 +154,7 @@ def edit_or_scores(args: argparse.Namespace) -> int:
     from grom.arch import unembedding
     from grom.distributed import rank
     from grom.editable import NotEditable
+    from grom.models import load_model
     from grom.pipeline import compute_scores, prepare, run_edit
 
     config = config_from_args(args)
@@ -177,7 +165,8 @@ def edit_or_scores(args: argparse.Namespace) -> int:
         config = config.replace(prompt_format=fmt)
     if args.command == "edit" and plan_before_loading(args, config, forget, retain):
         return 0
-    model, tokenizer = load_args_model(args)
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                                  max_memory=args.max_memory)
     if args.command == "scores":
         prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
         scores = compute_scores(model, prep, config)
@@ -223,8 +212,6 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
             print(p.describe())
             print(f"peak: {p.peak / 2**30:.3f} GiB at stage {p.peak_stage!r}")
         return True
-    if args.max_memory and not args.device_map:
-        raise SystemExit("error: --max-memory needs --device-map (auto, balanced or sequential)")
     # sharded: every device the map may use, the weights beyond the budgets on disk (grom.sharding)
     free = sharded_room(p.stages["weights"], args.device_map, args.max_memory, free_bytes) if args.device_map \
         else free_bytes(resolve_device(args.device))
@@ -277,12 +264,14 @@ def _probe_rows(path: str) -> tuple:
 def attack_command(args: argparse.Namespace) -> int:
     """`python -m grom attack`: the suite on a saved edit; prints a table, writes --json."""
     from grom.edit import Edit
+    from grom.models import load_model
     from grom.robustness.suite import attack_names, check_edit_fits, run_attacks
 
     names = attack_names(args.attacks)  # an unknown name: refused before anything is loaded
     edit = Edit.load(Path(args.edit))
     probes, fitted, holdout, fmt = attack_sets(args)
-    model, tokenizer = load_args_model(args)
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                                  max_memory=args.max_memory)
     check_edit_fits(model, edit)
     results = run_attacks(model, tokenizer, edit, probes, fitted=fitted, holdout=holdout, attacks=names, fmt=fmt,
                           progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg))
