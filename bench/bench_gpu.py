@@ -125,7 +125,6 @@ class StagePeaks:
 
     def __init__(self, device: str):
         self.cuda, self.peaks = device.startswith("cuda"), {}
-        self._meter = PeakMemory(device)
         self.base = 0 if self.cuda else PeakMemory._status("VmRSS")
         self._reset()
 
