@@ -42,7 +42,7 @@ from components.core.session import REGISTRY, Session
 from components.core.sources import DEMO, REAL
 from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
                                           on_influence_example, on_pca, on_quant_check, on_table_select)
-from components.edit_panel import build_edit_panel, on_preset, on_reset, on_run_edit
+from components.edit_panel import build_edit_panel, on_preset, on_reset, on_run_edit, on_show_plan
 from components.export_panel import build_export_panel, on_export, on_import_run, on_show_snippet
 from components.history_panel import build_history_panel, on_history_select, on_show_history
 from components.layers_panel import (band_text_md, build_layers_panel, on_layer_scores, on_redraw,
@@ -134,14 +134,16 @@ def wire(ui: SimpleNamespace) -> None:
                                   ui.compare, ui.diag, ui.export)
     bl, a = ui.baseline, ui.answers
     view = [ly.k, ly.band_mode, ly.band_text, ly.show_parts, s]
-    loaded = m.load.click(on_load_model, [m.choice, m.device, m.dtype, s], [m.status, m.summary, ly.k],
+    loaded = m.load.click(on_load_model, [m.choice, m.device, m.dtype, m.device_map, m.max_memory, s],
+                          [m.status, m.summary, ly.k],
                           api_name="load_model", **DEVICE)
     loaded.success(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)  # the new model's defaults
     loaded.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # a new model: the old scores go
     loaded.success(on_model_loaded, s, [b.info, e.preset], **LOCAL)  # a preset that fits it
     loaded.success(on_show_snippet, s, x.code, **LOCAL)  # the code for the new model
     # a failed load leaves the old model loaded: the widgets say so instead of naming the failed one
-    loaded.failure(on_restore_model, s, [m.choice, m.device, m.dtype, m.status], **LOCAL)
+    loaded.failure(on_restore_model, s, [m.choice, m.device, m.dtype, m.device_map, m.max_memory, m.status],
+                   **LOCAL)
     b.name.input(on_benchmark_change, b.name, b.split, **LOCAL)  # the user's choice, not a restore
     bench = b.load.click(on_load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
                          [b.info, ui.data.forget_df, ui.data.retain_df, e.preset], api_name="load_benchmark")
@@ -165,6 +167,7 @@ def wire(ui: SimpleNamespace) -> None:
     compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, a.forget_html, a.retain_html])
     run = e.run.click(on_run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
                       show_progress_on=[e.status, r.summary], **DEVICE)  # progress where the user looks
+    run.then(on_show_plan, s, e.memory_plan, **LOCAL)  # the plan, also of an edit refused as too large
     run.success(on_edit_done, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
        .success(on_card_first, compare_io[0], e.status, api_name="card_after_edit", api_visibility="private",
                 show_progress_on=[e.status], scroll_to_output=True, **DEVICE) \

@@ -1,9 +1,10 @@
 """How GROM's cost grows: the closed-form solve against the key dimension n and the number
 of keys, and key collection against the number of tokens, with peak memory.
 
-    python bench/bench_scaling.py                 # a few minutes on a 2-core CPU
+    python bench/bench_scaling.py                 # ten minutes on a 2-core CPU
     python bench/bench_scaling.py --quick         # seconds
     python bench/bench_scaling.py --device cuda   # the solve on the GPU, bigger sizes
+    python bench/bench_scaling.py --plan          # only 4: the memory plan against the peak
 
 1. solve vs n: random keys Xf (n, s), Xr (n, 2s), dense target D (m = n/4, s) as for a
    down_proj (n = MLP width, m = hidden width); split into the Gram matrices + Cholesky
@@ -11,6 +12,9 @@ of keys, and key collection against the number of tokens, with peak memory.
 2. solve vs keys: the same at a fixed n, s growing.
 3. keys vs tokens: `run_edit` of one down_proj layer of a random tiny Llama on synthetic QA
    (one token per character), its `timings["keys"]` against the tokens run through it.
+4. the memory plan (`grom.plan.plan_edit`) against the peak `run_edit` adds, at the scaled
+   shapes of `PLAN_SHAPES` (CPU; each in a fresh process, one thread, glibc told to hand
+   buffers over 64 KiB straight back: `MALLOC_MMAP_THRESHOLD_=65536`, see tests/test_plan.py).
 
 Peak memory is the growth of the process's resident set over the step (Linux: VmHWM after
 resetting it through /proc/self/clear_refs, with freed memory handed back by malloc_trim
@@ -24,7 +28,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import json
+import os
 import platform
+import subprocess
 import resource
 import sys
 import time
@@ -139,13 +146,79 @@ def time_keys(model, tok, n_forget: int, device: str, batch_size: int) -> dict:
                 keys=t["keys"], solve=t["solve"], total=t["total"], mib=mem.mib)
 
 
+# (hidden, MLP width, layers, band, keep_keys, forget QA, retain QA): the first two are the
+# shapes tests/test_plan.py checks; the third a wider model with a band of three layers and
+# more data, where the hidden-state cache and the key pass count too.
+PLAN_SHAPES = ((64, 2048, 2, (1,), False, 32, 64), (128, 3072, 2, (0, 1), False, 32, 64),
+               (128, 3072, 2, (0, 1), True, 32, 64), (256, 4096, 4, (1, 2, 3), False, 150, 300))
+QUICK_PLAN_SHAPES = ((32, 256, 2, (1,), False, 4, 8),)
+
+
+def measure_plan(shape: tuple) -> dict:
+    """In this process (fresh, one thread): the VmHWM growth of a second `run_edit` (the
+    first pays one-off allocations) against the plan less the weights (loaded before)."""
+    h, inter, layers, band, keep, nf, nr = shape
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    vocab = 1024
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=h, intermediate_size=inter,
+                                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=512, tie_word_embeddings=False))
+    model.eval().requires_grad_(False)
+    tok, fmt = CharTokenizer(vocab), PromptFormat(kind="template")
+    forget, retain = synthetic_qa(nf, 1, 8), synthetic_qa(nr, 2, 8)
+    cfg = EditConfig(layers=tuple(band), beta=5.0, w_r=10.0, keep_keys=keep, prompt_format=fmt)
+    run_edit(model, tok, forget, retain, cfg)
+    with PeakMemory("cpu") as mem:
+        t0 = time.perf_counter()
+        run_edit(model, tok, forget, retain, cfg)
+        seconds = time.perf_counter() - t0
+    from grom.plan import plan_edit
+
+    p = plan_edit(model.config, tok, forget, retain, cfg)
+    return dict(shape=list(shape), measured=mem.mib, planned=(p.peak - p.parts["weights"]) / 2**20,
+                stage=p.peak_stage, tokens=p.settings["n_forget_tokens"] + p.settings["n_retain_tokens"],
+                seconds=seconds, how=mem.how)
+
+
+def plan_rows(shapes=PLAN_SHAPES) -> list[dict]:
+    """`measure_plan` of each shape in its own process (a clean heap and high-water mark)."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    rows = []
+    for shape in shapes:
+        out = subprocess.run([sys.executable, __file__, "--measure-plan", json.dumps(shape)], env=env,
+                             capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def print_plan(rows: list[dict]) -> None:
+    print("\n## the memory plan against the measured peak of run_edit (less the weights)")
+    print(f"{'hidden':>6} {'MLP':>5} {'band':>9} {'keep':>5} {'tokens':>7} {'measured MiB':>12} "
+          f"{'planned MiB':>11} {'ratio':>6} {'stage':>6} {'s':>6}")
+    for r in rows:
+        h, inter, _, band, keep, *_ = r["shape"]
+        print(f"{h:>6} {inter:>5} {str(list(band)):>9} {str(keep):>5} {r['tokens']:>7} {r['measured']:>12.1f} "
+              f"{r['planned']:>11.1f} {r['measured'] / r['planned']:>6.2f} {r['stage']:>6} {r['seconds']:>6.1f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes, seconds")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="of the tiny Llama (the solve is float64)")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--plan", action="store_true", help="only the memory plan against the measured peak")
+    p.add_argument("--measure-plan", help=argparse.SUPPRESS)  # one shape, in a child process
     args = p.parse_args()
+    if args.measure_plan:
+        print(json.dumps(measure_plan(tuple(json.loads(args.measure_plan)))))
+        return
+    plan_shapes = QUICK_PLAN_SHAPES if args.quick else PLAN_SHAPES
+    if args.plan:
+        print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, cpu, 1 thread")
+        print_plan(plan_rows(plan_shapes))
+        return
 
     if args.quick:
         ns, s_fixed, n_fixed = (64, 128, 256), 500, 128
@@ -190,6 +263,8 @@ def main() -> None:
         print(f"{row['examples']:>8} {row['tokens']:>7} {row['keys_n']:>6} {row['keys']:>7.3f} "
               f"{row['tokens'] / max(row['keys'], 1e-9):>8.0f} {row['solve']:>8.3f} {row['total']:>8.3f} "
               f"{row['mib']:>9.1f}")
+    if args.device == "cpu":
+        print_plan(plan_rows(plan_shapes))
     with PeakMemory(args.device) as mem:
         pass
     print(f"\n# peak MiB: growth over each row, by {HOW[mem.how]}")

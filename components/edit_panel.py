@@ -14,6 +14,7 @@ from components.core import form
 from components.core.device import device_progress
 from components.core.edits import compute_edit, scores_key
 from components.core.errors import ui_errors
+from components.core.memory import check_run, device_free_bytes, plan_markdown, plan_run
 from components.core.form import (DEFAULT_RETAIN_EXAMPLES, LOG_SLIDERS, MATRICES, RETAIN_EXAMPLES_FOR,
                                   TARGETS, preset_choices)
 from components.core.runs import portable_model_name, run_record
@@ -39,6 +40,10 @@ def on_run_edit(v: dict, session: Session, progress):
     scores = session.scores if session.scores_for == skey else None
     config = form.edit_config(v, n_layers=num_layers(handle.model), scores=scores,
                               prompt_format=bench.prompt_format)
+    # the memory plan before any work: shown in the details, and "will not fit" refused here
+    plan, free = plan_run(handle, bench.forget, retain, config), device_free_bytes(handle)
+    session.extra["memory_plan"] = plan_markdown(plan, free)
+    check_run(handle, plan, config, free)
     edit = compute_edit(handle.key, bench.forget, retain, config, scores,
                         device_progress(lambda f, msg: progress(f, desc=msg)))
     edit.model_name = portable_model_name(handle.key.name)  # a name, not the server's path
@@ -54,6 +59,11 @@ def on_run_edit(v: dict, session: Session, progress):
     data = (f" Data: **{session.bench_label}**, {len(bench.forget)} forget and {len(retain)} retain "
             "examples giving keys.")
     return edit_summary(edit) + data, layer_table(edit), norms_figure(edit)
+
+
+def on_show_plan(session: Session):
+    """The memory plan of the last Run edit (also one refused as too large)."""
+    return session.extra.get("memory_plan", gr.skip())
 
 
 @ui_errors
@@ -133,6 +143,9 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
         retain_examples = gr.Number(value=RETAIN_EXAMPLES_FOR.get(start_preset, DEFAULT_RETAIN_EXAMPLES),
                                     label="retain examples "
                                     "giving keys (a seeded sample, for speed; 0: all)")
+        memory_plan = gr.Markdown("Memory plan: computed when you press **Run edit** (bytes per stage, "
+                                  "checked against the device's free memory before any work).",
+                                  elem_id="memory-plan")
     target.change(lambda t: gr.Slider(visible=t == "corruption"), target, c, queue=False,
                   api_visibility="private")
     beta_relative.change(lambda rel: gr.Number(label=beta_label(rel)), beta_relative, beta, queue=False,
@@ -142,4 +155,4 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
                            rho_log=rho_log, c=c, matrix=matrix, use_alpha=use_alpha, seed=seed,
                            batch_size=batch_size, forget_budget=forget_budget,
                            retain_budget=retain_budget, retain_examples=retain_examples, run=run,
-                           reset=reset_btn, status=status)
+                           reset=reset_btn, status=status, memory_plan=memory_plan)

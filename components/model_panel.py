@@ -1,5 +1,6 @@
 """Model panel: pick the demo, a paper target or any Hub id / allowed folder; device,
-dtype; load with progress; a summary of what was loaded."""
+dtype, or a device map and max memory per device for a model sharded by accelerate; load
+with progress; a summary of what was loaded."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
 from components.core.models import DEVICES, DTYPES, ensure_model, model_choices, model_key, n_layers
 from components.core.session import REGISTRY, ModelHandle, Session
+from components.core.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
 from components.core.sources import DEMO, REAL
 from components.views import text
 from grom.arch import num_layers
@@ -41,38 +43,43 @@ def summary(handle: ModelHandle) -> str:
 
 
 @ui_errors
-def on_load_model(choice: str, device: str, dtype: str, session: Session,
-               progress=gr.Progress()):
-    """Load (or reuse) the shared model; returns a status line, the summary table and the
-    band-width slider sized to the model's layers."""
-    key = model_key(choice, device, dtype)
+def on_load_model(choice: str, device: str, dtype: str, device_map: str, max_memory: str, session: Session,
+                  progress=gr.Progress()):
+    """Load (or reuse) the shared model, whole on `device` or sharded by `device_map`
+    within `max_memory`; returns a status line, the summary table and the band-width
+    slider sized to the model's layers."""
+    key = sharded_key(model_key(choice, device, dtype), device_map, max_memory)
     progress(0.1, desc=f"loading {key.label()}")
-    handle = ensure_model(key, local_progress(lambda f, m: progress(f, desc=m)))  # loads here, ZeroGPU too
+    report = local_progress(lambda f, m: progress(f, desc=m))  # loads here, ZeroGPU too
+    handle = ensure_sharded_model(key, report) if key.device_map else ensure_model(key, report)
     if session.model_key != key:
         session.model_key = key
         session.scores = session.scores_for = None
-    session.extra["model_widgets"] = (choice, device, dtype)
+    session.extra["model_widgets"] = (choice, device, dtype, device_map or "none", max_memory or "")
     progress(1.0, desc="loaded")
     n = n_layers(handle)
-    return status_line(handle), summary(handle), gr.Slider(maximum=n)
+    note = offload_note(handle)
+    return status_line(handle) + (f"\n\n{note}" if note else ""), summary(handle), gr.Slider(maximum=n)
 
 
 def on_restore_model(session: Session):
-    """After a failed load: the model box, device and dtype show the model that is still
-    loaded (not the one that failed), and the status line says so."""
+    """After a failed load: the model box, device, dtype, device map and max memory show the
+    model that is still loaded (not the one that failed), and the status line says so."""
     handle = REGISTRY.get(session.model_key) if session.model_key is not None else REGISTRY.current
     if handle is None:
-        return gr.skip(), gr.skip(), gr.skip(), "No model is loaded: pick one and press **Load model**."
-    choice, device, dtype = session.extra.get("model_widgets", (handle.key.name, "auto", "auto"))
-    return (choice, device, dtype, f"⚠ That model did not load (the message says why). Still loaded: "
-                                   f"{status_line(handle).removeprefix('Loaded ')}")
+        return (*[gr.skip()] * 5, "No model is loaded: pick one and press **Load model**.")
+    choice, device, dtype, *shard = session.extra.get("model_widgets", (handle.key.name, "auto", "auto"))
+    device_map, max_memory = (*shard, "none", "")[:2]
+    return (choice, device, dtype, device_map, max_memory, f"⚠ That model did not load (the message says why). Still loaded: "
+                      f"{status_line(handle).removeprefix('Loaded ')}")
 
 
 def status_line(handle: ModelHandle) -> str:
     name = {DEMO: "the bundled demo model", REAL: "SmolLM2-135M-Instruct"}.get(handle.key.name,
                                                                              f"`{handle.key.shown}`")
-    return (f"Loaded {name}: {type(handle.model).__name__}, {n_layers(handle)} layers, on "
-            f"{handle.key.device} in {handle.key.dtype}.")
+    where = f"sharded by device map {handle.key.device_map}" if handle.key.device_map else f"on {handle.key.device}"
+    return (f"Loaded {name}: {type(handle.model).__name__}, {n_layers(handle)} layers, {where} "
+            f"in {handle.key.dtype}.")
 
 
 def build_model_panel(start: str = REAL) -> SimpleNamespace:
@@ -84,10 +91,19 @@ def build_model_panel(start: str = REAL) -> SimpleNamespace:
                              scale=4, min_width=220)
         device = gr.Dropdown(DEVICES, value="auto", label="Device", scale=1, min_width=90)
         dtype = gr.Dropdown(DTYPES, value="auto", label="dtype", scale=1, min_width=100)
+    with gr.Accordion("Large models: shard over devices (accelerate)", open=False):
+        with gr.Row(equal_height=True):
+            device_map = gr.Dropdown(DEVICE_MAP_CHOICES, value="none", label="Device map", scale=1, min_width=120,
+                                     info="none: the whole model on Device; auto / balanced / sequential: "
+                                          "over the GPUs, then the CPU, then disk")
+            max_memory = gr.Textbox("", label="Max memory per device", scale=2, min_width=200,
+                                    placeholder="0=20GiB,cpu=60GiB",
+                                    info="GPU index or cpu = size; what does not fit goes to disk, and "
+                                         "edited layers must not")
     with gr.Row(equal_height=True):
         status = gr.Markdown("Loading the model…", elem_classes="status-line")
         load = gr.Button("Load model", variant="secondary", scale=0, min_width=130, size="sm")
     with gr.Accordion("Model details", open=False):
         info = gr.Markdown("", elem_classes="model-summary")
-    return SimpleNamespace(choice=choice, device=device, dtype=dtype, load=load, status=status,
-                           summary=info)
+    return SimpleNamespace(choice=choice, device=device, dtype=dtype, device_map=device_map,
+                           max_memory=max_memory, load=load, status=status, summary=info)

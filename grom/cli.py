@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from grom.config import PRESETS, TARGETS, EditConfig
+from grom.sharding import DEVICE_MAP_HELP, MAX_MEMORY_HELP, ShardingError, parse_device_map, parse_max_memory
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -32,10 +33,25 @@ def _budget(text: str) -> int | str:
     return value
 
 
+def _sharding_arg(parse):
+    """An argparse `type=` from a `grom.sharding` parser (its message on a bad value)."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ShardingError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return convert
+
+
 def _model_and_sets(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local model folder or Hub id")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
+    p.add_argument("--device-map", type=_sharding_arg(parse_device_map), metavar="MAP",
+                   help=f"shard the model with accelerate: {DEVICE_MAP_HELP} (then --device is ignored; "
+                        "edited layers must not land on disk)")
+    p.add_argument("--max-memory", type=_sharding_arg(parse_max_memory), metavar="BUDGETS",
+                   help=f"with --device-map, the memory each device may hold: {MAX_MEMORY_HELP}")
     p.add_argument("--benchmark", help="benchmark name (demo, tofu, muse-news, ...) instead of files")
     p.add_argument("--split", help="benchmark split, e.g. forget10")
     p.add_argument("--source", help="local folder of the benchmark's files (else the Hub)")
@@ -115,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if args.max_memory and not args.device_map:
+        raise SystemExit("error: --max-memory needs --device-map (auto, balanced or sequential)")
     if args.command == "attack":
         try:
             return attack_command(args)
@@ -135,6 +153,7 @@ def edit_or_scores(args: argparse.Namespace) -> int:
     """`edit` and `scores`; under torch.distributed every rank computes, rank 0 writes."""
     from grom.arch import unembedding
     from grom.distributed import rank
+    from grom.editable import NotEditable
     from grom.models import load_model
     from grom.pipeline import compute_scores, prepare, run_edit
 
@@ -146,7 +165,8 @@ def edit_or_scores(args: argparse.Namespace) -> int:
         config = config.replace(prompt_format=fmt)
     if args.command == "edit" and plan_before_loading(args, config, forget, retain):
         return 0
-    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                                  max_memory=args.max_memory)
     if args.command == "scores":
         prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
         scores = compute_scores(model, prep, config)
@@ -158,7 +178,10 @@ def edit_or_scores(args: argparse.Namespace) -> int:
             print(f"{l:>5} {s:>10.4f} {f:>10.4f} {r:>10.4f}{mark}")
         print(f"band (k={config.k}): {list(scores.band)}")
         return 0
-    edit = run_edit(model, tokenizer, forget, retain, config)
+    try:
+        edit = run_edit(model, tokenizer, forget, retain, config)
+    except NotEditable as err:  # quantized or offloaded band weights: refused before any forward pass
+        raise SystemExit(f"error: {err}") from None
     if rank() != 0:
         return 0
     out = edit.save(Path(args.out))
@@ -177,6 +200,7 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
     from grom.distributed import rank
     from grom.models import resolve_device, resolve_model_name
     from grom.plan import WillNotFit, check_fits, free_bytes, plan_edit
+    from grom.sharding import sharded_room
 
     name = resolve_model_name(args.model)
     model_config = AutoConfig.from_pretrained(name, trust_remote_code=False)
@@ -188,8 +212,11 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
             print(p.describe())
             print(f"peak: {p.peak / 2**30:.3f} GiB at stage {p.peak_stage!r}")
         return True
+    # sharded: every device the map may use, the weights beyond the budgets on disk (grom.sharding)
+    free = sharded_room(p.stages["weights"], args.device_map, args.max_memory, free_bytes) if args.device_map \
+        else free_bytes(resolve_device(args.device))
     try:
-        check_fits(p, free_bytes(resolve_device(args.device)), model_config, config)
+        check_fits(p, free, model_config, config)
     except WillNotFit as err:
         raise SystemExit(f"error: {err}") from None
     return False
@@ -243,7 +270,8 @@ def attack_command(args: argparse.Namespace) -> int:
     names = attack_names(args.attacks)  # an unknown name: refused before anything is loaded
     edit = Edit.load(Path(args.edit))
     probes, fitted, holdout, fmt = attack_sets(args)
-    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                                  max_memory=args.max_memory)
     check_edit_fits(model, edit)
     results = run_attacks(model, tokenizer, edit, probes, fitted=fitted, holdout=holdout, attacks=names, fmt=fmt,
                           progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg))

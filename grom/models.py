@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 import torch
@@ -65,14 +66,18 @@ def _require_all_weights(name, info: dict) -> None:
 
 
 def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="float32",
-               device_map: str | dict | None = None, local_files_only: bool = False,
+               device_map: str | dict | None = None, max_memory: dict | None = None,
+               offload_folder: str | Path | None = None, local_files_only: bool = False,
                progress=None):
     """(model, tokenizer) from a local folder, a Hub id or a registry model's name
     (`grom.fetch.KNOWN_MODELS`, fetched when needed), in eval mode, gradients off.
 
-    `device_map` ("auto" or an accelerate map) spreads a large model over devices; then
-    `device` is ignored. `local_files_only` never touches the network (a Hub id must then
-    be in the local cache). `progress(fraction, message)` follows a fetch.
+    `device_map` ("auto", "balanced", "sequential", a device, or an accelerate map; see
+    `grom.sharding`) spreads a large model over devices within `max_memory` (bytes or "20GiB"
+    per device: {0: ..., "cpu": ...}); then `device` is ignored. Modules that do not fit go
+    to disk, under `offload_folder` (default: a temporary folder, removed when nothing went
+    there); an edit refuses a band layer placed there before any forward pass.
+    `local_files_only` never touches the network (a Hub id must then be in the local cache). `progress(fraction, message)` follows a fetch.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,8 +90,12 @@ def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="f
     torch_dtype = resolve_dtype(dtype)
     kw = dict(dtype=torch_dtype, use_safetensors=True, trust_remote_code=False,
               local_files_only=local_files_only)
+    if max_memory and device_map is None:
+        raise ModelLoadError("max_memory needs a device_map (auto, balanced or sequential) to place the model by")
+    made = device_map is not None and offload_folder is None
     if device_map is not None:
-        kw["device_map"] = device_map
+        offload_folder = tempfile.mkdtemp(prefix="grom-offload-") if made else offload_folder
+        kw.update(device_map=device_map, max_memory=max_memory, offload_folder=str(offload_folder))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False,
                                                   local_files_only=local_files_only)
@@ -96,6 +105,9 @@ def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="f
             f"could not load {name_or_path!r}: {err}. Give a local folder with config.json, "
             "tokenizer files and *.safetensors weights, or a Hub id when the network is there."
         ) from err
+    finally:
+        if made and not any(Path(offload_folder).iterdir()):
+            Path(offload_folder).rmdir()  # nothing was offloaded to disk
     _require_all_weights(name_or_path, info)
     arch_spec(model)  # an unsupported family fails here, with the list of supported ones
     if device_map is None:
@@ -103,5 +115,6 @@ def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="f
     model.eval().requires_grad_(False)
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    log.info("loaded %s (%s, %s)", name_or_path, model.config.model_type, torch_dtype)
+    log.info("loaded %s (%s, %s%s)", name_or_path, model.config.model_type, torch_dtype,
+             f", device_map {device_map}: {getattr(model, 'hf_device_map', None)}" if device_map is not None else "")
     return model, tokenizer

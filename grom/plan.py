@@ -164,8 +164,10 @@ def plan(model_config, band: Sequence[int], n_forget_tokens: int, n_retain_token
         "weights": weights,
         "forward": weights + cache + parts["forward"],
         "keys": base + system + transient + max(before_last, k * keys_layer),
-        # the solve, then (keep_keys) the layer's keys concatenated beside the factor
-        "solve": base + k * keys_layer + max(system + parts["solve_extra"], 8 * n * n + keys_layer),
+        # the solve, then (keep_keys) the layer's keys concatenated beside the factor; before the
+        # band's last layer the stream's pass cache stays through the solve (grom.pipeline._edit_band
+        # advances the stream with P once it is solved)
+        "solve": base + max(before_last, k * keys_layer) + max(system + parts["solve_extra"], 8 * n * n + keys_layer),
         "evaluation": weights + parts["forward"] + parts["eval_logits"],
     }
     settings = dict(matrix=cfg.matrix, band=list(band), n_forget_tokens=n_forget_tokens,
@@ -183,14 +185,15 @@ class WillNotFit(MemoryError):
     """The plan needs more memory than the device has; the message says what would fit."""
 
 
-def _alternatives(p: MemoryPlan, model_config, free: int, config: EditConfig) -> list[str]:
-    """Changes of one setting each that would fit in `free` bytes."""
+def _alternatives(p: MemoryPlan, model_config, free: int, config: EditConfig, held: int = 0) -> list[str]:
+    """Changes of one setting each that would fit in `free` bytes (`held` of each plan
+    already in memory)."""
     st, out = p.settings, []
     kw = dict(config=config, seq_len=st["seq_len"])
     base = (model_config, st["band"], st["n_forget_tokens"], st["n_retain_tokens"], st["dtype"], st["hidden_budget"])
 
     def fits(q: MemoryPlan) -> bool:
-        return q.peak <= free
+        return q.peak - held <= free
 
     if st["keep_keys"] and fits(plan(*base, **{**kw, "config": config.replace(keep_keys=False)})):
         out.append("keep_keys off (the diagnostics' keys)")
@@ -214,17 +217,21 @@ def _alternatives(p: MemoryPlan, model_config, free: int, config: EditConfig) ->
     return out
 
 
-def check_fits(p: MemoryPlan, device_free_bytes: int, model_config=None, config: EditConfig | None = None) -> None:
+def check_fits(p: MemoryPlan, device_free_bytes: int, model_config=None, config: EditConfig | None = None,
+               held: int = 0) -> None:
     """Raise `WillNotFit` when the plan's peak exceeds `device_free_bytes`, naming the stage
     and, given the model's config (and the EditConfig it was planned with), the changes of
-    one setting that would fit."""
-    if p.peak <= device_free_bytes:
+    one setting that would fit. held: bytes of the plan in memory already (the weights of
+    a loaded model, which the free memory no longer counts): the peak less them must fit."""
+    need = p.peak - held
+    if need <= device_free_bytes:
         return
     stage = p.peak_stage
-    msg = (f"this edit will not fit on this device: it needs {p.peak / GiB:.2f} GiB at stage {stage!r} "
+    more = " more" if held else ""
+    msg = (f"this edit will not fit on this device: it needs {need / GiB:.2f} GiB{more} at stage {stage!r} "
            f"and {device_free_bytes / GiB:.2f} GiB are free")
     if model_config is not None:
-        ideas = _alternatives(p, model_config, device_free_bytes, config or EditConfig())
+        ideas = _alternatives(p, model_config, device_free_bytes, config or EditConfig(), held)
         msg += (": here is what would fit: " + "; ".join(ideas)) if ideas else \
             ": no single change of band, hidden budget, tokens, dtype or matrix fits; use a larger device"
     raise WillNotFit(msg + ".")

@@ -188,8 +188,9 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
     session = Session()
     session.model_key = key
     session.extra["model_widgets"] = ("demo", "auto", "auto")
-    choice, device, dtype, status = model_panel.on_restore_model(session)
-    assert (choice, device, dtype) == ("demo", "auto", "auto") and "Still loaded: the bundled demo" in status
+    choice, device, dtype, device_map, max_memory, status = model_panel.on_restore_model(session)
+    assert (choice, device, dtype, device_map, max_memory) == ("demo", "auto", "auto", "none", "")
+    assert "Still loaded: the bundled demo" in status
 
     from grom.data import load_benchmark
 

@@ -32,6 +32,7 @@ def test_bench_edit_splits_the_time_for_both_paths(tmp_path):
 def test_bench_scaling_and_influence_quick(tmp_path):
     out = run_script(tmp_path, "bench_scaling.py", "--quick")
     assert "## solve vs key dimension n" in out and "## key collection vs tokens" in out
+    assert "## the memory plan against the measured peak" in out  # one quick shape, in a child process
     out = run_script(tmp_path, "bench_influence.py", "--quick")
     difference = float(out.split("largest relative difference:")[1].split()[0])
     assert difference < 1e-6  # the Woodbury influences match the re-solves
@@ -72,3 +73,18 @@ def test_bench_attack_targets_on_the_demo_with_a_probe_upload(tmp_path):
         assert set(m["attacks"]) == {"heldout", "quant8"} and m["edit_seconds"] > 0
     tables = run_script(tmp_path, "bench_attack_targets.py", "--tables", "out.json")
     assert "| attack | base | GROM | NPO | grom s | npo s |" in tables
+
+
+def test_bench_gpu_scaled_down_on_the_cpu(tmp_path, monkeypatch):
+    """The GPU benchmark's one command at a tiny scale on the CPU: every stage timed and
+    metered beside the plan, the band cut with the layers. One workload, in this test's one
+    process (its glibc setting given, no child is started), the corpus one; the QA one
+    runs the same code but for its data."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    out = run_script(tmp_path, "bench_gpu.py", "--device", "cpu", "--scale", "0.005", "--layers", "5",
+                     "--workload", "muse-8b")
+    section = out.split("## muse-8b:")[1]
+    assert "band [1, 2, 3, 4]" in section and "9 forget / 9 retain examples" in section, section
+    rows = {line.split()[0]: line.split()[1:] for line in section.splitlines()[2:7]}
+    assert list(rows) == ["load", "scores", "keys", "solve", "apply"], section
+    assert all(float(r[1]) > 0 for r in rows.values()) and float(rows["solve"][2]) > 0  # peaks, a plan

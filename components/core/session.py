@@ -37,10 +37,14 @@ PREFIX_CACHE_BYTES = 256 << 20  # per resident model: one comparison of SmolLM2'
 
 @dataclass(frozen=True)
 class ModelKey:
-    """Which model is loaded: a name (the demo, a Hub id or a folder), device, dtype."""
+    """Which model is loaded: a name (the demo, a Hub id or a folder), device, dtype, and
+    for a model sharded by accelerate its device map and max-memory budgets (canonical text,
+    `grom.sharding.format_max_memory`); "" when it sits whole on `device`."""
     name: str
     device: str
     dtype: str
+    device_map: str = ""
+    max_memory: str = ""
 
     @property
     def shown(self) -> str:
@@ -48,7 +52,9 @@ class ModelKey:
         return shown_name(self.name)
 
     def label(self) -> str:
-        return f"{self.shown} ({self.device}, {self.dtype})"
+        where = f"device map {self.device_map}" + (f" within {self.max_memory}" if self.max_memory else "") \
+            if self.device_map else self.device
+        return f"{self.shown} ({where}, {self.dtype})"
 
 
 def _prefix_cache():
