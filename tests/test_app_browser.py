@@ -296,10 +296,12 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     run_edit_to_card(page)
 
     page.get_by_role("tab", name="5 · Compare").click()
+    # the card comes from the answers first; the comparison after the edit adds the scores
+    page.wait_for_function("document.querySelector('#compare-summary')?.innerText.startsWith('Compared')",
+                           timeout=600_000)
     page.get_by_label("all examples").check()
-    before = text_of(page, "#compare-summary")
     page.click("#compare-button")
-    page.wait_for_function(f"document.querySelector('#compare-summary')?.innerText !== {before!r}"
+    page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('(all examples)')"
                            " && document.querySelector('#edit-status .rc-sample')?.innerText.includes('all')",
                            timeout=600_000)
     card = text_of(page, "#edit-status")
@@ -307,7 +309,7 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     assert m, card
     forgot, known, kept, kept_known = map(int, m.groups())
     # the full evaluation as the page offers it for download: its metrics CSV (rows: models)
-    page.wait_for_selector("a[href*='-metrics.csv']", timeout=60_000)
+    page.wait_for_selector("a[href*='-metrics.csv']", timeout=300_000)
     href = page.locator("a[href*='-metrics.csv']").first.get_attribute("href")
     rows = {r[""]: r for r in csv.DictReader(io.StringIO(page.request.get(href).text()))}
     assert known == float(rows["Base"]["Forget facts known"]), (card, rows["Base"])
