@@ -98,8 +98,7 @@ def on_method_note(method: str, session: Session) -> str:
 def on_methods_for_data(method: str, session: Session):
     """New data (a benchmark or an imported run): the method box's choices with the methods
     it cannot serve greyed out, and the chosen method's note."""
-    return (gr.Dropdown(choices=method_choices(session.benchmark), value=method),
-            method_note(method, session.benchmark))
+    return gr.Dropdown(choices=method_choices(session.benchmark)), method_note(method, session.benchmark)
 
 
 def _number(value) -> float:

@@ -12,9 +12,10 @@ the same keys and retain covariance, only the update rule differs), else the ban
 layer scores suggest.
 
 `unavailable(name, bench)` says why a method cannot run on a split (an editor without
-facts that carry a subject, a retain-term method without a retain set) with the same
-words its run is refused with; the method box greys such methods out (`comparator_choices`
-with the split) and `glossary` gives each method's line: what it does, what it needs.
+facts that carry a subject, a retain-term method without a retain set) in the words its
+run is refused with (`gap`: also a few words for the box); the method box greys such
+methods out (`comparator_choices` with the split), and `glossary` gives each method's
+line: what it does, what it needs.
 """
 from __future__ import annotations
 
@@ -54,9 +55,9 @@ def comparator_choices(bench=None) -> list[tuple[str, str]]:
                for name, e in EDITORS.items()]
     if bench is None:
         return trained + editors
-    return [(label if unavailable(name, bench) is None else
-             f"⊘ {comparator_label(name)}: not on this split ({'no subjects' if is_editor(name) else 'see why below'})",
-             name) for label, name in trained + editors]
+    gaps = {name: gap(name, bench) for _, name in trained + editors}
+    return [(label if gaps[name] is None else f"⊘ {comparator_label(name)}: not on this split ({gaps[name][0]})", name)
+            for label, name in trained + editors]
 
 
 def glossary(name: str) -> str:
@@ -96,25 +97,26 @@ def check_editor(name: str, bench, steps, lr) -> tuple[int, float]:
         raise UserError(f"Value steps = {steps_f:g}: at most {MAX_VALUE_STEPS} on this server.")
     if not (math.isfinite(lr_f) and 0 < lr_f <= 10):
         raise UserError(f"Value learning rate = {shorten(lr)}: a number above 0 and at most 10 (ROME: 0.1 to 0.5).")
-    why = editor_unavailable(label, bench)
-    if why:
-        raise UserError(why)
+    missing = editor_gap(label, bench)
+    if missing:
+        raise UserError(missing[1])
     if len(bench.forget) > limit("GROM_MAX_EXAMPLES"):
         raise over(f"{label} optimises a vector per fact, and {bench.name}/{bench.split} has {{n}}",
                    len(bench.forget), "GROM_MAX_EXAMPLES")
     return int(steps_f), lr_f
 
 
-def editor_unavailable(label: str, bench) -> str | None:
-    """Why an editor cannot edit `bench` (None: it can): facts with a subject to locate, and
-    a retain set for its covariance."""
+def editor_gap(label: str, bench) -> tuple[str, str] | None:
+    """What an editor lacks on `bench` (None: nothing), as (a few words for the method box,
+    the message its run is refused with): facts with a subject to locate, and a retain set
+    for its covariance."""
     why = missing_facts(bench.forget)
     if why:
-        return (f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load real-knowledge, ZsRE or the demo, "
-                "or upload rows with a `subject` column.")
+        return "no subjects", (f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load real-knowledge, "
+                               "ZsRE or the demo, or upload rows with a `subject` column.")
     if not bench.retain:
-        return (f"{label} needs a retain set (its covariance keeps what is not forgotten): "
-                f"{bench.name}/{bench.split} has none.")
+        return "no retain set", (f"{label} needs a retain set (its covariance keeps what is not forgotten): "
+                                 f"{bench.name}/{bench.split} has none.")
     return None
 
 
@@ -128,38 +130,49 @@ def parse_method(method) -> Method:
                     f"{', '.join([row.label for row in METHODS.values()] + [e.label for e in EDITORS.values()])}.")
 
 
-def check_trainable(bench, method: Method | str) -> None:
-    """The baselines train on question/answer, text, multiple-choice or fact examples, and
-    every method but GA needs a retain set for its retain term."""
+def trainable_gap(bench, method: Method) -> tuple[str, str] | None:
+    """What a trained method lacks on `bench` (None: nothing), as `editor_gap` says it: the
+    baselines train on question/answer, text, multiple-choice or fact examples, every
+    method but GA needs a retain set for its retain term, IDK ones need questions."""
     usable = (QAExample, TextExample, ChoiceExample, FactRecord)
-    method = method if isinstance(method, Method) else parse_method(method)
     label = method.label
     if not any(isinstance(ex, usable) for ex in bench.forget):
-        raise UserError(f"{label} cannot train on {bench.name}/{bench.split}: its forget set has no "
-                        "question/answer or text examples. Load a benchmark (or your own file) with "
-                        "question/answer or text rows.")
+        return "no usable rows", (f"{label} cannot train on {bench.name}/{bench.split}: its forget set has no "
+                                  "question/answer or text examples. Load a benchmark (or your own file) with "
+                                  "question/answer or text rows.")
     if method.uses_retain(method.defaults) and not any(isinstance(ex, usable) for ex in bench.retain):
         free = [row.label for row in METHODS.values() if not row.needs_retain]
-        raise UserError(f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
-                        f"has no retain examples: choose {' or '.join(free) or 'another method'}, or "
-                        "load a benchmark with a retain set.")
+        return "no retain set", (f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
+                                 f"has no retain examples: choose {' or '.join(free) or 'another method'}, or "
+                                 "load a benchmark with a retain set.")
     if method.needs_answers and not all(isinstance(ex, (QAExample, FactRecord)) for ex in bench.forget):
-        raise UserError(f"{label} answers each forget question with \"I don't know\", and {bench.name}/"
-                        f"{bench.split} has forget rows that are not questions: choose another method.")
+        return "needs questions", (f"{label} answers each forget question with \"I don't know\", and "
+                                   f"{bench.name}/{bench.split} has forget rows that are not questions: choose "
+                                   "another method.")
+    return None
 
 
-def unavailable(name: str, bench) -> str | None:
-    """Why the method `name` cannot run on `bench` at all, whatever its settings (None: it
-    can, or no benchmark is loaded), in the words its run would be refused with."""
+def check_trainable(bench, method: Method | str) -> None:
+    """A `UserError` saying what the split lacks for the trained method, before any work."""
+    missing = trainable_gap(bench, method if isinstance(method, Method) else parse_method(method))
+    if missing:
+        raise UserError(missing[1])
+
+
+def gap(name: str, bench) -> tuple[str, str] | None:
+    """What the method `name` lacks on `bench`, whatever its settings (None: nothing, or no
+    benchmark is loaded): (a few words, the message its run would be refused with)."""
     if bench is None:
         return None
     if is_editor(name):
-        return editor_unavailable(comparator_label(name), bench)
-    try:
-        check_trainable(bench, name)
-    except UserError as err:
-        return str(err)
-    return None
+        return editor_gap(comparator_label(name), bench)
+    return trainable_gap(bench, parse_method(name))
+
+
+def unavailable(name: str, bench) -> str | None:
+    """Why the method `name` cannot run on `bench` (None: it can), in its refusal's words."""
+    missing = gap(name, bench)
+    return None if missing is None else missing[1]
 
 
 def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None):
