@@ -123,8 +123,8 @@ def attach_report(session: Session) -> None:
     if session.report is None or session.report_for is None:
         return
     compared = session.report_for[1]
-    for row in history(session):
-        if row["edit"]() is compared:
+    for row in history(session):  # a baseline's or sweep point's row holds no edit: never matched
+        if compared is not None and row["edit"]() is compared:
             row["metrics"] = headline_metrics(session.report)
 
 
