@@ -121,7 +121,8 @@ def on_history_select(evt: gr.SelectData, session: Session):
 def build_history_panel() -> SimpleNamespace:
     with gr.Accordion("Run history: every edit and baseline of this session", open=True, elem_id="history"):
         text.md(text.HISTORY, elem_classes="panel-intro")
-        table = gr.Dataframe(empty_table("history"), label="Runs, the newest first (click a GROM row to restore its settings)",
+        table = gr.Dataframe(empty_table("history"),
+                             label="Runs, the newest first (click a GROM row to restore its settings)",
                              interactive=False, max_height=320, wrap=True, elem_id="history-table")
         files = download_box("the run history")
         note = gr.Markdown("", elem_id="restore-note")

@@ -101,7 +101,8 @@ def test_editors_are_greyed_out_with_the_reason_where_the_split_has_no_subjects(
         assert not any(label.startswith("⊘") for label, _ in bp.method_choices(bench))
         assert unavailable("memit", bench) is None
     choices = dict((name, label) for label, name in bp.method_choices(NO_SUBJECT))
-    assert all(choices[name] == f"⊘ {e.label}: not on this split (no subjects)" for name, e in EDITORS.items())
+    assert all(choices[name] == f"⊘ {e.label}: not on this split (no facts with a subject)"
+               for name, e in EDITORS.items())
     assert not any(choices[name].startswith("⊘") for name in METHODS)  # the trained methods can train on it
     note = bp.method_note("rome", NO_SUBJECT)
     assert note.startswith(glossary("rome")) and "⊘ **Not on this split.**" in note
@@ -125,5 +126,5 @@ def test_each_method_has_its_glossary_line_beside_the_box(demo_session):
     assert glossary("rome").startswith("**ROME** (closed-form editor") and "(trained method)" in glossary("npo")
     assert bp.on_method_note("simnpo", demo_session) == glossary("simnpo")
     box, note = bp.on_methods_for_data("rome", SimpleNamespace(benchmark=NO_SUBJECT))
-    assert ("⊘ ROME: not on this split (no subjects)", "rome") in box.choices  # the chosen value kept
+    assert ("⊘ ROME: not on this split (no facts with a subject)", "rome") in box.choices  # the chosen value kept
     assert "has no subject" in note

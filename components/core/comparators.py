@@ -56,8 +56,8 @@ def comparator_choices(bench=None) -> list[tuple[str, str]]:
     if bench is None:
         return trained + editors
     gaps = {name: gap(name, bench) for _, name in trained + editors}
-    return [(label if gaps[name] is None else f"⊘ {comparator_label(name)}: not on this split ({gaps[name][0]})", name)
-            for label, name in trained + editors]
+    return [(label if gaps[name] is None else f"⊘ {comparator_label(name)}: not on this split ({gaps[name][0]})",
+             name) for label, name in trained + editors]
 
 
 def glossary(name: str) -> str:
@@ -112,8 +112,8 @@ def editor_gap(label: str, bench) -> tuple[str, str] | None:
     for its covariance."""
     why = missing_facts(bench.forget)
     if why:
-        return "no subjects", (f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load real-knowledge, "
-                               "ZsRE or the demo, or upload rows with a `subject` column.")
+        return "no facts with a subject", (f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load "
+                                           "real-knowledge, ZsRE or the demo, or upload rows with a `subject` column.")
     if not bench.retain:
         return "no retain set", (f"{label} needs a retain set (its covariance keeps what is not forgotten): "
                                  f"{bench.name}/{bench.split} has none.")
