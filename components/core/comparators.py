@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, over
-from grom.baselines import EDITORS, METHODS, EditorConfig, Method, get_editor, run_baseline, run_editor
+from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
+from grom.baselines.methods import Method
 from grom.baselines.recipes import recipe_for_task
 from grom.baselines.values import ValueSettings, missing_facts
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
