@@ -23,7 +23,8 @@ import torch
 from starlette.middleware import Middleware
 
 from components.attack_panel import build_attack_panel, on_attack_select, on_run_attacks
-from components.baseline_panel import build_baseline_panel, on_method_change, on_run_baseline
+from components.baseline_panel import (build_baseline_panel, on_method_change, on_method_note, on_methods_for_data,
+                                      on_run_baseline)
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, on_benchmark_change,
                                         on_load_benchmark, on_model_loaded, on_restore_benchmark)
 from components.compare_panel import (ask_box, build_answers_panel, build_compare_panel, on_card_first,
@@ -154,6 +155,7 @@ def wire(ui: SimpleNamespace) -> None:
     bench.success(ask_box, s, a.prompt, **LOCAL)  # an example question of the new data
     bench.success(on_data_changed, None, [c.summary, c.table, a.forget_html, a.retain_html, a.prompt_html,
                                           bl.summary, bl.table], **LOCAL)
+    bench.success(on_methods_for_data, [bl.method, s], [bl.method, bl.note], **LOCAL)  # editors greyed out or not
     bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
     e.preset.change(on_preset, e.preset, form.widgets(e, ly, form.PRESET_FILLED), **LOCAL)
     score_inputs = score_widgets(ui) + [s]
@@ -180,8 +182,10 @@ def wire(ui: SimpleNamespace) -> None:
     compared.success(result_card, s, e.status, **LOCAL)  # a larger evaluation changes the card
     a.ask.click(on_generate, [a.prompt, s], a.prompt_html, api_name="generate", **DEVICE)
     bl.method.change(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)
+    bl.method.change(on_method_note, [bl.method, s], bl.note, **LOCAL)  # its glossary line
     bl.run.click(on_run_baseline, [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
-                 [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **DEVICE)
+                 [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **DEVICE) \
+      .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)  # its row in the run history
     a.prompt.submit(on_generate, [a.prompt, s], a.prompt_html, api_visibility="private", **DEVICE)
     e.reset.click(on_reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
        .then(lambda msg: (msg, "", None, "", "", ""), e.status, [r.summary, c.summary, c.table, a.forget_html,
@@ -243,11 +247,13 @@ def wire_runs(ui: SimpleNamespace, run) -> None:
     w.table.select(on_sweep_select, s, restored + [w.note], **LOCAL)
     w.button.click(on_sweep, [w.param, w.values, s], [w.plot, w.table, w.note], api_name="sweep", **DEVICE) \
      .success(on_show_history, s, shown, **LOCAL)  # its points join the history
-    x.load.click(on_import_run, [x.uploads, s],
-                 restored + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df,
-                             ui.result.summary, ui.result.table, ui.result.norms, x.load_note],
-                 api_name="import_run", show_progress_on=x.load_note, **DEVICE) \
-     .success(on_show_history, s, shown, **LOCAL)
+    imported = x.load.click(on_import_run, [x.uploads, s],
+                            restored + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df,
+                                        ui.result.summary, ui.result.table, ui.result.norms, x.load_note],
+                            api_name="import_run", show_progress_on=x.load_note, **DEVICE)
+    imported.success(on_show_history, s, shown, **LOCAL)
+    bl = ui.baseline  # the imported run's split may lack what the editors need
+    imported.success(on_methods_for_data, [bl.method, s], [bl.method, bl.note], **LOCAL)
 
 
 def on_k(k, band_mode, band_text, show_parts, session: Session):
@@ -382,6 +388,8 @@ def build_app(warm: bool = False) -> gr.Blocks:
                            api_visibility="private", **DEVICE)
         opened.success(ask_box, ui.session, ui.answers.prompt, **LOCAL)
         opened.success(on_show_snippet, ui.session, ui.export.code, **LOCAL)  # the session's model
+        opened.success(on_methods_for_data, [ui.baseline.method, ui.session], [ui.baseline.method, ui.baseline.note],
+                       **LOCAL)  # the start split's methods
         opened.success(on_first_scores, score_inputs + [ui.session], [ly.plot, ly.band_info],
                      api_visibility="private", **DEVICE) \
             .success(on_warm_comparison, warm_inputs + [ui.session], None,

@@ -20,21 +20,21 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core.comparators import (check_editor, check_gpu_time, comparator_choices, comparator_label,
-                                         editor_boxes, is_editor, train_comparator)
+from components.core.comparators import (check_editor, check_gpu_time, check_trainable, comparator_choices,
+                                         comparator_label, editor_boxes, glossary, is_editor, parse_method,
+                                         train_comparator, unavailable)
 from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
                                         shared_model)
 from components.core.device import device_progress
 from components.core.errors import UserError, shorten, ui_errors
-from components.core.history import FORGET
+from components.core.history import FORGET, add_comparator_run
 from components.core.limits import limit, over
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model
 from components.core.sources import DEMO
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
-from grom.baselines import EDITORS, METHODS, Method
+from grom.baselines import EDITORS, METHODS
 from grom.baselines.defaults import starting_point
-from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 from grom.eval.report import BASE, EDITED, REFERENCE
 from grom.memory import release_memory
 
@@ -75,20 +75,30 @@ def on_method_change(method: str, session: Session):
             gr.update(value=default_epochs(method, session.model_key), label="Epochs"))
 
 
-def method_choices() -> list[tuple[str, str]]:
+def method_choices(bench=None) -> list[tuple[str, str]]:
     """The method box: every registered method, labelled "GA: what it does", then the
-    closed-form editors."""
-    return comparator_choices()
+    closed-form editors; with the session's benchmark, those that cannot run on it greyed
+    out ("⊘ ROME: not on this split")."""
+    return comparator_choices(bench)
 
 
-def parse_method(method) -> Method:
-    """The registry row for the method box's value (its name or label, any case)."""
-    name = str(method or "").strip().lower()
-    for key, row in METHODS.items():
-        if name in (key, row.label.lower()):
-            return row
-    raise UserError(f"Unknown baseline {shorten(method)!r}: choose one of "
-                    f"{', '.join([row.label for row in METHODS.values()] + [e.label for e in EDITORS.values()])}.")
+def method_note(method: str, bench=None) -> str:
+    """The line beside the method box: the chosen method's glossary line and, where the
+    split lacks what it needs, why it cannot run here."""
+    note = glossary(method)
+    why = unavailable(method, bench)
+    return note + (f"\n\n⊘ **Not on this split.** {why}" if why else "")
+
+
+def on_method_note(method: str, session: Session) -> str:
+    """A method chosen: its glossary line (and why not, on this split)."""
+    return method_note(method, session.benchmark)
+
+
+def on_methods_for_data(method: str, session: Session):
+    """New data (a benchmark or an imported run): the method box's choices with the methods
+    it cannot serve greyed out, and the chosen method's note."""
+    return gr.Dropdown(choices=method_choices(session.benchmark)), method_note(method, session.benchmark)
 
 
 def _number(value) -> float:
@@ -111,26 +121,6 @@ def check_settings(epochs, lr) -> tuple[float, float]:
         raise UserError(f"Learning rate = {shorten(lr)}: use a number above 0 and at most 1 (OpenUnlearning's "
                         "recipe: 1e-5; the demo: about 1e-3).")
     return float(epochs), float(lr)
-
-
-def check_trainable(bench, method: Method | str) -> None:
-    """The baselines train on question/answer, text, multiple-choice or fact examples, and
-    every method but GA needs a retain set for its retain term."""
-    usable = (QAExample, TextExample, ChoiceExample, FactRecord)
-    method = method if isinstance(method, Method) else parse_method(method)
-    label = method.label
-    if not any(isinstance(ex, usable) for ex in bench.forget):
-        raise UserError(f"{label} cannot train on {bench.name}/{bench.split}: its forget set has no "
-                        "question/answer or text examples. Load a benchmark (or your own file) with "
-                        "question/answer or text rows.")
-    if method.uses_retain(method.defaults) and not any(isinstance(ex, usable) for ex in bench.retain):
-        free = [row.label for row in METHODS.values() if not row.needs_retain]
-        raise UserError(f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
-                        f"has no retain examples: choose {' or '.join(free) or 'another method'}, or "
-                        "load a benchmark with a retain set.")
-    if method.needs_answers and not all(isinstance(ex, (QAExample, FactRecord)) for ex in bench.forget):
-        raise UserError(f"{label} answers each forget question with \"I don't know\", and {bench.name}/"
-                        f"{bench.split} has forget rows that are not questions: choose another method.")
 
 
 def check_sizes(bench) -> None:
@@ -293,6 +283,9 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     cached = _cached_report(session, bench, grom, n)
     edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,
                                           device_progress(lambda f, m: progress(f, desc=m)))
+    settings = {"value_steps": epochs, "value_lr": lr} if is_editor(method) else {"epochs": epochs, "lr": lr}
+    add_comparator_run(session, method, label, settings, edit.timings.get("total", edit.timings.get("train", 0.0)),
+                       mine, band=edit.band if is_editor(method) else None)
     if cached is None and grom is not None:
         session.extra["baseline_grom_report"] = (report, (bench, grom, n))
     grom_seconds = grom.timings.get("total") if grom is not None else None
@@ -316,7 +309,8 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
 
 
 def build_baseline_panel() -> SimpleNamespace:
-    """The accordion's widgets: method, epochs, learning rate, Run; the summary and table."""
+    """The accordion's widgets: method, epochs, learning rate, the method's note, Run; the
+    summary and table."""
     trained = [r.label for r in METHODS.values()]
     with gr.Accordion(f"Compare with a baseline: {len(trained)} trained methods ({', '.join(trained[:4])}, ...) "
                       f"and the editors {', '.join(e.label for e in EDITORS.values())}",
@@ -330,6 +324,7 @@ def build_baseline_panel() -> SimpleNamespace:
                                info="this model's default")
             lr = gr.Number(value=default_lr(DEFAULT_METHOD), label="Learning rate", scale=1,
                            min_width=140, info="this model's default")
+        note = gr.Markdown(method_note(DEFAULT_METHOD), elem_id="baseline-method-note")
         gr.Markdown(text.BASELINE_RECIPE, elem_classes="panel-intro baseline-recipe")
         run = gr.Button("Train the baseline and compare", variant="primary", elem_id="baseline-run")
         summary = gr.Markdown("Pick a method and press **Train the baseline and compare** (the demo "
@@ -337,5 +332,5 @@ def build_baseline_panel() -> SimpleNamespace:
         table = gr.Dataframe(empty_table("baseline"), label="Time of update and metrics: Base, GROM, the baseline",
                              interactive=False, wrap=True, max_height=540, elem_id="baseline-table")
         files = download_box("the baseline table")
-    return SimpleNamespace(method=method, epochs=epochs, lr=lr, run=run, summary=summary, table=table,
+    return SimpleNamespace(method=method, epochs=epochs, lr=lr, note=note, run=run, summary=summary, table=table,
                            files=files)

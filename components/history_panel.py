@@ -1,7 +1,9 @@
 """Run history (under Edit details): the session's run history (one row per edit: its settings, band, time and
-the headline metrics of its comparison), a forget-against-retain scatter of the runs, and
-sweeps over beta (or c), w_r, rho or the band. A click on a history or sweep row puts its
-settings back into the Edit panel.
+the headline metrics of its comparison; one per baseline or editor run of Compare, its
+method as "from" and its own settings), a forget-against-retain scatter of the runs (GROM's
+violet, the others orange), and sweeps over beta (or c), w_r, rho or the band. A click on a
+GROM history or sweep row puts its settings back into the Edit panel; a baseline's row says
+why it cannot.
 
 A session keeps at most `MAX_ROWS` rows of settings and metrics (never patches) in
 `session.extra["history"]`, and the last sweep's points in `session.extra["sweep"]`.
@@ -14,8 +16,9 @@ import gradio as gr
 import pandas as pd
 
 from components.core.errors import UserError, ui_errors
-from components.core.history import (FORGET, KEPT, _beta, add_run, attach_report, history, restore, row_index,
-                                     shown_rows)
+from components.core.form import RESTORED
+from components.core.history import (FORGET, KEPT, _beta, add_run, attach_report, comparator_settings, history,
+                                     is_grom, not_restorable, restore, row_index, shown_rows)
 from components.core.runs import band_text
 from components.core.session import Session
 from components.views import plots, text
@@ -25,31 +28,50 @@ SETTINGS_FIRST = ("β", "w_r", "ρ", "c", "band", "edit s")  # after the metrics
 SETTINGS_LAST = ("from", "retain ex.", "seed", "α", "matrix", "time")
 
 
+def _grom_settings(r: dict, corruption: bool) -> dict:
+    cfg, run = r["config"], r["run"]
+    row = {"β": _beta(cfg), "w_r": cfg["w_r"], "ρ": cfg["rho"]}
+    if corruption:
+        row["c"] = cfg["c"] if cfg["target"] == "corruption" else ""
+    return row | {"band": band_text(run.get("band") or cfg.get("layers") or []) or cfg["matrix"],
+                  "edit s": round(r["seconds"], 1), "from": "" if r["source"] == "edit" else r["source"],
+                  "settings": "", "retain ex.": run.get("n_retain", ""), "seed": cfg["seed"],
+                  "α": "on" if cfg["use_alpha"] else "off", "matrix": cfg["matrix"], "time": r["time"]}
+
+
+def _other_settings(r: dict, corruption: bool) -> dict:
+    """A baseline's or editor's row: GROM's columns empty, its own settings in words."""
+    row = {"β": "", "w_r": "", "ρ": ""} | ({"c": ""} if corruption else {})
+    return row | {"band": band_text(r["run"].get("band") or []), "edit s": round(r["seconds"], 1),
+                  "from": r["source"], "settings": comparator_settings(r), "retain ex.": "", "seed": "",
+                  "α": "", "matrix": "", "time": r["time"]}
+
+
 def history_frame(rows: list[dict]) -> pd.DataFrame:
     """One row per run as given (the newest first): its number, its metrics (the comparison's
     headline, forget, kept and retain cost; a sweep point's probabilities), then its
     settings, the ones runs differ in first."""
     if not rows:
         return empty_table("history")
-    corruption = any(r["config"]["target"] == "corruption" for r in rows)
+    corruption = any(is_grom(r) and r["config"]["target"] == "corruption" for r in rows)
     metric_names = list(dict.fromkeys(name for r in rows for name in r["metrics"]))
     out = []
     for r in rows:
-        cfg, run = r["config"], r["run"]
         row = {"#": r["n"]} | {name: round(r["metrics"][name], 3) if name in r["metrics"] else ""
                                for name in metric_names}
-        row |= {"β": _beta(cfg), "w_r": cfg["w_r"], "ρ": cfg["rho"]}
-        if corruption:
-            row["c"] = cfg["c"] if cfg["target"] == "corruption" else ""
-        row |= {"band": band_text(run.get("band") or cfg.get("layers") or []) or cfg["matrix"],
-                "edit s": round(r["seconds"], 1), "from": "" if r["source"] == "edit" else r["source"],
-                "retain ex.": run.get("n_retain", ""), "seed": cfg["seed"],
-                "α": "on" if cfg["use_alpha"] else "off", "matrix": cfg["matrix"], "time": r["time"]}
-        out.append(row)
+        out.append(row | (_grom_settings if is_grom(r) else _other_settings)(r, corruption))
     frame = pd.DataFrame(out).fillna("")
-    if not (frame["from"] != "").any():
-        frame = frame.drop(columns="from")
+    for column in ("from", "settings"):
+        if not (frame[column] != "").any():
+            frame = frame.drop(columns=column)
     return frame
+
+
+def _point_label(r: dict) -> str:
+    if not is_grom(r):
+        return f"#{r['n']}: {r['source']}, {comparator_settings(r)}"
+    return (f"#{r['n']}: β {_beta(r['config'])}, w_r {r['config']['w_r']:g}, ρ {r['config']['rho']:g}, "
+            f"band {band_text(r['run'].get('band', [])) or r['config']['matrix']}")
 
 
 def history_figure(rows: list[dict]):
@@ -61,10 +83,10 @@ def history_figure(rows: list[dict]):
         return plots.empty_figure("Run edits: each compared run becomes a point here.", 320)
     return plots.plot_tradeoff(
         [r["metrics"][f] for r, f, _ in pts], [r["metrics"][k] for r, _, k in pts],
-        [f"#{r['n']}: β {_beta(r['config'])}, w_r {r['config']['w_r']:g}, ρ {r['config']['rho']:g}, "
-         f"band {band_text(r['run'].get('band', [])) or r['config']['matrix']}" for r, _, _ in pts],
+        [_point_label(r) for r, _, _ in pts],
         x_title=" / ".join(dict.fromkeys(f for _, f, _ in pts)) + " ↓",
-        y_title=" / ".join(dict.fromkeys(k for _, _, k in pts)) + " ↑")
+        y_title=" / ".join(dict.fromkeys(k for _, _, k in pts)) + " ↑",
+        others=[not is_grom(r) for r, _, _ in pts])
 
 
 def on_show_history(session: Session):
@@ -76,7 +98,8 @@ def on_show_history(session: Session):
         add_run(session, edit)
     attach_report(session)
     rows, others = shown_rows(session)
-    label = f"Runs on {session.bench_label or 'this benchmark'}, the newest first (click a row to restore its settings)"
+    label = (f"Runs on {session.bench_label or 'this benchmark'}, the newest first (click a GROM row to restore its "
+             "settings)")
     if others:
         label += f"; {others} run{'s' * (others != 1)} on other benchmarks kept (load one to see them)"
     return gr.Dataframe(history_frame(rows), label=label), history_figure(list(reversed(rows)))
@@ -84,18 +107,22 @@ def on_show_history(session: Session):
 
 @ui_errors
 def on_history_select(evt: gr.SelectData, session: Session):
-    """A click on a history row: its settings into the Edit panel."""
+    """A click on a history row: its settings into the Edit panel (a GROM row), or a note on
+    why a baseline's row has none to give (the form is left as it is)."""
     rows, _ = shown_rows(session)  # as the table shows them
     i = row_index(evt)
     if not 0 <= i < len(rows):
         raise UserError("That row is gone (the history keeps the last 50 runs); click another.")
+    if not is_grom(rows[i]):
+        return [gr.skip()] * len(RESTORED) + [not_restorable(rows[i])]
     return restore(rows[i]["config"], rows[i]["run"], session, f"run #{rows[i]['n']}")
 
 
 def build_history_panel() -> SimpleNamespace:
-    with gr.Accordion("Run history: every edit of this session", open=True, elem_id="history"):
+    with gr.Accordion("Run history: every edit and baseline of this session", open=True, elem_id="history"):
         text.md(text.HISTORY, elem_classes="panel-intro")
-        table = gr.Dataframe(empty_table("history"), label="Runs, the newest first (click a row to restore its settings)",
+        table = gr.Dataframe(empty_table("history"),
+                             label="Runs, the newest first (click a GROM row to restore its settings)",
                              interactive=False, max_height=320, wrap=True, elem_id="history-table")
         files = download_box("the run history")
         note = gr.Markdown("", elem_id="restore-note")

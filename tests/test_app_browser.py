@@ -85,8 +85,9 @@ def test_demo_edit_in_the_browser(url, browser, width, height, tmp_path):
 
 
 def test_a_gradient_baseline_in_the_browser(url, browser, tmp_path):
-    """Compare tab: open the baseline accordion, train SimNPO for one epoch, read the table
-    Base / GROM / SimNPO / Retain model (saved as /tmp/app_screens/baseline.png)."""
+    """Compare tab: open the baseline accordion, read SimNPO's glossary line beside the box,
+    train it for one epoch, read the table Base / GROM / SimNPO / Retain model (saved as
+    /tmp/app_screens/baseline.png), then find its row in the run history."""
     page = browser.new_page(viewport={"width": 1366, "height": 900})
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -98,6 +99,7 @@ def test_a_gradient_baseline_in_the_browser(url, browser, tmp_path):
                            timeout=240_000)
     page.get_by_text("Compare with a baseline").click()
     assert page.locator("#baseline-panel input[type=number]").nth(1).input_value() == "0.001"  # demo lr
+    assert "Simple NPO" in text_of(page, "#baseline-method-note")  # its glossary line
     page.locator("#baseline-panel input[type=number]").first.fill("1")
     page.click("#baseline-run")
     page.wait_for_function("document.querySelector('#baseline-summary')?.innerText.includes('updated the weights')",
@@ -110,6 +112,8 @@ def test_a_gradient_baseline_in_the_browser(url, browser, tmp_path):
     panel = page.locator("#baseline-panel")
     panel.scroll_into_view_if_needed()
     panel.screenshot(path=str(tmp_path / "baseline.png"))
+    page.get_by_role("tab", name="Edit details").click()  # the run history: SimNPO's row above GROM's
+    page.wait_for_function("document.querySelector('#history-table')?.innerText.includes('SimNPO')", timeout=30_000)
     assert not errors, f"console errors: {errors}"
     SHARED.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "baseline.png", SHARED / "baseline.png")

@@ -10,6 +10,12 @@ optimisation (`grom.baselines.values.ValueSettings`), the only backpropagation i
 An editor edits GROM's band of the session's edit where there is one (the paper's terms:
 the same keys and retain covariance, only the update rule differs), else the band GROM's
 layer scores suggest.
+
+`unavailable(name, bench)` says why a method cannot run on a split (an editor without
+facts that carry a subject, a retain-term method without a retain set) in the words its
+run is refused with (`gap`: also a few words for the box); the method box greys such
+methods out (`comparator_choices` with the split), and `glossary` gives each method's
+line: what it does, what it needs.
 """
 from __future__ import annotations
 
@@ -23,8 +29,10 @@ from components.core.gpu_time import refuse_over
 from components.core.limits import limit, over
 from components.core.session import ModelKey, resident
 from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
+from grom.baselines.methods import Method
 from grom.baselines.recipes import recipe_for_task
 from grom.baselines.values import ValueSettings, missing_facts
+from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 
 MAX_VALUE_STEPS = 100  # a value optimisation's steps: ROME's 20-25, upstream's longest 50
 
@@ -43,13 +51,29 @@ def is_editor(name: str) -> bool:
     return str(name or "").strip().lower() in EDITORS
 
 
-def comparator_choices() -> list[tuple[str, str]]:
+def comparator_choices(bench=None) -> list[tuple[str, str]]:
     """(label, name) of every method: "GA: what it does", then "ROME: ... (closed-form
-    editor; needs facts with a subject)"."""
+    editor; needs facts with a subject)". With a benchmark, a method that cannot run on it
+    is greyed out: "⊘ ROME: not on this split (...)", the reason in `unavailable`."""
     trained = [(f"{row.label}: {row.description.rstrip('.')}", name) for name, row in METHODS.items()]
     editors = [(f"{e.label}: {e.description.split(';')[0]} (closed-form editor; needs facts with a subject)", name)
                for name, e in EDITORS.items()]
-    return trained + editors
+    if bench is None:
+        return trained + editors
+    gaps = {name: gap(name, bench) for _, name in trained + editors}
+    return [(label if gaps[name] is None else f"⊘ {comparator_label(name)}: not on this split ({gaps[name][0]})",
+             name) for label, name in trained + editors]
+
+
+def glossary(name: str) -> str:
+    """The method's glossary line: its label, its kind, what it does and what it needs (the
+    registry row's description)."""
+    name = str(name or "").strip().lower()
+    if name in EDITORS:
+        return f"**{EDITORS[name].label}** (closed-form editor on GROM's keys): {EDITORS[name].description}"
+    if name in METHODS:
+        return f"**{METHODS[name].label}** (trained method): {METHODS[name].description}"
+    return ""
 
 
 def comparator_label(name: str) -> str:
@@ -78,17 +102,82 @@ def check_editor(name: str, bench, steps, lr) -> tuple[int, float]:
         raise UserError(f"Value steps = {steps_f:g}: at most {MAX_VALUE_STEPS} on this server.")
     if not (math.isfinite(lr_f) and 0 < lr_f <= 10):
         raise UserError(f"Value learning rate = {shorten(lr)}: a number above 0 and at most 10 (ROME: 0.1 to 0.5).")
-    why = missing_facts(bench.forget)
-    if why:
-        raise UserError(f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load real-knowledge (or ZsRE), or "
-                        "upload rows with a `subject` column.")
-    if not bench.retain:
-        raise UserError(f"{label} needs a retain set (its covariance keeps what is not forgotten): "
-                        f"{bench.name}/{bench.split} has none.")
+    missing = editor_gap(label, bench)
+    if missing:
+        raise UserError(missing[1])
     if len(bench.forget) > limit("GROM_MAX_EXAMPLES"):
         raise over(f"{label} optimises a vector per fact, and {bench.name}/{bench.split} has {{n}}",
                    len(bench.forget), "GROM_MAX_EXAMPLES")
     return int(steps_f), lr_f
+
+
+def editor_gap(label: str, bench) -> tuple[str, str] | None:
+    """What an editor lacks on `bench` (None: nothing), as (a few words for the method box,
+    the message its run is refused with): facts with a subject to locate, and a retain set
+    for its covariance."""
+    why = missing_facts(bench.forget)
+    if why:
+        return "no facts with a subject", (f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load "
+                                           "real-knowledge, ZsRE or the demo, or upload rows with a `subject` column.")
+    if not bench.retain:
+        return "no retain set", (f"{label} needs a retain set (its covariance keeps what is not forgotten): "
+                                 f"{bench.name}/{bench.split} has none.")
+    return None
+
+
+def parse_method(method) -> Method:
+    """The registry row for the method box's value (its name or label, any case)."""
+    name = str(method or "").strip().lower()
+    for key, row in METHODS.items():
+        if name in (key, row.label.lower()):
+            return row
+    raise UserError(f"Unknown baseline {shorten(method)!r}: choose one of "
+                    f"{', '.join([row.label for row in METHODS.values()] + [e.label for e in EDITORS.values()])}.")
+
+
+def trainable_gap(bench, method: Method) -> tuple[str, str] | None:
+    """What a trained method lacks on `bench` (None: nothing), as `editor_gap` says it: the
+    baselines train on question/answer, text, multiple-choice or fact examples, every
+    method but GA needs a retain set for its retain term, IDK ones need questions."""
+    usable = (QAExample, TextExample, ChoiceExample, FactRecord)
+    label = method.label
+    if not any(isinstance(ex, usable) for ex in bench.forget):
+        return "no usable rows", (f"{label} cannot train on {bench.name}/{bench.split}: its forget set has no "
+                                  "question/answer or text examples. Load a benchmark (or your own file) with "
+                                  "question/answer or text rows.")
+    if method.uses_retain(method.defaults) and not any(isinstance(ex, usable) for ex in bench.retain):
+        free = [row.label for row in METHODS.values() if not row.needs_retain]
+        return "no retain set", (f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
+                                 f"has no retain examples: choose {' or '.join(free) or 'another method'}, or "
+                                 "load a benchmark with a retain set.")
+    if method.needs_answers and not all(isinstance(ex, (QAExample, FactRecord)) for ex in bench.forget):
+        return "needs questions", (f"{label} answers each forget question with \"I don't know\", and "
+                                   f"{bench.name}/{bench.split} has forget rows that are not questions: choose "
+                                   "another method.")
+    return None
+
+
+def check_trainable(bench, method: Method | str) -> None:
+    """A `UserError` saying what the split lacks for the trained method, before any work."""
+    missing = trainable_gap(bench, method if isinstance(method, Method) else parse_method(method))
+    if missing:
+        raise UserError(missing[1])
+
+
+def gap(name: str, bench) -> tuple[str, str] | None:
+    """What the method `name` lacks on `bench`, whatever its settings (None: nothing, or no
+    benchmark is loaded): (a few words, the message its run would be refused with)."""
+    if bench is None:
+        return None
+    if is_editor(name):
+        return editor_gap(comparator_label(name), bench)
+    return trainable_gap(bench, parse_method(name))
+
+
+def unavailable(name: str, bench) -> str | None:
+    """Why the method `name` cannot run on `bench` (None: it can), in its refusal's words."""
+    missing = gap(name, bench)
+    return None if missing is None else missing[1]
 
 
 def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None):

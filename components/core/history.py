@@ -1,7 +1,11 @@
 """The session's run history as data: one row per edit (settings, band, time, and its
-comparison's headline metrics), and the widget values that restore a row.
+comparison's headline metrics), one per baseline or editor run of Compare (its method as
+the row's source, its settings, time and evaluation), and the widget values that restore a
+GROM row.
 
-A session keeps at most `MAX_ROWS` rows of settings and metrics (never patches) in
+A row's "method" is "grom" for GROM's edits and sweep points, else the comparator's
+registry name; only a GROM row holds an EditConfig (as a dict) in its "config" and can go
+back into the Edit form. A session keeps at most `MAX_ROWS` rows of settings and metrics (never patches) in
 `session.extra["history"]`."""
 from __future__ import annotations
 
@@ -43,15 +47,48 @@ def add_run(session: Session, edit, source: str = "edit") -> None:
 
 
 def add_row(session: Session, config: dict, run: dict, seconds: float, *, source: str,
-            metrics: dict | None = None, edit=None) -> None:
-    """A row of settings (an EditConfig as a dict and its run), time and metrics; `edit`,
-    when given, is held weakly so that its comparison's metrics can find the row."""
+            metrics: dict | None = None, edit=None, method: str = "grom") -> None:
+    """A row of settings (an EditConfig as a dict and its run; for another `method`, its
+    own settings), time and metrics; `edit`, when given, is held weakly so that its
+    comparison's metrics can find the row."""
     rows = history(session)
     number = (rows[-1]["n"] + 1) if rows else 1
-    rows.append({"n": number, "time": time.strftime("%H:%M:%S"), "source": source, "config": config,
-                 "run": run, "seconds": seconds, "metrics": dict(metrics or {}),
+    rows.append({"n": number, "time": time.strftime("%H:%M:%S"), "source": source, "method": method,
+                 "config": config, "run": run, "seconds": seconds, "metrics": dict(metrics or {}),
                  "edit": weakref.ref(edit) if edit is not None else (lambda: None)})
     del rows[:-MAX_ROWS]
+
+
+def add_comparator_run(session: Session, name: str, label: str, settings: dict, seconds: float, report,
+                       band=None) -> None:
+    """A row for a baseline or editor run of Compare on the session's benchmark: `label` as
+    its source, `settings` ({"epochs", "lr"}; for an editor the value optimisation's steps
+    and lr) as its config, its time of update, and the headline metrics of `report`'s
+    Edited row (its own evaluation); `band`: the layers an editor edited."""
+    benchmark, _, split = (session.bench_label or "").partition("/")
+    model = portable_model_name(session.model_key.name) if session.model_key is not None else None
+    run = {"model": model, "benchmark": benchmark, "split": split, "band": list(band or [])}
+    add_row(session, dict(settings), run, float(seconds), source=label, method=name,
+            metrics=headline_metrics(report))
+
+
+def is_grom(row: dict) -> bool:
+    return row.get("method", "grom") == "grom"
+
+
+def comparator_settings(row: dict) -> str:
+    """A comparator row's settings in words: "1 epoch, lr 0.001" or "25 value steps, lr 0.1"."""
+    c = row["config"]
+    if "value_steps" in c:
+        return f"{c['value_steps']:g} value steps, lr {c['value_lr']:g}"
+    return f"{c['epochs']:g} epoch{'' if c['epochs'] == 1 else 's'}, lr {c['lr']:g}"
+
+
+def not_restorable(row: dict) -> str:
+    """Why a comparator row does not go back into the Edit form, and how to run it again."""
+    return (f"Run #{row['n']} is a **{row['source']}** run ({comparator_settings(row)}), not a GROM edit: the Edit "
+            f"form holds GROM's settings (β, w_r, ρ, band), which {row['source']} does not have, so nothing was "
+            f"restored. To run it again, choose {row['source']} under **Compare with a baseline**.")
 
 
 def bench_of(row: dict) -> str:
@@ -86,8 +123,8 @@ def attach_report(session: Session) -> None:
     if session.report is None or session.report_for is None:
         return
     compared = session.report_for[1]
-    for row in history(session):
-        if row["edit"]() is compared:
+    for row in history(session):  # a baseline's or sweep point's row holds no edit: never matched
+        if compared is not None and row["edit"]() is compared:
             row["metrics"] = headline_metrics(session.report)
 
 

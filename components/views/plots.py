@@ -172,14 +172,18 @@ def plot_sweep(labels: Sequence[str], forget: Sequence[float], retain: Sequence[
 
 
 def plot_tradeoff(forget: Sequence[float], kept: Sequence[float], labels: Sequence[str], *,
-                  x_title: str, y_title: str) -> go.Figure:
-    """The run history's trade-off: one point per compared run, numbered, the latest ringed."""
+                  x_title: str, y_title: str, others: Sequence[bool] | None = None) -> go.Figure:
+    """The run history's trade-off: one point per compared run, numbered, the latest ringed;
+    `others` marks the points of other methods than GROM (baselines, editors: orange
+    diamonds; GROM's: violet dots)."""
     forget, kept, labels = list(forget), list(kept), list(labels)
+    others = list(others) if others is not None else [False] * len(forget)
     # runs of nearby settings land on one spot: a number on every point would overlap, so only
     # the latest is numbered and every point names its run on hover
     fig = go.Figure(go.Scatter(
         x=forget, y=kept, mode="markers", customdata=labels,
-        marker=dict(size=12, color=ACCENT, opacity=0.7),
+        marker=dict(size=12, opacity=0.7, color=[FORGET if o else ACCENT for o in others],
+                    symbol=["diamond" if o else "circle" for o in others]),
         hovertemplate="%{customdata}<br>forget %{x:.3f}<br>kept %{y:.3f}<extra></extra>"))
     if forget:
         fig.add_trace(go.Scatter(x=forget[-1:], y=kept[-1:], mode="markers+text", name="latest",

@@ -95,7 +95,8 @@ BASELINE = ("The trained baselines unlearn by fine-tuning: for several epochs th
             "closed-form editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) use GROM's own keys, retain "
             "covariance and band, with one per-fact value optimisation (the two boxes are then its "
             "steps and learning rate): only the update rule differs from GROM's. They need facts "
-            "with a subject (real knowledge, ZsRE, or a `subject` column in your file).")
+            "with a subject (real knowledge, ZsRE, the demo, or a `subject` column in your file); "
+            "on a split without them they are greyed out (⊘) and the line under the box says why.")
 
 BASELINE_RECIPE = ("OpenUnlearning's recipe for the benchmark: AdamW on the weights in the model's "
                    "own dtype; TOFU-style and fact benchmarks: batch 8 × 4 accumulation steps (32), "
@@ -136,8 +137,10 @@ SWEEP = ("Each value is a full edit of the session's last edit with that one set
          "40 retain evaluation examples: a quick proxy, not the Compare tab's metrics.")
 
 HISTORY = ("Every edit of this session (the last 50), with its settings and, once "
-           "compared, its headline metrics; the scatter puts forgetting against keeping for each "
-           "compared run. Click a row to put its settings back into the Edit panel.")
+           "compared, its headline metrics, and every baseline or editor run of Compare (its method "
+           "under \"from\", its own settings and metrics); the scatter puts forgetting against "
+           "keeping for each compared run, GROM's in violet, the others as orange diamonds. Click a "
+           "GROM row to put its settings back into the Edit panel.")
 
 QUANT = ("A 4-bit copy of the edited model should still forget, and still keep the retain set: an "
          "edit that lives below the quantization step would come back after quantizing (the paper "

@@ -1,0 +1,130 @@
+"""Compare's baselines and editors in the studio, driven through the panels' handlers on the
+demo model without a server: each run becomes a row of the run history beside GROM's (its
+method as the source, its settings, time and metrics; a click on it restores nothing and
+says why), the editors are greyed out with the reason where the split has no subjects,
+and each method's glossary line sits beside the method box.
+
+A quarter epoch of GA and a 3-step ROME on 10 of the demo's forget01 facts (40 retain
+examples), evaluated on 5 examples per set: a few seconds each on one CPU thread.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+gr = pytest.importorskip("gradio")
+
+from components import baseline_panel as bp  # noqa: E402
+from components import history_panel as hp  # noqa: E402
+from components.core import history as runs_history  # noqa: E402
+from components.core.comparators import check_editor, glossary, unavailable  # noqa: E402
+from components.core.errors import UserError  # noqa: E402
+from components.core.form import RESTORED  # noqa: E402
+from components.core.models import ensure_model, model_key  # noqa: E402
+from components.core.session import Session  # noqa: E402
+from grom import EditConfig  # noqa: E402
+from grom.baselines import EDITORS, METHODS  # noqa: E402
+from grom.data.loaders import load_benchmark  # noqa: E402
+from grom.data.schema import Benchmark, QAExample  # noqa: E402
+
+N = 5  # examples per evaluation set
+# TOFU's rows as the hub gives them: questions and answers, no subject field
+NO_SUBJECT = Benchmark("tofu", "forget01", (QAExample("Who wrote 'The Tides'?", "Jaime Vasquez wrote it."),),
+                       (QAExample("What is 2 + 2?", "4."),))
+
+
+def no_progress(*_, **__):
+    return None
+
+
+@pytest.fixture(scope="module")
+def demo_session():
+    """A session on the demo model and demo/forget01 (its facts carry their author as
+    subject), cut to 10 forget and 40 retain examples: an editor's retain covariance and
+    band search read the whole retain set (3560 rows, half a minute on a loaded CPU)."""
+    handle = ensure_model(model_key("demo", "cpu", "float32"))
+    bench = load_benchmark("demo", "forget01")
+    session = Session()
+    session.model_key, session.bench_label = handle.key, "demo/forget01"
+    session.benchmark = replace(bench, forget=bench.forget[:10], retain=bench.retain[:40])
+    return session
+
+
+def table_of(session: Session) -> tuple[pd.DataFrame, object, str]:
+    update, fig = hp.on_show_history(session)
+    return pd.DataFrame(update.value["data"], columns=update.value["headers"]), fig, update.label
+
+
+def test_baseline_and_editor_runs_join_the_history_beside_grom(demo_session):
+    session = demo_session
+    grom_metrics = {"Final score": 0.7, "Forget fact recall": 0.1, "Retain fact recall": 0.9, "Retain cost": 0.02}
+    runs_history.add_row(session, EditConfig(beta=60.0, layers=(3, 4, 5)).to_dict(),
+                         {"benchmark": "demo", "split": "forget01", "band": [3, 4, 5]}, 1.5, source="edit",
+                         metrics=grom_metrics)  # GROM's row, as its comparison leaves it
+    bp.on_run_baseline.__wrapped__("ga", 0.25, 1e-3, N, False, session, progress=no_progress)
+    bp.on_run_baseline.__wrapped__("rome", 3, 0.5, N, False, session, progress=no_progress)
+    table, fig, label = table_of(session)
+    assert list(table["#"]) == [3, 2, 1]  # the newest first
+    rome, ga, grom = (table.iloc[i] for i in range(3))
+    assert (ga["from"], ga["settings"], ga["β"]) == ("GA", "0.25 epochs, lr 0.001", "")
+    assert (rome["from"], rome["settings"]) == ("ROME", "3 value steps, lr 0.5") and rome["band"] != ""
+    assert (grom["from"], grom["settings"], grom["β"], grom["band"]) == ("", "", "60", "3-5")
+    rows = {r["source"]: r for r in runs_history.history(session)}
+    for name in ("GA", "ROME"):  # each row's metrics are its own evaluation's Edited row
+        metrics = rows[name]["metrics"]
+        assert set(metrics) >= {"Final score", "Forget fact recall", "Retain fact recall"}, metrics
+        shown = table[table["from"] == name].iloc[0]
+        assert shown["edit s"] > 0 and shown["Forget fact recall"] == round(metrics["Forget fact recall"], 3)
+    # the scatter: GROM's point violet, the two others orange diamonds, named on hover
+    points = fig.data[0]
+    assert list(points.marker.symbol) == ["circle", "diamond", "diamond"]
+    assert points.customdata[1].startswith("#2: GA, 0.25 epochs") and points.customdata[0].startswith("#1: β 60")
+    # a click on a baseline's row restores nothing and says why; GROM's row restores as before
+    out = hp.on_history_select.__wrapped__(SimpleNamespace(index=[1, 0]), session)
+    assert len(out) == len(RESTORED) + 1 and all(v == gr.skip() for v in out[:-1])  # every widget left as it is
+    assert "not a GROM edit" in out[-1] and "Compare with a baseline" in out[-1] and "#2" in out[-1]
+    out = hp.on_history_select.__wrapped__(SimpleNamespace(index=[2, 0]), session)
+    assert dict(zip(RESTORED, out))["beta"] == 60.0 and "run #1" in out[-1]
+    # another benchmark's runs never share these columns: they are counted, not shown
+    session.bench_label = "demo/forget05"
+    table, _, label = table_of(session)
+    assert len(table) == 0 and "3 runs on other benchmarks kept" in label
+    session.bench_label = "demo/forget01"
+
+
+def test_editors_are_greyed_out_with_the_reason_where_the_split_has_no_subjects():
+    demo, facts = load_benchmark("demo", "forget01"), load_benchmark("real-knowledge")
+    for bench in (demo, facts):  # both carry a subject per fact: nothing greyed out
+        assert not any(label.startswith("⊘") for label, _ in bp.method_choices(bench))
+        assert unavailable("memit", bench) is None
+    choices = dict((name, label) for label, name in bp.method_choices(NO_SUBJECT))
+    assert all(choices[name] == f"⊘ {e.label}: not on this split (no facts with a subject)"
+               for name, e in EDITORS.items())
+    assert not any(choices[name].startswith("⊘") for name in METHODS)  # the trained methods can train on it
+    note = bp.method_note("rome", NO_SUBJECT)
+    assert note.startswith(glossary("rome")) and "⊘ **Not on this split.**" in note
+    with pytest.raises(UserError) as refused:  # a direct run is refused with the same words
+        check_editor("rome", NO_SUBJECT, 5, 0.5)
+    assert str(refused.value) in note and "has no subject" in str(refused.value)
+    # a split without a retain set: the retain-term methods and the editors are greyed out, GA is not
+    bare = Benchmark("custom", "forget", demo.forget[:4], ())
+    labels = dict((name, label) for label, name in bp.method_choices(bare))
+    assert labels["ga"].startswith("GA:") and labels["graddiff"].startswith("⊘ GradDiff")
+    assert labels["memit"] == "⊘ MEMIT: not on this split (no retain set)"
+    assert "needs a retain set" in bp.method_note("alphaedit", bare)
+    assert "no retain examples: choose GA" in bp.method_note("npo", bare)
+
+
+def test_each_method_has_its_glossary_line_beside_the_box(demo_session):
+    for name, row in list(METHODS.items()) + list(EDITORS.items()):
+        line = glossary(name)
+        assert line.startswith(f"**{row.label}** (") and row.description in line and "needs" in row.description
+        assert bp.method_note(name, demo_session.benchmark) == line  # nothing missing on the demo
+    assert glossary("rome").startswith("**ROME** (closed-form editor") and "(trained method)" in glossary("npo")
+    assert bp.on_method_note("simnpo", demo_session) == glossary("simnpo")
+    box, note = bp.on_methods_for_data("rome", SimpleNamespace(benchmark=NO_SUBJECT))
+    assert ("⊘ ROME: not on this split (no facts with a subject)", "rome") in box.choices  # the chosen value kept
+    assert "has no subject" in note
