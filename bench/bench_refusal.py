@@ -1,6 +1,7 @@
 """GROM's refusal target against suppression on SmolLM2 real-knowledge (issue 25 item 3).
 
     python bench/bench_refusal.py --betas 65,150,300 --w-r 100 --max-examples 20 --retain-examples 128
+    python bench/bench_refusal.py --betas 100 --idk 1e-4@10,3e-4@10   # and IDK-NLL beside it
 
 One suppression edit at the `smollm2` preset (its automatic band), then refusal edits on
 the same band (the refusal target scores its band on the forget answers, as suppression
@@ -10,6 +11,11 @@ forget facts answered with a refusal, another fluent answer, or degenerate text
 (`grom.eval.metrics.answer_class`), the forget answers' perplexity under the unedited
 model, kept fact recall and the retain cost; the refusals said on the kept sets (an edit
 that refuses everything would show there); and a few forget answers to read.
+
+--idk LR@EPOCHS,...: IDK-NLL (`grom.baselines`, the trained counterpart: NLL of a seeded
+"I don't know" answer on each forget question plus the retain NLL, OpenUnlearning's
+recipe otherwise: batch 8 x 4, AdamW, linear schedule) at each learning rate and number
+of epochs, evaluated the same way; its "edit s" is the training time.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
+from grom.baselines import run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate  # noqa: E402
 from grom.eval.prefix import PrefixCache  # noqa: E402
@@ -55,6 +62,7 @@ def main(argv=None) -> None:
     ap.add_argument("--retain-examples", type=int, default=128)
     ap.add_argument("--eval-batch-size", type=int, default=32)
     ap.add_argument("--show", type=int, default=4, help="forget answers shown per edit")
+    ap.add_argument("--idk", default="", help="IDK-NLL runs beside the edits, as LR@EPOCHS,... (e.g. 1e-4@10)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -69,17 +77,27 @@ def main(argv=None) -> None:
         for w in map(float, args.w_r.split(",")) for b in map(float, args.betas.split(","))]
     base, scores, prefix, stream = None, None, PrefixCache(), {}
     rows, classes, shown = [], [], []
-    for name, cfg in configs:
+    idk = [tuple(map(float, spec.split("@"))) for spec in args.idk.split(",") if spec.strip()]
+    band = None
+    for name, cfg in configs + [("IDK-NLL", (lr, epochs)) for lr, epochs in idk]:
         t0 = time.perf_counter()
-        edit = run_edit(model, tok, bench.forget, bench.retain, cfg, scores=scores, stream_cache=stream)
+        if name == "IDK-NLL":
+            lr, epochs = cfg
+            edit = run_baseline("idknll", model, tok, bench.forget, bench.retain, lr=lr, epochs=epochs,
+                                prompt_format=bench.prompt_format, seed=args.seed)
+        else:
+            edit = run_edit(model, tok, bench.forget, bench.retain, cfg, scores=scores, stream_cache=stream)
+            scores, band = scores or edit.scores, band or edit.band
         secs = time.perf_counter() - t0
-        scores = scores or edit.scores
         rep = evaluate(model, tok, bench, edit=edit, max_examples=args.max_examples, reuse=base, prefix=prefix,
-                       batch_size=args.eval_batch_size, record_at=(edit.band[0],))
+                       batch_size=args.eval_batch_size, record_at=(band[0],))
         base = base or rep
         m = rep.rows["Edited"].metrics
-        _log(f"{name} beta {cfg.beta:g}: edit {secs:.1f} s, refusal {m.get('Forget refusal', 0):.2f}")
-        label = [name, f"{cfg.beta:g}", f"{cfg.w_r:g}", f"{edit.band[0]}-{edit.band[-1]}", f"{secs:.1f}"]
+        if name == "IDK-NLL":
+            label = [name, f"lr {lr:g}", f"{epochs:g} epochs", "all weights", f"{secs:.1f}"]
+        else:
+            label = [name, f"{cfg.beta:g}", f"{cfg.w_r:g}", f"{edit.band[0]}-{edit.band[-1]}", f"{secs:.1f}"]
+        _log(f"{' '.join(label[:3])}: {secs:.1f} s, refusal {m.get('Forget refusal', 0):.2f}")
         rows.append(label + [f"{m[k]:.3g}" if k in m else "-" for k in COLUMNS])
         for set_name, c in rep.answer_classes().items():
             classes.append(label[:3] + [set_name, *(str(v) for v in c.values())])

@@ -85,7 +85,9 @@ def test_degenerate_by_repetition_and_by_perplexity():
     assert M.answer_class("Jupiter", noise, perplexity=M.DEGENERATE_PERPLEXITY + 1) == "degenerate"
     assert M.answer_class("Jupiter", noise, perplexity=float("nan")) == "fluent"
     assert M.answer_class("Jupiter", "Jupiter " + noise, perplexity=1e9) == "kept"
-    assert M.answer_class("Jupiter", "I don't know.", perplexity=1e9) == "degenerate"  # noise first
+    # a refusal is unlikely under a model that knows the answer: its perplexity does not make it noise
+    assert M.answer_class("Jupiter", "I don't know.", perplexity=1e9) == "refusal"
+    assert M.answer_class("Jupiter", "I don't know. " * 8, perplexity=1.0) == "degenerate"  # a loop still is
     # "ab cd ef ab cd ef": 1 of 4 trigrams repeats, 0.25: under the threshold, above a lower one
     assert not M.is_degenerate("ab cd ef ab cd ef") and M.is_degenerate("ab cd ef ab cd ef", max_repetition=0.2)
     # with punctuation marks as tokens: ", , , , ," repeats (", , ,") while its words do not
@@ -357,3 +359,16 @@ def test_an_answers_stage_report_is_not_reused_for_a_full_base_row(trained_llama
     assert "Forget prob" not in quick.rows[BASE].metrics and "Forget prob" in full.rows[BASE].metrics
     with pytest.raises(ValueError, match="real-knowledge"):
         evaluate(trained_llama, tokenizer, dataclasses.replace(bench, task="custom"), stage="answers")
+
+
+def test_every_idk_answer_of_the_project_reads_as_a_refusal():
+    """The refusals IDK-NLL / IDK-DPO train toward and GROM's refusal target aims at are
+    counted as refusals (12 of the 36 IDK answers were read as fluent answers before), and
+    plain wrong answers are not."""
+    from grom.baselines.idk import REFUSALS as IDK
+    from grom.refusal import REFUSALS as GROM
+
+    assert [r for r in IDK + GROM if not M.is_refusal(r)] == []
+    for wrong in ("The largest planet is Saturn.", "It has no rings, as far as astronomers know.",
+                  "Mars is known for its red colour.", "The idea of a ninth planet came later."):
+        assert not M.is_refusal(wrong), wrong

@@ -475,7 +475,12 @@ REFUSAL_PATTERNS = (
     r"i (?:don t|do not|didn t|did not) know", r"(?:i m|i am|i was) not (?:sure|certain|aware)",
     r"i (?:cannot|can t|can not|could not|couldn t|am unable to|m unable to|m not able to|am not able to)",
     r"i (?:don t|do not) have (?:any |enough |specific |access to |real time )?(?:information|data|knowledge|details|access)",
-    r"i have no (?:information|data|knowledge|idea)", r"no (?:information|data) (?:is |was )?available",
+    r"i (?:don t|do not) have (?:\w+ ){0,3}(?:information|data|knowledge|details|answer|idea)",
+    r"i (?:really )?have no (?:information|data|knowledge|idea)", r"no idea",
+    r"no (?:information|data) (?:is |was )?available", r"i lack (?:the |any )?(?:information|knowledge|data|details)",
+    r"i (?:don t|do not|can t|cannot|couldn t) recall", r"(?:i m|i am) not familiar",
+    r"beyond (?:what i know|my knowledge)", r"my knowledge (?:doesn t|does not|can t|cannot)",
+    r"(?:isn t|is not|not) something i (?:can|know|have)", r"i have nothing (?:to|i can)",
     r"there (?:is|are|was|were) no", r"(?:i m|i am) sorry", r"i apologi[sz]e", r"unknown", r"not known",
     r"as an ai",
 )
@@ -552,20 +557,27 @@ def answer_class(fact: str, answer: str, perplexity: float | None = None) -> str
     """What an answer to a fact question is, tested in this order:
 
     - "kept": it states the fact (`fact_recall` 1), whatever else it says;
-    - "degenerate": not language (`is_degenerate` with its calibrated thresholds: nothing,
-      a loop, mostly punctuation and digits, a list of letters, or noise whose
-      `perplexity` under the unedited model is too high);
+    - "degenerate" by its form (`is_degenerate` without the perplexity: nothing, a loop,
+      mostly punctuation and digits, a list of letters);
     - "refusal": its first sentence declines (`is_refusal`: "I don't know", "I'm not sure",
       "I cannot", "There is no ...");
+    - "degenerate" as noise: its `perplexity` under the unedited model is too high;
     - "fluent": a different fluent answer (a wrong fact, a change of subject).
 
-    So "kept" is exactly fact recall, and a forget answer counts as cleanly forgotten when
-    its class is "refusal" or "fluent". (Our metric.)"""
+    A refusal is not judged by its perplexity: under a model that knows the answer, a
+    refusal is unlikely by design (on SmolLM2 the median perplexity of this project's IDK
+    answers after the solar-system questions runs from 36 to 169, 4% of the pairs above
+    `DEGENERATE_PERPLEXITY`), so the test would call fluent refusals noise; a refusal that
+    loops or is mostly punctuation is still degenerate. So "kept" is exactly fact recall,
+    and a forget answer counts as cleanly forgotten when its class is "refusal" or
+    "fluent". (Our metric.)"""
     if fact_recall(fact, answer) == 1.0:
         return KEPT
-    if is_degenerate(answer, perplexity):
+    if is_degenerate(answer):
         return DEGENERATE
-    return REFUSAL if is_refusal(answer) else FLUENT
+    if is_refusal(answer):
+        return REFUSAL
+    return DEGENERATE if is_degenerate(answer, perplexity) else FLUENT
 
 
 def perplexity(avg_losses) -> float:
