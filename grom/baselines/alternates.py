@@ -11,10 +11,12 @@ default top-k 50), seeded once; each cut at a new "Question:" / "Q:" and strippe
 instruction here is this project's own wording, not the authors' (`INSTRUCTION`).
 
 Deliberate differences, each for a reason:
-- an answer that is empty, or the gold answer again (compared case-, space- and final-
-  punctuation-blind), is refused and sampled again, up to `ROUNDS` rounds per question
-  (upstream keeps whatever came out: a copy of the gold answer would train the model to
-  prefer the very answer it should forget);
+- an answer that is empty, the gold answer again (compared case-, space- and final-
+  punctuation-blind), or one that states the example's fact (a QA example's `fact`, a fact
+  record's answer, as whole words) is refused and sampled again, up to `ROUNDS` rounds per
+  question (upstream keeps whatever came out: such an answer would train the model to
+  prefer the very fact it should forget; SmolLM2 writes "Europa, Mars, Titan, Saturn." to
+  the rings question);
 - at most `max_new_tokens` (AltPO's default 64, upstream 200) new tokens: the answers here
   are a phrase to two sentences, and generation is the step a CPU pays for; a blank line
   also ends an answer;
@@ -33,7 +35,9 @@ from grom.arch import model_device
 from grom.baselines.idk import question_of
 from grom.baselines.micro import eval_mode
 from grom.data.prompts import PromptFormat, format_prompt, uses_chat_template
+from grom.data.schema import FactRecord
 from grom.keys import pad_id
+from grom.text import contains_phrase
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +63,23 @@ def _normal(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().rstrip(".!?;, ").casefold()
 
 
-def clean_alternate(text: str, gold: str) -> str | None:
+def fact_of(example) -> str | None:
+    """The fact an alternate must not state: a QA example's `fact`, a fact record's answer."""
+    return example.answer if isinstance(example, FactRecord) else getattr(example, "fact", None)
+
+
+def clean_alternate(text: str, gold: str, fact: str | None = None) -> str | None:
     """The answer in a generated `text`: cut at the first of `STOPS`, a repeated `LEAD`
-    dropped, stripped; None when nothing is left or it is the `gold` answer again."""
+    dropped, stripped; None when nothing is left, it is the `gold` answer again, or it
+    states `fact` (as whole words)."""
     for stop in STOPS:
         text = text.split(stop)[0]
     text = text.strip()
     if text.casefold().startswith(LEAD.casefold()):
         text = text[len(LEAD):].strip()
-    return text if text and _normal(text) != _normal(gold) else None
+    if not text or _normal(text) == _normal(gold) or (fact and contains_phrase(text, fact)):
+        return None
+    return text
 
 
 def _left_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +120,8 @@ def generate_alternates(model: nn.Module, tokenizer, examples: Sequence, *, n: i
                         prompt_format: PromptFormat | None = None, batch_size: int = 8,
                         progress: Callable[[float, str], None] | None = None) -> tuple[tuple[str, ...], ...]:
     """`n` alternate answers to each example's question, (len(examples), n), written by the
-    model from the question and its gold answer (`alternate_prompt`); each differs from the
-    gold answer (`clean_alternate`). Seeded: the same model, examples and seed give the same
+    model from the question and its gold answer (`alternate_prompt`); none is the gold
+    answer or states the example's fact (`clean_alternate`). Seeded: the same model, examples and seed give the same
     answers; the global random state and the model are left as they were (eval mode and
     no gradient while generating).
 
@@ -122,7 +134,7 @@ def generate_alternates(model: nn.Module, tokenizer, examples: Sequence, *, n: i
                          "(0, greedy decoding, gives one)")
     n, max_new_tokens = int(n), int(max_new_tokens)
     questions = [question_of(ex) for ex in examples]
-    golds = [str(ex.answer) for ex in examples]
+    golds, facts = [str(ex.answer) for ex in examples], [fact_of(ex) for ex in examples]
     prompts = []
     for q, a in zip(questions, golds):
         text, chat = alternate_prompt(tokenizer, q, a, prompt_format)
@@ -141,7 +153,7 @@ def generate_alternates(model: nn.Module, tokenizer, examples: Sequence, *, n: i
                 idx = todo[b:b + batch_size]
                 for i, texts in zip(idx, _sample(model, tokenizer, [prompts[i] for i in idx], n,
                                                  temperature, max_new_tokens)):
-                    good = [c for c in (clean_alternate(t, golds[i]) for t in texts) if c is not None]
+                    good = [c for c in (clean_alternate(t, golds[i], facts[i]) for t in texts) if c is not None]
                     found[i].extend(good[:n - len(found[i])])
     short = [i for i, f in enumerate(found) if len(f) < n]
     if short:
