@@ -126,6 +126,8 @@ def rmu(x: LossInputs) -> Terms:
 
 
 def rkld(x: LossInputs) -> Terms:
+    """``gamma * RKL(forget answers) + alpha * retain`` (`rkld_loss`: the teacher is the
+    unedited model's logits, from a copy of the trained weights, with the answer lowered)."""
     return _with_retain(rkld_loss(x.forget_logits, x.reference_logits, x.forget_labels, x.args["beta"]), x)
 
 
