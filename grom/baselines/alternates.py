@@ -16,7 +16,8 @@ Deliberate differences, each for a reason:
   record's answer, as whole words) is refused and sampled again, up to `ROUNDS` rounds per
   question (upstream keeps whatever came out: such an answer would train the model to
   prefer the very fact it should forget; SmolLM2 writes "Europa, Mars, Titan, Saturn." to
-  the rings question);
+  the rings question); a question still short then repeats its usable answers (SmolLM2
+  left 3 of the-solar-system's 27 short of 5 in 3 rounds), one with none is an error;
 - at most `max_new_tokens` (AltPO's default 64, upstream 200) new tokens: the answers here
   are a phrase to two sentences, and generation is the step a CPU pays for; a blank line
   also ends an answer;
@@ -125,8 +126,10 @@ def generate_alternates(model: nn.Module, tokenizer, examples: Sequence, *, n: i
     answers; the global random state and the model are left as they were (eval mode and
     no gradient while generating).
 
-    Raises ValueError, naming the question, when after `ROUNDS` rounds a question still has
-    fewer than `n` usable answers (give the alternates yourself, or more new tokens)."""
+    A question with fewer than `n` usable answers after `ROUNDS` rounds has its usable ones
+    repeated (with a warning), so each question keeps n rows and its weight in training;
+    one with none raises ValueError naming it (give the alternates yourself, or more new
+    tokens)."""
     if int(n) != n or n < 1 or int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"n ({n}) and max_new_tokens ({max_new_tokens}) must be whole numbers >= 1")
     if temperature < 0 or (temperature == 0 and n > 1):
@@ -155,10 +158,15 @@ def generate_alternates(model: nn.Module, tokenizer, examples: Sequence, *, n: i
                                                  temperature, max_new_tokens)):
                     good = [c for c in (clean_alternate(t, golds[i], facts[i]) for t in texts) if c is not None]
                     found[i].extend(good[:n - len(found[i])])
+    empty = [i for i, f in enumerate(found) if not f]
+    if empty:
+        raise ValueError(f"the model wrote no usable alternate answer to {questions[empty[0]]!r} in {ROUNDS} "
+                         f"rounds of {n} ({len(empty)} questions have none): give them yourself "
+                         "(alternates=), or raise max_new_tokens or temperature")
     short = [i for i, f in enumerate(found) if len(f) < n]
     if short:
-        raise ValueError(f"the model wrote {len(found[short[0]])} usable alternate answers of {n} to "
-                         f"{questions[short[0]]!r} in {ROUNDS} rounds ({len(short)} questions fall "
-                         "short): give them yourself (alternates=), or raise max_new_tokens or temperature")
+        log.warning("AltPO: %d questions have fewer than %d usable alternate answers after %d rounds "
+                    "(first: %r); their usable ones are repeated", len(short), n, ROUNDS, questions[short[0]])
+    found = [[f[k % len(f)] for k in range(n)] for f in found]
     log.info("AltPO: %d alternate answers to each of %d questions", n, len(found))
     return tuple(tuple(f) for f in found)
