@@ -205,3 +205,4 @@ def test_rows_defaults_and_starting_points():
         assert row.description.count("needs") == 1
     for model, method in (("demo-full", "altpo"), ("demo-full", "rkld"), ("SmolLM2-135M-Instruct", "rkld")):
         assert "recipe" not in starting_point(model, method).why, (model, method)  # measured
+    assert (starting_point("SmolLM2-135M-Instruct", "altpo").lr, starting_point("SmolLM2", "altpo").epochs) == (1e-5, 2)
