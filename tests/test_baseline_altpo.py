@@ -203,6 +203,7 @@ def test_rows_defaults_and_starting_points():
     assert dict(rkld.defaults) == {"beta": 10.0, "gamma": 1.0, "alpha": 1.0} and rkld.needs_reference_logits
     for row in (altpo, rkld):
         assert row.description.count("needs") == 1
-    for model, method in (("demo-full", "altpo"), ("demo-full", "rkld"), ("SmolLM2-135M-Instruct", "rkld")):
+    for model, method in (("demo-full", "altpo"), ("demo-full", "rkld"), ("SmolLM2-135M-Instruct", "rkld"),
+                          ("SmolLM2-135M-Instruct", "altpo")):
         assert "recipe" not in starting_point(model, method).why, (model, method)  # measured
     assert (starting_point("SmolLM2-135M-Instruct", "altpo").lr, starting_point("SmolLM2", "altpo").epochs) == (1e-5, 2)
