@@ -22,9 +22,11 @@ from tests.conftest import FORGET, RETAIN
 from tests.test_baselines import assert_same, snapshot
 
 FAST = dict(lr=1e-3, max_steps=6, batch_size=2, grad_accum=1, warmup_epochs=0)
-NEW = ("idknll", "idkdpo", "undial", "wga", "satimp", "ceu", "pdu", "rmu", "taskvector")
-# RMU on the 4-layer tiny model: layer 1's activations, layers 0-1's down_proj trained
-TINY = {"rmu": dict(method_args={"layer": 1.0}, params=[".layers.0.mlp.down_proj", ".layers.1.mlp.down_proj"])}
+NEW = ("idknll", "idkdpo", "undial", "wga", "satimp", "ceu", "pdu", "rmu", "taskvector", "altpo", "rkld")
+# RMU on the 4-layer tiny model: layer 1's activations, layers 0-1's down_proj trained; AltPO:
+# 2 alternates of 8 new tokens per question
+TINY = {"rmu": dict(method_args={"layer": 1.0}, params=[".layers.0.mlp.down_proj", ".layers.1.mlp.down_proj"]),
+        "altpo": dict(method_args={"n_alternates": 2.0, "max_new_tokens": 8.0})}
 
 # one batch of two sequences, V = 4; labels unshifted (label t predicted at position t - 1)
 torch.manual_seed(0)

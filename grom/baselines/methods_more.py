@@ -1,6 +1,6 @@
 """The paper's other trained comparators, as rows of the method registry (registered at
-import, after the built-in four): IDK-NLL, IDK-DPO, UNDIAL, WGA, SatImp, CE-U, PDU, RMU
-and TaskVector.
+import, after the built-in four): IDK-NLL, IDK-DPO, UNDIAL, WGA, SatImp, CE-U, PDU, RMU,
+TaskVector, AltPO and RKLD.
 
 Losses and defaults from github.com/locuslab/open-unlearning at commit
 d3d7cf9e6b3c125d16687d4232680d8d83548f1a (``src/trainer/unlearn/<method>.py``,
@@ -35,15 +35,31 @@ d3d7cf9e6b3c125d16687d4232680d8d83548f1a (``src/trainer/unlearn/<method>.py``,
   ``theta_0 - scale * (theta_ft - theta_0)`` (MUSE's ``alpha``, 1 by default). The
   fine-tuning is this trainer's run with the benchmark's recipe; the Edit is the negated,
   scaled change.
+- AltPO: OpenUnlearning runs it as its DPO trainer (dpo.py, DPO.yaml: beta 0.1, gamma 1,
+  alpha 1) on ``QAwithAlternateDataset`` with the model's own alternate answers as the
+  winners (community/methods/AltPO: generate.py, generate.yaml, run.sh), which is the
+  authors' ``dpo`` loss (molereddy/Alternate-Preference-Optimization dataloader.py at
+  c9b78bd8bc10ae1d0bb6a117b19f92b3ebf5ff67: DPO(alternate, forget) + retain NLL). So its
+  loss is IDK-DPO's with other winners. 5 alternates per question, sampled at temperature
+  1 (grom.baselines.alternates, where the deliberate differences are), each a row of the
+  forget set, and 2 epochs over those rows (run.sh's ``num_train_epochs=2``: 10 visits per
+  question, as TOFU's 10 epochs), unless the caller gives epochs.
+- RKLD: no OpenUnlearning trainer; the paper (Wang et al. 2024, arXiv 2406.01983) trains
+  the reverse KL to a teacher formed from a model strengthened on the forget set, plus a
+  retain term. Here the teacher needs no second run (`grom.baselines.token_losses.rkld_loss`
+  says how): the unedited model with the answer token's logit lowered by beta, 10 as
+  UNDIAL's, so that the two differ only in the divergence and its positions; gamma 1 and
+  alpha 1 (a retain NLL term) as OpenUnlearning's other methods.
 """
 from __future__ import annotations
 
 import torch
 
+from grom.baselines.alternates import generate_alternates
 from grom.baselines.losses import dpo_loss, mean_nll
 from grom.baselines.methods import LossInputs, Method, _with_retain, register_method
-from grom.baselines.token_losses import (ceu_loss, pdu_forget_loss, rmu_activation_loss, satimp_loss,
-                                        undial_loss, wga_loss)
+from grom.baselines.token_losses import (ceu_loss, pdu_forget_loss, rkld_loss, rmu_activation_loss,
+                                        satimp_loss, undial_loss, wga_loss)
 
 Terms = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -109,6 +125,32 @@ def rmu(x: LossInputs) -> Terms:
     return loss, terms
 
 
+def rkld(x: LossInputs) -> Terms:
+    """``gamma * RKL(forget answers) + alpha * retain`` (`rkld_loss`: the teacher is the
+    unedited model's logits, from a copy of the trained weights, with the answer lowered)."""
+    return _with_retain(rkld_loss(x.forget_logits, x.reference_logits, x.forget_labels, x.args["beta"]), x)
+
+
+def write_alternates(model, tokenizer, forget, s, progress) -> tuple[tuple[str, ...], ...]:
+    """AltPO's alternates: `n_alternates` answers per question written by the model
+    (grom.baselines.alternates.generate_alternates), seeded with the run's seed."""
+    a = s.method_args
+    return generate_alternates(model, tokenizer, forget, n=int(a["n_alternates"]), temperature=a["temperature"],
+                               max_new_tokens=int(a["max_new_tokens"]), seed=s.seed,
+                               prompt_format=s.prompt_format, progress=progress)
+
+
+def check_altpo(args) -> None:
+    """AltPO's generation settings: whole numbers of answers and new tokens, a temperature
+    >= 0, and more than one answer per question only when sampling (temperature > 0)."""
+    for k in ("n_alternates", "max_new_tokens"):
+        if args[k] != int(args[k]):
+            raise ValueError(f"AltPO: {k} = {args[k]}; it must be a whole number")
+    if args["temperature"] < 0 or (args["temperature"] == 0 and args["n_alternates"] > 1):
+        raise ValueError(f"AltPO: temperature = {args['temperature']}; use > 0 to sample "
+                         f"{args['n_alternates']:g} answers per question (0, greedy, writes one)")
+
+
 def finetune(x: LossInputs) -> Terms:
     """Plain fine-tuning on the forget answers (the task vector's training run)."""
     nll = mean_nll(x.forget_nll, x.forget_counts)
@@ -162,6 +204,20 @@ MORE = (
     Method("taskvector", "TaskVector", finetune, "Task arithmetic: fine-tunes on the forget set, then "
            "subtracts the scaled weight change from the unedited model; needs the forget set only.",
            defaults={"scale": 1.0}, positive=("scale",), finish=negate_scaled),
+    # AltPO's loss is IDK-DPO's (DPO, the alternate the winner), on the model's own alternates
+    Method("altpo", "AltPO", idk_dpo, "Alternate preference optimisation: the model first writes a few "
+           "plausible wrong answers to each forget question, then learns to prefer them to the true one, "
+           "relative to the unedited model, plus a retain term; needs question/answer forget examples, a "
+           "retain set, one generation pass and one reference pass.", needs_retain=True,
+           needs_reference=True, needs_answers=True,
+           defaults={"beta": 0.1, **_RETAIN, "n_alternates": 5.0, "temperature": 1.0, "max_new_tokens": 64.0},
+           positive=("beta", "n_alternates", "max_new_tokens"), recipe={"epochs": 2.0},
+           make_alternates=write_alternates, check=check_altpo),
+    Method("rkld", "RKLD", rkld, "Reverse-KL distillation: trains each forget answer's next-token "
+           "distribution toward the unedited model's with the answer token's logit lowered by beta, "
+           "weighted by the model's own distribution, plus a retain term; needs a retain set (a copy "
+           "of the trained weights as the teacher).", needs_retain=True, needs_reference_logits=True,
+           defaults={"beta": 10.0, **_RETAIN}, positive=("beta",)),
 )
 for _row in MORE:
     register_method(_row)

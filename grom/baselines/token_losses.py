@@ -1,5 +1,5 @@
 """The token-level forget losses of OpenUnlearning's newer methods (UNDIAL, WGA, SatImp,
-CE-U, PDU): pure functions of the logits and HF-style labels.
+CE-U, PDU) and of RKLD: pure functions of the logits and HF-style labels.
 
 ``logits`` (B, T, V) and ``labels`` (B, T) unshifted, -100 where there is no loss, as in
 grom.baselines.losses: the logits at position t - 1 predict ``labels[b, t]``. Each is taken
@@ -15,6 +15,8 @@ d3d7cf9e6b3c125d16687d4232680d8d83548f1a: src/trainer/utils.py (``compute_undial
 - CE-U:    ``mean_t CE(softmax(z_t with z_t[y_t] = -inf), z_t)`` (target detached), the first
            `ignore_first` answer tokens of each sequence left out
 - PDU:     ``mean_t (max_v z_t,v - mean_v z_t,v)^2``
+- RKLD:    ``mean_t KL(q_t || softmax(z_ref,t - beta * onehot(y_t)))``, q_t = softmax(z_t)
+           (OpenUnlearning has no RKLD; see `rkld_loss`)
 """
 from __future__ import annotations
 
@@ -126,3 +128,31 @@ def rmu_activation_loss(h: torch.Tensor, target: torch.Tensor, labels: torch.Ten
     sq = (h.float() - target.to(h.device).float()) ** 2
     per_seq = (sq.mean(-1) * mask).sum(-1) / mask.sum(-1).clamp_min(1)
     return per_seq.mean()
+
+
+def rkld_loss(logits: torch.Tensor, ref_logits: torch.Tensor, labels: torch.Tensor,
+              beta: float) -> torch.Tensor:
+    """RKLD's forget term (Wang et al. 2024, arXiv 2406.01983): the reverse KL from the
+    model's next-token distribution q to a teacher's p, ``sum_v q_v (log q_v - log p_v)``,
+    averaged over the positions that predict answer tokens. ref_logits (B, T, V), no grad.
+
+    The teacher: the paper's is the original model's logits minus a multiple of the part
+    by which a model further trained on the forget set ("strengthened") raises them,
+    ``z_ref - a * relu(z_strong - z_ref)``, which needs a second training run. Here the
+    raise is taken to fall on the answer token alone, by `beta`: ``p = softmax(z_ref -
+    beta * onehot(y))``, UNDIAL's teacher. Continued training on an answer raises its
+    token's logit and lowers the others (which the relu drops), so this keeps the
+    teacher's direction without the run; what it loses are the raises of other tokens
+    that the strengthened model would also have learned (a paraphrase's first token).
+    Unlike UNDIAL (forward cross-entropy at every position), the student's own
+    distribution weighs the divergence, and only the answer positions count.
+    """
+    z, y = _shift(logits, labels)
+    valid = y != IGNORE_INDEX
+    if not bool(valid.any()):
+        return _empty(logits)
+    teacher = ref_logits[:, :-1, :].to(z.device).float()[valid]  # (N, V)
+    yv = y[valid]
+    teacher[torch.arange(len(yv), device=z.device), yv] -= beta
+    log_q, log_p = F.log_softmax(z[valid], dim=-1), F.log_softmax(teacher, dim=-1)
+    return (log_q.exp() * (log_q - log_p)).sum(-1).mean()

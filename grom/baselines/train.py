@@ -244,7 +244,7 @@ def train_in_place(method: str, model: nn.Module, tokenizer, forget: Sequence, r
     """Train `model` with the method and leave it trained (mode, requires_grad flags and
     .grad are restored; the weights are not). Same arguments as `run_baseline`; for tests
     and for whoever wants the trained model itself."""
-    s, row, data = prepare_run(method, tokenizer, forget, retain, kw)
+    s, row, data = prepare_run(method, tokenizer, forget, retain, kw, model, progress)
     slots = select_parameters(model, s.params)
     state = ModelState(model)
     try:
@@ -267,7 +267,7 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
                  weight_decay: float | None = None, max_grad_norm: float | None = None,
                  max_length: int | None = None, schedule: str | None = None,
                  chunk_corpus: bool | None = None, master_weights: bool = False,
-                 retain_loss: str = "nll", alternates: Sequence[str] | None = None) -> Edit:
+                 retain_loss: str = "nll", alternates: Sequence[str | Sequence[str]] | None = None) -> Edit:
     """Unlearn by fine-tuning with `method` (a name in grom.baselines.METHODS) and return
     the weight change as an `Edit`; the model is returned exactly as it was found (also on
     failure), and what the run allocated is freed.
@@ -285,9 +285,11 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     substrings (e.g. ["mlp"]). master_weights: train bf16 / fp16 weights through float32
     masters (default: in their own dtype, as OpenUnlearning). retain_loss: "nll" or "kl"
     (the retain term of the methods with one; upstream's ``retain_loss_type``).
-    alternates: for a method that `needs_answers` (IDK-NLL, IDK-DPO), one answer per forget
-    example to train toward; None pairs each question with a seeded "I don't know"
-    (grom.baselines.idk).
+    alternates: for a method that `needs_answers` (IDK-NLL, IDK-DPO, AltPO), one answer per
+    forget example to train toward, or a list of answers each (the example is then trained
+    once per answer, as upstream's AltPO data holds one row per alternate); None: AltPO has
+    the model write them (grom.baselines.alternates), the others pair each question with a
+    seeded "I don't know" (grom.baselines.idk). `info["alternates"]` holds the ones used.
     `progress(fraction, message)` is called after every optimizer step and every
     micro-batch of an accumulated one, with the time left at the pace so far; an exception
     from it cancels the run.
@@ -306,7 +308,7 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
               warmup_epochs=warmup_epochs, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
               max_length=max_length, schedule=schedule, chunk_corpus=chunk_corpus,
               master_weights=master_weights, retain_loss=retain_loss, alternates=alternates)
-    s, row, data = prepare_run(method, tokenizer, forget, retain, kw)
+    s, row, data = prepare_run(method, tokenizer, forget, retain, kw, model, progress)
     slots = select_parameters(model, s.params)
     patches, run = _trained_patches(model, s, row, data, slots, pad_id(tokenizer), progress)
     if row.finish is not None:
@@ -326,6 +328,8 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
         "history": run.history,
         "note": "config is a default EditConfig and is not used by baselines",
     }
+    if data.alternate_texts is not None:
+        info["alternates"] = [list(g) for g in data.alternate_texts]
     timings = {"train": run.seconds, "total": time.perf_counter() - t_start}
     progress(1.0, "done")
     return Edit(config=EditConfig(), patches=patches, layers=[], timings=timings,
