@@ -33,7 +33,7 @@ from components.core.session import REGISTRY, ModelKey, Session, current_benchma
 from components.core.sources import DEMO
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
-from grom.baselines import EDITORS, METHODS
+from grom.baselines import EDITORS, METHODS, Method
 from grom.baselines.defaults import starting_point
 from grom.eval.report import BASE, EDITED, REFERENCE
 from grom.memory import release_memory
@@ -123,12 +123,18 @@ def check_settings(epochs, lr) -> tuple[float, float]:
     return float(epochs), float(lr)
 
 
-def check_sizes(bench) -> None:
-    """A baseline trains on the whole forget and retain sets: each within GROM_MAX_EXAMPLES."""
+def check_sizes(bench, method: Method | None = None) -> None:
+    """A baseline trains on the whole forget and retain sets: each within GROM_MAX_EXAMPLES;
+    a method that writes alternates (AltPO) trains on that many rows per question, which
+    count too (and are as many answers to generate)."""
+    per_question = int(method.defaults.get("n_alternates", 1)) if method is not None and method.make_alternates \
+        else 1
     for what, examples in (("forget", bench.forget), ("retain", bench.retain)):
-        if len(examples) > limit("GROM_MAX_EXAMPLES"):
+        n = len(examples) * (per_question if what == "forget" else 1)
+        if n > limit("GROM_MAX_EXAMPLES"):
+            rows = f" ({per_question} alternates for each of {len(examples)} questions)" if n != len(examples) else ""
             raise over(f"A baseline trains on every {what} example, and {bench.name}/{bench.split} "
-                       f"has {{n}}", len(examples), "GROM_MAX_EXAMPLES")
+                       f"makes {{n}}{rows}", n, "GROM_MAX_EXAMPLES")
 
 
 def _part(progress, start: float, share: float):
@@ -278,7 +284,7 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
         method, label = row.name, row.label
         epochs, lr = check_settings(epochs, lr)
         check_trainable(bench, row)
-        check_sizes(bench)
+        check_sizes(bench, row)
     grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
     cached = _cached_report(session, bench, grom, n)
     edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,

@@ -128,3 +128,16 @@ def test_each_method_has_its_glossary_line_beside_the_box(demo_session):
     box, note = bp.on_methods_for_data("rome", SimpleNamespace(benchmark=NO_SUBJECT))
     assert ("⊘ ROME: not on this split (no facts with a subject)", "rome") in box.choices  # the chosen value kept
     assert "has no subject" in note
+
+
+def test_altpo_counts_its_alternates_against_the_hosts_example_limit(monkeypatch):
+    """AltPO trains on n_alternates rows per forget question (and writes them first): a split
+    within GROM_MAX_EXAMPLES for the other methods can be over it for AltPO, refused before work."""
+    bench = load_benchmark("demo", "forget01")
+    n = len(bench.forget)
+    bench = replace(bench, retain=bench.retain[:n])
+    monkeypatch.setenv("GROM_MAX_EXAMPLES", str(n + 1))
+    bp.check_sizes(bench, METHODS["ga"])  # within the limit
+    per = int(METHODS["altpo"].defaults["n_alternates"])
+    with pytest.raises(UserError, match=f"{per} alternates for each of {n} questions"):
+        bp.check_sizes(bench, METHODS["altpo"])

@@ -151,7 +151,9 @@ def trainable_gap(bench, method: Method) -> tuple[str, str] | None:
                                  f"has no retain examples: choose {' or '.join(free) or 'another method'}, or "
                                  "load a benchmark with a retain set.")
     if method.needs_answers and not all(isinstance(ex, (QAExample, FactRecord)) for ex in bench.forget):
-        return "needs questions", (f"{label} answers each forget question with \"I don't know\", and "
+        said = ("with an alternate answer the model writes" if method.make_alternates is not None
+                else "with \"I don't know\"")
+        return "needs questions", (f"{label} trains each forget question toward an answer {said}, and "
                                    f"{bench.name}/{bench.split} has forget rows that are not questions: choose "
                                    "another method.")
     return None
