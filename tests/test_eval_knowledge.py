@@ -326,7 +326,7 @@ def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_lla
     """The card's stage (answers, recall, classes) and the full evaluation that takes its
     answers give exactly the metrics of one full evaluation, without decoding twice."""
     from grom import EditConfig, run_edit
-    from grom.eval import report as R
+    from grom.eval import knowledge as K
 
     bench = _knowledge_bench()
     edit = run_edit(trained_llama, tokenizer, bench.forget, bench.retain,
@@ -344,8 +344,8 @@ def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_lla
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("the answers were decoded again")
-    monkeypatch.setattr(R, "generate", no_decoding)
-    monkeypatch.setattr(R, "_judge_row", no_decoding)
+    monkeypatch.setattr(K, "generate", no_decoding)
+    monkeypatch.setattr(K, "_judge_row", no_decoding)
     rest = evaluate(trained_llama, tokenizer, bench, edit, reuse=base, batch_size=8, answers=quick)
     assert rest.stage == "full" and rest.rows[EDITED].metrics == w
     for name in ("forget", "neighbours", "general"):

@@ -1,0 +1,274 @@
+"""The real-knowledge task's metrics (split from report.py): every set's greedy answers in
+one decoding loop that stops at each fact, fact recall and its counts on the facts the
+unedited model knew, ROUGE-L, answer probability, TOFU's truth ratio against the bundled
+wrong answers, each answer's class judged with the unedited model, and the headline
+Knowledge score. See `grom.eval.report` for how `evaluate` runs it."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from grom.data.schema import QAExample, TextExample
+from grom.eval import metrics as M
+from grom.eval.rows import BASE, Row, _known, _Runner
+from grom.eval.runner import encode_pair, generate, score_answers, score_sequences, score_texts
+
+KNOWLEDGE_SETS = {"forget": "Forget", "probes": "Probe", "neighbours": "Neighbour", "general": "General"}
+"""The real-knowledge sets: the forget questions the edit was fitted on ("Forget"), the
+forget target's held-out questions it never saw ("Probe": does the forgetting carry beyond
+the fitted wording?), and the kept sets ("Neighbour", "General", pooled as "Kept")."""
+FORGET_SIDE = ("forget", "probes")
+KNOWLEDGE_BUDGET = 48
+"""New tokens an answer may take at most, whatever its reference: room to reach its fact.
+On the default split's known facts SmolLM2's answers state their fact within 28 new tokens
+(median 11), after a preamble such as "The largest planet in our solar system is ...";
+after GROM edits (beta 65 to 1000) the answers that keep a fact state it within 36 but
+one (61). The former budget, the longest reference answer + 8 (24 tokens there), cut 6
+of the 86 unedited answers before their fact, which then counted as unknown. Answers
+stop once their fact is stated (`grom.eval.runner.greedy_until`), so only answers that
+never state it, and never end, run the whole budget."""
+KNOWLEDGE_MARGIN = 16  # tokens beyond the longest reference answer, where that is longer
+KNOWLEDGE_GEN_BATCH = 128  # prompts per decoding loop: one loop serves every set of a row
+
+
+def knowledge_budget(tokenizer, answers) -> int:
+    """New tokens for a row's answers: `KNOWLEDGE_BUDGET`, or the longest reference answer
+    plus `KNOWLEDGE_MARGIN` where that is more."""
+    longest = max((len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers), default=0)
+    return max(KNOWLEDGE_BUDGET, longest + KNOWLEDGE_MARGIN)
+
+
+JUDGED = ("answer_perplexity", "answer_class")  # `_judge_answers`'s columns
+
+
+def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bool,
+                  given: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Fact recall, ROUGE-L, answer probability and truth ratio of one QA set from its
+    greedy answers `gens` (the questions', then the paraphrased questions' for the forget
+    set). In the "answers" stage only what the answers give (no probability, no truth
+    ratio: the teacher-forced passes); `given`, the frame these answers came from, lends
+    its answer classes (judged on the same answers)."""
+    qs, answers = [ex.question for ex in examples], [ex.answer for ex in examples]
+    df = pd.DataFrame({"question": qs, "answer": answers, "fact": [ex.fact for ex in examples],
+                       "generation": gens[:len(qs)],
+                       "fact_recall": [M.fact_recall(ex.fact, g) for ex, g in zip(examples, gens)],
+                       "rougeL_recall": [M.rouge_l_recall(a, g) for a, g in zip(answers, gens)]})
+    if run.stage == "full":
+        scored = run.losses(list(zip(qs, answers)))
+        df["prob"] = M.probability(np.array([s.avg_loss for s in scored]))
+    df["repetition"] = [M.repetition_rate(g) for g in gens[:len(qs)]]
+    if paraphrase:
+        df["paraphrase"] = [ex.paraphrased_question or ex.question for ex in examples]
+        df["paraphrase_generation"] = gens[len(qs):]
+        df["paraphrase_recall"] = [M.fact_recall(ex.fact, g) for ex, g in zip(examples, gens[len(qs):])]
+    if run.stage == "full" and all(ex.perturbed_answers for ex in examples):
+        df["truth_ratio"] = _knowledge_truth_ratios(run, examples, scored)
+    if given is not None and all(c in given for c in JUDGED):
+        for c in JUDGED:
+            df[c] = given[c].to_numpy()
+    return df
+
+
+def _given_answers(run: _Runner, chosen: dict[str, tuple]) -> dict[str, list[str]] | None:
+    """The answers of `run.given` (an earlier evaluation of this model on these sets) per
+    set, the forget set's paraphrases after its questions; None unless it has every set's,
+    for the same questions."""
+    out = {}
+    for name, ex in chosen.items():
+        df = run.given.get(name)
+        if df is None or list(df.get("question", ())) != [e.question for e in ex]:
+            return None
+        gens = list(df["generation"])
+        if name == "forget":
+            if "paraphrase_generation" not in df:
+                return None
+            gens += list(df["paraphrase_generation"])
+        out[name] = gens
+    return out
+
+
+def _knowledge_truth_ratios(run: _Runner, examples: tuple, answer_scores: list) -> np.ndarray:
+    """(n,) TOFU's truth ratio per question (`grom.eval.metrics.truth_ratio`): the wrong
+    answers (the bundled `wrong_answers`, the fact swapped) against the paraphrased answer,
+    each after the question; the bundled files have no paraphrased answers, so the answer
+    itself stands for it (`answer_scores`: its `TokenScores`), as TOFU does on Real
+    Authors and World Facts. Each wrong answer's mean NLL is `_shared_prefix_losses`'s."""
+    correct = np.array([s.avg_loss for s in answer_scores])
+    if any(ex.paraphrased_answer for ex in examples):
+        pairs = [(ex.question, ex.paraphrased_answer or ex.answer) for ex in examples]
+        correct = np.array([s.avg_loss for s in run.losses(pairs)])
+    counts = [len(ex.perturbed_answers) for ex in examples]
+    flat = _shared_prefix_losses(run, [(ex.question, ex.answer, w, s) for ex, s in zip(examples, answer_scores)
+                                       for w in ex.perturbed_answers])
+    wrong = np.split(flat, np.cumsum(counts)[:-1])
+    return np.array([M.truth_ratio(c, w) for c, w in zip(correct, wrong)])
+
+
+def _shared_prefix_losses(run: _Runner, items: list[tuple]) -> np.ndarray:
+    """(m,) mean NLL per label token of each `other` answer after its question, for items
+    (question, answer, other, answer's TokenScores): what `run.losses` gives for (question,
+    other), computed without reading the LM head where `other` begins with the same tokens
+    as `answer` (a wrong answer is the answer with its fact swapped): those positions have
+    the same context, so their log-probabilities are the answer's, taken from its scores;
+    only the positions from the first differing token on go through the head (on SmolLM2
+    the head, 49k x 576, costs more than the 5 edited layers a prefix-cached pass runs).
+    The same numbers as scoring the whole answer, up to float rounding across batches."""
+    seqs, reused, lengths = [], [], []
+    for question, answer, other, scores in items:
+        ids_o, start_o = encode_pair(run.tok, question, other, run.fmt)
+        ids_a, start_a = encode_pair(run.tok, question, answer, run.fmt)
+        shared = 0
+        if start_o == start_a and ids_o[:start_o] == ids_a[:start_a] and len(scores.logprobs) == len(ids_a) - start_a:
+            limit = min(len(ids_o), len(ids_a)) - start_o - 1  # at least the last label is scored here
+            while shared < limit and ids_o[start_o + shared] == ids_a[start_a + shared]:
+                shared += 1
+        seqs.append((ids_o, start_o + shared))
+        reused.append(float(scores.logprobs[:shared].sum()))
+        lengths.append(len(ids_o) - start_o)
+    tails = score_sequences(run.model, run.tok, seqs, run.batch_size)
+    return np.array([-(r + t.logprobs.sum()) / n for r, t, n in zip(reused, tails, lengths)])
+
+
+def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
+    """Per-set answers and plain metrics; the answer classes need the unedited model and
+    are added by `_judge_answers`, the known-fact metrics need the Base row and are added
+    by `_knowledge_relative`.
+
+    Every set's questions (and the forget set's paraphrases) are answered in one batched
+    greedy decoding loop with one budget (`knowledge_budget`): on a CPU a decoding step
+    costs about as much for 40 prompts as for 10, so one loop instead of four is ~2x
+    faster. Each answer stops as soon as it states its fact (or ends): the text is the
+    full-length answer up to there, so fact recall is what the full-length answer gives,
+    while ROUGE-L, repetition and the answer's perplexity read the answer up to its fact
+    where it states it."""
+    row = Row()
+    chosen = {}
+    for name in KNOWLEDGE_SETS:
+        ex = tuple(e for e in sets.get(name, ()) if isinstance(e, QAExample) and e.fact)
+        if ex and not (only_forget and name not in FORGET_SIDE):
+            chosen[name] = ex
+    given = _given_answers(run, chosen) if run.given else None
+    prompts, facts, spans = [], [], {}
+    for name, ex in (chosen.items() if given is None else ()):
+        start = len(prompts)
+        prompts += [e.question for e in ex]
+        if name == "forget":
+            prompts += [e.paraphrased_question or e.question for e in ex]
+        facts += [e.fact for e in ex] * (2 if name == "forget" else 1)
+        spans[name] = (start, len(prompts))
+    if prompts:
+        budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for ex in chosen.values() for e in ex])
+        gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
+                        batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH), stop_at=facts)
+    for name, ex in chosen.items():
+        if given is None:
+            a, b = spans[name]
+            answers = gens[a:b]
+        else:
+            answers = given[name]
+        df = _knowledge_qa(run, ex, answers, paraphrase=name == "forget",
+                           given=run.given.get(name) if given is not None else None)
+        label = KNOWLEDGE_SETS[name]
+        row.examples[name] = df
+        row.metrics[f"{label} ROUGE-L"] = float(df["rougeL_recall"].mean())
+        if "prob" in df:
+            row.metrics[f"{label} prob"] = float(df["prob"].mean())
+        if "truth_ratio" in df:
+            tr = df["truth_ratio"].to_numpy()
+            if name in FORGET_SIDE:  # TOFU's forget aggregate, mean min(TR, 1/TR): 1 = cannot tell
+                row.metrics[f"{label} truth ratio closeness"] = M.truth_ratio_forget(tr)
+            else:  # TOFU's retain aggregate, mean max(0, 1 - TR): 1 = the right answer far likelier
+                row.metrics[f"{label} truth ratio"] = M.truth_ratio_retain(tr)
+    if "forget" in row.examples:
+        row.metrics["Forget repetition"] = float(row.examples["forget"]["repetition"].mean())
+    texts = [e.text for e in sets.get("fluency", ()) if isinstance(e, TextExample)]
+    if texts and not only_forget and run.stage == "full":
+        scores = score_texts(run.model, run.tok, texts, batch_size=run.batch_size)
+        row.metrics["Text perplexity"] = M.perplexity([s.avg_loss for s in scores])
+    return row
+
+
+
+def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int) -> None:
+    """Each answer's class (`grom.eval.metrics.answer_class`, column "answer_class") and,
+    where it does not state its fact or answers a forget question, its perplexity under
+    the model as it is now, the UNEDITED one (column "answer_perplexity", NaN elsewhere):
+    a fluent non-answer reads as ordinary text (low), noise does not (high). The forget
+    answers' perplexity is also the row's "Forget answer perplexity". Rows whose frames
+    have their classes already (reused ones) are left alone; each row is scored on its
+    own, so its numbers never depend on which other rows were evaluated with it."""
+    for row in rows.values():
+        frames = {n: df for n, df in row.examples.items() if n in KNOWLEDGE_SETS and "answer_class" not in df}
+        if frames:
+            _judge_row(model, tokenizer, row, frames, fmt, batch_size)
+        forget = row.examples.get("forget")  # classes lent by an earlier stage: its perplexity too
+        if forget is not None and len(forget) and "answer_perplexity" in forget:
+            row.metrics.setdefault("Forget answer perplexity",
+                                   M.perplexity(np.log(forget["answer_perplexity"].to_numpy())))
+
+
+def _judge_row(model, tokenizer, row: Row, frames: dict[str, pd.DataFrame], fmt, batch_size: int) -> None:
+    pairs, where = [], []
+    for name, df in frames.items():
+        for i, (q, g, fr) in enumerate(zip(df["question"], df["generation"], df["fact_recall"])):
+            if name == "forget" or fr != 1.0:
+                pairs.append((q, g if g.strip() else "."))
+                where.append((name, i))
+    scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size) if pairs else []
+    ppl = {name: np.full(len(df), np.nan) for name, df in frames.items()}
+    for (name, i), s in zip(where, scores):
+        ppl[name][i] = float(np.exp(s.avg_loss))
+    for name, df in frames.items():
+        df["answer_perplexity"] = ppl[name]
+        df["answer_class"] = [M.answer_class(f, g, None if np.isnan(x) else x)
+                              for f, g, x in zip(df["fact"], df["generation"], ppl[name])]
+        if name == "forget" and len(df):
+            row.metrics["Forget answer perplexity"] = M.perplexity(np.log(ppl[name]))
+
+
+def _class_shares(df: pd.DataFrame, known: np.ndarray) -> dict[str, float]:
+    """Share of each answer class among the known facts' answers."""
+    classes = df["answer_class"].to_numpy()[known]
+    return {c: float(np.mean(classes == c)) for c in M.ANSWER_CLASSES}
+
+
+def _knowledge_relative(rows: dict[str, Row]) -> None:
+    """Fact recall on the facts the unedited model knew (its greedy answer held the fact),
+    the counts, "Kept fact recall" (pooled over the known neighbour and general facts),
+    the answer classes' shares of the known facts (where `_judge_answers` gave them):
+    "Forget refusal", "Forget fluent other", "Forget degenerate", their sum of the first
+    two "Forget clean forgetting", each kept set's and the pooled "Kept degenerate"; and
+    the headline `knowledge_score`, where a degenerate forget answer is no forgetting."""
+    base = rows.get(BASE)
+    if base is None:
+        return
+    for row in rows.values():
+        m, kept, kept_degenerate = row.metrics, [], []
+        for name, label in KNOWLEDGE_SETS.items():
+            known, df = _known(base, name), row.examples.get(name)
+            if known is None or df is None:
+                continue
+            m[f"{label} facts known"] = float(known.sum())
+            if not known.any():
+                continue
+            m[f"{label} fact recall"] = float(df["fact_recall"].to_numpy()[known].mean())
+            shares = _class_shares(df, known) if "answer_class" in df else None
+            if shares is not None:
+                m[f"{label} degenerate"] = shares[M.DEGENERATE]
+            if name == "forget":
+                para = _known(base, name, "paraphrase_recall")
+                if para is not None and para.any():
+                    m["Forget paraphrase recall"] = float(df["paraphrase_recall"].to_numpy()[para].mean())
+                if shares is not None:
+                    m["Forget refusal"], m["Forget fluent other"] = shares[M.REFUSAL], shares[M.FLUENT]
+                    m["Forget clean forgetting"] = shares[M.REFUSAL] + shares[M.FLUENT]
+            elif name not in FORGET_SIDE:
+                kept.extend(df["fact_recall"].to_numpy()[known])
+                if shares is not None:
+                    kept_degenerate.extend(df["answer_class"].to_numpy()[known] == M.DEGENERATE)
+        if kept_degenerate:
+            m["Kept degenerate"] = float(np.mean(kept_degenerate))
+        if "Forget fact recall" in m and kept:
+            m["Kept fact recall"] = float(np.mean(kept))  # pooled: every known kept fact counts once
+            m["Knowledge score"] = M.knowledge_score(m["Forget fact recall"], m["Kept fact recall"],
+                                                     m.get("Forget degenerate", 0.0))

@@ -1,0 +1,120 @@
+"""The containers of an evaluation: a model's `Row` of metrics and per-example frames, the
+`Report` of every row, and the `_Runner` that scores one model (split from report.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from grom.data.prompts import PromptFormat
+from grom.eval import metrics as M
+from grom.eval.runner import answer_budget, generate, score_answers
+
+BASE, EDITED, REFERENCE = "Base", "Edited", "Retain model"
+
+
+@dataclass
+class Row:
+    """The metrics of one model (base, edited or reference) and their per-example values."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    examples: dict[str, pd.DataFrame] = field(default_factory=dict)
+    raw: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. forget truth ratios
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    """Metrics of the rows "Base", "Edited" (with an edit) and "Retain model" (with a
+    reference), with the per-example values behind them."""
+
+    benchmark: str
+    split: str
+    task: str
+    rows: dict[str, Row]
+    seconds: float
+    n_examples: dict[str, int] = field(default_factory=dict)
+    stage: str = "full"  # or "answers": the greedy answers' metrics alone (`evaluate(stage=)`)
+
+    def table(self) -> pd.DataFrame:
+        """One row per model, one column per metric (NaN where a metric does not apply)."""
+        return pd.DataFrame({name: row.metrics for name, row in self.rows.items()}).T
+
+    def examples(self, row: str, set_name: str) -> pd.DataFrame:
+        """Per-example values of one evaluation set for one row (question, answer,
+        generation, rougeL_recall, prob, fact_recall ... as the task has them)."""
+        if row not in self.rows:
+            raise KeyError(f"no row {row!r}; rows: {', '.join(self.rows)}")
+        sets = self.rows[row].examples
+        if set_name not in sets:
+            raise KeyError(f"no per-example values for {set_name!r}; sets: {', '.join(sets)}")
+        return sets[set_name]
+
+    def known_facts(self, row: str = EDITED) -> dict[str, tuple[int, int]]:
+        """Per evaluation set with facts: (facts the unedited model knew, of those the ones
+        `row` still states), e.g. {"forget": (18, 2), "neighbours": (40, 39)}."""
+        base, out = self.rows.get(BASE), {}
+        if base is None or row not in self.rows:
+            return out
+        for name, df in self.rows[row].examples.items():
+            known = _known(base, name)
+            if known is not None and "fact_recall" in df:
+                out[name] = (int(known.sum()), int((df["fact_recall"].to_numpy()[known] == 1.0).sum()))
+        return out
+
+    def answer_classes(self, row: str = EDITED) -> dict[str, dict[str, int]]:
+        """Per evaluation set with answer classes: how many of the facts the unedited model
+        knew `row` answers in each class (`grom.eval.metrics.answer_class`), e.g.
+        {"forget": {"kept": 1, "refusal": 2, "fluent": 20, "degenerate": 4}, ...}."""
+        base, out = self.rows.get(BASE), {}
+        if base is None or row not in self.rows:
+            return out
+        for name, df in self.rows[row].examples.items():
+            known = _known(base, name)
+            if known is not None and "answer_class" in df:
+                classes = df["answer_class"].to_numpy()[known]
+                out[name] = {c: int((classes == c).sum()) for c in M.ANSWER_CLASSES}
+        return out
+
+    def to_dict(self) -> dict:
+        return {"benchmark": self.benchmark, "split": self.split, "task": self.task,
+                "seconds": self.seconds, "n_examples": self.n_examples, "stage": self.stage,
+                "metrics": {k: v.metrics for k, v in self.rows.items()}}
+
+
+def _subset(examples: Sequence, limit: int | None) -> tuple:
+    """At most `limit` examples spread evenly over the set (deterministic)."""
+    examples = tuple(examples)
+    if limit is None or len(examples) <= limit:
+        return examples
+    idx = np.linspace(0, len(examples) - 1, limit).round().astype(int)
+    return tuple(examples[i] for i in idx)
+
+
+class _Runner:
+    """Shared settings for scoring one model."""
+
+    def __init__(self, model, tokenizer, fmt: PromptFormat | None, batch_size: int,
+                 max_new_tokens: int | None, stage: str = "full", given: dict | None = None):
+        self.model, self.tok, self.fmt = model, tokenizer, fmt
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.stage = stage  # "full", or "answers": the greedy answers and what they give alone
+        self.given = given or {}  # set name -> an earlier frame of this model's answers to reuse
+
+    def losses(self, pairs, fmt=None, add_eos=True, moments=False):
+        return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,
+                             add_eos=add_eos, batch_size=self.batch_size, moments=moments)
+
+    def generate(self, prompts, references, fmt=None, budget=None):
+        """Greedy answers; `budget` new tokens (None: `answer_budget` of the references),
+        unless the evaluation fixed `max_new_tokens`."""
+        budget = self.max_new_tokens or budget or answer_budget(self.tok, references)
+        return generate(self.model, self.tok, prompts, prompt_format=fmt or self.fmt,
+                        max_new_tokens=budget, batch_size=self.batch_size)
+
+
+def _known(base: Row, name: str, column: str = "fact_recall") -> np.ndarray | None:
+    df = base.examples.get(name)
+    return None if df is None or column not in df else df[column].to_numpy() == 1.0
