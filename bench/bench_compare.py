@@ -28,6 +28,10 @@ the edited model fine-tuned on the even-indexed forget pairs (--relearn-train of
 fact recall of greedy answers scored on odd-indexed forget questions (--relearn-probes),
 so what comes back was never trained on again. The attack's SmolLM2 default lr (2e-5)
 moves this small model as little as the recipe's lr does, so it runs at --relearn-lr.
+Measured 2026-11-25 (BENCHMARKS.md): at 1e-3, 30 steps lower every edit's recall (the
+fine-tune damages answering): read the 10-step column, and tune the attack's lr first.
+The editors' value optimisation over 400 facts is slow on a loaded CPU (ROME had not
+finished in 7 minutes): --editors '' leaves them out.
 """
 from __future__ import annotations
 
