@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, demo_preset, run_edit  # noqa: E402
-from grom.baselines import BASELINES, METHODS, run_baseline  # noqa: E402
+from grom.baselines import BASELINES, EDITORS, METHODS, EditorConfig, run_baseline, run_editor  # noqa: E402
 from grom.baselines.defaults import starting_point  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
@@ -122,13 +122,24 @@ class Bench:
         self._sync()
         return edit, (time.perf_counter() - t0, time.process_time() - c0)
 
-    def baseline(self, method: str, lr: float):
+    def baseline(self, method: str, lr: float, **extra):
+        """`extra`: more run_baseline keywords (e.g. RMU's method_args and params)."""
         a = self.args
         self._sync()
         t0, c0 = time.perf_counter(), time.process_time()
         edit = run_baseline(method, self.model, self.tok, self.bench.forget, self.bench.retain,
                             epochs=a.epochs, lr=lr, batch_size=a.batch_size, grad_accum=a.grad_accum,
-                            prompt_format=self.fmt, seed=a.seed)
+                            prompt_format=self.fmt, seed=a.seed, **extra)
+        self._sync()
+        return edit, (time.perf_counter() - t0, time.process_time() - c0)
+
+    def editor(self, name: str):
+        """A locate-then-edit editor (grom.baselines.EDITORS) at its defaults, with its own
+        value optimisation (so its time includes it); the split must carry subjects."""
+        self._sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        edit = run_editor(name, self.model, self.tok, self.bench.forget, self.bench.retain,
+                          EditorConfig(prompt_format=self.fmt, seed=self.args.seed))
         self._sync()
         return edit, (time.perf_counter() - t0, time.process_time() - c0)
 
@@ -154,7 +165,7 @@ def run_sweep(b: Bench, methods: list[str], lrs: list[float]) -> None:
         for lr in lrs:
             _log(f"sweep {m} lr {lr:g}: training")
             edit, secs = b.baseline(m, lr)
-            met = b.evaluate(edit, include_base=False, reuse=rep).rows["Edited"].metrics
+            met = b.evaluate(edit, include_base=True, reuse=rep).rows["Edited"].metrics
             _log(f"sweep {m} lr {lr:g}: {secs[0]:.1f} s, final {met['Final score']:.3f}")
             rows.append([m, f"{lr:g}", edit.info["steps"], f"{secs[0]:.1f}",
                          *[_fmt(met.get(k), k) for k in METRICS],
@@ -175,10 +186,15 @@ def run_bench(b: Bench, methods: list[str], lrs: dict[str, float]) -> None:
     _log(f"GROM: {secs['grom'][0]:.1f} s; evaluating")
     reports = {"grom": b.evaluate(edits["grom"], include_base=True)}
     for m in methods:
-        _log(f"{m} lr {lrs[m]:g}: training")
-        edits[m], secs[m] = b.baseline(m, lrs[m])
-        _log(f"{m}: {secs[m][0]:.1f} s ({edits[m].info['steps']} steps); evaluating")
-        reports[m] = b.evaluate(edits[m], include_base=False, reuse=reports["grom"])
+        if m in EDITORS:
+            _log(f"{m}: editing")
+            edits[m], secs[m] = b.editor(m)
+        else:
+            _log(f"{m} lr {lrs[m]:g}: training")
+            edits[m], secs[m] = b.baseline(m, lrs[m])
+        _log(f"{m}: {secs[m][0]:.1f} s; evaluating")
+        # include_base with reuse: the Base row is taken, not recomputed, and gives the retain cost
+        reports[m] = b.evaluate(edits[m], include_base=True, reuse=reports["grom"])
     quant = {}
     for m in [q for q in a.quant.split(",") if q and q in edits]:
         _log(f"4-bit check: {m}")
@@ -194,8 +210,8 @@ def run_bench(b: Bench, methods: list[str], lrs: dict[str, float]) -> None:
     trows = []
     for m in ["grom", *methods]:
         wall, cpu = secs[m]
-        lr = "-" if m == "grom" else f"{lrs[m]:g}"
-        steps = "-" if m == "grom" else edits[m].info["steps"]
+        lr = f"{lrs[m]:g}" if m in lrs else "-"
+        steps = edits[m].info.get("steps", "-") if m in lrs else "-"
         trows.append([names[m], lr, steps, f"{wall:.1f}", f"{wall / g_wall:.1f}", f"{cpu:.1f}",
                       f"{cpu / g_cpu:.1f}"])
     print("Time of the update (the run_edit / run_baseline call):\n")
@@ -229,7 +245,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", default="forget10")
     ap.add_argument("--methods", default=",".join(BASELINES),
-                    help=f"baselines, comma-separated (default: the four built-in ones; any of {', '.join(METHODS)})")
+                    help=f"baselines, comma-separated (default: the four built-in ones; any of "
+                         f"{', '.join(METHODS)}, or an editor: {', '.join(EDITORS)})")
     ap.add_argument("--epochs", type=float, default=10)
     ap.add_argument("--lr", default=None, help="one lr for all, or method=lr pairs (default: LR)")
     ap.add_argument("--batch-size", type=int, default=8, help="baselines' per-step batch")
@@ -249,9 +266,12 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS]
+    bad = [m for m in methods if m not in METHODS and m not in EDITORS]
     if bad:
-        raise SystemExit(f"--methods: unknown {bad}; use {', '.join(METHODS)}")
+        raise SystemExit(f"--methods: unknown {bad}; use {', '.join(METHODS)} or an editor "
+                         f"({', '.join(EDITORS)})")
+    if args.sweep and any(m in EDITORS for m in methods):
+        raise SystemExit("--sweep: the editors have no learning rate; run them without --sweep")
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"device {args.device}, {datetime.date.today()}")
     print("# " + " ".join(["python", "bench/bench_baselines.py", *(sys.argv[1:] if argv is None else argv)]))
@@ -259,7 +279,7 @@ def main(argv=None) -> None:
     if args.sweep:
         run_sweep(b, methods, [float(x) for x in args.sweep.split(",")])
     else:
-        run_bench(b, methods, parse_lr(args.lr, methods))
+        run_bench(b, methods, parse_lr(args.lr, [m for m in methods if m in METHODS]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,193 @@
+"""The paper's comparison on the bundled demo (issue 25 item 5): GROM against every
+registered trained method, each over a small lr grid, and the locate-then-edit editors;
+per method the setting that forgets most at a bounded retain cost; the relearning attack
+on each pick.
+
+    OMP_NUM_THREADS=1 python bench/bench_compare.py --threads 1 --epochs 5 --max-examples 100
+    python bench/bench_compare.py --threads 1 --quick --methods ga,rmu --editors rome   # smoke test
+
+Model, reference and split as bench/bench_baselines.py (its `Bench`): demo forget10, 400
+forget / 3,200 retain QA pairs, OpenUnlearning's TOFU recipe (8 x 4, warm-up then linear
+decay) for the trained methods, GROM's `demo` preset.
+
+lr grid (`lr_grid`): the method's demo starting point (grom.baselines.defaults) divided and
+multiplied by 3; a method with no demo row (the recipe's 1e-5 does not move this 1.8M-
+parameter model, BENCHMARKS.md) is centred on 3e-4, the middle of the four measured demo
+picks (1e-4 .. 1e-3). RMU's defaults name layers 5-7 of a 32-layer model; the demo has 6,
+so it steers layer 2 and trains layers 0-2's down_proj (`DEMO_ARGS`), the same "last of
+three early layers" shape.
+
+The pick (`pick_setting`): among the settings whose retain cost (relative drop of Model
+retain metric against Base: Model utility, Retain fact recall) is at most --max-cost (0.10, the studio's "broken" line), the one
+with the lowest forget fact recall (then forget ROUGE-L); if none is within it, the
+cheapest. The editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) run once at their defaults.
+A method registered later (AltPO, RKLD) is in the default --methods with no change here.
+
+Relearning (`relearn_row`, grom.robustness.weights.relearn_attack): every parameter of
+the edited model fine-tuned on the even-indexed forget pairs (--relearn-train of them),
+fact recall of greedy answers scored on odd-indexed forget questions (--relearn-probes),
+so what comes back was never trained on again. The attack's SmolLM2 default lr (2e-5)
+moves this small model as little as the recipe's lr does, so it runs at --relearn-lr.
+Measured 2026-11-25 (BENCHMARKS.md): at 1e-3, 30 steps lower every edit's recall (the
+fine-tune damages answering): read the 10-step column, and tune the attack's lr first.
+The editors' value optimisation over 400 facts is slow on a loaded CPU (ROME had not
+finished in 7 minutes): --editors '' leaves them out.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench_baselines import Bench, _fmt, _log, md_table  # noqa: E402
+from grom.baselines import EDITORS, METHODS, get_method  # noqa: E402
+from grom.baselines.defaults import family_of  # noqa: E402
+from grom.robustness import probe_recall, probes_from_examples  # noqa: E402
+from grom.robustness.weights import relearn_attack  # noqa: E402
+
+CENTRE = 3e-4  # lr grid centre of a method with no demo starting point
+DEMO_ARGS = {"rmu": {"method_args": {"layer": 2.0}, "params": [f".layers.{i}.mlp.down_proj" for i in (0, 1, 2)]}}
+COLS = ["Forget fact recall", "Forget ROUGE-L", "Forget prob", "Retain cost", "Retain ROUGE-L", "Model utility",
+        "Final score"]
+
+
+def lr_grid(method: str, factor: float = 3.0) -> tuple[float, float, float]:
+    """(lr / factor, lr, lr * factor) around the method's demo starting point, else CENTRE."""
+    row = family_of("demo")
+    lr = row.methods[method].lr if row is not None and method in row.methods else CENTRE
+    return (lr / factor, lr, lr * factor)
+
+
+def pick_setting(runs: list[dict], max_cost: float) -> dict:
+    """The run that forgets most (lowest forget fact recall, then ROUGE-L) among those with
+    retain cost <= max_cost, else the one with the least retain cost. runs: dicts with a
+    "metrics" dict."""
+    def cost(r):
+        return r["metrics"].get("Retain cost", float("inf"))
+    within = [r for r in runs if cost(r) <= max_cost]
+    if within:
+        return min(within, key=lambda r: (r["metrics"]["Forget fact recall"], r["metrics"]["Forget ROUGE-L"]))
+    return min(runs, key=cost)
+
+
+def relearn_row(b: Bench, edit) -> dict:
+    """The relearning attack on `edit`: recall of the held-apart forget questions at each
+    step count (0: the edit as it is), and the unedited model's."""
+    a, forget = b.args, b.bench.forget
+    train = tuple(forget[0::2][:a.relearn_train])
+    probes = probes_from_examples(forget[1::2][:a.relearn_probes])
+    res = relearn_attack(b.model, b.tok, edit, train,
+                         lambda model: probe_recall(model, b.tok, probes, fmt=b.fmt),
+                         steps=[int(s) for s in a.relearn_steps.split(",")], lr=a.relearn_lr,
+                         fmt=b.fmt, seed=a.seed)
+    return {"base": res.base, "curve": res.details["recall"], "steps": res.details["steps"],
+            "seconds": res.seconds}
+
+
+def evaluated(b: Bench, edit, base_report) -> dict:
+    """The Edited row's metrics; the Base row comes from `base_report` (not recomputed) so
+    that the report has the retain cost, which is measured against it."""
+    return b.evaluate(edit, include_base=True, reuse=base_report).rows["Edited"].metrics
+
+
+def grid_rows(b: Bench, methods: list[str], base_report) -> tuple[list[list], dict]:
+    """Every (method, lr) run: table rows, and per method its pick (edit, metrics, lr, secs)
+    with its relearning curve, computed as soon as the method's grid is done (a run cut
+    short still has the methods it finished in its log)."""
+    rows, picks = [], {}
+    for m in methods:
+        runs = []
+        for lr in lr_grid(m):
+            _log(f"{m} lr {lr:.2g}: training")
+            edit, secs = b.baseline(m, lr, **DEMO_ARGS.get(m, {}))
+            met = evaluated(b, edit, base_report)
+            runs.append({"edit": edit, "metrics": met, "lr": lr, "secs": secs[0]})
+            rows.append([get_method(m).label, f"{lr:.2g}", f"{secs[0]:.1f}", *[_fmt(met.get(k), k) for k in COLS]])
+            _log("row: " + " | ".join(rows[-1]))  # each row as it comes: a long run can be read early
+        pick = picks[get_method(m).label] = pick_setting(runs, b.args.max_cost)
+        with_relearn(b, get_method(m).label, pick)
+    return rows, picks
+
+
+def with_relearn(b: Bench, name: str, pick: dict) -> None:
+    """Adds the relearning curve to `pick` and logs it."""
+    pick["relearn"] = relearn_row(b, pick["edit"])
+    lr = "-" if pick["lr"] is None else f"{pick['lr']:.2g}"
+    _log(f"relearn: {name} (lr {lr}): " + " ".join(f"{v:.2f}" for v in pick["relearn"]["curve"])
+         + f" ({pick['relearn']['seconds']:.0f} s)")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--split", default="forget10")
+    ap.add_argument("--methods", default=",".join(METHODS), help="trained methods (default: every registered)")
+    ap.add_argument("--editors", default=",".join(EDITORS), help="editors ('' for none)")
+    ap.add_argument("--epochs", type=float, default=5)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--grad-accum", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-examples", type=int, default=100, help="per evaluation set (0: all)")
+    ap.add_argument("--eval-batch-size", type=int, default=64)
+    ap.add_argument("--max-cost", type=float, default=0.10)
+    ap.add_argument("--relearn-train", type=int, default=40)
+    ap.add_argument("--relearn-probes", type=int, default=60)
+    ap.add_argument("--relearn-steps", default="10,30")
+    ap.add_argument("--relearn-lr", type=float, default=1e-3)
+    ap.add_argument("--quick", action="store_true", help="a quarter epoch, 20 examples per set")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.epochs, args.max_examples = 0.25, 20
+    args.max_examples = args.max_examples or None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
+    editors = [e.strip().lower() for e in args.editors.split(",") if e.strip()]
+    bad = [m for m in methods if m not in METHODS] + [e for e in editors if e not in EDITORS]
+    if bad:
+        raise SystemExit(f"unknown {bad}; methods: {', '.join(METHODS)}; editors: {', '.join(EDITORS)}")
+    print(f"# {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f} at start")
+    print("# " + " ".join(["python", "bench/bench_compare.py", *(sys.argv[1:] if argv is None else argv)]))
+    b = Bench(args)
+    _log("GROM: editing")
+    g_edit, g_secs = b.grom()
+    rep = b.evaluate(g_edit, include_base=True)
+    picks = {"GROM": {"edit": g_edit, "metrics": rep.rows["Edited"].metrics, "lr": None, "secs": g_secs[0]}}
+    with_relearn(b, "GROM", picks["GROM"])
+    rows, trained = grid_rows(b, methods, rep)
+    picks.update(trained)
+    for e in editors:
+        _log(f"{e}: editing")
+        edit, secs = b.editor(e)
+        picks[EDITORS[e].label] = {"edit": edit, "metrics": evaluated(b, edit, rep), "lr": None, "secs": secs[0]}
+        _log(f"row: {e} | {secs[0]:.1f} | " + " | ".join(_fmt(picks[EDITORS[e].label]["metrics"].get(k), k)
+                                                          for k in COLS))
+        with_relearn(b, EDITORS[e].label, picks[EDITORS[e].label])
+    load = os.getloadavg()
+    print(f"\n### every setting ({args.epochs:g} epochs, batch {args.batch_size} x {args.grad_accum}, "
+          f"evaluation on {args.max_examples or 'every'} examples per set; load {load[0]:.1f} at the end)\n")
+    print(md_table(["method", "lr", "update s", *COLS], rows))
+    base = rep.rows["Base"].metrics
+    steps = next(iter(picks.values()))["relearn"]["steps"]
+    out = [["Base", "-", "-", *[_fmt(base.get(k), k) for k in COLS], *["-"] * len(steps)]]
+    for name, p in picks.items():
+        r = p["relearn"]
+        out.append([name, f"{p['lr']:.2g}" if p["lr"] else "-", f"{p['secs']:.1f}",
+                    *[_fmt(p["metrics"].get(k), k) for k in COLS], *[f"{v:.2f}" for v in r["curve"]]])
+    relearn_base = next(iter(picks.values()))["relearn"]["base"]
+    print(f"\n### the picks (retain cost <= {args.max_cost:g}, else the cheapest) and relearning "
+          f"(lr {args.relearn_lr:g}, batch 4, {args.relearn_train} even-indexed forget pairs; recall on "
+          f"{args.relearn_probes} odd-indexed forget questions, unedited model {relearn_base:.2f})\n")
+    print(md_table(["method", "lr", "update s", *COLS, *(f"relearn {s}" for s in steps)], out))
+
+
+if __name__ == "__main__":
+    main()
