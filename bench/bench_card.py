@@ -24,10 +24,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
 
+HANDLERS = ("on_run_edit", "on_show_plan", "on_edit_done", "on_card_first", "on_compare", "result_card",
+            "on_show_history", "on_edit_made")
+
+
+def _time_handlers() -> None:
+    """Wrap the after-edit chain's handlers in app's namespace (before the page is built)
+    so that each prints its seconds on the server."""
+    import functools
+
+    import app
+
+    def timed(fn):
+        @functools.wraps(fn)
+        def run(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                from components.core.session import REGISTRY
+                cache = getattr(REGISTRY.current, "prefix_cache", None)
+                state = (f" (prefix cache: {len(cache)} entries, {cache.nbytes / 2**20:.0f} MiB, "
+                         f"{cache.hits} hits, {cache.misses} misses)" if cache is not None else "")
+                print(f"  {fn.__name__}: {time.perf_counter() - t:.2f} s{state}", flush=True)
+        return run
+
+    for name in HANDLERS:
+        setattr(app, name, timed(getattr(app, name)))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="print each handler's seconds on the server")
+    ap.add_argument("--no-cancel-checks", action="store_true", help="measure without the Stop checks")
     args = ap.parse_args(argv)
     import torch
     from playwright.sync_api import sync_playwright
@@ -36,6 +67,11 @@ def main(argv=None) -> None:
     from components.core.sources import REAL
     from tests.app_fixtures import launch
 
+    if args.profile:
+        _time_handlers()
+    if args.no_cancel_checks:  # what the cancellation checks cost (a measurement, not a mode)
+        import components.core.device as device
+        device.job_cancelled = lambda: False
     blocks, url = launch(REAL)
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.machine()}, {os.cpu_count()} cores, torch "
           f"{torch.__version__}, {args.threads} threads, load {os.getloadavg()[0]:.2f}")
