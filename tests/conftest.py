@@ -5,6 +5,7 @@ a chat template, so prompts go through the same code as real chat models.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 
 import pytest
@@ -135,6 +136,15 @@ def trained_llama(tokenizer):
 @pytest.fixture(scope="session")
 def trained_gpt2(tokenizer):
     return memorise(tiny_gpt2(len(tokenizer)), tokenizer, FORGET + RETAIN)
+
+
+def weights_hash(model) -> str:
+    """A SHA-256 of every tensor of `model`'s state, bit for bit (names included)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:

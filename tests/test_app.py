@@ -8,7 +8,6 @@ and the comparisons a few examples per set, to stay quick.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -23,16 +22,9 @@ from gradio_client import Client, handle_file  # noqa: E402
 from components import edit_panel  # noqa: E402
 from components.core.session import REGISTRY  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
+from tests.conftest import weights_hash  # noqa: E402
 
 QUICK = dict(retain_examples=300)  # a seeded sample of the retain set gives the keys
-
-
-def weights_hash(model) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def new_client(url) -> Client:

@@ -7,14 +7,12 @@ broken flow with its traceback.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 import gradio as gr
-import torch
 
 import spaces  # the stand-in: imported first, as on a Space
 
@@ -26,18 +24,11 @@ from components import (attack_panel, baseline_panel, benchmark_panel, compare_p
 from components.core import comparison, device, form, models  # noqa: E402
 from components.core.session import REGISTRY, Session  # noqa: E402
 from components.core.sources import DEMO  # noqa: E402
+from tests.conftest import weights_hash  # noqa: E402
 
 
 def quiet(*_args, **_kwargs) -> None:
     """A progress tracker that shows nothing."""
-
-
-def weights_hash(model) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def loads_only_here() -> None:
