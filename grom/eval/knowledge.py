@@ -70,21 +70,22 @@ def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bo
 
 
 def _given_answers(run: _Runner, chosen: dict[str, tuple]) -> dict[str, list[str]] | None:
-    """The answers of `run.given` (an earlier evaluation of this model on these sets) per
-    set, the forget set's paraphrases after its questions; None unless it has every set's,
-    for the same questions."""
+    """The answers of `run.given` (an earlier evaluation of this model on these sets) to
+    each set's questions; None unless it has every set's, for the same questions. The
+    forget set's paraphrase answers are `_given_paraphrases`'s (an "answers"-stage frame
+    has none)."""
     out = {}
     for name, ex in chosen.items():
         df = run.given.get(name)
         if df is None or list(df.get("question", ())) != [e.question for e in ex]:
             return None
-        gens = list(df["generation"])
-        if name == "forget":
-            if "paraphrase_generation" not in df:
-                return None
-            gens += list(df["paraphrase_generation"])
-        out[name] = gens
+        out[name] = list(df["generation"])
     return out
+
+
+def _given_paraphrases(run: _Runner) -> list[str] | None:
+    df = run.given.get("forget")
+    return list(df["paraphrase_generation"]) if df is not None and "paraphrase_generation" in df else None
 
 
 def _knowledge_truth_ratios(run: _Runner, examples: tuple, answer_scores: list) -> np.ndarray:
@@ -134,13 +135,17 @@ def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = Fal
     are added by `_judge_answers`, the known-fact metrics need the Base row and are added
     by `_knowledge_relative`.
 
-    Every set's questions (and the forget set's paraphrases) are answered in one batched
-    greedy decoding loop with one budget (`knowledge_budget`): on a CPU a decoding step
-    costs about as much for 40 prompts as for 10, so one loop instead of four is ~2x
-    faster. Each answer stops as soon as it states its fact (or ends): the text is the
-    full-length answer up to there, so fact recall is what the full-length answer gives,
-    while ROUGE-L, repetition and the answer's perplexity read the answer up to its fact
-    where it states it."""
+    Every set's questions are answered in one batched greedy decoding loop with one
+    budget (`knowledge_budget`): on a CPU a decoding step costs about as much for 40
+    prompts as for 10, so one loop instead of four is ~2x faster. The forget set's
+    paraphrased questions are answered in a second loop of their own: no verdict of the
+    "answers" stage reads them (it skips them: on the default split they were half of the
+    answers that run the whole budget after an edit, ~2 s of its ~10), and the full stage
+    that follows it decodes only them (each loop's prompt pass a batch the prefix cache
+    has seen on the Base row). Each answer stops as soon as it states its fact (or ends):
+    the text is the full-length answer up to there, so fact recall is what the full-length
+    answer gives, while ROUGE-L, repetition and the answer's perplexity read the answer up
+    to its fact where it states it."""
     row = Row()
     chosen = {}
     for name in KNOWLEDGE_SETS:
@@ -148,26 +153,28 @@ def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = Fal
         if ex and not (only_forget and name not in FORGET_SIDE):
             chosen[name] = ex
     given = _given_answers(run, chosen) if run.given else None
-    prompts, facts, spans = [], [], {}
-    for name, ex in (chosen.items() if given is None else ()):
-        start = len(prompts)
-        prompts += [e.question for e in ex]
-        if name == "forget":
-            prompts += [e.paraphrased_question or e.question for e in ex]
-        facts += [e.fact for e in ex] * (2 if name == "forget" else 1)
-        spans[name] = (start, len(prompts))
-    if prompts:
-        budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for ex in chosen.values() for e in ex])
-        gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
-                        batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH), stop_at=facts)
+    lent = given is not None  # the answers (and their classes) of `run.given`
+    budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for ex in chosen.values() for e in ex])
+
+    def answer(questions: list[str], facts: list[str]) -> list[str]:
+        return generate(run.model, run.tok, questions, prompt_format=run.fmt, max_new_tokens=budget,
+                        batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH), stop_at=facts) if questions else []
+
+    if given is None:
+        flat = [e for ex in chosen.values() for e in ex]
+        gens, given = answer([e.question for e in flat], [e.fact for e in flat]), {}
+        for name, ex in chosen.items():
+            given[name], gens = gens[:len(ex)], gens[len(ex):]
+    paraphrases = None
+    if "forget" in chosen and run.stage == "full":
+        paraphrases = _given_paraphrases(run) if lent else None
+        if paraphrases is None:
+            paraphrases = answer([e.paraphrased_question or e.question for e in chosen["forget"]],
+                                 [e.fact for e in chosen["forget"]])
     for name, ex in chosen.items():
-        if given is None:
-            a, b = spans[name]
-            answers = gens[a:b]
-        else:
-            answers = given[name]
-        df = _knowledge_qa(run, ex, answers, paraphrase=name == "forget",
-                           given=run.given.get(name) if given is not None else None)
+        answers = given[name] + (paraphrases if name == "forget" and paraphrases is not None else [])
+        df = _knowledge_qa(run, ex, answers, paraphrase=name == "forget" and paraphrases is not None,
+                           given=run.given.get(name) if lent else None)
         label = KNOWLEDGE_SETS[name]
         row.examples[name] = df
         row.metrics[f"{label} ROUGE-L"] = float(df["rougeL_recall"].mean())
@@ -189,41 +196,61 @@ def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = Fal
 
 
 
-def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int) -> None:
+def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int, stage: str = "full") -> None:
     """Each answer's class (`grom.eval.metrics.answer_class`, column "answer_class") and,
     where it does not state its fact or answers a forget question, its perplexity under
     the model as it is now, the UNEDITED one (column "answer_perplexity", NaN elsewhere):
     a fluent non-answer reads as ordinary text (low), noise does not (high). The forget
-    answers' perplexity is also the row's "Forget answer perplexity". Rows whose frames
-    have their classes already (reused ones) are left alone; each row is scored on its
-    own, so its numbers never depend on which other rows were evaluated with it."""
+    answers' perplexity is also the row's "Forget answer perplexity".
+
+    In two passes: first the answers whose class depends on it (no fact, neither
+    degenerate by form nor a refusal: `answer_class`), then, in the "full" stage, the
+    rest (the "answers" stage, the card's, stops after the first: on the default edit 21
+    of the 27). Rows whose frames have their classes already (reused ones, or lent by an
+    answers-stage report) get only the second pass, where it is missing; each row is
+    scored on its own, so its numbers never depend on which other rows were evaluated
+    with it."""
     for row in rows.values():
-        frames = {n: df for n, df in row.examples.items() if n in KNOWLEDGE_SETS and "answer_class" not in df}
-        if frames:
-            _judge_row(model, tokenizer, row, frames, fmt, batch_size)
-        forget = row.examples.get("forget")  # classes lent by an earlier stage: its perplexity too
-        if forget is not None and len(forget) and "answer_perplexity" in forget:
-            row.metrics.setdefault("Forget answer perplexity",
-                                   M.perplexity(np.log(forget["answer_perplexity"].to_numpy())))
+        frames = {n: df for n, df in row.examples.items() if n in KNOWLEDGE_SETS}
+        unjudged = {n: df for n, df in frames.items() if "answer_class" not in df}
+        if unjudged:
+            _judge_row(model, tokenizer, unjudged, fmt, batch_size, needed=True)
+        if stage == "full" and frames:
+            _judge_row(model, tokenizer, frames, fmt, batch_size, needed=False)
+        forget = row.examples.get("forget")
+        if stage == "full" and forget is not None and len(forget) and "answer_perplexity" in forget:
+            row.metrics["Forget answer perplexity"] = M.perplexity(np.log(forget["answer_perplexity"].to_numpy()))
 
 
-def _judge_row(model, tokenizer, row: Row, frames: dict[str, pd.DataFrame], fmt, batch_size: int) -> None:
-    pairs, where = [], []
+def _judged(name: str, fact_recall: float) -> bool:
+    """Whether an answer gets a perplexity: every forget answer, and any other that does
+    not state its fact."""
+    return name == "forget" or fact_recall != 1.0
+
+
+def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_size: int, needed: bool) -> None:
+    """One pass of `_judge_answers` over a row's frames: `needed`, the answers whose class
+    waits for their perplexity, then every frame's classes; else the judged answers whose
+    perplexity is still missing (NaN)."""
+    ppl, where, pairs = {}, [], []
     for name, df in frames.items():
+        ppl[name] = df["answer_perplexity"].to_numpy(dtype=float, copy=True) if "answer_perplexity" in df \
+            else np.full(len(df), np.nan)
         for i, (q, g, fr) in enumerate(zip(df["question"], df["generation"], df["fact_recall"])):
-            if name == "forget" or fr != 1.0:
+            if not _judged(name, fr) or not np.isnan(ppl[name][i]):
+                continue
+            if needed == (fr != 1.0 and not M.is_degenerate(g) and not M.is_refusal(g)):
                 pairs.append((q, g if g.strip() else "."))
                 where.append((name, i))
     scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size) if pairs else []
-    ppl = {name: np.full(len(df), np.nan) for name, df in frames.items()}
     for (name, i), s in zip(where, scores):
         ppl[name][i] = float(np.exp(s.avg_loss))
     for name, df in frames.items():
-        df["answer_perplexity"] = ppl[name]
-        df["answer_class"] = [M.answer_class(f, g, None if np.isnan(x) else x)
-                              for f, g, x in zip(df["fact"], df["generation"], ppl[name])]
-        if name == "forget" and len(df):
-            row.metrics["Forget answer perplexity"] = M.perplexity(np.log(ppl[name]))
+        if needed or where or "answer_perplexity" not in df:
+            df["answer_perplexity"] = ppl[name]
+        if needed:
+            df["answer_class"] = [M.answer_class(f, g, None if np.isnan(x) else x)
+                                  for f, g, x in zip(df["fact"], df["generation"], ppl[name])]
 
 
 def _class_shares(df: pd.DataFrame, known: np.ndarray) -> dict[str, float]:
@@ -257,7 +284,7 @@ def _knowledge_relative(rows: dict[str, Row]) -> None:
                 m[f"{label} degenerate"] = shares[M.DEGENERATE]
             if name == "forget":
                 para = _known(base, name, "paraphrase_recall")
-                if para is not None and para.any():
+                if para is not None and para.any() and "paraphrase_recall" in df:  # not in the answers stage
                     m["Forget paraphrase recall"] = float(df["paraphrase_recall"].to_numpy()[para].mean())
                 if shares is not None:
                     m["Forget refusal"], m["Forget fluent other"] = shares[M.REFUSAL], shares[M.FLUENT]

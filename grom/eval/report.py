@@ -586,7 +586,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     elif benchmark.task == "muse":
         _muse_relative(rows)
     elif benchmark.task == "knowledge":
-        _judge_answers(model, tokenizer, rows, benchmark.prompt_format, batch_size)
+        _judge_answers(model, tokenizer, rows, benchmark.prompt_format, batch_size, stage)
         _knowledge_relative(rows)
     _retain_cost(rows, benchmark.task)
     progress(1.0, "evaluated")
