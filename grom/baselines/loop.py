@@ -49,7 +49,7 @@ class Trained:
     part_seconds: float = 0.0  # trained by this part
 
 
-def _schedule(s: Settings, n_forget: int) -> tuple[int, int]:
+def planned_steps(s: Settings, n_forget: int) -> tuple[int, int]:
     """(optimizer steps, warm-up steps) as HF's Trainer counts them: `max_steps`, else the
     epochs' worth of ceil(micro-batches / grad_accum) steps; no warm-up under the constant
     schedule (HF's "constant" has none)."""
@@ -117,7 +117,8 @@ class _Loop:
                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                 "rng": rng_state(self.gen, self.devices), "order": self.order, "next_group": self.next_group,
                 "epoch": self.run.epoch, "state": tensors_to(self.run.state, "cpu"), "ref": self.run.ref,
-                "ref_alternates": self.run.ref_alternates, "steps": r.steps, "history": r.history,
+                "ref_alternates": self.run.ref_alternates, "steps": r.steps, "total_steps": r.total_steps,
+                "history": r.history,
                 "seconds": r.seconds, "alternates": None if alternates is None else [list(g) for g in alternates]}
 
     def restore(self, saved: dict, slots, s: Settings) -> None:
@@ -154,7 +155,7 @@ def _start(model: nn.Module, s: Settings, row: Method, data: Encodings, slots, p
     model.train()
     up = updated_tensors(slots, s.master_weights)
     opt = adamw(model, s, slots, up.pairs)
-    total, warmup = _schedule(s, len(data.forget))
+    total, warmup = planned_steps(s, len(data.forget))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(s.schedule, warmup, total))
     result = Trained(tuple(sorted(up.masters)), total_steps=total, warmup_steps=warmup,
                      n_forget=len(data.forget), n_retain=len(data.retain))

@@ -197,14 +197,14 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     """
     t_start = time.perf_counter()
     progress = progress or (lambda *_: None)
-    progress(0.0, "tokenizing")
+    saved = load_state(part.path) if part is not None and os.path.exists(part.path) else None
+    progress(0.0 if saved is None else saved["steps"] / saved["total_steps"], "tokenizing")
     kw = dict(recipe=recipe, epochs=epochs, seed=seed, lr=lr, batch_size=batch_size,
               prompt_format=prompt_format, beta=beta, alpha=alpha, gamma=gamma, delta=delta,
               method_args=method_args, params=params, max_steps=max_steps, grad_accum=grad_accum,
               warmup_epochs=warmup_epochs, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
               max_length=max_length, schedule=schedule, chunk_corpus=chunk_corpus,
               master_weights=master_weights, retain_loss=retain_loss, alternates=alternates)
-    saved = load_state(part.path) if part is not None and os.path.exists(part.path) else None
     if saved is not None and saved["alternates"] is not None:  # written once, by the first part (AltPO's: the model)
         kw["alternates"] = saved["alternates"]
     s, row, data = prepare_run(method, tokenizer, forget, retain, kw, model, progress)
