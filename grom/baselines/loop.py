@@ -110,10 +110,12 @@ class _Loop:
     next_group: int = 0
 
     def capture(self, slots, s: Settings, alternates) -> dict:
-        """The checkpoint of this loop after its last optimizer step (CPU copies)."""
-        cpu = lambda d: {n: t.detach().to("cpu", copy=True) for n, t in d.items()}  # noqa: E731
+        """The checkpoint of this loop after its last optimizer step. The weights, masters and
+        moments are the live tensors, not copies: `torch.save` copies each to the host only
+        while writing it, so a large model's state is never held twice on the host."""
         r = self.result
-        return {"format": FORMAT, "settings": repr(s), "weights": cpu(dict(slots)), "masters": cpu(self.up.masters),
+        return {"format": FORMAT, "settings": repr(s), "weights": {n: p.detach() for n, p in slots},
+                "masters": {n: o.detach() for n, o in self.up.masters.items()},
                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                 "rng": rng_state(self.gen, self.devices), "order": self.order, "next_group": self.next_group,
                 "epoch": self.run.epoch, "state": tensors_to(self.run.state, "cpu"), "ref": self.run.ref,
