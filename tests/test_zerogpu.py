@@ -228,3 +228,15 @@ def test_stop_within_or_between_calls_removes_the_checkpoint(fake_spaces, traine
     assert len(fake_spaces.CALLS) == (2 if stop_at == "within" else 1)
     assert max(seen) < (4 / 6 if stop_at == "within" else 0.5), seen  # the second call stopped before its end
     assert not list(tmp_path.iterdir()) and weights_hash(trained_llama) == before
+
+
+def test_off_zerogpu_a_training_is_one_call_in_this_process(monkeypatch):
+    """A plain machine or GPU Space: the training is `train_call` itself, no part, no folder."""
+    from components.core import comparators
+
+    seen = []
+    monkeypatch.setattr(comparators, "train_call", lambda *args: seen.append(args) or "edit")
+    monkeypatch.setattr(comparators, "train_in_calls", lambda *a, **k: pytest.fail("split off ZeroGPU"))
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: pytest.fail("a folder off ZeroGPU"))
+    assert comparators.train_comparator("key", "bench", "ga", 1, 1e-5, None, None) == "edit"
+    assert seen[0][:7] == ("key", "bench", "ga", 1, 1e-5, None, None)

@@ -3,7 +3,9 @@ called in the main process before the call (`spaces.GPU(duration=callable)`), th
 the loaded model's shape there and prices the work with `components.core.gpu_time`.
 
 Each returns whole seconds within [1, GROM_GPU_SECONDS]; the 60 s default where the
-model is not loaded (the call then fails at once with the message that says so)."""
+model is not loaded (the call then fails at once with the message that says so). A
+baseline's training is priced per optimizer step (`train_plan`), so that it can be split
+into calls that each fit (components.core.train_parts)."""
 from __future__ import annotations
 
 import math

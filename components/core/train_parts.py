@@ -10,10 +10,14 @@ readable by this user only) and removes at the end, on an error and on a cancel.
 The same folder carries the page's progress and Stop across the boundary, since no
 callback can: the worker's progress callback (`FileProgress`, picklable) writes each
 (fraction, message) to a small file and stops the run when a stop file appears; this
-process waits for the call in a helper thread (with the gradio job's context, which
-`spaces` reads for the visitor's quota) and meanwhile, every CANCEL_CHECK_S, shows the
+process waits for the call in a helper thread and meanwhile, every CANCEL_CHECK_S, shows the
 progress and asks whether the job was cancelled; if so it writes the stop file, waits for
-the worker to stop at its next micro-batch, and raises `JobCancelled`.
+the worker to stop at its next micro-batch, and raises `JobCancelled`. The helper thread
+runs the call in a copy of this thread's context: `spaces` reads the visitor's request
+(for the quota) and gradio's job context from context variables, and its own generator
+wrapper waits on a worker the same way, from a thread under `copy_context()` (spaces'
+`spaces/zero/wrappers.py`, read in KingNish24/Realtime-whisper-large-v3-turbo@690bb933,
+`regular_function_wrapper` and `generator_function_wrapper`; not run on a real Space here).
 """
 from __future__ import annotations
 

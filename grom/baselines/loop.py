@@ -120,8 +120,8 @@ class _Loop:
                 "rng": rng_state(self.gen, self.devices), "order": self.order, "next_group": self.next_group,
                 "epoch": self.run.epoch, "state": tensors_to(self.run.state, "cpu"), "ref": self.run.ref,
                 "ref_alternates": self.run.ref_alternates, "steps": r.steps, "total_steps": r.total_steps,
-                "history": r.history,
-                "seconds": r.seconds, "alternates": None if alternates is None else [list(g) for g in alternates]}
+                "history": r.history, "seconds": r.seconds,
+                "alternates": None if alternates is None else [list(g) for g in alternates]}
 
     def restore(self, saved: dict, slots, s: Settings) -> None:
         """Put the checkpoint `saved` back: weights, masters, optimiser, schedule, RNG, cursor."""
