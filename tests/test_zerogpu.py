@@ -240,3 +240,23 @@ def test_off_zerogpu_a_training_is_one_call_in_this_process(monkeypatch):
     monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: pytest.fail("a folder off ZeroGPU"))
     assert comparators.train_comparator("key", "bench", "ga", 1, 1e-5, None, None) == "edit"
     assert seen[0][:7] == ("key", "bench", "ga", 1, 1e-5, None, None)
+
+
+def test_on_zerogpu_only_a_step_that_cannot_fit_a_call_is_refused(monkeypatch):
+    """A training of 1,000 calls' worth is split, not refused (its total is bounded by
+    GROM_MAX_EPOCHS x GROM_MAX_EXAMPLES before this check); one whose single step with its
+    checkpoint needs more than GROM_GPU_SECONDS is refused, saying how long it needs."""
+    from types import SimpleNamespace
+
+    from components.core import comparators
+    from components.core.gpu_time import TrainPlan
+
+    bench = SimpleNamespace(forget=[1] * 30, retain=[1] * 70)
+    monkeypatch.setattr(comparators, "ON_ZEROGPU", True)
+    monkeypatch.setattr(comparators, "train_plan", lambda *a: TrainPlan(10 ** 5, 2.8, 18.0, 300))
+    comparators.check_gpu_time("key", bench, "ga", 10)
+    monkeypatch.setattr(comparators, "train_plan", lambda *a: TrainPlan(10, 290.0, 18.0, 300))
+    with pytest.raises(UserError, match="One optimizer step of GA on 100 examples") as err:
+        comparators.check_gpu_time("key", bench, "ga", 10)
+    assert "308 s" in str(err.value) and "GROM_GPU_SECONDS" in str(err.value)
+    comparators.check_gpu_time("key", bench, "rome", 10)  # an editor: one short call, never priced here
