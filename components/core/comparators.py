@@ -242,4 +242,4 @@ def check_gpu_time(key: ModelKey, bench, name: str, count: float) -> None:
     if plan is not None:
         refuse_over(plan.call_s + plan.step_s, f"One optimizer step of {comparator_label(name)} on "
                     f"{len(bench.forget) + len(bench.retain):,} examples, with its checkpoint,",
-                    "a smaller model, or a host granting more GPU seconds a call, GROM_GPU_SECONDS")
+                    "a smaller model")
