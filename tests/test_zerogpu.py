@@ -179,11 +179,17 @@ def test_a_training_plan_by_hand():
 SPLIT = dict(lr=1e-3, epochs=3, batch_size=1, grad_accum=2, warmup_epochs=1.0)  # 6 steps, 2 an epoch
 
 
-def _slow(progress, delay: float):
-    """`progress` after a pause: the main process's relay (every 0.2 s) sees each step."""
+def _held(watch, hold: bool):
+    """`watch` (the worker's FileProgress), which once half the run is done waits (at most
+    10 s) for the main process to ask it to stop: a Stop that lands within the call, not
+    after it, whatever the machine's load."""
     def report(fraction, message):
-        time.sleep(delay)
-        progress(fraction, message)
+        watch(fraction, message)
+        deadline = time.monotonic() + 10
+        while hold and fraction >= 0.5 and time.monotonic() < deadline:
+            if os.path.exists(os.path.join(watch.folder, "stop")):
+                return
+            time.sleep(0.05)
     return report
 
 
@@ -203,9 +209,11 @@ def test_stop_within_or_between_calls_removes_the_checkpoint(fake_spaces, traine
     before = weights_hash(trained_llama)
     plan = TrainPlan(total_steps=6, step_s=1.0, call_s=0.0, cap=2)
 
+    hold = {"on": False}  # read in each forked worker as it was at the fork
+
     def train(part, watch):
         return run_baseline("ga", trained_llama, tokenizer, FORGET, RETAIN, part=part,
-                            progress=_slow(watch, 0.3 if stop_at == "within" else 0.0), **SPLIT)
+                            progress=_held(watch, hold["on"]), **SPLIT)
 
     gpu = fake_spaces.GPU(duration=5)(train)
     if stop_at == "within":
@@ -217,6 +225,7 @@ def test_stop_within_or_between_calls_removes_the_checkpoint(fake_spaces, traine
         assert len(fake_spaces.CALLS) == 3 and all(torch.equal(p, split.patches[n]) for n, p in whole.patches.items())
         fake_spaces.CALLS.clear()
     stop, seen = {"now": False}, []
+    hold["on"] = stop_at == "within"
 
     def shown(fraction, message):
         seen.append(fraction)
