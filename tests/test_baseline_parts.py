@@ -25,19 +25,20 @@ SPLIT = dict(lr=1e-3, epochs=3, batch_size=1, grad_accum=2, warmup_epochs=1.0)
 UNTIL = (2, 3)
 RMU = dict(lr=1e-3, max_steps=6, batch_size=1, grad_accum=2, method_args={"layer": 1.0},
            params=[".layers.0.mlp.down_proj", ".layers.1.mlp.down_proj"])  # RMU's own recipe otherwise
-RUNS = {"ga": SPLIT, "npo": SPLIT, "rkld": SPLIT, "idknll": SPLIT, "pdu": SPLIT, "rmu": RMU}
+RUNS = {"ga": SPLIT, "npo": SPLIT, "rkld": SPLIT, "idknll": SPLIT, "pdu": SPLIT, "rmu": RMU,
+        "altpo": dict(SPLIT, method_args={"n_alternates": 2.0, "max_new_tokens": 8.0})}
 
 
 def in_parts(method, model, tokenizer, path, kw, until=UNTIL):
-    """The run as parts ending after each step of `until`, then one to the end: the Pauseds
-    and the final Edit; the model is checked to come back unchanged from every part."""
+    """The run as parts ending after each step of `until`, then one to the end: (Paused, the
+    alternates its checkpoint carries) of each pause, and the final Edit; the model is checked to come back unchanged from every part."""
     before = weights_hash(model)
     paused = []
     for stop in until:
         out = run_baseline(method, model, tokenizer, FORGET, RETAIN, part=Part(str(path), stop), **kw)
         assert isinstance(out, Paused) and out.steps == stop and os.path.exists(path)
         assert weights_hash(model) == before
-        paused.append(out)
+        paused.append((out, load_state(path)["alternates"]))
     edit = run_baseline(method, model, tokenizer, FORGET, RETAIN, part=Part(str(path), 10 ** 9), **kw)
     assert weights_hash(model) == before and not os.path.exists(path)  # the last part removes the file
     return paused, edit
@@ -55,11 +56,18 @@ def assert_same_edit(whole, split):
 def test_three_parts_give_the_uninterrupted_edit(trained_llama, tokenizer, tmp_path, method):
     """GA; NPO (reference NLLs computed once, carried); RKLD (the unedited weights as
     teacher); IDK-NLL (its alternates carried); PDU (its dual variable and the epoch count);
-    RMU (its control vector drawn from the global RNG, its constant recipe)."""
+    RMU (its control vector drawn from the global RNG, its constant recipe); AltPO (the
+    alternates the model wrote in the first part, read back from the checkpoint by the
+    later ones: 8 sequences, 12 steps, both pauses in the first epoch)."""
     kw = RUNS[method]
     whole = run_baseline(method, trained_llama, tokenizer, FORGET, RETAIN, **kw)
-    paused, split = in_parts(method, trained_llama, tokenizer, tmp_path / "run.pt", kw)
-    assert [p.total_steps for p in paused] == [6, 6] and paused[1].fraction == 0.5
+    parts, split = in_parts(method, trained_llama, tokenizer, tmp_path / "run.pt", kw)
+    paused = [p for p, _ in parts]
+    if method in ("altpo", "idknll"):  # the answers trained toward, written once and carried
+        assert parts[0][1] == parts[1][1] == split.info["alternates"] == whole.info["alternates"]
+    total = whole.info["steps"]
+    assert [p.total_steps for p in paused] == [total, total] and paused[1].fraction == 3 / total
+    assert total == (12 if method == "altpo" else 6)
     assert_same_edit(whole, split)
     assert split.timings["train"] >= paused[-1].seconds
 

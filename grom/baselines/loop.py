@@ -118,7 +118,9 @@ class _Loop:
                 "masters": {n: o.detach() for n, o in self.up.masters.items()},
                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                 "rng": rng_state(self.gen, self.devices), "order": self.order, "next_group": self.next_group,
-                "epoch": self.run.epoch, "state": tensors_to(self.run.state, "cpu"), "ref": self.run.ref,
+                "epoch": self.run.epoch, "state": tensors_to(self.run.state, "cpu"),
+                "state_devices": {k: str(v.device) for k, v in self.run.state.items() if torch.is_tensor(v)},
+                "ref": self.run.ref,
                 "ref_alternates": self.run.ref_alternates, "steps": r.steps, "total_steps": r.total_steps,
                 "history": r.history, "seconds": r.seconds,
                 "alternates": None if alternates is None else [list(g) for g in alternates]}
@@ -139,6 +141,8 @@ class _Loop:
         set_rng_state(saved["rng"], self.gen, self.devices)
         self.order, self.next_group = saved["order"], saved["next_group"]
         self.run.epoch, self.run.state = saved["epoch"], dict(saved["state"])
+        for k, where in saved["state_devices"].items():  # a method's state tensor back on its device
+            self.run.state[k] = self.run.state[k].to(where)
         self.result.steps, self.result.history = saved["steps"], list(saved["history"])
         self.result.seconds = saved["seconds"]
 
