@@ -14,6 +14,10 @@ operations at a stated effective rate, plus the latency of the generated tokens'
 times a margin, plus a fixed overhead. The rate is a deliberately low estimate (no GPU
 was at hand to measure it here): an H200 half-slice does ~400 TFLOP/s of dense bf16 at
 peak, and forward passes of a few hundred tokens with hooks reach a small part of it.
+
+A gradient training is priced per optimizer step (`plan_training`, a `TrainPlan`): each
+call pays the overhead and its checkpoint written and read (at a stated disk rate), then
+as many steps as fit `GROM_GPU_SECONDS`; a longer training is that many calls.
 """
 from __future__ import annotations
 
