@@ -92,7 +92,7 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
         label = comparator_label(method)
         check_gpu_time(key, bench, method, epochs)
         edits[label] = train_comparator(key, bench, method, epochs, lr, grom_edit.band,
-                                        device_progress(lambda f, m: progress(TRAIN_SHARE * f, f"{label}: {m}")))
+                                        local_progress(lambda f, m: progress(TRAIN_SHARE * f, f"{label}: {m}")))
         start = TRAIN_SHARE
     share = (1 - start) / (len(edits) * len(names))
     out: dict[str, dict] = {}

@@ -25,7 +25,7 @@ from components.core.comparators import (check_editor, check_gpu_time, check_tra
                                          train_comparator, unavailable)
 from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
                                         shared_model)
-from components.core.device import device_progress
+from components.core.device import device_progress, local_progress
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET, add_comparator_run
 from components.core.limits import limit, over
@@ -150,17 +150,18 @@ def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float
     """Train the baseline (or run the editor on GROM's band; the model is given back as
     found), then the rows of the table: `cached` (a Report with Base, GROM's Edited and
     Retain model rows) or those rows computed now, and the baseline's row. Returns
-    (baseline Edit, GROM report, baseline report). Three compute functions, each within
-    one GPU call on ZeroGPU (the training refused first if it cannot fit one)."""
+    (baseline Edit, GROM report, baseline report). `progress`: a callback of this process.
+    On ZeroGPU the training runs as GPU calls that each fit one (refused first only if one
+    optimizer step cannot), its progress relayed; each report is one call."""
     check_gpu_time(key, bench, method, epochs)
     reference_for(shared_model(key, "baseline"), bench)  # loaded here: every worker forked next has it
     band = grom_edit.band if grom_edit is not None else None
     edit = train_comparator(key, bench, method, epochs, lr, band, _part(progress, 0.0, TRAIN_SHARE))
     rest = 1 - TRAIN_SHARE
     report = cached or comparison_report(shared_model(key, "baseline"), bench, grom_edit, n,
-                                         _part(progress, TRAIN_SHARE, rest / 2))
-    mine = compute_report(key, bench, edit, n, _part(progress, TRAIN_SHARE + rest / 2, rest / 2),
-                          prior=report, prefix=False)
+                                         device_progress(_part(progress, TRAIN_SHARE, rest / 2)))
+    last = device_progress(_part(progress, TRAIN_SHARE + rest / 2, rest / 2))
+    mine = compute_report(key, bench, edit, n, last, prior=report, prefix=False)
     return edit, report, mine
 
 
@@ -288,7 +289,7 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
     cached = _cached_report(session, bench, grom, n)
     edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,
-                                          device_progress(lambda f, m: progress(f, desc=m)))
+                                          local_progress(lambda f, m: progress(f, desc=m)))
     settings = {"value_steps": epochs, "value_lr": lr} if is_editor(method) else {"epochs": epochs, "lr": lr}
     add_comparator_run(session, method, label, settings, edit.timings.get("total", edit.timings.get("train", 0.0)),
                        mine, band=edit.band if is_editor(method) else None)

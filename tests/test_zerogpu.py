@@ -6,11 +6,14 @@ and the pricing of GPU time are checked here against hand-computed values.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -18,9 +21,9 @@ import pytest
 import torch
 
 from components.core import device
-from components.core.errors import UserError
-from components.core.gpu_time import (Rate, Shape, edit_flops, eval_work, example_tokens, gpu_seconds, refuse_over,
-                                      train_flops)
+from components.core.errors import JobCancelled, UserError
+from components.core.gpu_time import (Rate, Shape, edit_flops, eval_work, example_tokens, gpu_seconds, plan_training,
+                                      refuse_over, train_flops)
 from grom.data.schema import QAExample, TextExample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +33,8 @@ FAKE = ROOT / "tests" / "fake_spaces"
 def test_every_flow_of_the_app_runs_under_zerogpu():
     """Page load, Run edit, Compare (twice: the Base report kept in the parent), a typed
     question, the three diagnostics, a sweep (a call per point), a baseline (training and
-    evaluation apart), export then import (bit for bit), the attacks (refused without
+    evaluation apart; one priced above a call trained in 3 calls, equal to the plain run),
+    export then import (bit for bit), the attacks (refused without
     probes; on an upload with probes, a call per attack and edit): in the
     parent no CUDA call, no model loaded in a worker, the base weights unchanged, every
     call asking for 1..300 s."""
@@ -42,8 +46,9 @@ def test_every_flow_of_the_app_runs_under_zerogpu():
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     names = [name for name, _ in seen["calls"]]
     assert names[:2] == ["compute_scores", "compute_edit"] and names.count("sweep_point") == 3
-    assert {"_outputs", "_influence", "_quant", "train_comparator", "_generate"} <= set(names)
-    assert names[-5:] == ["train_comparator"] + ["attack_once"] * 4 and seen["attack_rows"] == 2
+    assert {"_outputs", "_influence", "_quant", "train_call", "_generate"} <= set(names)
+    assert names[-5:] == ["train_call"] + ["attack_once"] * 4 and seen["attack_rows"] == 2
+    assert seen["parts"]["calls"] == 3  # a training priced above one call: 3 calls, the same Edit
     assert all(1 <= s <= 300 for _, s in seen["calls"])
     assert "held-out probe" in seen["attacks"] and seen["baseline"].startswith("**GA**")
 
@@ -160,3 +165,107 @@ def test_a_worker_forked_before_a_load_loads_the_model_itself(monkeypatch):
     monkeypatch.setattr(core_session, "in_gpu_worker", lambda: True)
     handle = core_session.resident(key)
     assert handle.key == key and core_session.REGISTRY.get(key) is handle
+
+
+def test_a_training_plan_by_hand():
+    """Per call: 10 s overhead + 2 x (2 x 1 GB) / 0.5 GB/s = 18 s for the checkpoint written
+    and read, then 2 x 3e13 / 2e13 = 3 s a step: (300 - 18) / 3 = 94 steps a call."""
+    plan = plan_training(3e13, 200, 1e9, cap=300)
+    assert (plan.call_s, plan.step_s, plan.steps_per_call, plan.calls) == (18.0, 3.0, 94, 3)
+    assert plan.seconds(94) == 300 and plan.seconds(12) == 54 and plan.seconds(10 ** 6) == 300
+    assert plan_training(3e15, 10, 1e9, cap=300).calls == 0  # one step (2 x 150 s) + 18 s cannot fit
+
+
+SPLIT = dict(lr=1e-3, epochs=3, batch_size=1, grad_accum=2, warmup_epochs=1.0)  # 6 steps, 2 an epoch
+
+
+def _held(watch, hold: bool):
+    """`watch` (the worker's FileProgress), which once half the run is done waits (at most
+    10 s) for the main process to ask it to stop: a Stop that lands within the call, not
+    after it, whatever the machine's load."""
+    def report(fraction, message):
+        watch(fraction, message)
+        deadline = time.monotonic() + 10
+        while hold and fraction >= 0.5 and time.monotonic() < deadline:
+            if os.path.exists(os.path.join(watch.folder, "stop")):
+                return
+            time.sleep(0.05)
+    return report
+
+
+@pytest.mark.parametrize("stop_at", ["within", "between"])
+def test_stop_within_or_between_calls_removes_the_checkpoint(fake_spaces, trained_llama, tokenizer, tmp_path,
+                                                             monkeypatch, stop_at):
+    """A training of 6 steps as 3 forked calls of 2 (the real trainer, the stand-in's fork):
+    the calls' Edit equals the one-piece run's; Stop asked during the second call stops its
+    worker at the next micro-batch, Stop asked after the first call starts no other; either
+    way JobCancelled reaches the page and the run's folder (its checkpoint) is gone."""
+    from components.core.gpu_time import TrainPlan
+    from components.core.train_parts import train_in_calls
+    from grom.baselines import run_baseline
+    from tests.conftest import FORGET, RETAIN, weights_hash
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = weights_hash(trained_llama)
+    plan = TrainPlan(total_steps=6, step_s=1.0, call_s=0.0, cap=2)
+
+    hold = {"on": False}  # read in each forked worker as it was at the fork
+
+    def train(part, watch):
+        return run_baseline("ga", trained_llama, tokenizer, FORGET, RETAIN, part=part,
+                            progress=_held(watch, hold["on"]), **SPLIT)
+
+    gpu = fake_spaces.GPU(duration=5)(train)
+    if stop_at == "within":
+        whole = run_baseline("ga", trained_llama, tokenizer, FORGET, RETAIN, **SPLIT)
+        edit = train_in_calls(gpu, dataclasses.replace(plan, cap=6), "GA", cancelled=lambda: False)
+        assert len(fake_spaces.CALLS) == 1 and all(torch.equal(p, edit.patches[n]) for n, p in whole.patches.items())
+        fake_spaces.CALLS.clear()
+        split = train_in_calls(gpu, plan, "GA", cancelled=lambda: False)
+        assert len(fake_spaces.CALLS) == 3 and all(torch.equal(p, split.patches[n]) for n, p in whole.patches.items())
+        fake_spaces.CALLS.clear()
+    stop, seen = {"now": False}, []
+    hold["on"] = stop_at == "within"
+
+    def shown(fraction, message):
+        seen.append(fraction)
+        if (stop_at == "within" and fraction >= 0.5) or (stop_at == "between" and "after GPU call 1" in message):
+            stop["now"] = True
+
+    with pytest.raises(JobCancelled):
+        train_in_calls(gpu, plan, "GA", progress=shown, cancelled=lambda: stop["now"])
+    assert len(fake_spaces.CALLS) == (2 if stop_at == "within" else 1)
+    assert max(seen) < (4 / 6 if stop_at == "within" else 0.5), seen  # the second call stopped before its end
+    assert not list(tmp_path.iterdir()) and weights_hash(trained_llama) == before
+
+
+def test_off_zerogpu_a_training_is_one_call_in_this_process(monkeypatch):
+    """A plain machine or GPU Space: the training is `train_call` itself, no part, no folder."""
+    from components.core import comparators
+
+    seen = []
+    monkeypatch.setattr(comparators, "train_call", lambda *args: seen.append(args) or "edit")
+    monkeypatch.setattr(comparators, "train_in_calls", lambda *a, **k: pytest.fail("split off ZeroGPU"))
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: pytest.fail("a folder off ZeroGPU"))
+    assert comparators.train_comparator("key", "bench", "ga", 1, 1e-5, None, None) == "edit"
+    assert seen[0][:7] == ("key", "bench", "ga", 1, 1e-5, None, None)
+
+
+def test_on_zerogpu_only_a_step_that_cannot_fit_a_call_is_refused(monkeypatch):
+    """A training of 1,000 calls' worth is split, not refused (its total is bounded by
+    GROM_MAX_EPOCHS x GROM_MAX_EXAMPLES before this check); one whose single step with its
+    checkpoint needs more than GROM_GPU_SECONDS is refused, saying how long it needs."""
+    from types import SimpleNamespace
+
+    from components.core import comparators
+    from components.core.gpu_time import TrainPlan
+
+    bench = SimpleNamespace(forget=[1] * 30, retain=[1] * 70)
+    monkeypatch.setattr(comparators, "ON_ZEROGPU", True)
+    monkeypatch.setattr(comparators, "train_plan", lambda *a: TrainPlan(10 ** 5, 2.8, 18.0, 300))
+    comparators.check_gpu_time("key", bench, "ga", 10)
+    monkeypatch.setattr(comparators, "train_plan", lambda *a: TrainPlan(10, 290.0, 18.0, 300))
+    with pytest.raises(UserError, match="One optimizer step of GA on 100 examples") as err:
+        comparators.check_gpu_time("key", bench, "ga", 10)
+    assert "308 s" in str(err.value) and "GROM_GPU_SECONDS" in str(err.value)
+    comparators.check_gpu_time("key", bench, "rome", 10)  # an editor: one short call, never priced here

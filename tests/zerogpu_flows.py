@@ -7,12 +7,16 @@ broken flow with its traceback.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import os
 import sys
 import tempfile
 from pathlib import Path
 
 import gradio as gr
+import torch
 
 import spaces  # the stand-in: imported first, as on a Space
 
@@ -21,7 +25,7 @@ assert spaces.__file__.replace("\\", "/").endswith("tests/fake_spaces/spaces/__i
 import app  # noqa: E402
 from components import (attack_panel, baseline_panel, benchmark_panel, compare_panel, diagnostics_panel, edit_panel,  # noqa: E402
                         export_panel, sweep_panel)
-from components.core import comparison, device, form, models  # noqa: E402
+from components.core import comparators, comparison, device, durations, form, gpu_time, models  # noqa: E402
 from components.core.session import REGISTRY, Session  # noqa: E402
 from components.core.sources import DEMO  # noqa: E402
 from tests.conftest import weights_hash  # noqa: E402
@@ -58,6 +62,45 @@ def probe_rows() -> str:
 
 def calls_since(mark: int) -> list[str]:
     return [name for name, _ in spaces.CALLS[mark:]]
+
+
+def training_in_calls() -> dict:
+    """A baseline priced above one call (GROM_GPU_SECONDS lowered to 14 s, the rate slowed
+    to 1 s a step: 3 steps a call) runs as 3 GPU calls, each resuming the last one's
+    checkpoint, and gives the Edit of the same training run here in one piece; the page's
+    progress counts across the calls; the run's folder is gone afterwards."""
+    from grom.data import load_benchmark
+
+    key, bench = REGISTRY.current.key, load_benchmark("demo", "forget01")  # 40 forget rows: 2 steps an epoch
+    plan = durations.train_plan(key, bench, "npo", 4)
+    saved_rate, saved_cap = gpu_time.RATE, os.environ.get("GROM_GPU_SECONDS")
+    gpu_time.RATE = dataclasses.replace(saved_rate, flops_per_s=saved_rate.flops_per_s * plan.step_s)
+    os.environ["GROM_GPU_SECONDS"] = str(math.ceil(plan.call_s + 3.5))
+    spaces.MAX_DURATION_S = int(os.environ["GROM_GPU_SECONDS"])
+    shown: list[float] = []
+    try:
+        slow = durations.train_plan(key, bench, "npo", 4)
+        assert (slow.total_steps, slow.steps_per_call, slow.calls) == (8, 3, 3), slow
+        comparators.check_gpu_time(key, bench, "npo", 4)  # one step fits: not refused
+        before = set(os.listdir(tempfile.gettempdir()))
+        mark = len(spaces.CALLS)
+        edit = comparators.train_comparator(key, bench, "npo", 4, 1e-3, None, lambda f, m: shown.append(f))
+        assert calls_since(mark) == ["train_call"] * 3, calls_since(mark)
+        assert all(s <= spaces.MAX_DURATION_S for _, s in spaces.CALLS[mark:])
+        assert not {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("grom-train-")} - before
+    finally:
+        gpu_time.RATE, spaces.MAX_DURATION_S = saved_rate, 300
+        if saved_cap is None:
+            os.environ.pop("GROM_GPU_SECONDS")
+        else:
+            os.environ["GROM_GPU_SECONDS"] = saved_cap
+    handle = REGISTRY.get(key)
+    whole = comparators.run_comparator("npo", handle.model, handle.tokenizer, bench, 4, 1e-3)  # here, in one piece
+    assert whole.patches.keys() == edit.patches.keys() and whole.patches
+    assert all(torch.equal(whole.patches[n], edit.patches[n]) for n in whole.patches)
+    assert whole.info["history"] == edit.info["history"]
+    assert shown == sorted(shown) and 0.75 in shown, shown  # after call 2: step 6 of 8
+    return {"calls": 3, "progress": len(shown)}
 
 
 def main() -> dict:
@@ -117,8 +160,9 @@ def main() -> dict:
     # a baseline: training, then its evaluation, each a call of its own
     mark = len(spaces.CALLS)
     head, table = baseline_panel.on_run_baseline("ga", 1, 1e-5, 8, False, session, progress=quiet)
-    assert calls_since(mark)[0] == "train_comparator" and "compute_report" in calls_since(mark), calls_since(mark)
+    assert calls_since(mark)[0] == "train_call" and "compute_report" in calls_since(mark), calls_since(mark)
     seen["baseline"] = head[:60]
+    seen["parts"] = training_in_calls()
 
     # an attack per call (the demo split has no held-out probes: that is said, before any call)
     mark = len(spaces.CALLS)
@@ -152,7 +196,7 @@ def main() -> dict:
     mark = len(spaces.CALLS)
     summary, frame, *_ = attack_panel.on_run_attacks(["heldout", "paraphrase"], True, "ga", 1, 1e-5, session,
                                                      progress=quiet)
-    assert calls_since(mark) == ["train_comparator"] + ["attack_once"] * 4, calls_since(mark)
+    assert calls_since(mark) == ["train_call"] + ["attack_once"] * 4, calls_since(mark)
     assert list(frame.columns[:4]) == ["attack", "Base", "GROM", "GA"] and len(frame) == 2, frame.columns
     seen["attack_rows"] = len(frame)
 

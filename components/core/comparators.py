@@ -22,13 +22,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components.core.device import DEVICE_LOCK, ON_ZEROGPU, on_device
-from components.core.durations import train_need_s, train_s
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, device_progress, on_device
+from components.core.durations import train_call_s, train_plan
 from components.core.errors import UserError, shorten
 from components.core.gpu_time import refuse_over
 from components.core.limits import limit, over
 from components.core.session import ModelKey, resident
+from components.core.train_parts import train_in_calls
 from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
+from grom.baselines.checkpoint import Part
 from grom.baselines.methods import Method
 from grom.baselines.recipes import recipe_for_task
 from grom.baselines.values import ValueSettings, missing_facts
@@ -182,39 +184,62 @@ def unavailable(name: str, bench) -> str | None:
     return None if missing is None else missing[1]
 
 
-def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None):
+def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None,
+                   part: Part | None = None):
     """The method's edit of the session's data (an `Edit`; the model is given back as
-    found): a trained method with the benchmark's recipe for `count` epochs at lr `rate`,
-    an editor with `count` value steps at lr `rate` on `band` (GROM's, where given)."""
+    found): a trained method with the benchmark's recipe for `count` epochs at lr `rate`
+    (with `part`: that part of its training, a `Paused` record where it stops before the
+    end), an editor with `count` value steps at lr `rate` on `band` (GROM's, where given)."""
     if is_editor(name):
         config = EditorConfig(layers=tuple(band) if band else None, prompt_format=bench.prompt_format,
                               values=ValueSettings(steps=int(count), lr=float(rate)))
         return run_editor(get_editor(name).name, model, tokenizer, bench.forget, bench.retain, config,
                           progress=progress)
     return run_baseline(name, model, tokenizer, bench.forget, bench.retain, recipe=recipe_for_task(bench.task).name,
-                        epochs=count, lr=rate, prompt_format=bench.prompt_format, progress=progress)
+                        epochs=count, lr=rate, prompt_format=bench.prompt_format, progress=progress, part=part)
 
 
-@on_device(duration=train_s)
-def train_comparator(key: ModelKey, bench, name: str, count: float, rate: float, band=None, progress=None):
+@on_device(duration=train_call_s)
+def train_call(key: ModelKey, bench, name: str, count: float, rate: float, band=None, part: Part | None = None,
+               progress=None):
     """`run_comparator` on the resident model `key`, as one compute function: the method's
     Edit (CPU patches of every parameter it changed; the shared model given back as
-    found). A split it cannot train on is a `UserError` that says so."""
+    found), or with `part` (a trained method on ZeroGPU) that part of its training: a
+    `Paused` record where it stops before the end. A split it cannot train on is a
+    `UserError` that says so."""
     with DEVICE_LOCK:
         handle = resident(key, "baseline")
         try:
             return run_comparator(name, handle.model, handle.tokenizer, bench, count, rate, band=band,
-                                  progress=progress)
+                                  progress=progress, part=part)
         except (ValueError, TypeError) as err:  # the data: nothing the baseline can train on
             raise UserError(f"{comparator_label(name)} cannot run on {bench.name}/{bench.split}: {err}.") from err
 
 
+def train_comparator(key: ModelKey, bench, name: str, count: float, rate: float, band=None, progress=None):
+    """The method's Edit on the session's data (`train_call`), `progress` a callback of this
+    process. Off ZeroGPU: one call in this process, as it always ran. On ZeroGPU a trained
+    method runs as GPU calls that each fit GROM_GPU_SECONDS (`train_plan`), its state
+    carried between them in a checkpoint file (components.core.train_parts), its progress
+    and Stop relayed from the worker; an editor is one call."""
+    if not ON_ZEROGPU or is_editor(name):
+        return train_call(key, bench, name, count, rate, band, None, device_progress(progress))
+    plan = train_plan(key, bench, name, count)
+    if plan is None:  # not loaded: the call says so
+        return train_call(key, bench, name, count, rate, band, None, None)
+    return train_in_calls(lambda part, watch: train_call(key, bench, name, count, rate, band, part, watch),
+                          plan, comparator_label(name), progress)
+
+
 def check_gpu_time(key: ModelKey, bench, name: str, count: float) -> None:
-    """On ZeroGPU: refuse, before any work, a training that one GPU call cannot hold.
-    Training is one call (its optimiser state is not carried between calls), so it is
-    bounded, not split; its evaluation runs in calls of its own."""
-    if ON_ZEROGPU and not is_editor(name):
-        refuse_over(train_need_s(key, bench, count),
-                    f"Training {comparator_label(name)} for {count:g} epochs on "
-                    f"{len(bench.forget) + len(bench.retain):,} examples",
-                    "fewer epochs, GROM_MAX_EPOCHS, or a smaller split, GROM_MAX_EXAMPLES")
+    """On ZeroGPU: refuse, before any work, a training whose single optimizer step (with its
+    checkpoint read and written) cannot fit one GPU call. A longer training is split into
+    calls (`train_comparator`); its total is bounded by GROM_MAX_EPOCHS x GROM_MAX_EXAMPLES
+    (the panel's checks, before this one)."""
+    if not ON_ZEROGPU or is_editor(name):
+        return
+    plan = train_plan(key, bench, name, count)
+    if plan is not None:
+        refuse_over(plan.call_s + plan.step_s, f"One optimizer step of {comparator_label(name)} on "
+                    f"{len(bench.forget) + len(bench.retain):,} examples, with its checkpoint,",
+                    "a smaller model")

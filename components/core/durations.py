@@ -3,14 +3,23 @@ called in the main process before the call (`spaces.GPU(duration=callable)`), th
 the loaded model's shape there and prices the work with `components.core.gpu_time`.
 
 Each returns whole seconds within [1, GROM_GPU_SECONDS]; the 60 s default where the
-model is not loaded (the call then fails at once with the message that says so)."""
+model is not loaded (the call then fails at once with the message that says so). A
+baseline's training is priced per optimizer step (`train_plan`), so that it can be split
+into calls that each fit (components.core.train_parts)."""
 from __future__ import annotations
 
-from components.core.gpu_time import (Shape, edit_flops, eval_sets_of, eval_work, example_tokens, gpu_seconds,
-                                      train_flops)
+import math
+
+from components.core.gpu_time import (Shape, TrainPlan, edit_flops, eval_sets_of, eval_work, example_tokens,
+                                      gpu_seconds, plan_training, train_flops)
 from components.core.limits import limit
 from components.core.session import REGISTRY, ModelKey
 from grom.arch import decoder_layers
+from grom.baselines import EDITORS, get_method
+from grom.baselines.loop import planned_steps
+from grom.baselines.optim import select_parameters
+from grom.baselines.recipes import recipe_for_task
+from grom.baselines.settings import resolve_settings
 
 DEFAULT_S = 60  # what ZeroGPU grants a call that names no duration
 EVAL_ROWS = 3  # Base, Edited and the Retain model, the most a comparison computes
@@ -94,8 +103,7 @@ def sweep_point_s(key: ModelKey, forget, retain, config, f_eval, r_eval, *_rest,
 
 
 def train_s(key: ModelKey, bench, method, epochs, *_rest, **_kw) -> int:
-    """`train_comparator(key, bench, method, epochs, lr, band)`'s: `epochs` over the forget
-    and retain examples (an editor's value steps count as epochs over its facts)."""
+    """An editor's `train_call`: its value steps count as epochs over its facts."""
     shape = shape_of(key)
     if shape is None:
         return DEFAULT_S
@@ -103,13 +111,41 @@ def train_s(key: ModelKey, bench, method, epochs, *_rest, **_kw) -> int:
     return gpu_seconds(train_flops(shape, tokens, float(epochs)))
 
 
-def train_need_s(key: ModelKey, bench, epochs) -> float:
-    """The uncapped estimate of `train_s` (what a refusal quotes)."""
-    shape = shape_of(key)
-    if shape is None:
-        return 0.0
-    tokens = example_tokens(bench.forget) + example_tokens(bench.retain)
-    return gpu_seconds(train_flops(shape, tokens, float(epochs)), cap=10 ** 9)
+def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
+    """A trained method's run on `bench` (its recipe, `epochs`) priced per optimizer step
+    and split into calls (None where the model is not loaded). The steps are counted as the
+    trainer counts them (`planned_steps`) from the forget sequences: one per example (times
+    the alternates a method writes), or the corpus's max_length chunks under MUSE's and
+    WMDP's recipes. A step costs `train_flops` of its sequences (forward and backward, and
+    as much again for the retain or reference pass); between calls its state is the trained
+    weights in their dtype and AdamW's two float32 moments."""
+    handle, shape = REGISTRY.get(key), shape_of(key)
+    if handle is None or shape is None or not bench.forget:
+        return None
+    s = resolve_settings(method, recipe=recipe_for_task(bench.task).name, epochs=float(epochs))
+    row = get_method(s.method)
+    tokens = example_tokens(bench.forget)
+    if s.chunk_corpus:
+        n, per_sequence = max(1, math.ceil(tokens / s.max_length)), float(s.max_length)
+    else:
+        copies = int(row.defaults.get("n_alternates", 1)) if row.make_alternates is not None else 1
+        n, per_sequence = len(bench.forget) * copies, min(float(s.max_length), tokens / len(bench.forget))
+    total, _ = planned_steps(s, n)
+    step_flops = train_flops(shape, min(n, s.batch_size * s.grad_accum) * per_sequence, 1.0)
+    state = sum(p.numel() * (p.element_size() + 8) for _, p in select_parameters(handle.model, s.params))
+    return plan_training(step_flops, total, state)
+
+
+def train_call_s(key: ModelKey, bench, method, epochs, rate=None, band=None, part=None, *_rest, **_kw) -> int:
+    """`train_call(key, bench, method, epochs, lr, band, part)`'s: an editor's value
+    optimisation; a trained method's whole run (`part` None) or one part of the plan's
+    steps per call, with its checkpoint."""
+    if str(method).strip().lower() in EDITORS:
+        return train_s(key, bench, method, epochs)
+    plan = train_plan(key, bench, method, epochs)
+    if plan is None:
+        return DEFAULT_S
+    return plan.seconds(plan.total_steps if part is None else max(1, plan.steps_per_call))
 
 
 def attack_s(key: ModelKey, bench, edit, name, *_rest, **_kw) -> int:

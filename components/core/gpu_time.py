@@ -14,6 +14,10 @@ operations at a stated effective rate, plus the latency of the generated tokens'
 times a margin, plus a fixed overhead. The rate is a deliberately low estimate (no GPU
 was at hand to measure it here): an H200 half-slice does ~400 TFLOP/s of dense bf16 at
 peak, and forward passes of a few hundred tokens with hooks reach a small part of it.
+
+A gradient training is priced per optimizer step (`plan_training`, a `TrainPlan`): each
+call pays the overhead and its checkpoint written and read (at a stated disk rate), then
+as many steps as fit `GROM_GPU_SECONDS`; a longer training is that many calls.
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ class Rate:
     """The estimate is multiplied by this (a call that runs past its duration is aborted)."""
     overhead_s: float = 10.0
     """Forking the worker, pickling arguments and results, first CUDA use."""
+    disk_bytes_per_s: float = 5e8
+    """A training's checkpoint written and read back between its calls (0.5 GB/s: a low
+    estimate for a local SSD; the file is several times the trained weights)."""
 
 
 RATE = Rate()
@@ -106,6 +113,43 @@ def train_flops(shape: Shape, tokens: float, epochs: float) -> float:
     return 2.0 * 6.0 * epochs * tokens * shape.layers * shape.layer_params
 
 
+@dataclass(frozen=True)
+class TrainPlan:
+    """A gradient training priced per optimizer step and split into GPU calls that each fit
+    `cap` seconds: every call pays `call_s` (the overhead, the checkpoint read and written),
+    then `step_s` a step (both with the margin)."""
+    total_steps: int
+    step_s: float
+    call_s: float
+    cap: int
+
+    @property
+    def steps_per_call(self) -> int:
+        """The steps one call holds; 0 when not even one fits."""
+        return max(0, math.floor((self.cap - self.call_s) / self.step_s)) if self.step_s > 0 else self.total_steps
+
+    @property
+    def calls(self) -> int:
+        """How many calls the training takes (0: it cannot be split into calls that fit)."""
+        return math.ceil(self.total_steps / self.steps_per_call) if self.steps_per_call else 0
+
+    def seconds(self, steps: int) -> int:
+        """What a call of `steps` steps asks for, within [1, cap]."""
+        return int(min(self.cap, max(1, math.ceil(self.call_s + steps * self.step_s))))
+
+
+def plan_training(step_flops: float, total_steps: int, state_bytes: float, rate: Rate | None = None,
+                  cap: int | None = None) -> TrainPlan:
+    """A training of `total_steps` optimizer steps of `step_flops` each, whose state between
+    calls (weights, AdamW's moments) takes `state_bytes` on disk, as calls within `cap`
+    (default `cap_seconds()`) at `rate` (default: the module's RATE, read at the call)."""
+    cap = cap_seconds() if cap is None else cap
+    rate = RATE if rate is None else rate
+    step_s = rate.margin * step_flops / rate.flops_per_s
+    call_s = rate.overhead_s + rate.margin * 2.0 * state_bytes / rate.disk_bytes_per_s
+    return TrainPlan(int(total_steps), step_s, call_s, cap)
+
+
 def eval_sets_of(bench, n: int | None) -> Sequence[tuple]:
     """The evaluation sets of `bench` as a comparison of `n` examples per set reads them."""
     sets = bench.eval_sets or {"forget": bench.forget, "retain": bench.retain}
@@ -113,8 +157,9 @@ def eval_sets_of(bench, n: int | None) -> Sequence[tuple]:
 
 
 def refuse_over(seconds: float, what: str, names: str) -> None:
-    """On ZeroGPU, work that one call cannot hold and that is not split: an error that says
-    how long it would take and which limits bring it within GROM_GPU_SECONDS."""
+    """On ZeroGPU, work that one call cannot hold and that cannot be split further (an edit,
+    one optimizer step of a training): an error that says how long it would take and which
+    limits bring it within GROM_GPU_SECONDS."""
     if seconds > cap_seconds():
         raise over(f"{what} needs about {{n}} s of GPU in one call (ask for less: {names})",
                    math.ceil(seconds), "GROM_GPU_SECONDS")

@@ -26,6 +26,12 @@ defaults it runs under):
   model's next-token distributions on the retain sequences, the unedited weights run
   through ``torch.func.functional_call`` (one copy of the trained weights, no model copy).
 
+Parts: a host that grants a process minutes at a time (a ZeroGPU call) runs the training
+as parts (`run_baseline(..., part=Part(path, until))`): each trains up to `until` steps,
+resumes from and writes a checkpoint file (grom.baselines.checkpoint; the loop itself is
+grom.baselines.loop), and the last returns the Edit one uninterrupted run returns, bit for
+bit (tests/test_baseline_parts.py).
+
 The model comes back exactly as it was found (weights bit for bit, train/eval mode,
 requires_grad flags, .grad), also when training fails or `progress` raises. What a run
 allocates (AdamW's moments, the masters, gradients, reference NLLs, batches, the autograd
@@ -37,29 +43,28 @@ locals.
 from __future__ import annotations
 
 import logging
-import math
+import os
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import nn
 
-from grom.arch import model_device
+from grom.baselines.checkpoint import Part, Paused, load_state
+from grom.baselines.loop import Progress, Trained, rng_devices as _rng_devices, train as _train
 from grom.baselines.methods import BUILT_IN, Method
-from grom.baselines.micro import RunData, micro_loss, reference_nll
+from grom.baselines.optim import select_parameters
 from grom.baselines.prepare import Encodings, prepare_run
-from grom.baselines.optim import adamw, lr_factor, optimizer_step, select_parameters, updated_tensors
 from grom.baselines.settings import Settings
 from grom.config import EditConfig
 from grom.data.prompts import PromptFormat
 from grom.edit import Edit
-from grom.keys import Encoded, pad_id
+from grom.keys import pad_id
 from grom.memory import releasing
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[float, str], None]
+__all__ = ["BASELINES", "ModelState", "Part", "Paused", "Settings", "Trained", "run_baseline", "train_in_place"]
 
 BASELINES = tuple(row.name for row in BUILT_IN)  # the built-in methods; METHODS has every registered one
 
@@ -83,129 +88,6 @@ class ModelState:
             p.grad = grad
 
 
-# ---------------------------------------------------------------------------------------
-# training
-
-@dataclass
-class Trained:
-    """What one training run produced (the weights themselves stay in the model)."""
-
-    master_names: tuple[str, ...] = ()  # the low-precision parameters trained through fp32 masters
-    history: list[dict] = field(default_factory=list)
-    steps: int = 0
-    total_steps: int = 0
-    warmup_steps: int = 0
-    n_forget: int = 0
-    n_retain: int = 0
-    seconds: float = 0.0
-
-
-def _schedule(s: Settings, n_forget: int) -> tuple[int, int]:
-    """(optimizer steps, warm-up steps) as HF's Trainer counts them: `max_steps`, else the
-    epochs' worth of ceil(micro-batches / grad_accum) steps; no warm-up under the constant
-    schedule (HF's "constant" has none)."""
-    steps_per_epoch = math.ceil(math.ceil(n_forget / s.batch_size) / s.grad_accum)
-    total = s.max_steps if s.max_steps is not None else max(1, math.ceil(s.epochs * steps_per_epoch))
-    if s.schedule == "constant":
-        return total, 0
-    return total, int(s.warmup_epochs * n_forget // (s.batch_size * s.grad_accum))
-
-
-class _Clock:
-    """The time left of a run of `total` steps, from the pace so far."""
-
-    def __init__(self, total: int):
-        self.total, self.t0 = total, time.perf_counter()
-
-    def left(self, done: float) -> str:
-        if done <= 0:
-            return ""
-        rest = (time.perf_counter() - self.t0) / done * (self.total - done)
-        return f"; about {rest:.0f} s left" if rest >= 1 else ""
-
-
-def _run_data(model: nn.Module, s: Settings, row: Method, data: Encodings, slots, pad: int,
-              progress: Progress) -> RunData:
-    """What the micro-batches read, with the reference NLLs computed once, before training."""
-    run = RunData(data.forget, data.retain, pad, alternates=data.alternates)
-    if row.needs_reference:
-        progress(0.0, f"{row.label}: the unedited model's log-probabilities of {len(data.forget)} forget answers")
-        run.ref = reference_nll(model, data.forget, s, pad)
-        if row.needs_answers:
-            run.ref_alternates = reference_nll(model, data.alternates, s, pad)
-    # the unedited weights for the KL retain term and reference logits (a copy of the trained ones only)
-    if (row.needs_reference_logits or (row.needs_hidden and row.uses_retain(s.method_args))
-            or (s.retain_loss == "kl" and row.uses_retain(s.method_args))):
-        run.ref_params = {n: p.detach().clone() for n, p in slots}
-    return run
-
-
-def _train(model: nn.Module, s: Settings, row: Method, data: Encodings,
-           slots: list[tuple[str, nn.Parameter]], pad: int,
-           progress: Progress) -> tuple[Trained, dict[str, torch.Tensor]]:
-    """Train `slots` in place; returns the run's summary and the fp32 masters. Sets train
-    mode and requires_grad; the caller restores them."""
-    t0 = time.perf_counter()
-    trained = {n for n, _ in slots}
-    torch.manual_seed(s.seed)
-    gen = torch.Generator().manual_seed(s.seed)
-    forget, retain = data.forget, data.retain
-    run = _run_data(model, s, row, data, slots, pad, progress)
-    for n, p in model.named_parameters():
-        p.requires_grad_(n in trained)
-        p.grad = None
-    model.train()
-
-    up = updated_tensors(slots, s.master_weights)
-    masters = up.masters
-    opt = adamw(model, s, slots, up.pairs)
-    n_f = len(forget)
-    total, warmup = _schedule(s, n_f)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(s.schedule, warmup, total))
-    result = Trained(tuple(sorted(masters)), total_steps=total, warmup_steps=warmup, n_forget=n_f,
-                     n_retain=len(retain))
-    clock = _Clock(total)
-    while result.steps < total:
-        if result.steps:
-            run.epoch += 1
-        order = torch.randperm(n_f, generator=gen)
-        micro = list(torch.split(order, s.batch_size))
-        for k in range(0, len(micro), s.grad_accum):
-            if result.steps >= total:
-                break
-            group = micro[k:k + s.grad_accum]
-            lr = opt.param_groups[0]["lr"]
-            record: dict[str, float] = {}
-            for i, f_idx in enumerate(group):
-                r_idx = (torch.randint(0, len(retain), (len(f_idx),), generator=gen)
-                         if retain and row.needs_retain else None)
-                loss, parts = micro_loss(model, s, row, run, f_idx, r_idx)
-                (loss / len(group)).backward()
-                parts["loss"] = float(loss.detach())
-                for key, v in parts.items():
-                    record[key] = record.get(key, 0.0) + v / len(group)
-                if i + 1 < len(group):  # within an accumulated step too: a step of SmolLM2 takes seconds
-                    done = result.steps + (i + 1) / len(group)
-                    progress(done / total, f"{row.label} step {result.steps + 1}/{total} "
-                                           f"({i + 1}/{len(group)} micro-batches){clock.left(done)}")
-            optimizer_step(opt, sched, up, s)
-            result.steps += 1
-            result.history.append({"step": result.steps, "lr": lr, **record})
-            progress(result.steps / total, f"{row.label} step {result.steps}/{total}: loss "
-                                           f"{record['loss']:.4f}, forget NLL {record['forget_nll']:.3f}"
-                                           f"{clock.left(result.steps)}")
-    result.seconds = time.perf_counter() - t0
-    log.info("%s: %d steps in %.1fs on %s", s.method, result.steps, result.seconds, model_device(model))
-    return result, masters
-
-
-def _rng_devices(model: nn.Module) -> list[int]:
-    dev = model_device(model)
-    if dev.type != "cuda":
-        return []
-    return [dev.index if dev.index is not None else torch.cuda.current_device()]
-
-
 def _differences(slots, masters: Mapping[str, torch.Tensor],
                  originals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """final - initial of every parameter that changed, on the CPU in the weight's dtype;
@@ -222,14 +104,19 @@ def _differences(slots, masters: Mapping[str, torch.Tensor],
 
 
 def _trained_patches(model: nn.Module, s: Settings, row: Method, data: Encodings, slots, pad: int,
-                     progress: Progress) -> tuple[dict[str, torch.Tensor], Trained]:
+                     progress: Progress, part: Part | None = None,
+                     saved: dict | None = None) -> tuple[dict[str, torch.Tensor] | None, Trained]:
     """Train, take the patches, and put the model back as it was found, also when training
-    fails or is cancelled (each original copy is dropped once written back)."""
+    fails or is cancelled (each original copy is dropped once written back). With `part`
+    (from the checkpoint `saved` where given): the patches are None when the part stops
+    before the run's end (its checkpoint written)."""
     state = ModelState(model)
     originals = {n: p.detach().to("cpu", copy=True) for n, p in slots}
     try:
         with torch.random.fork_rng(devices=_rng_devices(model)):
-            run, masters = _train(model, s, row, data, slots, pad, progress)
+            run, masters = _train(model, s, row, data, slots, pad, progress, part, saved)
+        if run.steps < run.total_steps:
+            return None, run
         return _differences(slots, masters, originals), run
     finally:
         with torch.no_grad():
@@ -267,7 +154,8 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
                  weight_decay: float | None = None, max_grad_norm: float | None = None,
                  max_length: int | None = None, schedule: str | None = None,
                  chunk_corpus: bool | None = None, master_weights: bool = False,
-                 retain_loss: str = "nll", alternates: Sequence[str | Sequence[str]] | None = None) -> Edit:
+                 retain_loss: str = "nll", alternates: Sequence[str | Sequence[str]] | None = None,
+                 part: Part | None = None) -> Edit | Paused:
     """Unlearn by fine-tuning with `method` (a name in grom.baselines.METHODS) and return
     the weight change as an `Edit`; the model is returned exactly as it was found (also on
     failure), and what the run allocated is freed.
@@ -294,6 +182,14 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     micro-batch of an accumulated one, with the time left at the pace so far; an exception
     from it cancels the run.
 
+    part: run only a part of the training, for a host that grants a process minutes at a
+    time (a ZeroGPU call): resume from the checkpoint `part.path` where it exists (written
+    by an earlier part of the same run, with the same arguments), train up to `part.until`
+    optimizer steps and, when that is before the end, write the checkpoint there and return
+    a `Paused` record instead of the Edit; the part that reaches the end returns the Edit
+    the uninterrupted run returns (same patches and history; `timings` sum the parts) and
+    deletes the checkpoint. The model is given back as found after every part.
+
     The Edit: `patches` = final - initial weights of every parameter that changed (each in
     its weight's dtype), `method`, `info` (settings, steps, final losses, loss history),
     `timings` {"train", "total"}; `config` is a default EditConfig, unused by baselines;
@@ -301,16 +197,25 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     """
     t_start = time.perf_counter()
     progress = progress or (lambda *_: None)
-    progress(0.0, "tokenizing")
+    saved = load_state(part.path) if part is not None and os.path.exists(part.path) else None
+    progress(0.0 if saved is None else saved["steps"] / saved["total_steps"], "tokenizing")
     kw = dict(recipe=recipe, epochs=epochs, seed=seed, lr=lr, batch_size=batch_size,
               prompt_format=prompt_format, beta=beta, alpha=alpha, gamma=gamma, delta=delta,
               method_args=method_args, params=params, max_steps=max_steps, grad_accum=grad_accum,
               warmup_epochs=warmup_epochs, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
               max_length=max_length, schedule=schedule, chunk_corpus=chunk_corpus,
               master_weights=master_weights, retain_loss=retain_loss, alternates=alternates)
+    if saved is not None and saved["alternates"] is not None:  # written once, by the first part (AltPO's: the model)
+        kw["alternates"] = saved["alternates"]
     s, row, data = prepare_run(method, tokenizer, forget, retain, kw, model, progress)
     slots = select_parameters(model, s.params)
-    patches, run = _trained_patches(model, s, row, data, slots, pad_id(tokenizer), progress)
+    patches, run = _trained_patches(model, s, row, data, slots, pad_id(tokenizer), progress, part, saved)
+    if patches is None:
+        last = run.history[-1] if run.history else {}
+        return Paused(part.path, run.steps, run.total_steps, run.seconds,
+                      {k: v for k, v in last.items() if k not in ("step", "lr")})
+    if part is not None and os.path.exists(part.path):
+        os.remove(part.path)  # the run is whole: its checkpoint is done with
     if row.finish is not None:
         patches = row.finish(patches, s.method_args)
     last = run.history[-1] if run.history else {}
@@ -330,7 +235,8 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     }
     if data.alternate_texts is not None:
         info["alternates"] = [list(g) for g in data.alternate_texts]
-    timings = {"train": run.seconds, "total": time.perf_counter() - t_start}
+    earlier = run.seconds - run.part_seconds  # the earlier parts' training
+    timings = {"train": run.seconds, "total": earlier + time.perf_counter() - t_start}
     progress(1.0, "done")
     return Edit(config=EditConfig(), patches=patches, layers=[], timings=timings,
                 model_name=getattr(getattr(model, "config", None), "_name_or_path", None),
