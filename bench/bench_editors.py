@@ -6,8 +6,8 @@
 One run: the studio's split (`bench_knowledge.Run`: --known-only, the app's seeded 128
 retain examples), GROM's --preset edit, then each editor of --editors at each value
 setting of --values (steps:lr:clamp_norm_factor, the shared per-fact value optimisation,
-grom.baselines.values; every other setting the editor's default, `EditorConfig`, on
-GROM's automatic band). Each editor run is timed alone (its own layer scores and value
+grom.baselines.values) and each band of --layers ("auto": GROM's automatic band; ROME
+edits the band's last layer); every other setting the editor's default, `EditorConfig`. Each editor run is timed alone (its own layer scores and value
 optimisation: nothing shared with an earlier row), and evaluated as GROM's row is
 (`grom.eval.evaluate`, task "knowledge"). Prints one markdown table; the machine's load
 average at the start and the end of the run.
@@ -46,6 +46,7 @@ def main(argv=None) -> None:
     ap.add_argument("--preset", default="smollm2")
     ap.add_argument("--editors", default=",".join(EDITORS))
     ap.add_argument("--values", default="25:0.1:0.75", help="steps:lr:clamp settings, comma-separated")
+    ap.add_argument("--layers", default="auto", help="bands, ';'-separated: 'auto' (GROM's) or e.g. '4,5,6,7,8'")
     ap.add_argument("--max-examples", type=int, default=0, help="per evaluation set; 0: all of them")
     ap.add_argument("--known-only", action="store_true")
     ap.add_argument("--retain-examples", type=int, default=128)
@@ -65,9 +66,10 @@ def main(argv=None) -> None:
     rows = [[f"GROM {args.preset}", "-", f"{edit.band[0]}-{edit.band[-1]}", f"{secs:.1f}", "1.0", *cells(run.report(edit))]]
     _log("row: " + " | ".join(rows[-1]))
     grom_s = secs
-    for vs in value_settings(args.values):
+    bands = [None if b.strip() == "auto" else tuple(int(x) for x in b.split(",")) for b in args.layers.split(";")]
+    for band, vs in ((b, v) for b in bands for v in value_settings(args.values)):
         for name in filter(None, (e.strip() for e in args.editors.split(","))):
-            config = EditorConfig(values=vs, prompt_format=fmt, seed=args.seed)
+            config = EditorConfig(layers=band, values=vs, prompt_format=fmt, seed=args.seed)
             t0 = time.perf_counter()
             e = run_editor(name, run.model, run.tok, run.bench.forget, run.bench.retain, config)
             secs = time.perf_counter() - t0

@@ -126,3 +126,12 @@ def test_every_editors_patch_is_unchanged_by_the_fast_path(name, trained_llama, 
     assert fast.patches.keys() == slow.patches.keys()
     for k, P in slow.patches.items():
         assert P.norm() > 0 and _rel(fast.patches[k], P) < 1e-6, k
+
+
+def test_a_value_layer_at_the_top_is_reported_unable_to_move_the_facts(trained_llama, tokenizer, caplog):
+    cfg = EditorConfig(layers=(3,), w_r=1.0, values=SETTINGS)  # layer 3: the tiny model's last
+    edit = run_editor("rome", trained_llama, tokenizer, FACTS, RETAIN, cfg)
+    assert edit.info["unreachable_facts"] == len(FACTS) and "cannot move" in caplog.text
+    torch.testing.assert_close(torch.tensor(edit.info["p_answer_value"]), torch.tensor(edit.info["p_answer_before"]))
+    below = EditorConfig(layers=(2,), w_r=1.0, values=SETTINGS)
+    assert run_editor("rome", trained_llama, tokenizer, FACTS, RETAIN, below).info["unreachable_facts"] == 0

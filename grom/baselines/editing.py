@@ -165,6 +165,15 @@ def _band(model, config: EditorConfig, prep, scores: LayerScores | None) -> tupl
     return band, scores
 
 
+def _unreachable(model, facts: Sequence[Fact], value_layer: int) -> int:
+    """How many facts the value optimisation cannot move: with the value layer the model's
+    last, nothing mixes positions after it, so only a fact whose first object token is
+    predicted at its key token (key == objects[0] - 1) reaches its loss."""
+    if value_layer < num_layers(model) - 1:
+        return 0
+    return sum(f.key != f.objects[0] - 1 for f in facts)
+
+
 def _check(editor: Editor, model, forget, retain) -> float:
     """What the run needs, before any work; returns the down_proj residual gain."""
     if not forget:
@@ -199,6 +208,12 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
     facts = [encode_fact(tokenizer, ex, config.prompt_format, config.max_length) for ex in forget]
     band, scores = _band(model, config, prep, scores)
     layers = band if editor.spreads else band[-1:]
+    unreachable = _unreachable(model, facts, band[-1])
+    if unreachable:
+        log.warning("%s: the value layer %d is the model's last, where a vector at the key token changes only "
+                    "that token's next-token logits: %d of %d facts, whose object is not the next token, cannot "
+                    "move. Give a band below the top (upstream ROME/MEMIT edit early-middle layers).",
+                    editor.label, band[-1], unreachable, len(facts))
     pid = pad_id(tokenizer)
     fact_batches = make_batches([Encoded(f.ids[:f.key + 1], (f.key,), (f.ids[f.objects[0]],), i)
                                  for i, f in enumerate(facts)], config.batch_size, pid)
@@ -225,6 +240,7 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
     info = {"editor": editor.name, "settings": config.to_dict(),
             "value_layer": band[-1], "value_steps": values.steps,
             "subject_last_keys": sum(f.subject_last for f in facts), "facts": len(facts),
+            "unreachable_facts": unreachable,
             "p_answer_before": values.p_before.tolist(), "p_answer_value": values.p_after.tolist(),
             "p_answer_edited": p_edited.tolist()}
     log.info("%s edit of %s: %s", editor.label, list(patches), timings)
