@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from bench_knowledge import COLUMNS, Run, _log, cells, md_table  # noqa: E402
-from grom import PRESETS, run_edit  # noqa: E402
+from grom import PRESETS  # noqa: E402
 from grom.baselines.editing import EDITORS, EditorConfig, run_editor  # noqa: E402
 from grom.baselines.values import ValueSettings  # noqa: E402
 

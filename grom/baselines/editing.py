@@ -37,7 +37,8 @@ from torch import nn
 from grom.arch import decoder_layers, edit_target, layer_kinds, num_layers, residual_gain, unembedding
 from grom.attribution import LayerScores
 from grom.baselines import editors as rules
-from grom.baselines.values import Fact, Values, ValueSettings, encode_fact, missing_facts, object_probabilities, optimise_values
+from grom.baselines.values import (Values, ValueSettings, encode_fact, missing_facts, object_probabilities,
+                                  optimise_values, unreachable_facts)
 from grom.collect import HIDDEN_CACHE_BYTES, Keys, LayerStream, forward
 from grom.config import EditConfig
 from grom.data.prompts import PromptFormat
@@ -165,15 +166,6 @@ def _band(model, config: EditorConfig, prep, scores: LayerScores | None) -> tupl
     return band, scores
 
 
-def _unreachable(model, facts: Sequence[Fact], value_layer: int) -> int:
-    """How many facts the value optimisation cannot move: with the value layer the model's
-    last, nothing mixes positions after it, so only a fact whose first object token is
-    predicted at its key token (key == objects[0] - 1) reaches its loss."""
-    if value_layer < num_layers(model) - 1:
-        return 0
-    return sum(f.key != f.objects[0] - 1 for f in facts)
-
-
 def _check(editor: Editor, model, forget, retain) -> float:
     """What the run needs, before any work; returns the down_proj residual gain."""
     if not forget:
@@ -208,7 +200,7 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
     facts = [encode_fact(tokenizer, ex, config.prompt_format, config.max_length) for ex in forget]
     band, scores = _band(model, config, prep, scores)
     layers = band if editor.spreads else band[-1:]
-    unreachable = _unreachable(model, facts, band[-1])
+    unreachable = unreachable_facts(facts, band[-1], num_layers(model))
     if unreachable:
         log.warning("%s: the value layer %d is the model's last, where a vector at the key token changes only "
                     "that token's next-token logits: %d of %d facts, whose object is not the next token, cannot "

@@ -73,6 +73,15 @@ def missing_facts(examples: Sequence) -> str | None:
     return None
 
 
+def unreachable_facts(facts: Sequence[Fact], value_layer: int, n_layers: int) -> int:
+    """How many facts a value vector at decoder layer `value_layer` (of `n_layers`) cannot
+    move: at the last layer nothing mixes positions after it, so only a fact whose first
+    object token is predicted at its key token (key == objects[0] - 1) reaches its loss."""
+    if value_layer < n_layers - 1:
+        return 0
+    return sum(f.key != f.objects[0] - 1 for f in facts)
+
+
 def _overlapping(offsets, lo: int, hi: int, first: int, last: int) -> list[int]:
     return [j for j in range(first, last) if offsets[j][1] > offsets[j][0]
             and offsets[j][0] < hi and offsets[j][1] > lo]
