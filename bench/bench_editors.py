@@ -15,6 +15,7 @@ average at the start and the end of the run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -47,6 +48,7 @@ def main(argv=None) -> None:
     ap.add_argument("--editors", default=",".join(EDITORS))
     ap.add_argument("--values", default="25:0.1:0.75", help="steps:lr:clamp settings, comma-separated")
     ap.add_argument("--layers", default="auto", help="bands, ';'-separated: 'auto' (GROM's) or e.g. '4,5,6,7,8'")
+    ap.add_argument("--w-r", type=float, default=None, help="the editors' retain weight (default: EditorConfig's)")
     ap.add_argument("--max-examples", type=int, default=0, help="per evaluation set; 0: all of them")
     ap.add_argument("--known-only", action="store_true")
     ap.add_argument("--retain-examples", type=int, default=128)
@@ -70,6 +72,7 @@ def main(argv=None) -> None:
     for band, vs in ((b, v) for b in bands for v in value_settings(args.values)):
         for name in filter(None, (e.strip() for e in args.editors.split(","))):
             config = EditorConfig(layers=band, values=vs, prompt_format=fmt, seed=args.seed)
+            config = dataclasses.replace(config, w_r=args.w_r) if args.w_r else config
             t0 = time.perf_counter()
             e = run_editor(name, run.model, run.tok, run.bench.forget, run.bench.retain, config)
             secs = time.perf_counter() - t0
