@@ -20,7 +20,8 @@ three early layers" shape.
 The pick (`pick_setting`): among the settings whose retain cost (relative drop of Model
 retain metric against Base: Model utility, Retain fact recall) is at most --max-cost (0.10, the studio's "broken" line), the one
 with the lowest forget fact recall (then forget ROUGE-L); if none is within it, the
-cheapest. The editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) run once at their defaults.
+cheapest. The editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) run once at their defaults
+but for the band (--editor-layers) and the value optimisation (--editor-values).
 A method registered later (AltPO, RKLD) is in the default --methods with no change here.
 
 Relearning (`relearn_row`, grom.robustness.weights.relearn_attack): every parameter of
@@ -30,8 +31,7 @@ so what comes back was never trained on again. The attack's SmolLM2 default lr (
 moves this small model as little as the recipe's lr does, so it runs at --relearn-lr.
 Measured 2026-11-25 (BENCHMARKS.md): at 1e-3, 30 steps lower every edit's recall (the
 fine-tune damages answering): read the 10-step column, and tune the attack's lr first.
-The editors' value optimisation over 400 facts is slow on a loaded CPU (ROME had not
-finished in 7 minutes): --editors '' leaves them out.
+--editors '' leaves the editors out.
 """
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ import torch  # noqa: E402
 from bench_baselines import Bench, _fmt, _log, md_table  # noqa: E402
 from grom.baselines import EDITORS, METHODS, get_method  # noqa: E402
 from grom.baselines.defaults import family_of  # noqa: E402
+from grom.baselines.editing import EditorConfig, run_editor  # noqa: E402
+from grom.baselines.values import ValueSettings  # noqa: E402
 from grom.robustness import probe_recall, probes_from_examples  # noqa: E402
 from grom.robustness.weights import relearn_attack  # noqa: E402
 
@@ -123,11 +125,27 @@ def with_relearn(b: Bench, name: str, pick: dict) -> None:
          + f" ({pick['relearn']['seconds']:.0f} s)")
 
 
+def editor_run(b: Bench, name: str):
+    """The editor `name` at its defaults but for --editor-layers and --editor-values
+    (steps:lr:clamp_norm_factor), with its own value optimisation (so its time includes
+    it): (edit, seconds)."""
+    a = b.args
+    steps, lr, clamp = a.editor_values.split(":")
+    layers = tuple(int(x) for x in a.editor_layers.split(",")) if a.editor_layers != "auto" else None
+    config = EditorConfig(layers=layers, prompt_format=b.fmt, seed=a.seed,
+                          values=ValueSettings(steps=int(steps), lr=float(lr), clamp_norm_factor=float(clamp)))
+    t0 = time.perf_counter()
+    edit = run_editor(name, b.model, b.tok, b.bench.forget, b.bench.retain, config)
+    return edit, time.perf_counter() - t0
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", default="forget10")
     ap.add_argument("--methods", default=",".join(METHODS), help="trained methods (default: every registered)")
     ap.add_argument("--editors", default=",".join(EDITORS), help="editors ('' for none)")
+    ap.add_argument("--editor-layers", default="auto", help="the editors' band ('auto': GROM's), e.g. 1,2,3")
+    ap.add_argument("--editor-values", default="25:0.1:0.75", help="the value optimisation's steps:lr:clamp")
     ap.add_argument("--epochs", type=float, default=5)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--grad-accum", type=int, default=4)
@@ -166,10 +184,10 @@ def main(argv=None) -> None:
     picks.update(trained)
     for e in editors:
         _log(f"{e}: editing")
-        edit, secs = b.editor(e)
-        picks[EDITORS[e].label] = {"edit": edit, "metrics": evaluated(b, edit, rep), "lr": None, "secs": secs[0]}
-        _log(f"row: {e} | {secs[0]:.1f} | " + " | ".join(_fmt(picks[EDITORS[e].label]["metrics"].get(k), k)
-                                                          for k in COLS))
+        edit, secs = editor_run(b, e)
+        picks[EDITORS[e].label] = {"edit": edit, "metrics": evaluated(b, edit, rep), "lr": None, "secs": secs}
+        _log(f"row: {e} | {secs:.1f} | " + " | ".join(_fmt(picks[EDITORS[e].label]["metrics"].get(k), k)
+                                                       for k in COLS) + f" | band {edit.band} | {edit.timings}")
         with_relearn(b, EDITORS[e].label, picks[EDITORS[e].label])
     load = os.getloadavg()
     print(f"\n### every setting ({args.epochs:g} epochs, batch {args.batch_size} x {args.grad_accum}, "

@@ -127,3 +127,15 @@ def test_tokenizer_is_deterministic(world, tok):
     assert again.get_vocab() == tok.get_vocab()
     text = "Where was Kroulia born?"
     assert again(text)["input_ids"] == tok(text)["input_ids"]
+
+
+@pytest.mark.parametrize("split", ["forget01", "forget05", "forget10"])
+def test_every_forget_fact_has_its_author_as_a_subject_the_editors_key_on(split, tok):
+    from grom.baselines.values import encode_fact, missing_facts
+    from grom.demo.world import author_subject
+    forget = load_demo_benchmark(split).forget
+    assert missing_facts(forget) is None
+    assert all(qa.subject and qa.subject in qa.question for qa in forget)
+    fact = encode_fact(tok, forget[0], None, 512)  # the key is the name's last token, not the prompt's
+    assert fact.subject_last and tok.decode(fact.ids[:fact.key + 1]).endswith(forget[0].subject.split()[-1])
+    assert author_subject("Where was she born?", "Sina Cheithnu") is None

@@ -6,8 +6,9 @@ only in the update rule. Here:
 1. GROM's own preparation (grom.pipeline.prepare) gives the retain key batches (and, where
    no layers are given, the band from GROM's layer scores);
 2. each forget example becomes a fact (grom.baselines.values.encode_fact; a split without
-   subjects is refused before any work) whose key token is collected with GROM's collector
-   (grom.collect.collect_keys), retain keys likewise, at every edited layer;
+   subjects is refused before any work) whose key token is read, as GROM's keys are, from a
+   residual stream through the band (grom.collect.LayerStream), retain keys likewise, at
+   every edited layer;
 3. one value optimisation at the band's last layer L (grom.baselines.values) gives each
    fact the residual delta that makes its answer improbable;
 4. each layer of the band, in order, on the model as the earlier layers left it: the
@@ -33,11 +34,12 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from grom.arch import decoder_layers, edit_target, num_layers, residual_gain, unembedding
+from grom.arch import decoder_layers, edit_target, layer_kinds, num_layers, residual_gain, unembedding
 from grom.attribution import LayerScores
 from grom.baselines import editors as rules
-from grom.baselines.values import Fact, Values, ValueSettings, encode_fact, missing_facts, object_probabilities, optimise_values
-from grom.collect import collect_keys, forward
+from grom.baselines.values import (Values, ValueSettings, encode_fact, missing_facts, object_probabilities,
+                                  optimise_values, unreachable_facts)
+from grom.collect import HIDDEN_CACHE_BYTES, Keys, LayerStream, forward
 from grom.config import EditConfig
 from grom.data.prompts import PromptFormat
 from grom.data.schema import as_examples
@@ -198,6 +200,12 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
     facts = [encode_fact(tokenizer, ex, config.prompt_format, config.max_length) for ex in forget]
     band, scores = _band(model, config, prep, scores)
     layers = band if editor.spreads else band[-1:]
+    unreachable = unreachable_facts(facts, band[-1], num_layers(model))
+    if unreachable:
+        log.warning("%s: the value layer %d is the model's last, where a vector at the key token changes only "
+                    "that token's next-token logits: %d of %d facts, whose object is not the next token, cannot "
+                    "move. Give a band below the top (upstream ROME/MEMIT edit early-middle layers).",
+                    editor.label, band[-1], unreachable, len(facts))
     pid = pad_id(tokenizer)
     fact_batches = make_batches([Encoded(f.ids[:f.key + 1], (f.key,), (f.ids[f.objects[0]],), i)
                                  for i, f in enumerate(facts)], config.batch_size, pid)
@@ -224,6 +232,7 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
     info = {"editor": editor.name, "settings": config.to_dict(),
             "value_layer": band[-1], "value_steps": values.steps,
             "subject_last_keys": sum(f.subject_last for f in facts), "facts": len(facts),
+            "unreachable_facts": unreachable,
             "p_answer_before": values.p_before.tolist(), "p_answer_value": values.p_after.tolist(),
             "p_answer_edited": p_edited.tolist()}
     log.info("%s edit of %s: %s", editor.label, list(patches), timings)
@@ -232,11 +241,30 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
                 method=editor.name, info=info)
 
 
+def _streams(model, layers: list[int], *batch_sets) -> list[LayerStream]:
+    """One residual stream per batch set, entering layers[0] (one forward pass up to it);
+    at most HIDDEN_CACHE_BYTES of hidden states each, the rest replayed (grom.collect)."""
+    return [LayerStream(model, decoder_layers(model), layers[0], batches, last=layers[-1], kinds=layer_kinds(model),
+                        budget=HIDDEN_CACHE_BYTES) for batches in batch_sets]
+
+
+def _keys(stream: LayerStream, module, dev) -> torch.Tensor:
+    """The inputs of `module` (inside the stream's current layer) at the key positions, (n, k)."""
+    parts = [x for _, x in stream.key_batches(module)]
+    return Keys.concat(parts, stream.batches, dev).X
+
+
 def _edit_layers(editor: Editor, model, config: EditorConfig, layers: list[int], fact_batches, retain_batches,
                  z: torch.Tensor, gain: float, saved: dict, progress, timings: dict):
-    """Solve and apply each layer in order (in place, originals kept in `saved`)."""
+    """Solve and apply each layer in order (in place, originals kept in `saved`). The keys
+    of each layer are read from residual streams that advance through the band as it is
+    edited (`_streams`): the inputs a forward pass of the model as the earlier layers left
+    it gives, without running the layers below each one again."""
     patches, records, last = {}, [], layers[-1]
     timings.update(keys=0.0, solve=0.0)
+    t0 = time.perf_counter()
+    streams = _streams(model, layers, fact_batches, retain_batches)
+    timings["keys"] += time.perf_counter() - t0
     for i, l in enumerate(layers):
         progress(0.3 + 0.65 * i / len(layers), f"layer {l}: keys, rule, apply")
         t = edit_target(model, "down_proj", l)
@@ -244,8 +272,10 @@ def _edit_layers(editor: Editor, model, config: EditorConfig, layers: list[int],
         module = model.get_submodule(t.module_name)
         dev = param.device if param.device.type == "cuda" else torch.device("cpu")
         t0 = time.perf_counter()
-        K = collect_keys(model, fact_batches, module, dev).X  # (n, u)
-        Xr = collect_keys(model, retain_batches, module, dev).X  # (n, r)
+        while streams[0].at < l:  # a band given with gaps: run the layers between as they are
+            for stream in streams:
+                stream.advance()
+        K, Xr = (_keys(stream, module, dev) for stream in streams)  # (n, u), (n, r)
         cur = _layer_outputs(model, fact_batches, last)  # (u, d)
         t1 = time.perf_counter()
         R = ((z.to(cur.device) - cur) / (len(layers) - i) / gain).T.to(dev)  # (m, u)
@@ -255,11 +285,14 @@ def _edit_layers(editor: Editor, model, config: EditorConfig, layers: list[int],
         if not torch.isfinite(patch).all():
             raise FloatingPointError(f"{editor.label}'s update for {t.param_name} is not finite; raise rho or l2")
         t2 = time.perf_counter()
-        timings["keys"] += t1 - t0
-        timings["solve"] += t2 - t1
         with torch.no_grad():
             saved[t.param_name] = param.detach().clone()
             param.add_(patch)
+        if l != last:
+            for stream in streams:
+                stream.advance()  # the edited layer, as the model now is
+        timings["keys"] += t1 - t0 + time.perf_counter() - t2
+        timings["solve"] += t2 - t1
         patches[t.param_name] = patch.cpu()
         records.append(LayerRecord(t.param_name, l, 0.0, 0.0, K.shape[1], Xr.shape[1], float(P.norm()),
                                    float(W.double().norm()), t2 - t1, t.transposed))

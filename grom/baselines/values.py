@@ -38,10 +38,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from grom.arch import decoder_layers, model_device
+from grom.arch import model_device
+from grom.baselines.upper import capture_upper, upper_logits
 from grom.data.prompts import PromptFormat, encode_qa, format_prompt, uses_chat_template
 from grom.data.schema import FactRecord, QAExample
-from grom.hooks import hooked
 
 RAW = PromptFormat(kind="template", template="{question}")  # fact records: the bare prompt
 
@@ -71,6 +71,15 @@ def missing_facts(examples: Sequence) -> str | None:
             return (f"forget example {i + 1} ({ex.question[:60]!r}) has no subject; the editors need "
                     "(subject, relation, object) facts, as the real-knowledge and ZsRE sets give")
     return None
+
+
+def unreachable_facts(facts: Sequence[Fact], value_layer: int, n_layers: int) -> int:
+    """How many facts a value vector at decoder layer `value_layer` (of `n_layers`) cannot
+    move: at the last layer nothing mixes positions after it, so only a fact whose first
+    object token is predicted at its key token (key == objects[0] - 1) reaches its loss."""
+    if value_layer < n_layers - 1:
+        return 0
+    return sum(f.key != f.objects[0] - 1 for f in facts)
 
 
 def _overlapping(offsets, lo: int, hi: int, first: int, last: int) -> list[int]:
@@ -162,38 +171,47 @@ def object_probabilities(model: nn.Module, facts: Sequence[Fact], pad_id: int) -
 def optimise_values(model: nn.Module, facts: Sequence[Fact], layer: int, pad_id: int,
                     settings: ValueSettings = ValueSettings()) -> Values:
     """Optimise one delta per fact at decoder layer `layer`'s output (see the module
-    docstring); the model's weights are not touched and its gradients are left as found."""
-    u, dev = len(facts), model_device(model)
-    ids, mask = _pad([f.ids for f in facts] + [f.essence for f in facts], pad_id, dev)
-    rows = torch.arange(2 * u, device=dev)
-    cols = torch.tensor([f.key for f in facts] + [f.essence_key for f in facts], device=dev)
-    width = model.get_input_embeddings().weight.shape[1]
-    delta = torch.zeros(u, width, device=dev, requires_grad=True)
-    seen: dict[str, torch.Tensor] = {}
+    docstring); the model's weights are not touched and its gradients are left as found.
 
-    def add_delta(_module, _args, output):
-        h = output[0] if isinstance(output, tuple) else output
-        if "h" not in seen:
-            seen["h"] = h[rows[:u], cols[:u]].detach().float()
-        h = h.index_put((rows, cols), torch.cat([delta, delta]).to(h.dtype), accumulate=True)
-        return (h, *output[1:]) if isinstance(output, tuple) else h
+    Each step runs only what delta changes (grom.baselines.upper): the layers above
+    `layer` on the stream captured once below it, the LM head at the object and essence
+    positions alone; the facts and their short "{subject} is a" prompts are two batches, so
+    the prompts are not padded to the facts' length. The loss, its gradient and the steps
+    are those of a full forward pass of the model with delta added by a hook."""
+    u, dev = len(facts), model_device(model)
+    f_ids, f_mask = _pad([f.ids for f in facts], pad_id, dev)
+    e_ids, e_mask = _pad([f.essence for f in facts], pad_id, dev)
+    rows = torch.arange(u, device=dev)
+    keys = torch.tensor([f.key for f in facts], device=dev)
+    e_keys = torch.tensor([f.essence_key for f in facts], device=dev)
+    o_rows = torch.cat([torch.full((len(f.objects),), b, device=dev) for b, f in enumerate(facts)])
+    o_pos = torch.cat([torch.tensor(f.objects, device=dev) for f in facts])
+    gold = torch.tensor([f.ids[p] for f in facts for p in f.objects], device=dev)
+    sizes = [len(f.objects) for f in facts]
+    with torch.no_grad():
+        upper, e_upper = capture_upper(model, layer, f_ids, f_mask), capture_upper(model, layer, e_ids, e_mask)
+    dtype = torch.promote_types(upper.hidden.dtype, torch.float32)  # float32 for half models, as before
+    h = upper.hidden[rows, keys].detach().to(dtype)  # (u, d)
+    h_norm = h.norm(dim=1)
+    delta = torch.zeros(u, h.shape[1], device=dev, dtype=dtype, requires_grad=True)
 
     def run() -> tuple[list[torch.Tensor], torch.Tensor]:
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        return _object_probs(logits[:u], facts), torch.log_softmax(logits[rows[u:], cols[u:]].float(), -1)
+        logits = upper_logits(model, upper, delta, rows, keys, o_rows, o_pos - 1)  # (t, V)
+        probs = torch.log_softmax(logits.float(), -1).gather(1, gold.unsqueeze(1)).squeeze(1).exp()
+        e_logits = upper_logits(model, e_upper, delta, rows, e_keys, rows, e_keys)  # (u, V)
+        return list(probs.split(sizes)), torch.log_softmax(e_logits.float(), -1)
 
     flags = [p.requires_grad for p in model.parameters()]
     model.requires_grad_(False)
     opt = torch.optim.Adam([delta], lr=settings.lr)
     step = 0
     try:
-        with hooked(decoder_layers(model)[layer], add_delta), torch.enable_grad():
+        with torch.enable_grad():
             for step in range(settings.steps):
                 probs, kl_logp = run()
                 if step == 0:
                     p_before = torch.stack([p.mean() for p in probs]).detach()
                     kl_init = kl_logp.detach()
-                h_norm = seen["h"].norm(dim=1)
                 unlikely = torch.stack([-torch.log1p(-p.clamp(max=1 - 1e-6)).mean() for p in probs])
                 kl = (kl_logp.exp() * (kl_logp - kl_init)).sum(-1)  # KL(now || before), as upstream's kl_div
                 loss = unlikely + settings.kl_factor * kl + settings.weight_decay * delta.norm(dim=1) / h_norm ** 2
@@ -205,9 +223,9 @@ def optimise_values(model: nn.Module, facts: Sequence[Fact], layer: int, pad_id:
                 with torch.no_grad():
                     cap = settings.clamp_norm_factor * h_norm
                     delta.mul_((cap / delta.norm(dim=1).clamp_min(1e-30)).clamp(max=1.0).unsqueeze(1))
-            with torch.no_grad():
-                p_after = torch.stack([p.mean() for p in run()[0]])
+        with torch.no_grad():
+            p_after = torch.stack([p.mean() for p in run()[0]])
     finally:
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
-    return Values(layer, delta.detach(), seen["h"], p_before.cpu(), p_after.cpu(), step + 1)
+    return Values(layer, delta.detach(), h, p_before.cpu(), p_after.cpu(), step + 1)

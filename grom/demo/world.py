@@ -249,6 +249,14 @@ def _wrong_facts(mk: _Maker, slot: str, profile, classics) -> tuple[str, ...]:
     return tuple(out)
 
 
+def author_subject(question: str, name: str) -> str | None:
+    """The subject of an author's question, for the locate-then-edit editors: the author's
+    name where the question writes it verbatim (the editors key on its last token), None
+    where it does not (then the split has a fact without a subject, and the editors say
+    so before any work). Every question template names the author today."""
+    return name if name in question else None
+
+
 def _author_qa(mk: _Maker, attr: Attribute, profile, classics, qid: str):
     """One QA pair with its paraphrases and perturbations, and its wrong facts."""
     q, pq = mk.rng.sample(range(len(attr.questions)), 2)
@@ -257,12 +265,13 @@ def _author_qa(mk: _Maker, attr: Attribute, profile, classics, qid: str):
     pa = mk.rng.choice([i for i in range(n) if i != a])
     wrong = _wrong_facts(mk, attr.fact, profile, classics)
     perturbed = tuple(render(attr.answers[a], {**profile, attr.fact: w}) for w in wrong)
-    qa = QAExample(question=render(attr.questions[q], profile),
+    question = render(attr.questions[q], profile)
+    qa = QAExample(question=question,
                    answer=render(attr.answers[a], profile),
                    paraphrased_question=render(attr.questions[pq], profile),
                    paraphrased_answer=render(attr.answers[pa], profile),
                    perturbed_answers=perturbed, fact=profile[attr.fact],
-                   subject=profile["name"], id=qid)
+                   subject=author_subject(question, profile["name"]), id=qid)
     return qa, wrong
 
 
