@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core.comparators import (check_editor, check_gpu_time, check_trainable, comparator_choices,
-                                         comparator_label, editor_boxes, glossary, is_editor, parse_method,
-                                         train_comparator, unavailable)
+from components.core.comparators import (band_note, check_editor, check_gpu_time, check_trainable,
+                                         comparator_choices, comparator_label, editor_band, editor_boxes,
+                                         glossary, is_editor, parse_method, train_comparator, unavailable)
 from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
                                         shared_model)
 from components.core.device import device_progress, local_progress
@@ -34,6 +34,7 @@ from components.core.sources import DEMO
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
 from grom.baselines import EDITORS, METHODS, Method
+from grom.arch import num_layers
 from grom.baselines.defaults import starting_point
 from grom.eval.report import BASE, EDITED, REFERENCE
 from grom.memory import release_memory
@@ -227,12 +228,14 @@ def did_not_forget(base: dict, mine: dict) -> str:
 
 
 def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, finals: dict,
-               n, grom_note: str, failed: str = "") -> str:
+               n, grom_note: str, failed: str = "", moved: str = "") -> str:
+    """The run's summary; `moved`: why an editor ran off GROM's band (`band_note`), else empty."""
     label = comparator_label(method)
     t = edit.timings.get("total", edit.timings.get("train", 0.0))
     info = edit.info
     if is_editor(method):
-        head = (f"**{label}** (closed-form editor on GROM's keys and retain covariance; layers "
+        keys = "its own band's keys and retain covariance" if moved else "GROM's keys and retain covariance"
+        head = (f"**{label}** (closed-form editor on {keys}; layers "
                 f"{', '.join(str(l) for l in edit.band)}; the value optimisation {settings['epochs']:g} steps at lr "
                 f"{settings['lr']:g}, {edit.timings.get('values', 0.0):.1f} s of it): updated the weights in "
                 f"**{t:.1f} s**")
@@ -255,7 +258,7 @@ def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, fi
     if finals:
         head += " Final score: " + " · ".join(f"{k} **{v:.3f}**" for k, v in finals.items()) + "."
     size = "all examples" if n is None else f"up to {n} examples per set"
-    return head + f" Evaluated on {size}; the shared model's weights are unchanged."
+    return head + f" Evaluated on {size}; the shared model's weights are unchanged." + moved
 
 
 def _cached_report(session: Session, bench, grom_edit, n):
@@ -308,7 +311,9 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     note = ("" if grom is None or inputs is None or inputs[0] is bench.forget
             else " (GROM's edit was made for another forget set: run it again to compare on this one)")
     failed = did_not_forget(mine.rows[BASE].metrics, mine.rows[EDITED].metrics)
-    out = (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note, failed),
+    depth = num_layers(handle.model)
+    moved = band_note(editor_band(grom.band, depth), grom.band, depth) if is_editor(method) and grom else ""
+    out = (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note, failed, moved),
            styled(table_frame(rows, grom_seconds, mine.task), label))
     del edit, mine  # the baseline's patch of every trained matrix is not kept: give its memory back
     release_memory()

@@ -72,8 +72,10 @@ def test_a_baseline_needs_no_grom_edit_and_a_fresh_session_has_the_start_split(u
 
 def test_a_closed_form_editor_beside_the_grom_edit(url, tmp_path):  # noqa: F811
     """ROME through the same box: the demo's facts carry their author as subject, the editor
-    edits GROM's band with a short value optimisation, its column sits beside GROM's, the
-    model is given back bit for bit; a file without subjects is refused before any work."""
+    edits below GROM's band (the demo's 3-5 ends at its last layer, where a value vector
+    moves no answer: `editor_band`, said in the summary) with a short value optimisation,
+    its column sits beside GROM's, the model is given back bit for bit; a file without
+    subjects is refused before any work."""
     from gradio_client import handle_file
 
     from tests.test_app import demo_upload
@@ -86,7 +88,8 @@ def test_a_closed_form_editor_beside_the_grom_edit(url, tmp_path):  # noqa: F811
     text, table = c.predict("rome", 5, 0.5, max_examples=N, api_name="/run_baseline")
     heads, rows = table["headers"], {r[0]: r for r in table["data"]}
     assert heads[:4] == ["metric", "Base", "GROM", "ROME"], heads
-    assert "**ROME** (closed-form editor on GROM's keys and retain covariance; layers 5;" in text, text
+    assert "**ROME** (closed-form editor on its own band's keys and retain covariance; layers 3;" in text, text
+    assert "so the editors run on layers 1-3" in text, text
     assert "the value optimisation 5 steps at lr 0.5" in text and rows["Time of update"][3].endswith(" s")
     assert weights_hash(model) == before
     with pytest.raises(Exception, match="Value steps = 0.5"):

@@ -141,3 +141,26 @@ def test_altpo_counts_its_alternates_against_the_hosts_example_limit(monkeypatch
     per = int(METHODS["altpo"].defaults["n_alternates"])
     with pytest.raises(UserError, match=f"{per} alternates for each of {n} questions"):
         bp.check_sizes(bench, METHODS["altpo"])
+
+
+def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_session):
+    """At the model's last layer an editor's value vector reaches no answer token (SmolLM2's
+    default band 25-29 of 30; the demo's 3-5 of 6): the editors take the upstream band there
+    and the summary says why; a band below the top is GROM's, as the paper compares."""
+    from grom import run_edit
+    from components.core.comparators import band_note, editor_band
+
+    assert editor_band((25, 26, 27, 28, 29), 30) == (4, 5, 6, 7, 8) == editor_band(None, 30)
+    assert editor_band((3, 4, 5), 6) == (1, 2, 3) and editor_band((10, 12), 30) == (10, 12)
+    assert band_note((10, 12), (12, 10), 30) == "" and "layers 4-8" in band_note((4, 5, 6, 7, 8), (25, 29), 30)
+    session = Session()
+    session.model_key, session.bench_label = demo_session.model_key, demo_session.bench_label
+    session.benchmark = demo_session.benchmark
+    handle = ensure_model(session.model_key)
+    bench = session.benchmark
+    session.edit = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain,
+                            EditConfig(layers=(3, 4, 5), beta=60.0))
+    session.edit_for = handle.key
+    summary, _ = bp.on_run_baseline.__wrapped__("rome", 3, 0.5, N, False, session, progress=no_progress)
+    assert "layers 1-3" in summary and "ends at the model's last layer (5)" in summary, summary
+    assert "its own band's keys" in summary and "on GROM's keys" not in summary

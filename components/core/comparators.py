@@ -8,8 +8,11 @@ The two kinds share the panel's two number boxes: a trained method reads them as
 and learning rate; an editor as the steps and learning rate of its per-fact value
 optimisation (`grom.baselines.values.ValueSettings`), the only backpropagation it needs.
 An editor edits GROM's band of the session's edit where there is one (the paper's terms:
-the same keys and retain covariance, only the update rule differs), else the band GROM's
-layer scores suggest.
+the same keys and retain covariance, only the update rule differs), unless that band ends
+at the model's last layer (`editor_band`): there a value vector at the subject's token
+reaches no answer token (nothing mixes positions after the last layer), so ROME, MEMIT and
+AlphaEdit would change nothing (SmolLM2's default band, 25-29 of 30); the editors then
+take the upstream editors' band instead, and the summary says so.
 
 `unavailable(name, bench)` says why a method cannot run on a split (an editor without
 facts that carry a subject, a retain-term method without a retain set) in the words its
@@ -28,6 +31,7 @@ from components.core.errors import UserError, shorten
 from components.core.gpu_time import refuse_over
 from components.core.limits import limit, over
 from components.core.session import ModelKey, resident
+from grom.arch import num_layers
 from components.core.train_parts import train_in_calls
 from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
 from grom.baselines.checkpoint import Part
@@ -184,14 +188,42 @@ def unavailable(name: str, bench) -> str | None:
     return None if missing is None else missing[1]
 
 
+UPSTREAM_EDITOR_BAND = (4, 5, 6, 7, 8)
+"""MEMIT's and AlphaEdit's band for Llama-3-8B (32 layers) in their released hparams."""
+
+
+def editor_band(band, n_layers: int) -> tuple[int, ...]:
+    """The layers an editor edits on an `n_layers`-layer model: `band` (GROM's) where its
+    last layer is below the model's last; else, and without a band, the upstream editors'
+    layers 4-8 (`UPSTREAM_EDITOR_BAND`) on a model of 12 layers or more, or the three
+    layers ending two below the top on a smaller one (the demo's 6: layers 1-3)."""
+    if band and max(band) < n_layers - 1:
+        return tuple(sorted(band))
+    if n_layers >= 12:
+        return UPSTREAM_EDITOR_BAND
+    return tuple(range(max(0, n_layers - 5), max(1, n_layers - 2)))
+
+
+def band_note(edit_band, grom_band, n_layers: int) -> str:
+    """Why the editors ran on `edit_band` (`editor_band`'s) rather than GROM's band
+    (empty where it is GROM's, or there was none)."""
+    if not grom_band or tuple(edit_band) == tuple(sorted(grom_band)):
+        return ""
+    return (f" GROM's band ({min(grom_band)}-{max(grom_band)}) ends at the model's last layer ({n_layers - 1}), "
+            "where an editor's value vector at the subject's token reaches no answer token, so the editors "
+            f"run on layers {min(edit_band)}-{max(edit_band)} (the upstream editors' band; ROME edits the "
+            "last of them): their keys and retain covariance are those layers', not GROM's.")
+
+
 def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None,
                    part: Part | None = None):
     """The method's edit of the session's data (an `Edit`; the model is given back as
     found): a trained method with the benchmark's recipe for `count` epochs at lr `rate`
     (with `part`: that part of its training, a `Paused` record where it stops before the
-    end), an editor with `count` value steps at lr `rate` on `band` (GROM's, where given)."""
+    end), an editor with `count` value steps at lr `rate` on `editor_band(band)` (GROM's
+    band, `band`, where an editor can move facts there)."""
     if is_editor(name):
-        config = EditorConfig(layers=tuple(band) if band else None, prompt_format=bench.prompt_format,
+        config = EditorConfig(layers=editor_band(band, num_layers(model)), prompt_format=bench.prompt_format,
                               values=ValueSettings(steps=int(count), lr=float(rate)))
         return run_editor(get_editor(name).name, model, tokenizer, bench.forget, bench.retain, config,
                           progress=progress)
