@@ -325,8 +325,7 @@ def test_wrong_answers_scored_from_their_first_differing_token_equal_a_full_scor
 def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_llama, tokenizer, monkeypatch):
     """The card's stage (answers, recall, classes) and the full evaluation that takes its
     answers give exactly the metrics of one full evaluation, without decoding or judging
-    twice: the rest decodes only the forget set's paraphrased questions, which the card
-    skips, and scores only the answers whose class did not wait for their perplexity."""
+    twice: the rest scores only the answers whose class did not wait for their perplexity."""
     from grom import EditConfig, run_edit
     from grom.eval import knowledge as K
 
@@ -340,9 +339,7 @@ def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_lla
     q, w = quick.rows[EDITED].metrics, whole.rows[EDITED].metrics
     assert {k for k in w if k not in q} == {"Forget prob", "Neighbour prob", "General prob", "Forget truth ratio",
                                             "Neighbour truth ratio", "General truth ratio",
-                                            "Text perplexity", "Forget paraphrase recall",
-                                            "Forget answer perplexity"} & set(w)
-    assert "paraphrase_generation" not in quick.examples(EDITED, "forget")
+                                            "Text perplexity", "Forget answer perplexity"} & set(w)
     judged = quick.examples(EDITED, "forget")  # only the answers whose class waits for it are scored first
     waits = [fr != 1.0 and not M.is_degenerate(g) and not M.is_refusal(g)
              for fr, g in zip(judged["fact_recall"], judged["generation"])]
@@ -353,15 +350,7 @@ def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_lla
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("the answers were decoded again")
-    paraphrases = [ex.paraphrased_question or ex.question for ex in bench.eval_sets["forget"]]
-    decoded = []
-
-    def paraphrases_only(model, tok, prompts, **kwargs):
-        assert list(prompts) == paraphrases[:len(prompts)], "only the paraphrased questions are left to answer"
-        decoded.append(len(prompts))
-        return real_generate(model, tok, prompts, **kwargs)
-    real_generate = K.generate
-    monkeypatch.setattr(K, "generate", paraphrases_only)
+    monkeypatch.setattr(K, "generate", no_decoding)
     real_judge = K._judge_row
 
     def judge_no_class_again(model, tok, frames, fmt, batch_size, needed):
@@ -369,7 +358,7 @@ def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_lla
         return real_judge(model, tok, frames, fmt, batch_size, needed)
     monkeypatch.setattr(K, "_judge_row", judge_no_class_again)
     rest = evaluate(trained_llama, tokenizer, bench, edit, reuse=base, batch_size=8, answers=quick)
-    assert rest.stage == "full" and rest.rows[EDITED].metrics == w and decoded
+    assert rest.stage == "full" and rest.rows[EDITED].metrics == w
     for name in ("forget", "neighbours", "general"):
         pd.testing.assert_frame_equal(rest.examples(EDITED, name), whole.examples(EDITED, name))
 

@@ -540,15 +540,14 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     stage: "full" (every metric), or "answers" (the real-knowledge task only): the greedy
     answers and what they alone give (fact recall and its counts, the answer classes,
     ROUGE-L, repetition, the Knowledge score and the retain cost), without the
-    teacher-forced scores (probability, truth ratio, text perplexity), the forget set's
-    paraphrased questions (paraphrase recall) and the perplexity of the answers whose
-    class does not depend on it ("Forget answer perplexity"). A verdict that rests on the
+    teacher-forced scores (probability, truth ratio, text perplexity) and the perplexity
+    of the answers whose class does not depend on it ("Forget answer perplexity"). A verdict that rests on the
     answers is then ready in about two thirds of the time; the Report says
     `stage="answers"`.
     answers: an earlier report of this same edit on the same sets (the "answers" stage,
     typically): its Edited row's answers and their classes are taken instead of being
     decoded and judged again, so the full evaluation after it costs the teacher-forced
-    scores, the paraphrases' answers and the perplexities left, and reads the very
+    scores and the perplexities left, and reads the very
     answers the first verdict was drawn from. The caller
     vouches that it is the same edit; a report of other sets or questions is ignored.
     """
