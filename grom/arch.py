@@ -107,6 +107,18 @@ def final_norm(model: nn.Module) -> nn.Module:
     return model.get_submodule(arch_spec(model).final_norm)
 
 
+def finish_logits(model: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """The logit transforms a family applies after its LM head, on head outputs z (..., V):
+    Granite's division by `logits_scaling`, Gemma 2's soft-capping by
+    `final_logit_softcapping`; z itself elsewhere. Differentiable."""
+    cfg = getattr(model, "config", None)
+    scale = getattr(cfg, "logits_scaling", None)
+    if scale:
+        z = z / scale
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    return cap * torch.tanh(z / cap) if cap else z
+
+
 def unembedding(model: nn.Module) -> torch.Tensor:
     """The LM head weight, (vocab, hidden)."""
     return model.get_submodule(arch_spec(model).lm_head).weight

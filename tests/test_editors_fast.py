@@ -51,6 +51,7 @@ def full_model_values(model, facts, layer, pad, settings) -> Values:
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         return _object_probs(logits[:u], facts), torch.log_softmax(logits[rows[u:], cols[u:]].float(), -1)
 
+    flags = [p.requires_grad for p in model.parameters()]  # given back as found: the fixtures are shared
     model.requires_grad_(False)
     opt = torch.optim.Adam([delta], lr=settings.lr)
     with hooked(decoder_layers(model)[layer], add_delta), torch.enable_grad():
@@ -72,7 +73,8 @@ def full_model_values(model, facts, layer, pad, settings) -> Values:
                 delta.mul_((cap / delta.norm(dim=1).clamp_min(1e-30)).clamp(max=1.0).unsqueeze(1))
         with torch.no_grad():
             p_after = torch.stack([p.mean() for p in run()[0]])
-    model.requires_grad_(True)
+    for p, flag in zip(model.parameters(), flags):
+        p.requires_grad_(flag)
     return Values(layer, delta.detach(), seen["h"], p_before, p_after, step + 1)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grom.arch import decoder_layers, final_norm, layer_kinds, num_layers
+from grom.arch import decoder_layers, final_norm, finish_logits, layer_kinds, num_layers
 from grom.collect import LayerStream
 from grom.hooks import capture_outputs, stop_after
 from grom.keys import Batch
@@ -57,15 +57,8 @@ def _first(x):
 
 def head_logits(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """The model's logits (k, V) from final-layer hidden states h (k, d): final norm, LM
-    head, and the logit transforms the families of grom.arch apply after it (Gemma2's
-    soft-capping, Granite's division by logits_scaling)."""
-    logits = model.get_output_embeddings()(final_norm(model)(h))
-    config = getattr(model, "config", None)
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    scale = getattr(config, "logits_scaling", None) if getattr(config, "model_type", "") == "granite" else None
-    return logits / scale if scale else logits
+    head, and the logit transforms the family applies after it (`grom.arch.finish_logits`)."""
+    return finish_logits(model, model.get_output_embeddings()(final_norm(model)(h)))
 
 
 def upper_logits(model: nn.Module, upper: Upper, added: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.arch import decoder_layers, final_norm, model_device, unembedding
+from grom.arch import decoder_layers, final_norm, finish_logits, model_device, unembedding
 from grom.baselines.losses import mean_nll
 from grom.baselines.optim import adamw, optimizer_step, select_parameters, updated_tensors
 from grom.baselines.sequences import batch_nll, collate, encode_sequences
@@ -260,11 +260,7 @@ def _readout(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         z = z + head.bias.float()
-    cfg = model.config
-    if getattr(cfg, "logits_scaling", None):
-        z = z / cfg.logits_scaling
-    cap = getattr(cfg, "final_logit_softcapping", None)
-    return cap * torch.tanh(z / cap) if cap else z
+    return finish_logits(model, z)
 
 
 @torch.no_grad()
