@@ -1,5 +1,6 @@
-"""Is it really gone? GROM and the gradient baselines through every attack, per target
-(issue 24 item 8): SmolLM2-135M-Instruct on the real-knowledge benchmark.
+"""Is it really gone? GROM, the gradient baselines and the editors through every attack,
+per target (issue 24 item 8, issue 25 item 5): SmolLM2-135M-Instruct on the real-knowledge
+benchmark.
 
     python bench/bench_attack_targets.py --targets the-solar-system,world-war-ii,the-human-body \
         --methods grom,npo,simnpo --attacks all --threads 1 --json attacks.json
@@ -10,9 +11,11 @@ For each target: the benchmark split as the studio loads it on SmolLM2 (the know
 only, `known_only`; the app's seeded sample of 128 retain examples), GROM with `--preset`
 (the studio's edit), each baseline of `--methods` at its SmolLM2 starting point
 (`grom.baselines.starting_point`: lr and epochs; the benchmark's recipe for the rest,
-`recipe_for_task`), then `grom.robustness.run_attacks` on each edit exactly as the "Is it
-gone?" panel calls it (components/attack_panel.compute_attacks): the held-out probes
-(eval_sets["probes"], never fitted), fitted = the edit's forget questions, holdout = the
+`recipe_for_task`), each editor (rome, memit, alphaedit, zerounlearn) as the studio's
+Compare runs it (its defaults, on `components.core.comparators.editor_band` of the
+target's GROM band: layers 4-8 where GROM's ends at the top layer), then
+`grom.robustness.run_attacks` on each edit exactly as the "Is it gone?" panel calls it
+(components/attack_panel.compute_attacks): the held-out probes (eval_sets["probes"], never fitted), fitted = the edit's forget questions, holdout = the
 other targets' held-out answers (`holdout_of`). Every attack at its default size.
 
 Recorded: each attack's base and edited value (recall; AUC for mia) and seconds, and
@@ -42,7 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
+from grom.arch import num_layers  # noqa: E402
 from grom.baselines import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
+from grom.baselines.editing import EDITORS, EditorConfig, run_editor  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.data.knowledge import FORGET3  # noqa: E402
 from grom.models import load_model  # noqa: E402
@@ -75,14 +80,27 @@ def load_split(args, target: str):
     return bench
 
 
+def _grom_config(args, bench):
+    return PRESETS[args.preset].replace(prompt_format=bench.prompt_format, seed=args.seed, **args.override)
+
+
 def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict]:
     """(edit, seconds, settings) of one method on `bench`: GROM with the preset, a
     baseline at its starting point for this model."""
     t0 = time.perf_counter()
     if method == GROM:
-        config = PRESETS[args.preset].replace(prompt_format=bench.prompt_format, seed=args.seed, **args.override)
-        edit = run_edit(model, tok, bench.forget, bench.retain, config)
+        edit = run_edit(model, tok, bench.forget, bench.retain, _grom_config(args, bench))
+        args.grom_band = edit.band
         return edit, time.perf_counter() - t0, {"preset": args.preset, **args.override, "band": list(edit.band)}
+    if method in EDITORS:  # the studio's Compare run: its defaults on `editor_band` of GROM's band
+        from components.core.comparators import editor_band
+
+        if args.grom_band is None:
+            args.grom_band = run_edit(model, tok, bench.forget, bench.retain, _grom_config(args, bench)).band
+        band = editor_band(args.grom_band, num_layers(model))
+        edit = run_editor(method, model, tok, bench.forget, bench.retain,
+                          EditorConfig(layers=band, prompt_format=bench.prompt_format, seed=args.seed))
+        return edit, time.perf_counter() - t0, {"layers": list(band), "grom_band": list(args.grom_band)}
     recipe = recipe_for_task(bench.task).name
     point = starting_point(args.model, method, recipe)
     edit = run_baseline(method, model, tok, bench.forget, bench.retain, recipe=recipe, epochs=point.epochs,
@@ -102,6 +120,7 @@ def run_target(args, model, tok, target: str) -> dict:
          f"{len(holdout)} holdout")
     out = {"target": target, "n_fitted": len(fitted), "n_probes": len(probes), "n_retain": len(bench.retain),
            "n_holdout": len(holdout), "methods": {}}
+    args.grom_band = None  # the target's GROM band, which places the editors (`editor_band`)
     for method in args.methods:
         _log(f"{target}: {method}: edit")
         edit, secs, settings = make_edit(method, model, tok, bench, args)
@@ -122,6 +141,10 @@ def run_target(args, model, tok, target: str) -> dict:
     return out
 
 
+def _label(method: str) -> str:
+    return "GROM" if method == GROM else EDITORS[method].label if method in EDITORS else get_method(method).label
+
+
 def _cell(v) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"
 
@@ -140,7 +163,7 @@ def target_table(res: dict) -> str:
              + [""] * len(methods),
              ["whole suite s", ""] + [""] * len(methods)
              + [f"{res['methods'][m]['suite_seconds']:.0f}" for m in methods]]
-    heads = ["attack", "base", *(get_method(m).label if m != GROM else "GROM" for m in methods),
+    heads = ["attack", "base", *(_label(m) for m in methods),
              *(f"{m} s" for m in methods)]
     return (f"\n### {res['target']}: {res['n_fitted']} fitted, {res['n_probes']} held-out probes, "
             f"{res['n_holdout']} holdout answers\n\n" + md_table(heads, rows + times))
@@ -193,7 +216,7 @@ def main(argv=None) -> None:
                      for k, v in (p.split("=") for p in args.set.split(",") if p.strip())}
     args.methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
-        if m != GROM:
+        if m != GROM and m not in EDITORS:
             get_method(m)  # an unknown method fails here, before the model loads
     attack_names(args.attacks)
     if args.preset not in PRESETS:

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core.comparators import (band_note, check_editor, check_gpu_time, check_trainable,
+from components.core.comparators import (band_note, key_note, check_editor, check_gpu_time, check_trainable,
                                          comparator_choices, comparator_label, editor_band, editor_boxes,
                                          glossary, is_editor, parse_method, train_comparator, unavailable)
 from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
@@ -229,7 +229,8 @@ def did_not_forget(base: dict, mine: dict) -> str:
 
 def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, finals: dict,
                n, grom_note: str, failed: str = "", moved: str = "") -> str:
-    """The run's summary; `moved`: why an editor ran off GROM's band (`band_note`), else empty."""
+    """The run's summary; `moved`: why an editor ran off GROM's band (`band_note`), else empty; and
+    how many facts keyed on the question's last token (`key_note`)."""
     label = comparator_label(method)
     t = edit.timings.get("total", edit.timings.get("train", 0.0))
     info = edit.info
@@ -313,6 +314,7 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     failed = did_not_forget(mine.rows[BASE].metrics, mine.rows[EDITED].metrics)
     depth = num_layers(handle.model)
     moved = band_note(editor_band(grom.band, depth), grom.band, depth) if is_editor(method) and grom else ""
+    moved += key_note(edit.info) if is_editor(method) else ""
     out = (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note, failed, moved),
            styled(table_frame(rows, grom_seconds, mine.task), label))
     del edit, mine  # the baseline's patch of every trained matrix is not kept: give its memory back

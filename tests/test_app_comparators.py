@@ -31,7 +31,8 @@ from grom.data.loaders import load_benchmark  # noqa: E402
 from grom.data.schema import Benchmark, QAExample  # noqa: E402
 
 N = 5  # examples per evaluation set
-# TOFU's rows as the hub gives them: questions and answers, no subject field
+# a TOFU row as the hub gives it (no subject field) that the loader cannot place in a whole
+# author's block of 20, so it gets no subject (grom.data.tofu.with_authors)
 NO_SUBJECT = Benchmark("tofu", "forget01", (QAExample("Who wrote 'The Tides'?", "Jaime Vasquez wrote it."),),
                        (QAExample("What is 2 + 2?", "4."),))
 
@@ -164,3 +165,12 @@ def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_ses
     summary, _ = bp.on_run_baseline.__wrapped__("rome", 3, 0.5, N, False, session, progress=no_progress)
     assert "layers 1-3" in summary and "ends at the model's last layer (5)" in summary, summary
     assert "its own band's keys" in summary and "on GROM's keys" not in summary
+
+
+def test_the_summary_says_how_many_facts_key_off_their_subject():
+    """Real TOFU's rows get their author as subject (grom.data.tofu.with_authors), and a
+    question that does not write it keys on its last token: the summary counts those."""
+    from components.core.comparators import key_note
+
+    assert key_note({"facts": 40, "subject_last_keys": 40}) == "" == key_note({}) == key_note(None)
+    assert key_note({"facts": 40, "subject_last_keys": 34}).startswith(" 6 of the 40 facts' questions")

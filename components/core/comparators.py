@@ -124,7 +124,8 @@ def editor_gap(label: str, bench) -> tuple[str, str] | None:
     why = missing_facts(bench.forget)
     if why:
         return "no facts with a subject", (f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load "
-                                           "real-knowledge, ZsRE or the demo, or upload rows with a `subject` column.")
+                                           "real-knowledge, ZsRE, TOFU or the demo, or upload rows with a "
+                                           "`subject` column.")
     if not bench.retain:
         return "no retain set", (f"{label} needs a retain set (its covariance keeps what is not forgotten): "
                                  f"{bench.name}/{bench.split} has none.")
@@ -213,6 +214,17 @@ def band_note(edit_band, grom_band, n_layers: int) -> str:
             "where an editor's value vector at the subject's token reaches no answer token, so the editors "
             f"run on layers {min(edit_band)}-{max(edit_band)} (the upstream editors' band; ROME edits the "
             "last of them): their keys and retain covariance are those layers', not GROM's.")
+
+
+def key_note(info) -> str:
+    """How many of an editor's facts found their subject in the question (their key sits
+    on its last token) and how many key on the question's last token instead (empty where
+    every fact found it, or the run is not an editor's)."""
+    n, on = (info or {}).get("facts"), (info or {}).get("subject_last_keys")
+    if not n or on is None or on >= n:
+        return ""
+    return (f" {n - on} of the {n} facts' questions do not write their subject, so their key is the "
+            "question's last token rather than the subject's (as the upstream editors do with no subject).")
 
 
 def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None,

@@ -95,7 +95,8 @@ BASELINE = ("The trained baselines unlearn by fine-tuning: for several epochs th
             "closed-form editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) use GROM's own keys, retain "
             "covariance and band, with one per-fact value optimisation (the two boxes are then its "
             "steps and learning rate): only the update rule differs from GROM's. They need facts "
-            "with a subject (real knowledge, ZsRE, the demo, or a `subject` column in your file); "
+            "with a subject (real knowledge, ZsRE, the demo, TOFU (its authors, read from each one's 20 "
+            "questions), or a `subject` column in your file); "
             "on a split without them they are greyed out (⊘) and the line under the box says why.")
 
 BASELINE_RECIPE = ("OpenUnlearning's recipe for the benchmark: AdamW on the weights in the model's "

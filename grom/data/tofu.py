@@ -16,6 +16,17 @@ folder holds the same files (`forget10.json`, `retain90.json`, ...; .jsonl, .csv
 
 Field names follow OpenUnlearning's `configs/data/datasets/TOFU_*.yaml`.
 
+Subjects (for the locate-then-edit editors, which need (subject, relation, object) facts;
+TOFU has no name field): TOFU holds 20 questions per author, in order, and each forget
+split is whole authors (forget01 is 2 authors, forget05 10, forget10 20). Each block of 20
+forget rows gets its author's name, found in the block's own text (`author_of_block`: the
+run of capitalised words that the most rows of the block write, in a question or an
+answer). A row's subject is the longest part of that name its question writes (most write
+it whole, some only the surname), else the whole name: that row then keys on the
+question's last token, as the real-knowledge rows do, and the editors say how many did
+(`Edit.info["subject_last_keys"]`, in the baseline summary). A block where no name stands out keeps no
+subject, and the editors then say which row lacks one.
+
 Prompts: by default `TOFU_CHAT`, OpenUnlearning's TOFU inputs as its main branch builds them
 from commit 8df2914 (2025-04-24) to the December 2025 head d3d7cf9, the version its released
 retain-model logs and the papers' tables come from: the model's chat template with the system
@@ -28,6 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -93,6 +106,89 @@ def enrich(pairs: Sequence[QAExample], richer: Sequence[QAExample] | None) -> tu
     return tuple(out)
 
 
+AUTHOR_BLOCK = 20  # TOFU's questions per author (200 authors, 4,000 pairs)
+NAME_PARTICLES = frozenset({"al", "bin", "ibn", "de", "del", "der", "di", "da", "dos", "du", "el", "la", "le",
+                            "van", "von", "y"})
+_EDGE = re.compile(r"^[^\w]+|(?:['\u2019]s)?[^\w]*$")
+
+
+def _words(text: str) -> list[str]:
+    """The words of `text` without surrounding punctuation or a possessive 's."""
+    return [w for w in (_EDGE.sub("", t) for t in text.split()) if w]
+
+
+_CLAUSE = re.compile(r"[,.;:!?()\"\u201c\u201d]+(?:\s|$)")
+
+
+def _name_runs(text: str) -> set[str]:
+    """Every run of two or more capitalised words in `text` within a clause (particles
+    such as "de" or "bin" allowed inside a run), and every contiguous part of such a run of
+    two or more words: the candidates for an author's name."""
+    runs = []
+    for clause in _CLAUSE.split(text):
+        words, run = _words(clause), []
+        for i, w in enumerate(words):
+            after = next((v for v in words[i + 1:] if v.lower() not in NAME_PARTICLES), "")
+            inner = w.lower() in NAME_PARTICLES and run and after[:1].isupper()
+            if w[:1].isupper() or inner:
+                run.append(w)
+            else:
+                runs.append(run)
+                run = []
+        runs.append(run)
+    out = set()
+    for r in runs:
+        for a in range(len(r)):
+            for b in range(a + 2, len(r) + 1):
+                if r[a].lower() not in NAME_PARTICLES and r[b - 1].lower() not in NAME_PARTICLES:
+                    out.add(" ".join(r[a:b]))
+    return out
+
+
+def author_of_block(rows: Sequence[QAExample], min_rows: int = 5, share: float = 0.5) -> str | None:
+    """The author a block of TOFU rows is about: of the candidate names (`_name_runs`) that
+    at least `share` as many rows write (question or answer) as the most written one, the
+    longest, so "Basil Mahfouz Al-Kuwaiti" rather than its part "Basil Mahfouz", which every
+    row writing the whole name writes too, and a few rows more that shorten it; None where
+    the most written is in fewer than `min_rows` rows."""
+    counts = Counter(c for ex in rows for c in _name_runs(ex.question) | _name_runs(ex.answer))
+    top = max(counts.values(), default=0)
+    if top < min_rows:
+        return None
+    near = [c for c, n in counts.items() if n >= max(min_rows, share * top)]
+    return max(near, key=lambda c: (len(c.split()), counts[c], len(c)))
+
+
+def subject_in(question: str, name: str) -> str:
+    """The longest contiguous part of `name` (whole words, particles not at its ends) that
+    `question` writes as whole words, else `name` itself."""
+    words, text = name.split(), " ".join(_words(question))
+    for size in range(len(words), 0, -1):
+        for a in range(len(words) - size + 1):
+            part = words[a:a + size]
+            if part[0].lower() in NAME_PARTICLES or part[-1].lower() in NAME_PARTICLES:
+                continue
+            phrase = " ".join(part)
+            if re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", text) and phrase in question:
+                return phrase
+    return name
+
+
+def with_authors(rows: Sequence[QAExample], block: int = AUTHOR_BLOCK) -> tuple[QAExample, ...]:
+    """`rows` (a TOFU forget split, whole authors in order) with each row's subject (module
+    docstring); unchanged where the rows are not whole blocks of `block` or a row has a
+    subject already."""
+    rows = tuple(rows)
+    if not rows or len(rows) % block or any(ex.subject for ex in rows):
+        return rows
+    out = []
+    for a in range(0, len(rows), block):
+        name = author_of_block(rows[a:a + block])
+        out.extend(ex if name is None else dataclasses.replace(ex, subject=subject_in(ex.question, name))
+                   for ex in rows[a:a + block])
+    return tuple(out)
+
+
 def load_tofu(split: str, source: PathLike | None = None, *,
               prompt_format: PromptFormat | None = None) -> Benchmark:
     """TOFU forget split `split` ("forget01", "forget05" or "forget10").
@@ -111,7 +207,9 @@ def load_tofu(split: str, source: PathLike | None = None, *,
         examples = _examples(folder, config.format(pct=pct), required=False)
         if examples is not None:
             eval_sets[name] = examples
-    forget = enrich(forget, eval_sets.get("forget"))
+    forget = with_authors(enrich(forget, eval_sets.get("forget")))
+    if "forget" in eval_sets:
+        eval_sets["forget"] = with_authors(eval_sets["forget"])
     eval_sets.setdefault("forget", forget)
     where = f"the local folder {folder}" if folder else f"the Hub ({HUB_ID})"
     return Benchmark(
