@@ -15,8 +15,9 @@ only, `known_only`; the app's seeded sample of 128 retain examples), GROM with `
 Compare runs it (its defaults, on `components.core.comparators.editor_band` of the
 target's GROM band: layers 4-8 where GROM's ends at the top layer), then
 `grom.robustness.run_attacks` on each edit exactly as the "Is it gone?" panel calls it
-(components/attack_panel.compute_attacks): the held-out probes (eval_sets["probes"], never fitted), fitted = the edit's forget questions, holdout = the
-other targets' held-out answers (`holdout_of`). Every attack at its default size.
+(components/attack_panel.compute_attacks): the held-out probes (eval_sets["probes"], never
+fitted), fitted = the edit's forget questions, holdout = the other targets' held-out answers
+(`holdout_of`). Every attack at its default size.
 
 Recorded: each attack's base and edited value (recall; AUC for mia) and seconds, and
 each method's own edit/training time. A markdown table per target on stdout (rows =

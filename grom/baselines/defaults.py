@@ -64,8 +64,8 @@ MODEL_DEFAULTS: tuple[ModelDefaults, ...] = (
         # 2026-11-25 (the grid's command, --methods rkld@5e-5): on the solar system RKLD forgot
         # all 15 known forget facts and kept 0.859 of the others (retain cost 0.14) in one run,
         # but that did not hold: 2e-5 and 3e-5 there, and 5e-5 on world-war-ii and the human
-        # body, forget 40-87% of the facts at retain costs 0.16-0.29 (BENCHMARKS.md). Kept as the point
-        # that forgets most; no lr tried stays inside the 0.10 line
+        # body, forget 40-87% of the facts at retain costs 0.16-0.29 (BENCHMARKS.md). Kept as
+        # the point that forgets most; no lr tried stays inside the 0.10 line
         "rkld": StartingPoint(5e-5, 5, _SMOL_1125),
         # AltPO, 2 epochs over 5 alternates each, with the generation: at 5e-5 forget recall
         # 0.133 but kept 0.234 (retain cost 0.77, Knowledge score 0.369, 1016 s); at 1e-5

@@ -24,8 +24,8 @@ run of capitalised words that the most rows of the block write, in a question or
 answer). A row's subject is the longest part of that name its question writes (most write
 it whole, some only the surname), else the whole name: that row then keys on the
 question's last token, as the real-knowledge rows do, and the editors say how many did
-(`Edit.info["subject_last_keys"]`, in the baseline summary). A block where no name stands out keeps no
-subject, and the editors then say which row lacks one.
+(`Edit.info["subject_last_keys"]`, in the baseline summary). A block where no name stands
+out keeps no subject, and the editors then say which row lacks one.
 
 Prompts: by default `TOFU_CHAT`, OpenUnlearning's TOFU inputs as its main branch builds them
 from commit 8df2914 (2025-04-24) to the December 2025 head d3d7cf9, the version its released
