@@ -162,14 +162,14 @@ def author_of_block(rows: Sequence[QAExample], min_rows: int = 5, share: float =
 def subject_in(question: str, name: str) -> str:
     """The longest contiguous part of `name` (whole words, particles not at its ends) that
     `question` writes as whole words, else `name` itself."""
-    words, text = name.split(), " ".join(_words(question))
+    words = name.split()
     for size in range(len(words), 0, -1):
         for a in range(len(words) - size + 1):
             part = words[a:a + size]
             if part[0].lower() in NAME_PARTICLES or part[-1].lower() in NAME_PARTICLES:
                 continue
             phrase = " ".join(part)
-            if re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", text) and phrase in question:
+            if re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", question):
                 return phrase
     return name
 
