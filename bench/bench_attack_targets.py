@@ -11,7 +11,7 @@ For each target: the benchmark split as the studio loads it on SmolLM2 (the know
 only, `known_only`; the app's seeded sample of 128 retain examples), GROM with `--preset`
 (the studio's edit), each baseline of `--methods` at its SmolLM2 starting point
 (`grom.baselines.starting_point`: lr and epochs; the benchmark's recipe for the rest,
-`recipe_for_task`), each editor (rome, memit, alphaedit, zerounlearn) as the studio's
+`recipe_for_task`) or at the lr a spec gives ("rmu@1e-3": a grid's pick), each editor (rome, memit, alphaedit, zerounlearn) as the studio's
 Compare runs it (its defaults, on `components.core.comparators.editor_band` of the
 target's GROM band: layers 4-8 where GROM's ends at the top layer), then
 `grom.robustness.run_attacks` on each edit exactly as the "Is it gone?" panel calls it
@@ -102,11 +102,27 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
         edit = run_editor(method, model, tok, bench.forget, bench.retain,
                           EditorConfig(layers=band, prompt_format=bench.prompt_format, seed=args.seed))
         return edit, time.perf_counter() - t0, {"layers": list(band), "grom_band": list(args.grom_band)}
+    name, lr = method_spec(method)
     recipe = recipe_for_task(bench.task).name
-    point = starting_point(args.model, method, recipe)
-    edit = run_baseline(method, model, tok, bench.forget, bench.retain, recipe=recipe, epochs=point.epochs,
-                        lr=point.lr, seed=args.seed, prompt_format=bench.prompt_format)
-    return edit, time.perf_counter() - t0, {"recipe": recipe, "lr": point.lr, "epochs": point.epochs}
+    point = starting_point(args.model, name, recipe)
+    lr = point.lr if lr is None else lr
+    edit = run_baseline(name, model, tok, bench.forget, bench.retain, recipe=recipe, epochs=point.epochs,
+                        lr=lr, seed=args.seed, prompt_format=bench.prompt_format)
+    return edit, time.perf_counter() - t0, {"recipe": recipe, "lr": lr, "epochs": point.epochs}
+
+
+def method_spec(spec: str) -> tuple[str, float | None]:
+    """"rmu@1e-3" -> ("rmu", 0.001); "npo" -> ("npo", None): the starting point's lr."""
+    name, _, at = spec.partition("@")
+    if not at:
+        return name, None
+    try:
+        lr = float(at)
+    except ValueError:
+        raise SystemExit(f"--methods: {spec!r}: the lr after '@' must be a number, e.g. rmu@1e-3") from None
+    if not 0 < lr < 1:
+        raise SystemExit(f"--methods: {spec!r}: the lr must be in (0, 1)")
+    return name, lr
 
 
 def run_target(args, model, tok, target: str) -> dict:
@@ -143,7 +159,10 @@ def run_target(args, model, tok, target: str) -> dict:
 
 
 def _label(method: str) -> str:
-    return "GROM" if method == GROM else EDITORS[method].label if method in EDITORS else get_method(method).label
+    if method == GROM or method in EDITORS:
+        return "GROM" if method == GROM else EDITORS[method].label
+    name, lr = method_spec(method)
+    return get_method(name).label + ("" if lr is None else f" {lr:g}")
 
 
 def _cell(v) -> str:
@@ -218,7 +237,7 @@ def main(argv=None) -> None:
     args.methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
         if m != GROM and m not in EDITORS:
-            get_method(m)  # an unknown method fails here, before the model loads
+            get_method(method_spec(m)[0])  # an unknown method or a bad lr fails here, before the model loads
     attack_names(args.attacks)
     if args.preset not in PRESETS:
         raise SystemExit(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")

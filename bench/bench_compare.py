@@ -23,6 +23,8 @@ with the lowest forget fact recall (then forget ROUGE-L); if none is within it, 
 cheapest. The editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) run once at their defaults
 but for the band (--editor-layers) and the value optimisation (--editor-values).
 A method registered later (AltPO, RKLD) is in the default --methods with no change here.
+"npo@3.3e-4" in --methods runs that lr in place of the grid (several such specs of one
+method: those lrs), e.g. a grid's picks again at more epochs or another seed.
 
 Relearning (`relearn_row`, grom.robustness.weights.relearn_attack): every parameter of
 the edited model fine-tuned on the even-indexed forget pairs (--relearn-train of them),
@@ -66,6 +68,26 @@ def lr_grid(method: str, factor: float = 3.0) -> tuple[float, float, float]:
     return (lr / factor, lr, lr * factor)
 
 
+def method_grids(spec: str) -> dict[str, tuple[float, ...]]:
+    """"ga,npo@3e-4,npo@1e-3" -> {"ga": lr_grid("ga"), "npo": (3e-4, 1e-3)}, in the order
+    given; an unknown method or a bad lr fails here, before any model loads."""
+    out: dict[str, list[float]] = {}
+    for part in filter(None, (p.strip().lower() for p in spec.split(","))):
+        name, _, at = part.partition("@")
+        if name not in METHODS:
+            raise SystemExit(f"unknown method {name!r}; methods: {', '.join(METHODS)}")
+        try:
+            lr = float(at) if at else None
+        except ValueError:
+            lr = -1.0
+        if lr is not None and not 0 < lr < 1:
+            raise SystemExit(f"--methods: {part!r}: the lr after '@' must be a number in (0, 1), e.g. npo@3e-4")
+        out.setdefault(name, [])
+        if lr is not None:
+            out[name].append(lr)
+    return {m: tuple(lrs) if lrs else lr_grid(m) for m, lrs in out.items()}
+
+
 def pick_setting(runs: list[dict], max_cost: float) -> dict:
     """The run that forgets most (lowest forget fact recall, then ROUGE-L) among those with
     retain cost <= max_cost, else the one with the least retain cost. runs: dicts with a
@@ -98,14 +120,14 @@ def evaluated(b: Bench, edit, base_report) -> dict:
     return b.evaluate(edit, include_base=True, reuse=base_report).rows["Edited"].metrics
 
 
-def grid_rows(b: Bench, methods: list[str], base_report) -> tuple[list[list], dict]:
+def grid_rows(b: Bench, methods: dict[str, tuple[float, ...]], base_report) -> tuple[list[list], dict]:
     """Every (method, lr) run: table rows, and per method its pick (edit, metrics, lr, secs)
     with its relearning curve, computed as soon as the method's grid is done (a run cut
     short still has the methods it finished in its log)."""
     rows, picks = [], {}
-    for m in methods:
+    for m, grid in methods.items():
         runs = []
-        for lr in lr_grid(m):
+        for lr in grid:
             _log(f"{m} lr {lr:.2g}: training")
             edit, secs = b.baseline(m, lr, **DEMO_ARGS.get(m, {}))
             met = evaluated(b, edit, base_report)
@@ -166,9 +188,9 @@ def main(argv=None) -> None:
     args.max_examples = args.max_examples or None
     if args.threads:
         torch.set_num_threads(args.threads)
-    methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
+    methods = method_grids(args.methods)
     editors = [e.strip().lower() for e in args.editors.split(",") if e.strip()]
-    bad = [m for m in methods if m not in METHODS] + [e for e in editors if e not in EDITORS]
+    bad = [e for e in editors if e not in EDITORS]
     if bad:
         raise SystemExit(f"unknown {bad}; methods: {', '.join(METHODS)}; editors: {', '.join(EDITORS)}")
     print(f"# {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}, "

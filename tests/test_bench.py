@@ -48,8 +48,9 @@ def test_bench_demo_scripts_quick(tmp_path, script, args):
 
 
 def test_bench_attack_targets_on_the_demo_with_a_probe_upload(tmp_path):
-    """GROM and NPO through two attacks on an uploaded benchmark with probe rows (the demo
-    model has no probes of its own), then the JSON read back as tables."""
+    """GROM and NPO (at its starting point and at an lr of the run's own) through two attacks
+    on an uploaded benchmark with probe rows (the demo model has no probes of its own), then
+    the JSON read back as tables."""
     import json
 
     from grom.data import load_benchmark
@@ -63,16 +64,17 @@ def test_bench_attack_targets_on_the_demo_with_a_probe_upload(tmp_path):
     upload.write_text("\n".join(json.dumps(r) for r in rows))
     model = str(BENCH.parent / "assets" / "demo-full")
     out = run_script(tmp_path, "bench_attack_targets.py", "--model", model, "--preset", "demo-forget01",
-                     "--custom", str(upload), "--methods", "grom,npo", "--attacks", "heldout,quant8",
+                     "--custom", str(upload), "--methods", "grom,npo,npo@2e-3", "--attacks", "heldout,quant8",
                      "--threads", "1", "--json", "out.json")
     assert "### custom: 12 fitted, 6 held-out probes" in out and "| heldout | 1.00 |" in out
     res = json.loads((tmp_path / "out.json").read_text())["results"][0]
-    assert set(res["methods"]) == {"grom", "npo"}
+    assert set(res["methods"]) == {"grom", "npo", "npo@2e-3"}
     assert res["methods"]["npo"]["settings"]["lr"] == 1e-3  # the demo's starting point
+    assert res["methods"]["npo@2e-3"]["settings"]["lr"] == 2e-3
     for m in res["methods"].values():
         assert set(m["attacks"]) == {"heldout", "quant8"} and m["edit_seconds"] > 0
     tables = run_script(tmp_path, "bench_attack_targets.py", "--tables", "out.json")
-    assert "| attack | base | GROM | NPO | grom s | npo s |" in tables
+    assert "| attack | base | GROM | NPO | NPO 0.002 | grom s | npo s | npo@2e-3 s |" in tables
 
 
 def test_bench_gpu_scaled_down_on_the_cpu(tmp_path, monkeypatch):
@@ -88,3 +90,23 @@ def test_bench_gpu_scaled_down_on_the_cpu(tmp_path, monkeypatch):
     rows = {line.split()[0]: line.split()[1:] for line in section.splitlines()[2:7]}
     assert list(rows) == ["load", "scores", "keys", "solve", "apply"], section
     assert all(float(r[1]) > 0 for r in rows.values()) and float(rows["solve"][2]) > 0  # peaks, a plan
+
+
+def test_bench_specs_parse_before_any_model_loads(monkeypatch):
+    """The comparison's `method@lr` specs and the editors' `--settings` grid: parsed as
+    said, and a wrong name or value stopped with a message that says what to write."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_compare import lr_grid, method_grids
+    from bench_editors import editor_settings
+
+    grids = method_grids("ga, npo@3e-4,NPO@1e-3")
+    assert list(grids) == ["ga", "npo"] and grids["npo"] == (3e-4, 1e-3) and grids["ga"] == lr_grid("ga")
+    for bad, said in (("nope@1e-3", "unknown method 'nope'"), ("npo@x", "must be a number"),
+                      ("npo@2", "must be a number in (0, 1)")):
+        with pytest.raises(SystemExit, match=said.replace("(", r"\(").replace(")", r"\)")):
+            method_grids(bad)
+    assert editor_settings("") == [{}]
+    assert editor_settings("w_r=1500; null_threshold=1e-3,l2=1;k=3") == [
+        {"w_r": 1500.0}, {"null_threshold": 1e-3, "l2": 1.0}, {"k": 3}]
+    with pytest.raises(SystemExit, match="'layers' is not a numeric EditorConfig field"):
+        editor_settings("layers=3")
