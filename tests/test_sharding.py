@@ -33,7 +33,14 @@ def test_parse_sizes_by_hand():
             parse_size(bad)
 
 
-def test_parse_max_memory_and_device_map():
+def _gpus(monkeypatch, count: int) -> None:
+    """This machine seen as one with `count` CUDA GPUs (0: none), whatever it has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_parse_max_memory_and_device_map(monkeypatch):
+    _gpus(monkeypatch, 0)  # no GPU to check the indices against (on a GPU machine, see below)
     got = parse_max_memory("0=20GiB, cuda:1=10GB ,cpu=60GiB")
     assert got == {0: 20 * 2**30, 1: 10**10, "cpu": 60 * 2**30}
     assert format_max_memory(got) == format_max_memory(parse_max_memory("cpu=60GiB,1=10GB,0=20GiB"))
@@ -46,13 +53,23 @@ def test_parse_max_memory_and_device_map():
         ["auto", "balanced", "sequential", "cpu", "cuda:1", None, None]
     with pytest.raises(ShardingError, match="auto, balanced or sequential"):
         parse_device_map("everywhere")
+    _gpus(monkeypatch, 1)  # a GPU machine: an index it does not have is named (seen on an H100)
+    assert parse_max_memory("0=20GiB,cpu=60GiB") == {0: 20 * 2**30, "cpu": 60 * 2**30}
+    with pytest.raises(ShardingError, match="names GPU 1 but this machine has 1 GPU"):
+        parse_max_memory("0=20GiB, cuda:1=10GB")
 
 
-def test_sharded_room_counts_devices_and_the_weights_beyond_the_budgets():
+def test_sharded_room_counts_devices_and_the_weights_beyond_the_budgets(monkeypatch):
+    _gpus(monkeypatch, 0)
     free = {"cpu": 1000}.get
     assert sharded_room(300, "cpu", None, free) == 1000  # all weights fit: the plan against what is free
     assert sharded_room(300, "sequential", {"cpu": 100}, free) == 1000 + 200  # 200 bytes of weights on disk
     assert sharded_room(3000, "auto", None, free) == 1000 + 2000  # more weights than memory: disk again
+    _gpus(monkeypatch, 1)  # "auto" may use the GPU too: its free memory counts, and its budget
+    free = {"cpu": 1000, "cuda:0": 500}.get
+    assert sharded_room(300, "auto", None, free) == 1500
+    assert sharded_room(300, "auto", {0: 100, "cpu": 100}, free) == 1500 + 100
+    assert sharded_room(300, "cuda:0", None, free) == 500
 
 
 def test_device_map_cpu_gives_the_plain_loads_edit(tmp_path, tokenizer):
