@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from grom.arch import model_device
-from grom.hooks import StopForward, capture_inputs, hooked, stop_after
+from grom.hooks import StopForward, capture_inputs, drop_frames, hooked, stop_after
 from grom.keys import Batch
 
 # Above this many bytes of cached matrix inputs, the stream re-runs layers instead.
@@ -94,8 +94,8 @@ def _capture_layer_calls(model: nn.Module, layers: nn.ModuleList, wanted: Sequen
             for j in wanted:
                 stack.enter_context(hooked(layers[j], hook_for(j), pre=True, with_kwargs=True))
             forward(model, batch)
-    except StopForward:
-        pass
+    except StopForward as stopped:
+        drop_frames(stopped)
     return calls
 
 
@@ -228,18 +228,21 @@ class LayerStream:
         (`grom.arch.residual_gain`); P is (m, n) in the math layout. Replayed batches
         need nothing: their next pass runs the patched model."""
         gP = P * gain
-        self.hidden = [None if h is None else
-                       self._outs[i] + nn.functional.linear(self._inputs[i], gP.to(h.device, h.dtype))
-                       for i, h in enumerate(self.hidden)]
+        for i, h in enumerate(self.hidden):  # batch by batch, each batch's old state freed as it goes
+            if h is not None:
+                out, x = self._outs.pop(i), self._inputs.pop(i)
+                self.hidden[i] = out + nn.functional.linear(x, gP.to(h.device, h.dtype))
         self._outs, self._inputs = {}, {}
         self.at += 1
 
     def advance(self) -> None:
         """Next layer's input by running the current layer as the model now is."""
         layer = self.layers[self.at]
-        with torch.no_grad():
-            self.hidden = [None if h is None else self._run(i, layer) for i, h in enumerate(self.hidden)]
         self._outs, self._inputs = {}, {}
+        with torch.no_grad():
+            for i, h in enumerate(self.hidden):  # in place, batch by batch: the old states are freed
+                if h is not None:               # as the new ones come (a new list held both at once)
+                    self.hidden[i] = self._run(i, layer)
         self.at += 1
 
     def input_cache_bytes(self, n: int) -> int:

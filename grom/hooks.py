@@ -7,6 +7,7 @@ arguments a module was called with (used to re-run a decoder layer on cached sta
 """
 from __future__ import annotations
 
+import traceback
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -93,5 +94,16 @@ def stop_after(module: nn.Module | None):
     try:
         with hooked(module, hook):
             yield
-    except StopForward:
-        pass
+    except StopForward as stop:
+        drop_frames(stop)
+
+
+def drop_frames(stop: BaseException) -> None:
+    """Free now the frames of the forward pass that `stop` ended, and their activations.
+
+    Its traceback holds them; where an exit handler on the way kept the exception in a
+    local (ExitStack does), they form a reference cycle that only Python's cyclic
+    collector frees, which runs on object counts, not bytes: on a GPU, passes ended this
+    way piled up 2-4 GiB a band layer (bench_gpu.py, muse-8b on an H100)."""
+    traceback.clear_frames(stop.__traceback__)  # skips the frames still running
+    stop.__traceback__ = None

@@ -1,11 +1,14 @@
 """Hooks always remove themselves; the architecture map finds the right matrices."""
+import gc
+import weakref
+
 import pytest
 import torch
 from torch import nn
 
 from grom.arch import (UnsupportedArchitecture, edit_target, lm_head_is_tied, num_layers,
                        retie_lm_head, unembedding, untie_lm_head)
-from grom.hooks import capture_inputs, capture_outputs, stop_after
+from grom.hooks import StopForward, capture_inputs, capture_outputs, stop_after
 from tests.conftest import tiny_gpt2, tiny_llama, tiny_neox
 
 
@@ -41,6 +44,57 @@ def test_stop_after_skips_later_layers(tokenizer):
         model(torch.tensor([[1, 2, 3]]))
     assert ran == [0, 1]
     assert n_hooks(model) == 4  # only the test's own hooks are left
+
+
+class _KeepsTheStop(nn.Module):
+    """A model whose forward keeps the exception that ends it in a local, as an exit
+    handler on the way may (the frame, the exception and its traceback then form a cycle,
+    which held the ended passes' activations on a GPU until Python's cyclic collector ran:
+    2-4 GiB a band layer, bench_gpu.py, muse-8b on an H100)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+        self.seen = []
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False):
+        h = self.emb(input_ids)
+        try:
+            for layer in self.layers:
+                self.seen.append(weakref.ref(h))  # the input of each layer run
+                h = layer(h)
+        except StopForward as stop:
+            kept = stop  # noqa: F841  (the cycle)
+            raise
+        return h
+
+
+def test_an_ended_forward_pass_is_freed_at_once():
+    """A forward pass ended early (stop_after; the stream's replay, which captures a
+    layer's call and stops there) leaves nothing for the cyclic collector: its activations
+    go when the call returns, even where a frame on the way kept the exception."""
+    from grom.collect import _capture_layer_calls
+    from grom.keys import Batch
+
+    model = _KeepsTheStop()
+    ids = torch.tensor([[1, 2, 3]])
+    batch = Batch(ids, torch.ones_like(ids), *(torch.zeros(0, dtype=torch.long) for _ in range(4)))
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.no_grad():
+            with stop_after(model.layers[1]):
+                model(ids)
+            calls = _capture_layer_calls(model, model.layers, [2], batch)
+        assert list(calls) == [2] and len(model.seen) == 2 + 3
+        assert all(ref() is None for ref in model.seen[:4])  # gone with each pass,
+        assert model.seen[4]() is calls[2][0][0]  # but the captured call, which is kept
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("build,down,conv", [
