@@ -199,7 +199,7 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
 
     from grom.distributed import rank
     from grom.models import resolve_device, resolve_model_name
-    from grom.plan import WillNotFit, check_fits, free_bytes, plan_edit
+    from grom.plan import WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
     from grom.sharding import sharded_room
 
     name = resolve_model_name(args.model)
@@ -213,10 +213,11 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
             print(f"peak: {p.peak / 2**30:.3f} GiB at stage {p.peak_stage!r}")
         return True
     # sharded: every device the map may use, the weights beyond the budgets on disk (grom.sharding)
+    where = args.device_map or resolve_device(args.device)
     free = sharded_room(p.stages["weights"], args.device_map, args.max_memory, free_bytes) if args.device_map \
-        else free_bytes(resolve_device(args.device))
+        else free_bytes(where)
     try:
-        check_fits(p, free, model_config, config)
+        check_fits(p, free, model_config, config, headroom=headroom_for(where))
     except WillNotFit as err:
         raise SystemExit(f"error: {err}") from None
     return False

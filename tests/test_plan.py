@@ -14,7 +14,7 @@ import pytest
 from transformers import LlamaConfig
 
 from grom import EditConfig
-from grom.plan import GiB, ModelShape, WillNotFit, check_fits, plan
+from grom.plan import GPU_HEADROOM, GiB, ModelShape, WillNotFit, check_fits, headroom_for, plan
 from tests.conftest import FORGET, RETAIN, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +79,12 @@ def test_check_fits_names_the_stage_and_what_would_fit():
     assert "hidden_budget=" in msg  # 2M tokens of states entering the band: the cache is what overflows
     with pytest.raises(WillNotFit, match="use a larger device"):
         check_fits(p, GiB, cfg)
+    # on a GPU the peak is taken with a quarter more (an H100 measured up to 1.26x the plan)
+    assert headroom_for("cuda:0") == headroom_for("auto") == GPU_HEADROOM == 1.25 and headroom_for("cpu") == 1
+    check_fits(p, int(p.peak * 1.2))
+    with pytest.raises(WillNotFit, match=r"and 25% for what a GPU measured beyond it\) at stage"):
+        check_fits(p, int(p.peak * 1.2), cfg, headroom=GPU_HEADROOM)
+    check_fits(p, int(p.peak * 1.25) + 1, headroom=GPU_HEADROOM)
 
 
 _MEASURE = textwrap.dedent("""

@@ -14,7 +14,7 @@ import os
 
 from components.core.errors import UserError
 from components.core.session import ModelHandle
-from grom.plan import GiB, MemoryPlan, WillNotFit, check_fits, free_bytes, plan_edit
+from grom.plan import GiB, MemoryPlan, WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
 from grom.sharding import map_devices
 
 
@@ -44,7 +44,8 @@ def check_run(handle: ModelHandle, p: MemoryPlan, config, free: int | None) -> N
     if free is None:
         return
     try:
-        check_fits(p, free, handle.model.config, config, held=min(p.parts["weights"], resident_bytes(handle.model)))
+        check_fits(p, free, handle.model.config, config, held=min(p.parts["weights"], resident_bytes(handle.model)),
+                   headroom=headroom_for(handle.key.device_map or handle.key.device))
     except WillNotFit as err:
         raise UserError(str(err)[0].upper() + str(err)[1:]) from err
 
