@@ -39,6 +39,8 @@ _DEMO = "bench/bench_baselines.py lr sweep at 10 epochs (BENCHMARKS.md)"
 _SMOL = "bench/bench_knowledge.py grid, the-solar-system known facts, 5 epochs (BENCHMARKS.md)"
 _SMOL_1123 = "bench/bench_knowledge.py baselines, the-solar-system, 5 epochs, 2026-11-23 (BENCHMARKS.md)"
 _SMOL_1125 = "bench/bench_knowledge.py baselines --skip-grom --known-only, one lr, 2026-11-25 (comment beside it)"
+_SMOL_RMU = ("bench/bench_knowledge.py baselines --skip-grom --known-only, lr 1e-3, 2e-3 and 3e-3 on the three "
+             "targets, 2026-11-25 (comment beside it)")
 _DEMO_F01 = ("bench/bench_baselines.py --split forget01 --sweep 1e-4,3e-4,1e-3,3e-3 --max-examples 40 "
              "(AltPO --epochs 2), 2026-11-25; numbers in the comment beside it")
 MODEL_DEFAULTS: tuple[ModelDefaults, ...] = (
@@ -71,7 +73,13 @@ MODEL_DEFAULTS: tuple[ModelDefaults, ...] = (
         # 0.133 but kept 0.234 (retain cost 0.77, Knowledge score 0.369, 1016 s); at 1e-5
         # (the bottom of upstream's grid 1e-5..5e-5) recall 0.467, paraphrases 0.8, kept
         # 0.797 (retain cost 0.20, Knowledge score 0.639, 446 s): the one that keeps more
-        "altpo": StartingPoint(1e-5, 2, _SMOL_1125)})),
+        "altpo": StartingPoint(1e-5, 2, _SMOL_1125),
+        # RMU (steering layer 7, layers 5-7's down_proj trained): its recipe's 5e-5 forgets
+        # nothing on SmolLM2. Forget recall / retain cost on the solar system, world-war-ii
+        # and the human body: 1e-3 0.53/0.078, 1.0/0.061, 0.73/0.104; 2e-3 0.20/0.094,
+        # 0.56/0.136, 0.60/0.119; 3e-3 0.07/0.125, 0.33/0.167 (BENCHMARKS.md, 2026-11-25).
+        # 2e-3: the one that forgets on every target, near the 0.10 line
+        "rmu": StartingPoint(2e-3, 5, _SMOL_RMU)})),
 )
 
 
