@@ -227,10 +227,13 @@ GPU_HEADROOM = 1.25
 
 
 def headroom_for(device) -> float:
-    """GPU_HEADROOM for a CUDA device (or a map that may use one: "auto", "balanced", ...),
-    1 for the CPU."""
-    name = str(device or "cpu")
-    return 1.0 if name in ("cpu", "mps", "disk") or name.startswith("cpu") else GPU_HEADROOM
+    """GPU_HEADROOM for a CUDA device, or a device map ("auto", "balanced", ...) on a
+    machine with CUDA; 1 otherwise."""
+    name = str(device or "cpu").lower()
+    if name.startswith("cuda"):
+        return GPU_HEADROOM
+    maps = ("auto", "balanced", "balanced_low_0", "sequential")
+    return GPU_HEADROOM if name in maps and torch.cuda.is_available() else 1.0
 
 
 def check_fits(p: MemoryPlan, device_free_bytes: int, model_config=None, config: EditConfig | None = None,

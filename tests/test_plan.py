@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import LlamaConfig
 
 from grom import EditConfig
@@ -80,7 +81,9 @@ def test_check_fits_names_the_stage_and_what_would_fit():
     with pytest.raises(WillNotFit, match="use a larger device"):
         check_fits(p, GiB, cfg)
     # on a GPU the peak is taken with a quarter more (an H100 measured up to 1.26x the plan)
-    assert headroom_for("cuda:0") == headroom_for("auto") == GPU_HEADROOM == 1.25 and headroom_for("cpu") == 1
+    assert headroom_for("cuda:0") == headroom_for("cuda") == GPU_HEADROOM == 1.25
+    assert headroom_for("cpu") == headroom_for(None) == 1
+    assert headroom_for("auto") == (GPU_HEADROOM if torch.cuda.is_available() else 1)  # a map: its GPUs, if any
     check_fits(p, int(p.peak * 1.2))
     with pytest.raises(WillNotFit, match=r"and 25% for what a GPU measured beyond it\) at stage"):
         check_fits(p, int(p.peak * 1.2), cfg, headroom=GPU_HEADROOM)
