@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench_attack_targets import method_spec  # noqa: E402
 from bench_baselines import Bench, _fmt, _log, md_table  # noqa: E402
 from grom.baselines import EDITORS, METHODS, get_method  # noqa: E402
 from grom.baselines.defaults import family_of  # noqa: E402
@@ -73,18 +74,10 @@ def method_grids(spec: str) -> dict[str, tuple[float, ...]]:
     given; an unknown method or a bad lr fails here, before any model loads."""
     out: dict[str, list[float]] = {}
     for part in filter(None, (p.strip().lower() for p in spec.split(","))):
-        name, _, at = part.partition("@")
+        name, lr = method_spec(part)
         if name not in METHODS:
             raise SystemExit(f"unknown method {name!r}; methods: {', '.join(METHODS)}")
-        try:
-            lr = float(at) if at else None
-        except ValueError:
-            lr = -1.0
-        if lr is not None and not 0 < lr < 1:
-            raise SystemExit(f"--methods: {part!r}: the lr after '@' must be a number in (0, 1), e.g. npo@3e-4")
-        out.setdefault(name, [])
-        if lr is not None:
-            out[name].append(lr)
+        out.setdefault(name, []).extend([] if lr is None else [lr])
     return {m: tuple(lrs) if lrs else lr_grid(m) for m, lrs in out.items()}
 
 

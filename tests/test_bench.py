@@ -102,7 +102,7 @@ def test_bench_specs_parse_before_any_model_loads(monkeypatch):
     grids = method_grids("ga, npo@3e-4,NPO@1e-3")
     assert list(grids) == ["ga", "npo"] and grids["npo"] == (3e-4, 1e-3) and grids["ga"] == lr_grid("ga")
     for bad, said in (("nope@1e-3", "unknown method 'nope'"), ("npo@x", "must be a number"),
-                      ("npo@2", "must be a number in (0, 1)")):
+                      ("npo@2", "must be in (0, 1)")):
         with pytest.raises(SystemExit, match=said.replace("(", r"\(").replace(")", r"\)")):
             method_grids(bad)
     assert editor_settings("") == [{}]
