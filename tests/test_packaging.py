@@ -36,6 +36,11 @@ def test_the_installed_library_runs_the_export_snippet(tmp_path):
     assert pip.returncode == 0, pip.stderr[-2000:]
     assert (site / "grom" / "demo" / "models" / "demo-full" / "model.safetensors").is_file()
     assert (site / "grom" / "data" / "knowledge" / "the-solar-system.json").is_file()
+    # every subpackage of the sources is in the wheel (the packages list is written by hand:
+    # grom.robustness was once left out, and `grom attack` failed after `pip install .`)
+    subpackages = {p.parent.relative_to(REPO) for p in (REPO / "grom").rglob("__init__.py")}
+    missing = [str(p) for p in sorted(subpackages) if not (site / p / "__init__.py").is_file()]
+    assert not missing, f"not in the wheel: {missing}; add them to pyproject.toml's packages"
 
     model, tok = load_demo_model("full")  # an edit to apply there, made here
     bench = load_benchmark("demo", "forget10")
@@ -44,7 +49,7 @@ def test_the_installed_library_runs_the_export_snippet(tmp_path):
     work = tmp_path / "elsewhere"
     edit.save(work / "grom-edit")
     code = snippet("demo", "grom-edit") + (
-        "import grom, torch\n"
+        "import grom, torch, grom.robustness.suite\n"
         "assert grom.__file__.startswith(%r), grom.__file__\n"
         "base, _ = load_demo_model('full')\n"
         "exact = all(torch.equal(model.get_parameter(n), base.get_parameter(n) + P)\n"
