@@ -14,6 +14,7 @@ from grom.config import EditConfig
 from grom.data import BenchmarkError, QAExample, load_benchmark
 from grom.data.prompts import PLAIN_QA
 from grom.pipeline import run_edit
+from grom.robustness.calibration import relearn_lr
 from grom.robustness import probes as P
 from grom.robustness.result import AttackResult, Probe, probe_recall
 from grom.robustness.suite import ATTACKS, attack_names, check_edit_fits, run_attacks
@@ -186,8 +187,9 @@ def test_names_are_checked_before_any_work(monkeypatch):
 
 def _fake_weights(calls: list, fail: str | None = None):
     """A stand-in for grom.robustness.weights with its functions' signatures."""
-    def relearn_attack(model, tokenizer, edit, train, score, *, steps=3, lr=1e-3, progress=None):
-        calls.append(("relearn", len(train), score(model).value))
+    def relearn_attack(model, tokenizer, edit, train, score, *, steps=3, lr=1e-3, progress=None, fmt=None,
+                       relearn_base=True):
+        calls.append(("relearn", len(train), score(model).value, lr))
         return AttackResult("relearn", 1.0, 0.5, 0.0, 4, details={"steps": [0, 1], "recall": [0.0, 0.5]})
 
     def quantization_attack(model, tokenizer, edit, score, *, bits=4, method="rtn"):
@@ -215,6 +217,8 @@ def test_weight_attacks_are_called_by_name_with_their_signatures(edited, monkeyp
     assert list(out) == ["relearn", "quant8", "logit_lens"]
     assert calls[0][:2] == ("relearn", 4) and calls[1:] == [("quant8", 8), ("logit_lens", 4)]
     assert out["relearn"].to_dict()["recall"] == [0.0, 0.5] and out["quant8"].seconds > 0
+    assert calls[0][3] == relearn_lr(model).lr  # the family's lr (this tiny model: none calibrated)
+    assert out["relearn"].details["lr_calibrated"] is False and "not calibrated" in out["relearn"].details["lr_why"]
     json.dumps({n: r.to_dict() for n, r in out.items()})
     with pytest.raises(ValueError, match="relearn trains on the fitted questions"):
         run_attacks(model, tok, edit, PROBES, attacks="relearn")

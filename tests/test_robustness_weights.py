@@ -12,8 +12,9 @@ from grom import EditConfig, run_edit
 from grom.baselines import answer_nll
 from grom.eval.quant import quantized, rtn_quantize
 from grom.robustness import Probe, Recall, probe_recall
+from grom.robustness.calibration import (RELEARN_LR, RELEARN_LRS, calibrate_relearn_lr, relearn_lr)
 from grom.robustness.weights import (fact_position, lens, logit_lens_attack, quantization_attack,
-                                     relearn_attack)
+                                     relearn_attack, relearn_curve)
 from tests.conftest import FORGET, RETAIN, assert_bit_exact, snapshot
 
 FACTS = ("Pellmoor", "Glass Orchard", "Tessaly Medal", "1874")
@@ -56,8 +57,16 @@ def test_relearning_raises_the_trained_answers_and_restores_the_model(trained_ll
     curve = res.details["recall"]
     assert curve[0] == pytest.approx(edited0, rel=1e-6)  # step 0: the edit is on
     assert curve[2] > curve[1] > curve[0]
-    assert res.edited == curve[-1] and res.base == pytest.approx(base0, rel=1e-6)
-    assert res.details["base_recall"][0] == pytest.approx(base0, rel=1e-6)
+    assert res.edited == curve[-1]
+    base_curve = res.details["base_recall"]  # the control: the unedited model relearned the same way
+    assert base_curve[0] == res.details["base_start"] == pytest.approx(base0, rel=1e-6)
+    assert res.base == base_curve[-1] != base_curve[0]  # as every attack's base: the unedited model under it
+    alone = relearn_curve(trained_llama, tokenizer, None, FORGET, score, (3, 6), lr=3e-3, batch_size=2)[0]
+    assert [r.value for r in alone] == base_curve  # one seeded run: the same curve again
+    assert_bit_exact(trained_llama, snap)
+    no_control = relearn_attack(trained_llama, tokenizer, edit, FORGET, score, steps=(3,), lr=3e-3, batch_size=2,
+                                relearn_base=False)
+    assert no_control.base == pytest.approx(base0, rel=1e-6) and "base_recall" not in no_control.details
     assert len(res.details["loss"]) == 6 and res.details["loss"][-1] < res.details["loss"][0]
 
 
@@ -75,6 +84,41 @@ def test_relearning_restores_the_model_when_cancelled(trained_llama, tokenizer, 
     assert not edit.is_applied
     with pytest.raises(ValueError, match="at least one"):
         relearn_attack(trained_llama, tokenizer, edit, [], likelihood(tokenizer))
+
+
+def test_calibration_keeps_the_largest_lr_that_leaves_the_unedited_model_intact(trained_llama, tokenizer):
+    """Relearning on the forget answers at lr 0.3 wrecks the tiny model's retain answers
+    (their likelihood, the score here, collapses); at 1e-6 it moves them by less than the
+    tolerance. The pick is 1e-6, each curve is the one relearn_curve gives, and the model
+    comes back bit for bit."""
+    snap = snapshot(trained_llama)
+
+    def retain_likelihood(model):
+        return Recall(math.exp(-answer_nll(model, tokenizer, RETAIN, add_eos=False)), ("",) * len(RETAIN),
+                      (0.0,) * len(RETAIN))
+
+    cal = calibrate_relearn_lr(trained_llama, tokenizer, FORGET, retain_likelihood, [0.3, 1e-6], steps=(2, 4),
+                               batch_size=2, tolerance=0.01)
+    assert_bit_exact(trained_llama, snap)
+    assert cal.lr == 1e-6 and list(cal.curves) == [1e-6, 0.3] and cal.steps == (0, 2, 4)
+    assert cal.damage(1e-6) <= 0.01 < cal.damage(0.3)
+    assert cal.curves[0.3][0] == cal.curves[1e-6][0] == cal.start  # step 0: the unedited model, untouched
+    assert [r[-1] for r in cal.rows()] == ["picked", "damages"]
+    alone = relearn_curve(trained_llama, tokenizer, None, FORGET, retain_likelihood, (2, 4), lr=0.3, batch_size=2)[0]
+    assert tuple(r.value for r in alone) == cal.curves[0.3]
+    nothing = calibrate_relearn_lr(trained_llama, tokenizer, FORGET, retain_likelihood, [0.3], steps=(2,),
+                                   batch_size=2, tolerance=0.01)
+    assert nothing.lr is None  # every lr damaged: none is offered
+    with pytest.raises(ValueError, match="learning rates > 0"):
+        calibrate_relearn_lr(trained_llama, tokenizer, FORGET, retain_likelihood, [0.0])
+
+
+def test_relearn_lr_by_family():
+    assert relearn_lr("HuggingFaceTB/SmolLM2-135M-Instruct") is RELEARN_LRS["smollm2"]
+    assert relearn_lr("/somewhere/assets/demo-full") is RELEARN_LRS["demo"]
+    other = relearn_lr("meta-llama/Llama-3.2-1B-Instruct")
+    assert other.lr == RELEARN_LR and not other.calibrated and "not calibrated" in other.why
+    assert relearn_lr(None).lr == RELEARN_LR
 
 
 # ---------------------------------------------------------------- quantization

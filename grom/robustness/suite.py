@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 from torch import nn
 
 from grom.data.prompts import PromptFormat
+from grom.robustness.calibration import relearn_lr
 from grom.edit import check_patchable
 from grom.data.schema import QAExample
 from grom.robustness.membership import membership_attack
@@ -76,7 +77,12 @@ def _weights(fn: str):
 
 
 def _relearn(ctx: Context) -> AttackResult:
-    return _weights("relearn_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.score)
+    """At the model family's calibrated lr (`grom.robustness.calibration.relearn_lr`), with
+    the unedited model relearned the same way as the control (its base)."""
+    from_model = relearn_lr(ctx.model)
+    res = _weights("relearn_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.score, lr=from_model.lr,
+                                     fmt=ctx.fmt, relearn_base=True)
+    return replace(res, details={**res.details, "lr_why": from_model.why, "lr_calibrated": from_model.calibrated})
 
 
 def _quant(bits: int) -> Callable[[Context], AttackResult]:

@@ -36,15 +36,13 @@ from grom.eval.quant import bnb_unavailable, quantizable_weights, quantized
 from grom.hooks import capture_outputs, stop_after
 from grom.keys import pad_id
 from grom.memory import releasing
+from grom.robustness.calibration import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS
 from grom.robustness.result import AttackResult, Probe, Recall, ScoreFn
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]
 
-RELEARN_STEPS = (0, 5, 10)
-RELEARN_LR = 2e-5
-RELEARN_BATCH = 4
 
 
 # ---------------------------------------------------------------- relearning
@@ -104,11 +102,24 @@ def _relearned(model, tokenizer, edit, train, score, steps, s, tell) -> tuple[li
             state.restore()
 
 
+def relearn_curve(model: nn.Module, tokenizer, edit, train: Sequence[QAExample], score: ScoreFn,
+                  steps: Sequence[int], *, lr: float, batch_size: int = RELEARN_BATCH,
+                  fmt: PromptFormat | None = None, seed: int = 0,
+                  progress: Progress | None = None) -> tuple[list[Recall], list[float]]:
+    """(`score` at each step count of `steps`, the training loss of each optimizer step) of
+    one relearning run (`relearn_attack`'s optimizer, batches and seed) of `model` with
+    `edit` applied, or of the unedited model where `edit` is None. The model comes back bit
+    for bit, also on failure."""
+    s = Settings(method="relearn", lr=lr, batch_size=batch_size, seed=seed, weight_decay=0.01,
+                 max_grad_norm=1.0, prompt_format=fmt)
+    return _relearned(model, tokenizer, edit, train, score, sorted({0, *steps}), s, progress or (lambda *_: None))
+
+
 @releasing()
 def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample], score: ScoreFn, *,
                    steps: Sequence[int] = RELEARN_STEPS, lr: float = RELEARN_LR,
                    batch_size: int = RELEARN_BATCH, progress: Progress | None = None,
-                   relearn_base: bool = False, fmt: PromptFormat | None = None, seed: int = 0) -> AttackResult:
+                   relearn_base: bool = True, fmt: PromptFormat | None = None, seed: int = 0) -> AttackResult:
     """Name "relearn": fine-tune the edited model on `train` (question -> answer, the loss
     on the answer tokens and EOS, prompts formatted as `grom.baselines.sequences` and
     `grom.eval.runner.encode_pair` do) and call `score` after each count of optimizer
@@ -118,13 +129,17 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     (betas 0.9/0.999, weight decay 0.01 off norms and biases, gradients clipped to 1.0)
     at a CONSTANT `lr` (no warm-up or decay: a short attack, not a schedule to finish);
     each step takes `batch_size` questions from a seeded shuffle of `train`, reshuffled
-    once used up. Defaults: steps (0, 5, 10), lr 2e-5, batch 4 (BENCHMARKS.md has their
-    time on SmolLM2-135M: the training is the smaller part, each `score` the larger).
+    once used up. Defaults: steps (0, 5, 10), lr 2e-5 (not calibrated: the lr for a model
+    is `grom.robustness.calibration.relearn_lr`), batch 4.
 
-    base = score(base model) with no relearning; edited = recall after the last step.
-    `relearn_base` also relearns the base model the same way (doubles the time):
-    details["base_recall"] per step. details: steps, recall (edited, per step), loss (the
-    training loss of each optimizer step, edited model), lr, batch_size, n_train.
+    `relearn_base` (the default) relearns the unedited model the same way, the control
+    that says what the fine-tune does to a model that forgot nothing: base = its score
+    after the last step, as every other attack's base is the unedited model under the
+    same attack, and details["base_recall"] its score per step (details["base_start"] at
+    step 0). It doubles the time. With relearn_base False, base = score(base model), no
+    relearning. edited = the edited model's score after the last step.
+    details: steps, recall (edited, per step), loss (the training loss of each optimizer
+    step, edited model), lr, batch_size, n_train.
     The model comes back bit for bit, also on failure or when `progress` raises.
     """
     if not train:
@@ -135,20 +150,19 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     if lr < 0 or batch_size < 1:
         raise ValueError("lr must be >= 0 and batch_size >= 1")
     t0, tell = time.perf_counter(), progress or (lambda *_: None)
-    s = Settings(method="relearn", lr=lr, batch_size=batch_size, seed=seed, weight_decay=0.01,
-                 max_grad_norm=1.0, prompt_format=fmt)
     share = (lambda a, b: lambda f, m: tell(a + (b - a) * f, m))  # noqa: E731
+    run = dict(lr=lr, batch_size=batch_size, fmt=fmt, seed=seed)
     details: dict = {"steps": steps, "lr": lr, "batch_size": batch_size, "n_train": len(train)}
     if relearn_base:
-        base_curve, _ = _relearned(model, tokenizer, None, train, score, steps, s, share(0.0, 0.5))
-        details["base_recall"] = [r.value for r in base_curve]
-        base = base_curve[0]
+        base_curve, _ = relearn_curve(model, tokenizer, None, train, score, steps, progress=share(0.0, 0.5), **run)
+        details.update(base_recall=[r.value for r in base_curve], base_start=base_curve[0].value)
+        base = base_curve[-1]
     else:
         tell(0.0, "relearn: the base model's recall")
         model.eval()
         base = score(model)
-    curve, losses = _relearned(model, tokenizer, edit, train, score, steps, s,
-                               share(0.5 if relearn_base else 0.1, 1.0))
+    curve, losses = relearn_curve(model, tokenizer, edit, train, score, steps,
+                                  progress=share(0.5 if relearn_base else 0.1, 1.0), **run)
     details.update(recall=[r.value for r in curve], loss=losses)
     return AttackResult("relearn", base.value, curve[-1].value, time.perf_counter() - t0, len(curve[-1].hits),
                         base.answers, curve[-1].answers, details)
