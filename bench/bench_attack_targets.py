@@ -25,6 +25,10 @@ attacks, columns = base / each method, then the seconds), the whole as JSON with
 --tables A.json B.json: the tables of runs made apart (e.g. GROM in one, the baselines in
 another), side by side per target. --custom FILE: an uploaded-style benchmark (rows with split forget / retain / probe) in
 place of the real-knowledge targets (the demo model has no probes of its own).
+--calibrate-relearn 3e-6,1e-5,2e-5: per target, before the methods, the relearning attack's
+lr measured on the unedited model (`grom.robustness.calibration.calibrate_relearn_lr`: the
+largest lr that keeps its held-out recall within 0.10 at the suite's steps), printed as a
+table and kept in the JSON; the suite itself runs at `relearn_lr(model)`.
 """
 from __future__ import annotations
 
@@ -52,7 +56,8 @@ from grom.baselines.editing import EDITORS, EditorConfig, run_editor  # noqa: E4
 from grom.data import load_benchmark  # noqa: E402
 from grom.data.knowledge import FORGET3  # noqa: E402
 from grom.models import load_model  # noqa: E402
-from grom.robustness import attack_names, probes_from_examples, run_attacks  # noqa: E402
+from grom.robustness import attack_names, probe_recall, probes_from_examples, run_attacks  # noqa: E402
+from grom.robustness.calibration import RELEARN_STEPS, calibrate_relearn_lr, relearn_lr  # noqa: E402
 from grom.robustness.membership import holdout_of  # noqa: E402
 from grom.robustness.suite import AUC_ATTACKS  # noqa: E402
 
@@ -137,6 +142,8 @@ def run_target(args, model, tok, target: str) -> dict:
          f"{len(holdout)} holdout")
     out = {"target": target, "n_fitted": len(fitted), "n_probes": len(probes), "n_retain": len(bench.retain),
            "n_holdout": len(holdout), "methods": {}}
+    if args.calibrate_relearn:
+        out["relearn_calibration"] = calibration(args, model, tok, bench, probes, target)
     args.grom_band = None  # the target's GROM band, which places the editors (`editor_band`)
     for method in args.methods:
         _log(f"{target}: {method}: edit")
@@ -156,6 +163,22 @@ def run_target(args, model, tok, target: str) -> dict:
         if args.json:  # each method as it comes: a long run can be read early
             _save(args, out)
     return out
+
+
+def calibration(args, model, tok, bench, probes, target: str) -> dict:
+    """The relearning lr on the unedited model (--calibrate-relearn's lrs), as the suite
+    relearns: the fitted questions, the held-out probes' recall, RELEARN_STEPS."""
+    lrs = [float(x) for x in args.calibrate_relearn.split(",")]
+    _log(f"{target}: calibrating the relearning lr over {lrs}")
+    cal = calibrate_relearn_lr(model, tok, tuple(bench.forget),
+                               lambda m: probe_recall(m, tok, probes, fmt=bench.prompt_format), lrs,
+                               steps=RELEARN_STEPS, fmt=bench.prompt_format, seed=args.seed)
+    print(f"\n### {target}: the relearning lr, the unedited model relearned on {len(bench.forget)} fitted "
+          f"questions (tolerance {cal.tolerance:g}, {cal.seconds:.0f} s; the suite runs at "
+          f"{relearn_lr(model).lr:g})\n\n" + md_table(["lr", *(f"step {s}" for s in cal.steps), "damage", ""],
+                                                       cal.rows()), flush=True)
+    return {"picked": cal.lr, "start": cal.start, "steps": list(cal.steps), "tolerance": cal.tolerance,
+            "curves": {f"{lr:g}": list(c) for lr, c in cal.curves.items()}, "seconds": cal.seconds}
 
 
 def _label(method: str) -> str:
@@ -221,6 +244,8 @@ def main(argv=None) -> None:
                     help="every fact, not only those SmolLM2 was probed to know (the studio's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--calibrate-relearn", default="", metavar="LRS",
+                    help="per target, the relearning lr measured on the unedited model over these lrs")
     ap.add_argument("--json", default=None)
     ap.add_argument("--tables", nargs="+", default=None, metavar="JSON",
                     help="no run: the tables of earlier --json files, their methods side by side per target")

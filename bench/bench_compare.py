@@ -26,14 +26,18 @@ A method registered later (AltPO, RKLD) is in the default --methods with no chan
 "npo@3.3e-4" in --methods runs that lr in place of the grid (several such specs of one
 method: those lrs), e.g. a grid's picks again at more epochs or another seed.
 
-Relearning (`relearn_row`, grom.robustness.weights.relearn_attack): every parameter of
-the edited model fine-tuned on the even-indexed forget pairs (--relearn-train of them),
-fact recall of greedy answers scored on odd-indexed forget questions (--relearn-probes),
-so what comes back was never trained on again. The attack's SmolLM2 default lr (2e-5)
-moves this small model as little as the recipe's lr does, so it runs at --relearn-lr.
-Measured 2026-11-25 (BENCHMARKS.md): at 1e-3, 30 steps lower every edit's recall (the
-fine-tune damages answering): read the 10-step column, and tune the attack's lr first.
---editors '' leaves the editors out.
+GROM is tuned as the trained methods are (`grom_grid`): the preset's beta x 1, 2, 4 at its
+w_r x 1 and 3 (six settings; --grom-grid "beta:w_r,..." for others), picked by the same rule.
+
+Relearning (`relearn_row`, grom.robustness.weights.relearn_curve): every parameter of the
+edited model fine-tuned on the even-indexed forget pairs (--relearn-train of them), fact
+recall of greedy answers scored on odd-indexed forget questions (--relearn-probes), so
+what comes back was never trained on again. Its lr is calibrated first (--relearn-lr
+auto, `grom.robustness.calibration.calibrate_relearn_lr` over --relearn-grid): the
+largest lr at which the UNEDITED model, relearned the same way, keeps its recall within
+0.10 at every step count (at 1e-3 it falls 0.98 -> 0.45 in 30 steps: a fine-tune that
+damages answering says nothing about an edit). That unedited curve is printed beside the
+edits' as their control. --editors '' leaves the editors out.
 """
 from __future__ import annotations
 
@@ -53,8 +57,10 @@ from grom.baselines import EDITORS, METHODS, get_method  # noqa: E402
 from grom.baselines.defaults import family_of  # noqa: E402
 from grom.baselines.editing import EditorConfig, run_editor  # noqa: E402
 from grom.baselines.values import ValueSettings  # noqa: E402
+from grom import PRESETS, demo_preset, run_edit  # noqa: E402
 from grom.robustness import probe_recall, probes_from_examples  # noqa: E402
-from grom.robustness.weights import relearn_attack  # noqa: E402
+from grom.robustness.calibration import calibrate_relearn_lr  # noqa: E402
+from grom.robustness.weights import relearn_curve  # noqa: E402
 
 CENTRE = 3e-4  # lr grid centre of a method with no demo starting point
 DEMO_ARGS = {"rmu": {"method_args": {"layer": 2.0}, "params": [f".layers.{i}.mlp.down_proj" for i in (0, 1, 2)]}}
@@ -93,18 +99,80 @@ def pick_setting(runs: list[dict], max_cost: float) -> dict:
     return min(runs, key=cost)
 
 
+def grom_grid(split: str, spec: str | None = None) -> list[tuple[float, float]]:
+    """GROM's (beta, w_r) settings: `spec` "beta:w_r,..." as given, else the split's demo
+    preset's beta x 1, 2, 4 at its w_r x 1 and 3."""
+    if spec:
+        try:
+            return [(float(b), float(w)) for b, w in (p.split(":") for p in spec.split(",") if p.strip())]
+        except ValueError:
+            raise SystemExit(f"--grom-grid: {spec!r}: write beta:w_r pairs, e.g. 150:100,600:300") from None
+    cfg = PRESETS[demo_preset(split)]
+    return [(cfg.beta * f, cfg.w_r * g) for g in (1, 3) for f in (1, 2, 4)]
+
+
+def relearn_sets(b: Bench):
+    """(training pairs, scoring function) of the relearning attack: the even-indexed forget
+    pairs, and fact recall on the odd-indexed forget questions."""
+    a, forget = b.args, b.bench.forget
+    probes = probes_from_examples(forget[1::2][:a.relearn_probes])
+    return tuple(forget[0::2][:a.relearn_train]), lambda model: probe_recall(model, b.tok, probes, fmt=b.fmt)
+
+
+def relearn_steps(b: Bench) -> list[int]:
+    return sorted({0, *(int(s) for s in b.args.relearn_steps.split(","))})
+
+
+def calibrate(b: Bench) -> None:
+    """Sets b.args.relearn_lr (from --relearn-lr, or calibrated where it says auto) and
+    b.relearn_base (the unedited model's curve at that lr, the control), printing the
+    calibration's table."""
+    a = b.args
+    train, score = relearn_sets(b)
+    lrs = [float(x) for x in a.relearn_grid.split(",")] if a.relearn_lr == "auto" else [float(a.relearn_lr)]
+    _log(f"relearning: the unedited model at lr {', '.join(f'{lr:g}' for lr in lrs)}")
+    cal = calibrate_relearn_lr(b.model, b.tok, train, score, lrs, steps=relearn_steps(b), fmt=b.fmt, seed=a.seed,
+                               tolerance=a.relearn_tol if a.relearn_lr == "auto" else float("inf"))
+    print(f"\n### the relearning attack's lr: the unedited model relearned ({len(train)} pairs, recall on "
+          f"{a.relearn_probes} held-apart questions; tolerance {cal.tolerance:g}; {cal.seconds:.0f} s)\n")
+    print(md_table(["lr", *(f"step {s}" for s in cal.steps), "damage", ""], cal.rows()))
+    if cal.lr is None:
+        raise SystemExit("every lr of --relearn-grid damages the unedited model: give smaller ones")
+    a.relearn_lr, b.relearn_base = cal.lr, list(cal.curves[cal.lr])
+
+
 def relearn_row(b: Bench, edit) -> dict:
     """The relearning attack on `edit`: recall of the held-apart forget questions at each
-    step count (0: the edit as it is), and the unedited model's."""
-    a, forget = b.args, b.bench.forget
-    train = tuple(forget[0::2][:a.relearn_train])
-    probes = probes_from_examples(forget[1::2][:a.relearn_probes])
-    res = relearn_attack(b.model, b.tok, edit, train,
-                         lambda model: probe_recall(model, b.tok, probes, fmt=b.fmt),
-                         steps=[int(s) for s in a.relearn_steps.split(",")], lr=a.relearn_lr,
-                         fmt=b.fmt, seed=a.seed)
-    return {"base": res.base, "curve": res.details["recall"], "steps": res.details["steps"],
-            "seconds": res.seconds}
+    step count (0: the edit as it is); the unedited model's, relearned the same way, is
+    b.relearn_base (`calibrate`)."""
+    t0 = time.perf_counter()
+    train, score = relearn_sets(b)
+    curve, _ = relearn_curve(b.model, b.tok, edit, train, score, relearn_steps(b), lr=b.args.relearn_lr,
+                             fmt=b.fmt, seed=b.args.seed)
+    return {"curve": [r.value for r in curve], "steps": relearn_steps(b), "seconds": time.perf_counter() - t0}
+
+
+def grom_rows(b: Bench, grid: list[tuple[float, float]]) -> tuple[list[list], dict, object]:
+    """GROM at each (beta, w_r) of `grid`: table rows, its pick with the relearning curve
+    (as `grid_rows` for a trained method), and the first run's report, whose Base rows
+    every later row reuses."""
+    rows, runs, base_report = [], [], None
+    cfg = PRESETS[demo_preset(b.args.split)].replace(prompt_format=b.fmt, seed=b.args.seed)
+    for beta, w_r in grid:
+        _log(f"GROM beta {beta:g} w_r {w_r:g}: editing")
+        t0 = time.perf_counter()
+        edit = run_edit(b.model, b.tok, b.bench.forget, b.bench.retain, cfg.replace(beta=beta, w_r=w_r))
+        secs = time.perf_counter() - t0
+        if base_report is None:
+            base_report = b.evaluate(edit, include_base=True)
+        met = evaluated(b, edit, base_report)
+        setting = f"beta {beta:g}, w_r {w_r:g}"
+        runs.append({"edit": edit, "metrics": met, "lr": None, "setting": setting, "secs": secs})
+        rows.append(["GROM", setting, f"{secs:.1f}", *[_fmt(met.get(k), k) for k in COLS]])
+        _log("row: " + " | ".join(rows[-1]))
+    pick = pick_setting(runs, b.args.max_cost)
+    with_relearn(b, "GROM", pick)
+    return rows, pick, base_report
 
 
 def evaluated(b: Bench, edit, base_report) -> dict:
@@ -124,7 +192,7 @@ def grid_rows(b: Bench, methods: dict[str, tuple[float, ...]], base_report) -> t
             _log(f"{m} lr {lr:.2g}: training")
             edit, secs = b.baseline(m, lr, **DEMO_ARGS.get(m, {}))
             met = evaluated(b, edit, base_report)
-            runs.append({"edit": edit, "metrics": met, "lr": lr, "secs": secs[0]})
+            runs.append({"edit": edit, "metrics": met, "lr": lr, "setting": f"{lr:.2g}", "secs": secs[0]})
             rows.append([get_method(m).label, f"{lr:.2g}", f"{secs[0]:.1f}", *[_fmt(met.get(k), k) for k in COLS]])
             _log("row: " + " | ".join(rows[-1]))  # each row as it comes: a long run can be read early
         pick = picks[get_method(m).label] = pick_setting(runs, b.args.max_cost)
@@ -135,8 +203,7 @@ def grid_rows(b: Bench, methods: dict[str, tuple[float, ...]], base_report) -> t
 def with_relearn(b: Bench, name: str, pick: dict) -> None:
     """Adds the relearning curve to `pick` and logs it."""
     pick["relearn"] = relearn_row(b, pick["edit"])
-    lr = "-" if pick["lr"] is None else f"{pick['lr']:.2g}"
-    _log(f"relearn: {name} (lr {lr}): " + " ".join(f"{v:.2f}" for v in pick["relearn"]["curve"])
+    _log(f"relearn: {name} ({pick.get('setting', '-')}): " + " ".join(f"{v:.2f}" for v in pick["relearn"]["curve"])
          + f" ({pick['relearn']['seconds']:.0f} s)")
 
 
@@ -171,7 +238,12 @@ def main(argv=None) -> None:
     ap.add_argument("--relearn-train", type=int, default=40)
     ap.add_argument("--relearn-probes", type=int, default=60)
     ap.add_argument("--relearn-steps", default="10,30")
-    ap.add_argument("--relearn-lr", type=float, default=1e-3)
+    ap.add_argument("--relearn-lr", default="auto", help="a number, or auto: calibrated over --relearn-grid")
+    ap.add_argument("--relearn-grid", default="1e-4,3e-4,1e-3")
+    ap.add_argument("--relearn-tol", type=float, default=0.10,
+                    help="how far the unedited model's recall may fall at the lr picked")
+    ap.add_argument("--grom-grid", default=None, help="GROM's beta:w_r settings (default: the preset's beta x 1, "
+                                                      "2, 4 at w_r x 1, 3)")
     ap.add_argument("--quick", action="store_true", help="a quarter epoch, 20 examples per set")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cpu")
@@ -182,6 +254,7 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = method_grids(args.methods)
+    g_grid = grom_grid(args.split, args.grom_grid)
     editors = [e.strip().lower() for e in args.editors.split(",") if e.strip()]
     bad = [e for e in editors if e not in EDITORS]
     if bad:
@@ -190,36 +263,35 @@ def main(argv=None) -> None:
           f"{time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.1f} at start")
     print("# " + " ".join(["python", "bench/bench_compare.py", *(sys.argv[1:] if argv is None else argv)]))
     b = Bench(args)
-    _log("GROM: editing")
-    g_edit, g_secs = b.grom()
-    rep = b.evaluate(g_edit, include_base=True)
-    picks = {"GROM": {"edit": g_edit, "metrics": rep.rows["Edited"].metrics, "lr": None, "secs": g_secs[0]}}
-    with_relearn(b, "GROM", picks["GROM"])
+    calibrate(b)
+    g_rows, g_pick, rep = grom_rows(b, g_grid)
+    picks = {"GROM": g_pick}
     rows, trained = grid_rows(b, methods, rep)
+    rows = g_rows + rows
     picks.update(trained)
     for e in editors:
         _log(f"{e}: editing")
         edit, secs = editor_run(b, e)
-        picks[EDITORS[e].label] = {"edit": edit, "metrics": evaluated(b, edit, rep), "lr": None, "secs": secs}
+        picks[EDITORS[e].label] = {"edit": edit, "metrics": evaluated(b, edit, rep), "lr": None, "secs": secs,
+                                   "setting": f"values {args.editor_values}"}
         _log(f"row: {e} | {secs:.1f} | " + " | ".join(_fmt(picks[EDITORS[e].label]["metrics"].get(k), k)
                                                        for k in COLS) + f" | band {edit.band} | {edit.timings}")
         with_relearn(b, EDITORS[e].label, picks[EDITORS[e].label])
     load = os.getloadavg()
     print(f"\n### every setting ({args.epochs:g} epochs, batch {args.batch_size} x {args.grad_accum}, "
           f"evaluation on {args.max_examples or 'every'} examples per set; load {load[0]:.1f} at the end)\n")
-    print(md_table(["method", "lr", "update s", *COLS], rows))
+    print(md_table(["method", "setting", "update s", *COLS], rows))
     base = rep.rows["Base"].metrics
-    steps = next(iter(picks.values()))["relearn"]["steps"]
-    out = [["Base", "-", "-", *[_fmt(base.get(k), k) for k in COLS], *["-"] * len(steps)]]
+    steps = relearn_steps(b)
+    out = [["Base", "-", "-", *[_fmt(base.get(k), k) for k in COLS], *[f"{v:.2f}" for v in b.relearn_base]]]
     for name, p in picks.items():
-        r = p["relearn"]
-        out.append([name, f"{p['lr']:.2g}" if p["lr"] else "-", f"{p['secs']:.1f}",
-                    *[_fmt(p["metrics"].get(k), k) for k in COLS], *[f"{v:.2f}" for v in r["curve"]]])
-    relearn_base = next(iter(picks.values()))["relearn"]["base"]
+        out.append([name, p.get("setting", "-"), f"{p['secs']:.1f}",
+                    *[_fmt(p["metrics"].get(k), k) for k in COLS], *[f"{v:.2f}" for v in p["relearn"]["curve"]]])
     print(f"\n### the picks (retain cost <= {args.max_cost:g}, else the cheapest) and relearning "
           f"(lr {args.relearn_lr:g}, batch 4, {args.relearn_train} even-indexed forget pairs; recall on "
-          f"{args.relearn_probes} odd-indexed forget questions, unedited model {relearn_base:.2f})\n")
-    print(md_table(["method", "lr", "update s", *COLS, *(f"relearn {s}" for s in steps)], out))
+          f"{args.relearn_probes} odd-indexed forget questions; the Base row: the unedited model relearned "
+          f"the same way)\n")
+    print(md_table(["method", "setting", "update s", *COLS, *(f"relearn {s}" for s in steps)], out))
 
 
 if __name__ == "__main__":

@@ -140,9 +140,7 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
         parts.append(f"Worst attack: **{LABELS.get(name, name)}**, recall **{worst.edited:.2f}** "
                      f"(base {worst.base:.2f}).")
     if "relearn" in grom:
-        d = grom["relearn"].details
-        curve = ", ".join(f"{s} steps {r:.2f}" for s, r in zip(d.get("steps", ()), d.get("recall", ())))
-        parts.append(f"Relearning on {d.get('n_train', '?')} fitted questions: {curve}.")
+        parts.append(relearn_md(grom["relearn"]))
     if "mia" in grom and not math.isnan(grom["mia"].edited):
         parts.append(membership_md(grom["mia"]))
     for name, r in grom.items():
@@ -152,6 +150,21 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
     seconds = sum(r.seconds for res in results.values() for r in res.values())
     parts.append(f"{len(names)} attack(s) on {', '.join(results)} in {seconds:.0f} s.")
     return " ".join(parts)
+
+
+def relearn_md(result) -> str:
+    """Relearning in words: the lr and whether it was calibrated for this model, the edited
+    model's recall per step count, and the unedited model's relearned the same way (the
+    control: what the fine-tune alone does to answers nothing was forgotten from)."""
+    d = result.details
+    curve = lambda values: ", ".join(f"{s} steps {r:.2f}" for s, r in zip(d.get("steps", ()), values))  # noqa: E731
+    lr = d.get("lr")
+    how = (f"lr {lr:g}, " if lr is not None else "") + (
+        "calibrated for this model" if d.get("lr_calibrated") else "not calibrated for this model")
+    text = f"Relearning ({how}) on {d.get('n_train', '?')} fitted questions: {curve(d.get('recall', ()))}."
+    if d.get("base_recall"):
+        text += f" The unedited model relearned the same way: {curve(d['base_recall'])}."
+    return text
 
 
 def membership_md(result) -> str:

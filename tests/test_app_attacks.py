@@ -41,7 +41,10 @@ def test_the_attack_suite_on_an_uploaded_benchmark_with_probes(url, tmp_path):  
     assert table["headers"][:3] == ["attack", "Base", "GROM"] and len(rows) == len(ATTACKS)
     held = rows["Held-out probes"]
     assert held[3] == 8 and 0 <= float(held[2]) <= 1 and float(held[1]) > 0  # the base model knew some
-    assert "held-out probes" in summary and "Worst attack" in summary and "Relearning on" in summary
+    assert "held-out probes" in summary and "Worst attack" in summary
+    assert "Relearning (lr 0.0003, calibrated for this model) on 16 fitted questions" in summary
+    assert "The unedited model relearned the same way: 0 steps" in summary  # the control, beside the edit's
+    assert float(rows["Relearning"][1]) > 0  # its Base: the unedited model after the same steps
     assert plot["type"] == "plotly" and lens["type"] == "plotly"
     assert "the 8 questions asked" in answers
     mia = rows["Membership inference (Min-K AUC; 0.5 = can't tell)"]  # the upload's retain rows as holdout

@@ -154,8 +154,8 @@ def attack_s(key: ModelKey, bench, edit, name, *_rest, **_kw) -> int:
     if shape is None:
         return DEFAULT_S
     tokens = example_tokens(bench.forget) + sum(example_tokens(s) for s in eval_sets_of(bench, None))
-    flops, steps = eval_work(shape, ATTACK_PASSES * tokens, len(bench.forget), limit("GROM_MAX_NEW_TOKENS"),
-                             ATTACK_PASSES)
+    passes = ATTACK_PASSES * (2 if name == "relearn" else 1)  # relearning runs twice: the edit, the control
+    flops, steps = eval_work(shape, passes * tokens, len(bench.forget), limit("GROM_MAX_NEW_TOKENS"), passes)
     return gpu_seconds(flops, steps)
 
 
