@@ -11,7 +11,9 @@ For each target: the benchmark split as the studio loads it on SmolLM2 (the know
 only, `known_only`; the app's seeded sample of 128 retain examples), GROM with `--preset`
 (the studio's edit), each baseline of `--methods` at its SmolLM2 starting point
 (`grom.baselines.starting_point`: lr and epochs; the benchmark's recipe for the rest,
-`recipe_for_task`) or at the lr a spec gives ("rmu@1e-3": a grid's pick), each editor (rome, memit, alphaedit, zerounlearn) as the studio's
+`recipe_for_task`) or at the lr a spec gives ("rmu@1e-3": a grid's pick; --epochs N for
+the epochs the grid ran: a method with no SmolLM2 starting point otherwise trains the
+recipe's 10), each editor (rome, memit, alphaedit, zerounlearn) as the studio's
 Compare runs it (its defaults, on `components.core.comparators.editor_band` of the
 target's GROM band: layers 4-8 where GROM's ends at the top layer), then
 `grom.robustness.run_attacks` on each edit exactly as the "Is it gone?" panel calls it
@@ -111,9 +113,10 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
     recipe = recipe_for_task(bench.task).name
     point = starting_point(args.model, name, recipe)
     lr = point.lr if lr is None else lr
-    edit = run_baseline(name, model, tok, bench.forget, bench.retain, recipe=recipe, epochs=point.epochs,
+    epochs = point.epochs if args.epochs is None else args.epochs
+    edit = run_baseline(name, model, tok, bench.forget, bench.retain, recipe=recipe, epochs=epochs,
                         lr=lr, seed=args.seed, prompt_format=bench.prompt_format)
-    return edit, time.perf_counter() - t0, {"recipe": recipe, "lr": lr, "epochs": point.epochs}
+    return edit, time.perf_counter() - t0, {"recipe": recipe, "lr": lr, "epochs": epochs}
 
 
 def method_spec(spec: str) -> tuple[str, float | None]:
@@ -244,6 +247,9 @@ def main(argv=None) -> None:
                     help="every fact, not only those SmolLM2 was probed to know (the studio's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--epochs", type=float, default=None,
+                    help="every trained method's epochs (default: its starting point's, else the recipe's 10): "
+                         "give the epochs its grid was run at, or the attacks meet another model than the pick")
     ap.add_argument("--calibrate-relearn", default="", metavar="LRS",
                     help="per target, the relearning lr measured on the unedited model over these lrs")
     ap.add_argument("--json", default=None)
