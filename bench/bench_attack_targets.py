@@ -30,7 +30,9 @@ place of the real-knowledge targets (the demo model has no probes of its own).
 --calibrate-relearn 3e-6,1e-5,2e-5: per target, before the methods, the relearning attack's
 lr measured on the unedited model (`grom.robustness.calibration.calibrate_relearn_lr`: the
 largest lr that keeps its held-out recall within 0.10 at the suite's steps), printed as a
-table and kept in the JSON; the suite itself runs at `relearn_lr(model)`.
+table and kept in the JSON; the suite itself runs at `relearn_lr(model)`. --relearn-grid:
+every edit also relearned at each of those lrs (rows "relearn@LR", their base the unedited
+model's curve at that lr), and "relearn, best": the attacker's best lr and step count.
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ from grom.models import load_model  # noqa: E402
 from grom.robustness import attack_names, probe_recall, probes_from_examples, run_attacks  # noqa: E402
 from grom.robustness.calibration import RELEARN_STEPS, calibrate_relearn_lr, relearn_lr  # noqa: E402
 from grom.robustness.membership import holdout_of  # noqa: E402
+from grom.robustness.weights import relearn_curve  # noqa: E402
 from grom.robustness.suite import AUC_ATTACKS  # noqa: E402
 
 GROM = "grom"
@@ -155,11 +158,13 @@ def run_target(args, model, tok, target: str) -> dict:
         t0 = time.perf_counter()
         results = run_attacks(model, tok, edit, probes, fitted=fitted, holdout=holdout, attacks=args.attacks,
                               fmt=bench.prompt_format)
+        attacks = {k: {**r.to_dict(), "edited_answers": list(r.edited_answers), "base_answers": list(r.base_answers)}
+                   for k, r in results.items()}
+        if args.relearn_grid:
+            attacks |= relearn_grid(args, model, tok, bench, probes, edit, out["relearn_calibration"])
         suite = time.perf_counter() - t0
         out["methods"][method] = {"edit_seconds": secs, "suite_seconds": suite, "settings": settings,
-                                  "attacks": {k: {**r.to_dict(), "edited_answers": list(r.edited_answers),
-                                                  "base_answers": list(r.base_answers)}
-                                              for k, r in results.items()}}
+                                  "attacks": attacks}
         _log(f"{target}: {method}: suite {suite:.1f} s: " + ", ".join(
             f"{k} {r.base:.2f}->{r.edited:.2f}" for k, r in results.items()))
         del edit
@@ -182,6 +187,29 @@ def calibration(args, model, tok, bench, probes, target: str) -> dict:
                                                        cal.rows()), flush=True)
     return {"picked": cal.lr, "start": cal.start, "steps": list(cal.steps), "tolerance": cal.tolerance,
             "curves": {f"{lr:g}": list(c) for lr, c in cal.curves.items()}, "seconds": cal.seconds}
+
+
+def relearn_grid(args, model, tok, bench, probes, edit, cal: dict) -> dict:
+    """The edit relearned at each calibrated lr as the suite relearns ("relearn@LR": recall
+    after the last step; base: the calibration's unedited curve at that lr, the control),
+    and "relearn, best": the attacker's pick, the highest recall over every lr and step
+    count after 0, beside the control at the same lr and step."""
+    score = lambda m: probe_recall(m, tok, probes, fmt=bench.prompt_format)  # noqa: E731
+    out, best = {}, None
+    for key, control in cal["curves"].items():
+        t0 = time.perf_counter()
+        curve, _ = relearn_curve(model, tok, edit, tuple(bench.forget), score, cal["steps"], lr=float(key),
+                                 fmt=bench.prompt_format, seed=args.seed)
+        recall = [r.value for r in curve]
+        out[f"relearn@{key}"] = {"name": f"relearn@{key}", "base": control[-1], "edited": recall[-1],
+                                 "seconds": time.perf_counter() - t0, "n": len(probes), "steps": cal["steps"],
+                                 "recall": recall, "base_recall": control, "lr": float(key),
+                                 "edited_answers": list(curve[-1].answers), "base_answers": []}
+        for i in range(1, len(recall)):
+            if best is None or recall[i] > best["edited"]:
+                best = {"name": "relearn, best", "base": control[i], "edited": recall[i], "seconds": 0.0,
+                        "n": len(probes), "lr": float(key), "step": cal["steps"][i]}
+    return out | ({"relearn, best": best} if best else {})
 
 
 def _label(method: str) -> str:
@@ -252,6 +280,8 @@ def main(argv=None) -> None:
                          "give the epochs its grid was run at, or the attacks meet another model than the pick")
     ap.add_argument("--calibrate-relearn", default="", metavar="LRS",
                     help="per target, the relearning lr measured on the unedited model over these lrs")
+    ap.add_argument("--relearn-grid", action="store_true",
+                    help="also relearn every edit at each --calibrate-relearn lr, and report the attacker's best")
     ap.add_argument("--json", default=None)
     ap.add_argument("--tables", nargs="+", default=None, metavar="JSON",
                     help="no run: the tables of earlier --json files, their methods side by side per target")
@@ -270,6 +300,8 @@ def main(argv=None) -> None:
         if m != GROM and m not in EDITORS:
             get_method(method_spec(m)[0])  # an unknown method or a bad lr fails here, before the model loads
     attack_names(args.attacks)
+    if args.relearn_grid and not args.calibrate_relearn:
+        raise SystemExit("--relearn-grid relearns at the --calibrate-relearn lrs: give them")
     if args.preset not in PRESETS:
         raise SystemExit(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
     targets = ["custom"] if args.custom else [t.strip() for t in args.targets.split(",") if t.strip()]
