@@ -37,7 +37,9 @@ auto, `grom.robustness.calibration.calibrate_relearn_lr` over --relearn-grid): t
 largest lr at which the UNEDITED model, relearned the same way, keeps its recall within
 0.10 at every step count (at 1e-3 it falls 0.98 -> 0.45 in 30 steps: a fine-tune that
 damages answering says nothing about an edit). That unedited curve is printed beside the
-edits' as their control. --editors '' leaves the editors out.
+edits' as their control. --relearn-best also relearns each pick at every lr of the grid
+and gives the attacker's best (the highest recall over lrs and step counts) beside the
+unedited model's at the same lr and step. --editors '' leaves the editors out.
 """
 from __future__ import annotations
 
@@ -138,18 +140,24 @@ def calibrate(b: Bench) -> None:
     print(md_table(["lr", *(f"step {s}" for s in cal.steps), "damage", ""], cal.rows()))
     if cal.lr is None:
         raise SystemExit("every lr of --relearn-grid damages the unedited model: give smaller ones")
-    a.relearn_lr, b.relearn_base = cal.lr, list(cal.curves[cal.lr])
+    a.relearn_lr, b.relearn_base, b.relearn_controls = cal.lr, list(cal.curves[cal.lr]), dict(cal.curves)
 
 
 def relearn_row(b: Bench, edit) -> dict:
     """The relearning attack on `edit`: recall of the held-apart forget questions at each
     step count (0: the edit as it is); the unedited model's, relearned the same way, is
     b.relearn_base (`calibrate`)."""
-    t0 = time.perf_counter()
+    t0, steps = time.perf_counter(), relearn_steps(b)
     train, score = relearn_sets(b)
-    curve, _ = relearn_curve(b.model, b.tok, edit, train, score, relearn_steps(b), lr=b.args.relearn_lr,
-                             fmt=b.fmt, seed=b.args.seed)
-    return {"curve": [r.value for r in curve], "steps": relearn_steps(b), "seconds": time.perf_counter() - t0}
+    curves = {}
+    for lr in (b.relearn_controls if b.args.relearn_best else [b.args.relearn_lr]):
+        curve, _ = relearn_curve(b.model, b.tok, edit, train, score, steps, lr=lr, fmt=b.fmt, seed=b.args.seed)
+        curves[lr] = [r.value for r in curve]
+    row = {"curve": curves[b.args.relearn_lr], "steps": steps, "seconds": time.perf_counter() - t0}
+    if b.args.relearn_best:  # the attacker's pick: the highest recall over every lr and step count after 0
+        lr, i = max(((lr, i) for lr in curves for i in range(1, len(steps))), key=lambda li: curves[li[0]][li[1]])
+        row["best"] = (curves[lr][i], lr, steps[i], b.relearn_controls[lr][i])
+    return row
 
 
 def grom_rows(b: Bench, grid: list[tuple[float, float]]) -> tuple[list[list], dict, object]:
@@ -242,6 +250,8 @@ def main(argv=None) -> None:
     ap.add_argument("--relearn-grid", default="1e-4,3e-4,1e-3")
     ap.add_argument("--relearn-tol", type=float, default=0.10,
                     help="how far the unedited model's recall may fall at the lr picked")
+    ap.add_argument("--relearn-best", action="store_true",
+                    help="also relearn each pick at every --relearn-grid lr: the attacker's best lr and step")
     ap.add_argument("--grom-grid", default=None, help="GROM's beta:w_r settings (default: the preset's beta x 1, "
                                                       "2, 4 at w_r x 1, 3)")
     ap.add_argument("--quick", action="store_true", help="a quarter epoch, 20 examples per set")
@@ -283,15 +293,19 @@ def main(argv=None) -> None:
     print(md_table(["method", "setting", "update s", *COLS], rows))
     base = rep.rows["Base"].metrics
     steps = relearn_steps(b)
-    out = [["Base", "-", "-", *[_fmt(base.get(k), k) for k in COLS], *[f"{v:.2f}" for v in b.relearn_base]]]
+    best = (lambda r: [f"{r['best'][0]:.2f} ({r['best'][1]:g}, {r['best'][2]}; unedited {r['best'][3]:.2f})"]
+            if args.relearn_best else [])
+    out = [["Base", "-", "-", *[_fmt(base.get(k), k) for k in COLS], *[f"{v:.2f}" for v in b.relearn_base],
+            *(["-"] if args.relearn_best else [])]]
     for name, p in picks.items():
-        out.append([name, p.get("setting", "-"), f"{p['secs']:.1f}",
-                    *[_fmt(p["metrics"].get(k), k) for k in COLS], *[f"{v:.2f}" for v in p["relearn"]["curve"]]])
+        out.append([name, p.get("setting", "-"), f"{p['secs']:.1f}", *[_fmt(p["metrics"].get(k), k) for k in COLS],
+                    *[f"{v:.2f}" for v in p["relearn"]["curve"]], *best(p["relearn"])])
     print(f"\n### the picks (retain cost <= {args.max_cost:g}, else the cheapest) and relearning "
           f"(lr {args.relearn_lr:g}, batch 4, {args.relearn_train} even-indexed forget pairs; recall on "
           f"{args.relearn_probes} odd-indexed forget questions; the Base row: the unedited model relearned "
           f"the same way)\n")
-    print(md_table(["method", "setting", "update s", *COLS, *(f"relearn {s}" for s in steps)], out))
+    print(md_table(["method", "setting", "update s", *COLS, *(f"relearn {s}" for s in steps),
+                    *(["relearn, best (lr, step)"] if args.relearn_best else [])], out))
 
 
 if __name__ == "__main__":
