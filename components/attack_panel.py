@@ -33,6 +33,7 @@ from grom.baselines import get_method
 from grom.data.schema import QAExample
 from grom.memory import release_memory
 from grom.robustness.membership import holdout_of
+from grom.robustness.calibration import DAMAGE_TOLERANCE
 from grom.robustness.probes import probes_from_examples, transform
 from grom.robustness.suite import AUC_ATTACKS, TEACHER_FORCED, WEIGHT_ATTACKS, attack_names, run_attacks
 
@@ -162,8 +163,13 @@ def relearn_md(result) -> str:
     how = (f"lr {lr:g}, " if lr is not None else "") + (
         "calibrated for this model" if d.get("lr_calibrated") else "not calibrated for this model")
     text = f"Relearning ({how}) on {d.get('n_train', '?')} fitted questions: {curve(d.get('recall', ()))}."
-    if d.get("base_recall"):
-        text += f" The unedited model relearned the same way: {curve(d['base_recall'])}."
+    control = d.get("base_recall")
+    if control:
+        text += f" The unedited model relearned the same way: {curve(control)}."
+        lost = control[0] - min(control)
+        if lost > DAMAGE_TOLERANCE:
+            text += (f" ⚠ The fine-tune alone cost the unedited model {lost:.2f} of its recall here, so a fall "
+                     "in the edit's curve says little; compare the two curves step by step.")
     return text
 
 

@@ -420,3 +420,24 @@ def test_the_attack_summary_says_what_ran_and_what_could_not():
     assert "from **1.00** to **0.53** (the edit removed 47% of it)" in text
     assert "4-bit quantization not run" not in text and "Reverse query not run: no subject" in text
     assert "Worst attack: **4-bit quantization**, recall **0.20**" in text
+
+
+def test_the_relearning_sentence_gives_the_lr_the_control_and_warns_when_the_control_falls():
+    """The lr and whether it was calibrated for the model; the unedited model's curve beside
+    the edit's; a warning where the fine-tune alone cost the unedited model more than the
+    tolerance (world-war-ii on SmolLM2: 1.00 -> 0.71 at 1e-5), none where it did not."""
+    from components.attack_panel import relearn_md
+    from grom.robustness import AttackResult
+
+    def result(control, calibrated=True):
+        return AttackResult("relearn", control[-1], 0.21, 1.0, 14, details={
+            "steps": [0, 5, 10], "recall": [0.43, 0.29, 0.21], "base_recall": control, "lr": 1e-5,
+            "lr_calibrated": calibrated, "n_train": 9})
+
+    text = relearn_md(result([1.0, 0.79, 0.71]))
+    assert text.startswith("Relearning (lr 1e-05, calibrated for this model) on 9 fitted questions: "
+                           "0 steps 0.43, 5 steps 0.29, 10 steps 0.21.")
+    assert "The unedited model relearned the same way: 0 steps 1.00, 5 steps 0.79, 10 steps 0.71." in text
+    assert "cost the unedited model 0.29 of its recall" in text
+    quiet = relearn_md(result([1.0, 0.93, 1.0], calibrated=False))
+    assert "not calibrated for this model" in quiet and "⚠" not in quiet
