@@ -32,8 +32,8 @@ from components.views.tables import download_box, empty_table
 from grom.baselines import get_method
 from grom.data.schema import QAExample
 from grom.memory import release_memory
-from grom.robustness.membership import holdout_of
 from grom.robustness.calibration import DAMAGE_TOLERANCE
+from grom.robustness.membership import holdout_of
 from grom.robustness.probes import probes_from_examples, transform
 from grom.robustness.suite import AUC_ATTACKS, TEACHER_FORCED, WEIGHT_ATTACKS, attack_names, run_attacks
 

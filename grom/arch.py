@@ -185,6 +185,11 @@ def retie_lm_head(model: nn.Module) -> None:
     model.get_submodule(arch_spec(model).lm_head).weight = model.get_input_embeddings().weight
 
 
+def loaded_from(model: nn.Module) -> str | None:
+    """The Hub id or folder the model was loaded from (its config's name_or_path), or None."""
+    return getattr(getattr(model, "config", None), "_name_or_path", None) or None
+
+
 def model_device(model: nn.Module) -> torch.device:
     """The device of the input embeddings, where input ids must go."""
     return model.get_input_embeddings().weight.device

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from grom.arch import EditTarget, decoder_layers, edit_target, layer_kinds, lm_head_is_tied, num_layers
-from grom.arch import residual_gain, retie_lm_head, unembedding, untie_lm_head
+from grom.arch import loaded_from, residual_gain, retie_lm_head, unembedding, untie_lm_head
 from grom.attribution import LayerScores, score_layers
 from grom.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES, LayerStream, iter_keys
 from grom.config import EditConfig
@@ -241,4 +241,4 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     log.info("GROM edit of %s: %s", [r.param_name for r in editor.records], timings)
     return Edit(config=config, patches=editor.patches, layers=editor.records, scores=scores,
                 timings=timings, unties_lm_head=bool(untied), keys=editor.keys, world_size=world_size(),
-                model_name=getattr(getattr(model, "config", None), "_name_or_path", None))
+                model_name=loaded_from(model))

@@ -34,7 +34,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from grom.arch import decoder_layers, edit_target, layer_kinds, num_layers, residual_gain, unembedding
+from grom.arch import (decoder_layers, edit_target, layer_kinds, loaded_from, num_layers, residual_gain,
+                       unembedding)
 from grom.attribution import LayerScores
 from grom.baselines import editors as rules
 from grom.baselines.values import (Values, ValueSettings, encode_fact, missing_facts, object_probabilities,
@@ -237,7 +238,7 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
             "p_answer_edited": p_edited.tolist()}
     log.info("%s edit of %s: %s", editor.label, list(patches), timings)
     return Edit(config=config.edit_config().replace(layers=tuple(layers)), patches=patches, layers=records,
-                scores=scores, timings=timings, model_name=getattr(getattr(model, "config", None), "_name_or_path", None),
+                scores=scores, timings=timings, model_name=loaded_from(model),
                 method=editor.name, info=info)
 
 

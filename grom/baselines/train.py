@@ -50,6 +50,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
+from grom.arch import loaded_from
 from grom.baselines.checkpoint import Part, Paused, load_state
 from grom.baselines.loop import Progress, Trained, rng_devices as _rng_devices, train as _train
 from grom.baselines.methods import BUILT_IN, Method
@@ -239,5 +240,5 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     timings = {"train": run.seconds, "total": earlier + time.perf_counter() - t_start}
     progress(1.0, "done")
     return Edit(config=EditConfig(), patches=patches, layers=[], timings=timings,
-                model_name=getattr(getattr(model, "config", None), "_name_or_path", None),
+                model_name=loaded_from(model),
                 method=s.method, info=info)

@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 from torch import nn
 
+from grom.arch import loaded_from
 from grom.baselines.defaults import family_of
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
@@ -63,15 +64,10 @@ RELEARN_LRS: Mapping[str, RelearnLR] = {
 }
 
 
-def model_name(model: nn.Module) -> str:
-    """The name or folder the model was loaded from ('' when it does not say)."""
-    return str(getattr(getattr(model, "config", None), "_name_or_path", "") or "")
-
-
 def relearn_lr(model: nn.Module | str | None) -> RelearnLR:
     """The relearning lr for `model` (a model, or the name or folder it was loaded from):
     its family's calibrated lr, else RELEARN_LR, saying it was not calibrated."""
-    name = model if isinstance(model, str) or model is None else model_name(model)
+    name = model if isinstance(model, str) or model is None else loaded_from(model)
     row = family_of(name)
     if row is not None and row.family in RELEARN_LRS:
         return RELEARN_LRS[row.family]

@@ -24,10 +24,11 @@ from typing import Callable, Sequence
 
 from torch import nn
 
+from grom.arch import loaded_from
 from grom.data.prompts import PromptFormat
-from grom.robustness.calibration import relearn_lr
-from grom.edit import check_patchable
 from grom.data.schema import QAExample
+from grom.edit import check_patchable
+from grom.robustness.calibration import relearn_lr
 from grom.robustness.membership import membership_attack
 from grom.robustness.probes import PROBE_TYPES, transform
 from grom.robustness.result import AttackResult, Probe, Recall, probe_recall
@@ -122,7 +123,7 @@ def check_edit_fits(model: nn.Module, edit) -> None:
     records one) names the same model, every patch has a weight of its shape, and that
     weight can take it (`grom.editable`: not quantized, not offloaded). A ValueError that
     says which, before anything is run."""
-    loaded = getattr(getattr(model, "config", None), "_name_or_path", None)
+    loaded = loaded_from(model)
     if edit.model_name and loaded and _short_name(edit.model_name) != _short_name(loaded):
         raise ValueError(f"this edit was made for the model {edit.model_name!r}, and {loaded!r} is loaded: "
                          "give the model it was made for (--model)")

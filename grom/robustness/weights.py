@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 Progress = Callable[[float, str], None]
 
 
-
 # ---------------------------------------------------------------- relearning
 
 def _relearn(model: nn.Module, tokenizer, train: Sequence[QAExample], score: ScoreFn, steps: Sequence[int],
