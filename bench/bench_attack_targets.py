@@ -14,7 +14,7 @@ only, `known_only`; the app's seeded sample of 128 retain examples), GROM with `
 `recipe_for_task`) or at the lr a spec gives ("rmu@1e-3": a grid's pick; --epochs N for
 the epochs the grid ran: a method with no SmolLM2 starting point otherwise trains the
 recipe's 10), each editor (rome, memit, alphaedit, zerounlearn) as the studio's
-Compare runs it (its defaults, on `components.core.comparators.editor_band` of the
+Compare runs it (its defaults, on `grom.baselines.editing.editor_band` of the
 target's GROM band: layers 4-8 where GROM's ends at the top layer), then
 `grom.robustness.run_attacks` on each edit exactly as the "Is it gone?" panel calls it
 (components/attack_panel.compute_attacks): the held-out probes (eval_sets["probes"], never
@@ -56,7 +56,7 @@ import torch  # noqa: E402
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.arch import num_layers  # noqa: E402
 from grom.baselines import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
-from grom.baselines.editing import EDITORS, EditorConfig, run_editor  # noqa: E402
+from grom.baselines.editing import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.data.knowledge import FORGET3  # noqa: E402
 from grom.models import load_model  # noqa: E402
@@ -104,8 +104,6 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
         args.grom_band = edit.band
         return edit, time.perf_counter() - t0, {"preset": args.preset, **args.override, "band": list(edit.band)}
     if method in EDITORS:  # the studio's Compare run: its defaults on `editor_band` of GROM's band
-        from components.core.comparators import editor_band
-
         if args.grom_band is None:
             args.grom_band = run_edit(model, tok, bench.forget, bench.retain, _grom_config(args, bench)).band
         band = editor_band(args.grom_band, num_layers(model))

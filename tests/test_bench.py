@@ -92,6 +92,27 @@ def test_bench_gpu_scaled_down_on_the_cpu(tmp_path, monkeypatch):
     assert all(float(r[1]) > 0 for r in rows.values()) and float(rows["solve"][2]) > 0  # peaks, a plan
 
 
+def test_bench_gpu_methods_scaled_down_on_the_cpu(tmp_path):
+    """The Time column's command at a tiny scale on the CPU: GROM, a trained method with its
+    recipe's steps extrapolated from the measured ones, AltPO with its alternates timed and
+    scaled, and two editors sharing one value optimisation, as table rows and JSON."""
+    import json
+
+    out = run_script(tmp_path, "bench_gpu_methods.py", "--device", "cpu", "--scale", "0.01", "--steps", "2",
+                     "--alt-questions", "1", "--methods", "grom,npo,altpo,rome,memit",
+                     "--tokenizer", str(BENCH.parent / "assets" / "demo-full"), "--json", "rows.json")
+    rows = {r["method"]: r for r in json.loads((tmp_path / "rows.json").read_text())}
+    assert list(rows) == ["grom", "npo", "altpo", "rome", "memit"] and not any("error" in r for r in rows.values())
+    assert "20 forget / 36 retain, band [11, 12, 13, 14, 15]" in out
+    npo = rows["npo"]  # 20 questions, batch 8 x 4: one step an epoch, the recipe's 10 epochs
+    assert (npo["measured_steps"], npo["recipe_steps"]) == (2, 10)
+    assert npo["full_s"] >= npo["loop_s"] + 8 * npo["step_s"] - 1e-9
+    assert rows["altpo"]["recipe_steps"] == 40 and rows["altpo"]["alternates_s"] > 0  # 5 alternates each
+    assert rows["rome"]["values_s"] == rows["memit"]["values_s"] and rows["rome"]["value_steps"] == 25
+    table = out.split("x GROM")[1]
+    assert all(m in table for m in rows)
+
+
 def test_bench_specs_parse_before_any_model_loads(monkeypatch):
     """The comparison's `method@lr` specs and the editors' `--settings` grid: parsed as
     said, and a wrong name or value stopped with a message that says what to write."""

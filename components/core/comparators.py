@@ -34,6 +34,7 @@ from components.core.session import ModelKey, resident
 from grom.arch import num_layers
 from components.core.train_parts import train_in_calls
 from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
+from grom.baselines.editing import UPSTREAM_EDITOR_BAND, editor_band  # noqa: F401 (the panel's, re-exported)
 from grom.baselines.checkpoint import Part
 from grom.baselines.methods import Method
 from grom.baselines.recipes import recipe_for_task
@@ -187,22 +188,6 @@ def unavailable(name: str, bench) -> str | None:
     """Why the method `name` cannot run on `bench` (None: it can), in its refusal's words."""
     missing = gap(name, bench)
     return None if missing is None else missing[1]
-
-
-UPSTREAM_EDITOR_BAND = (4, 5, 6, 7, 8)
-"""MEMIT's and AlphaEdit's band for Llama-3-8B (32 layers) in their released hparams."""
-
-
-def editor_band(band, n_layers: int) -> tuple[int, ...]:
-    """The layers an editor edits on an `n_layers`-layer model: `band` (GROM's) where its
-    last layer is below the model's last; else, and without a band, the upstream editors'
-    layers 4-8 (`UPSTREAM_EDITOR_BAND`) on a model of 12 layers or more, or the three
-    layers ending two below the top on a smaller one (the demo's 6: layers 1-3)."""
-    if band and max(band) < n_layers - 1:
-        return tuple(sorted(band))
-    if n_layers >= 12:
-        return UPSTREAM_EDITOR_BAND
-    return tuple(range(max(0, n_layers - 5), max(1, n_layers - 2)))
 
 
 def band_note(edit_band, grom_band, n_layers: int) -> str:

@@ -136,6 +136,22 @@ _EDITORS = {e.name: e for e in (
 EDITORS: Mapping[str, Editor] = MappingProxyType(_EDITORS)
 
 
+UPSTREAM_EDITOR_BAND = (4, 5, 6, 7, 8)
+"""MEMIT's and AlphaEdit's band for Llama-3-8B (32 layers) in their released hparams."""
+
+
+def editor_band(band, n_layers: int) -> tuple[int, ...]:
+    """The layers an editor edits on an `n_layers`-layer model: `band` (GROM's) where its
+    last layer is below the model's last; else, and without a band, the upstream editors'
+    layers 4-8 (`UPSTREAM_EDITOR_BAND`) on a model of 12 layers or more, or the three
+    layers ending two below the top on a smaller one (the demo's 6: layers 1-3)."""
+    if band and max(band) < n_layers - 1:
+        return tuple(sorted(band))
+    if n_layers >= 12:
+        return UPSTREAM_EDITOR_BAND
+    return tuple(range(max(0, n_layers - 5), max(1, n_layers - 2)))
+
+
 def get_editor(name: str) -> Editor:
     row = EDITORS.get(str(name).strip().lower())
     if row is None:
