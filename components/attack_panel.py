@@ -138,8 +138,13 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
     ran = {k: r for k, r in grom.items() if not math.isnan(r.edited) and k != "heldout" and k not in AUC_ATTACKS}
     if ran:
         name, worst = max(ran.items(), key=lambda kv: kv[1].edited)
-        parts.append(f"Worst attack: **{LABELS.get(name, name)}**, recall **{worst.edited:.2f}** "
-                     f"(base {worst.base:.2f}).")
+        text = f"Worst attack: **{LABELS.get(name, name)}**, recall **{worst.edited:.2f}** (base {worst.base:.2f})"
+        plain = grom["heldout"].edited if "heldout" in grom else math.nan
+        if not math.isnan(plain):  # the attacks ask the same probes: above their plain recall is what came back
+            text += (f", above the plain probes' {plain:.2f}: it brought back {worst.edited - plain:.2f}"
+                     if worst.edited > plain else
+                     f", no higher than the plain probes' {plain:.2f}: no attack brought recall back")
+        parts.append(text + ".")
     if "relearn" in grom:
         parts.append(relearn_md(grom["relearn"]))
     if "mia" in grom and not math.isnan(grom["mia"].edited):

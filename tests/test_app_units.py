@@ -419,7 +419,11 @@ def test_the_attack_summary_says_what_ran_and_what_could_not():
     text = summary_md(results, ("heldout", "quant4", "reverse"))
     assert "from **1.00** to **0.53** (the edit removed 47% of it)" in text
     assert "4-bit quantization not run" not in text and "Reverse query not run: no subject" in text
-    assert "Worst attack: **4-bit quantization**, recall **0.20**" in text
+    assert ("Worst attack: **4-bit quantization**, recall **0.20** (base 0.67), no higher than the plain "
+            "probes' 0.53: no attack brought recall back.") in text  # SmolLM2's relearning read "worst" alone
+    results["GROM"]["paraphrase"] = AttackResult("paraphrase", 0.67, 0.6, 1.0, 15)
+    assert ("Worst attack: **Paraphrase**, recall **0.60** (base 0.67), above the plain probes' 0.53: it brought "
+            "back 0.07.") in summary_md(results, ("heldout", "quant4", "reverse", "paraphrase"))
 
 
 def test_the_relearning_sentence_gives_the_lr_the_control_and_warns_when_the_control_falls():
