@@ -21,7 +21,7 @@ import gradio as gr
 import pandas as pd
 
 from components.core.comparators import (band_note, key_note, check_editor, check_gpu_time, check_trainable,
-                                         comparator_choices, comparator_label, editor_band, editor_boxes,
+                                         comparator_choices, comparator_label, editor_boxes,
                                          glossary, is_editor, parse_method, train_comparator, unavailable)
 from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
                                         shared_model)
@@ -36,6 +36,7 @@ from components.views.tables import download_box, empty_table, format_metric, go
 from grom.baselines import EDITORS, METHODS, Method
 from grom.arch import num_layers
 from grom.baselines.defaults import starting_point
+from grom.baselines.editing import editor_band
 from grom.eval.report import BASE, EDITED, REFERENCE
 from grom.memory import release_memory
 

@@ -149,7 +149,8 @@ def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_ses
     default band 25-29 of 30; the demo's 3-5 of 6): the editors take the upstream band there
     and the summary says why; a band below the top is GROM's, as the paper compares."""
     from grom import run_edit
-    from components.core.comparators import band_note, editor_band
+    from components.core.comparators import band_note
+    from grom.baselines.editing import editor_band
 
     assert editor_band((25, 26, 27, 28, 29), 30) == (4, 5, 6, 7, 8) == editor_band(None, 30)
     assert editor_band((3, 4, 5), 6) == (1, 2, 3) and editor_band((10, 12), 30) == (10, 12)

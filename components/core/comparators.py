@@ -34,7 +34,7 @@ from components.core.session import ModelKey, resident
 from grom.arch import num_layers
 from components.core.train_parts import train_in_calls
 from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
-from grom.baselines.editing import UPSTREAM_EDITOR_BAND, editor_band  # noqa: F401 (the panel's, re-exported)
+from grom.baselines.editing import editor_band
 from grom.baselines.checkpoint import Part
 from grom.baselines.methods import Method
 from grom.baselines.recipes import recipe_for_task
