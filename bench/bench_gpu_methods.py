@@ -60,7 +60,6 @@ from grom.pipeline import compute_scores, prepare  # noqa: E402
 
 from bench_gpu import WORKLOADS, scaled_shape  # noqa: E402  (this folder is on sys.path)
 
-log = logging.getLogger("bench_gpu_methods")
 PER_AUTHOR = 20  # TOFU: 20 questions per author, forget splits are whole authors
 ALTERNATES = 5  # AltPO: alternates per question (upstream's)
 
@@ -114,7 +113,7 @@ class StepClock:
     """The times at which a run's optimizer steps end (from `progress`)."""
 
     def __init__(self):
-        self.t0, self.ends = time.perf_counter(), []
+        self.ends: list[float] = []
 
     def __call__(self, fraction: float, message: str) -> None:
         if ": loss" in message:  # the message after a whole optimizer step
