@@ -10,11 +10,21 @@ and the shared base weights are never left edited between requests.
 """
 from __future__ import annotations
 
-import argparse
-import logging
 import os
-import threading
-import time
+
+if os.environ.get("SPACES_ZERO_GPU") or os.environ.get("SPACE_ID"):
+    # On a Space, `spaces` goes first: ZeroGPU patches torch's CUDA calls as it is imported, and
+    # refuses to start ("CUDA has been initialized before importing the spaces package") once
+    # anything touched CUDA. Every module below imports torch.
+    try:
+        import spaces  # noqa: F401
+    except ImportError:  # a Space without ZeroGPU hardware may lack it: nothing to patch there
+        pass
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -421,9 +431,13 @@ def preload(name: str = REAL, device: str = "auto", dtype: str = "auto") -> str:
 
 
 def launch_kwargs() -> dict:
+    """launch()'s settings. ssr_mode off everywhere: on a Space gradio would otherwise put a Node
+    server in front of this one (GRADIO_SSR_MODE), one more proxy between the visitor and the
+    gates below, which read the client's address a fixed number of hops from the end of
+    X-Forwarded-For (GROM_PROXY_HOPS)."""
     return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{max(limit('GROM_MAX_UPLOAD_MB'), limit('GROM_MAX_PATCH_MB'))}mb",
-                footer_links=["api", "gradio"], app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadGuard),
-                                                      Middleware(QueueGuard)]})
+                footer_links=["api", "gradio"], ssr_mode=False,
+                app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadGuard), Middleware(QueueGuard)]})
 
 
 def parse_args(argv=None) -> argparse.Namespace:

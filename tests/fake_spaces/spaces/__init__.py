@@ -13,6 +13,8 @@ What it keeps of the real one (spaces 0.51.3, read in `spaces/zero/decorator.py`
 - the parent has no CUDA: the `torch.cuda` functions of `CUDA_CALLS` raise there from the
   moment this module is imported (the real one patches them to fake a device; raising is
   stricter: the app must not ask); the worker gets them back.
+- imported after CUDA was initialised, it raises as the real one does; `TORCH_BEFORE` records
+  whether torch was imported before it (on a Space the app imports `spaces` first).
 Unlike the real one, a worker is never reused (a fresh fork per call: the stricter case
 for state that would have to survive between calls) and any exception comes back as it
 is (the real one passes a `gr.Error` on and reduces others to their class name).
@@ -22,10 +24,16 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import pickle
+import sys
 import traceback
 from typing import Callable
 
-import torch
+TORCH_BEFORE = "torch" in sys.modules  # whether the importer brought torch in before `spaces`
+
+import torch  # noqa: E402
+
+if torch.cuda.is_initialized():  # what the real package refuses at import, in the same words
+    raise RuntimeError("CUDA has been initialized before importing the `spaces` package")
 
 MAX_DURATION_S = 300
 DEFAULT_DURATION_S = 60
