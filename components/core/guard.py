@@ -4,85 +4,276 @@
   within GROM_MAX_UPLOAD_MB) is at most GROM_MAX_REQUEST_MB: a larger declared length is
   answered 413 before a byte is read, and a chunked body is cut off with a 413 the moment
   it passes the limit, so memory stays flat whatever a client sends.
-- `QueueGuard`: refuses a session's job beyond GROM_MAX_QUEUED_PER_SESSION before gradio
-  reads its inputs (a script gets a ValidationError with the message).
+- `QueueGuard`: before gradio reads a job's inputs (queue/join and the /call/ routes),
+  refuses it beyond GROM_MAX_QUEUED_PER_SESSION jobs of its session or
+  GROM_MAX_QUEUED_PER_VISITOR jobs of its visitor (all the visitor's sessions together: a
+  session id is whatever the client made up, its address is not), and refuses a file
+  another visitor uploaded (`UPLOADS`); a script gets a ValidationError with the message.
+  It also watches the result streams (queue/data, GET /call/...): a job nobody listens for
+  GROM_LISTEN_SECONDS after it joined is dropped from the queue, or stopped if it already
+  runs (`components.core.device` stops a job that is not alive at its next forward pass).
 - `UploadGuard`: on gradio's /upload route (which needs no session), at most
-  GROM_UPLOADS_PER_MINUTE uploads a minute from one client (its address), and
-  GROM_SERVER_UPLOADS_PER_MINUTE from all clients together; uploaded files beyond
-  GROM_UPLOAD_CACHE_MB are removed, oldest first.
+  GROM_UPLOADS_PER_MINUTE uploads a minute from one visitor, and
+  GROM_SERVER_UPLOADS_PER_MINUTE from all visitors together; uploaded files beyond
+  GROM_UPLOAD_CACHE_MB are removed, oldest first; who uploaded which path is recorded
+  from the route's answer (`UPLOADS`).
+
+A visitor is an address (`client_of`): the peer's, or with GROM_PROXY_HOPS trusted proxies
+in front (a Space: `limits.proxy_hops`) the one they appended to X-Forwarded-For; the
+addresses a client writes there itself never count.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import logging
+import os
 import threading
 import time
+from urllib.parse import parse_qs, unquote
 
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from components.core.files import EXPORT_FOLDER, prune, upload_folder
-from components.core.limits import limit
+from components.core.limits import limit, proxy_hops
 
 log = logging.getLogger(__name__)
 
-ADMIT_WINDOW_S = 0.5  # a job admitted this recently may not be in gradio's pending set yet
-_admitted: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+
+# ---------------------------------------------------------------- who a visitor is
+
+def client_of(scope) -> str:
+    """Who sent a request: with GROM_PROXY_HOPS = N trusted proxies in front (a Space), the
+    Nth address from the end of X-Forwarded-For, the one the outermost trusted proxy
+    appended (what the client wrote ahead of it is never used); with N = 0 the peer's
+    address, the header ignored. A header with fewer than N addresses (a chain shorter
+    than the host said) gives its first one, the nearest to the client that a proxy wrote
+    (the peer, a proxy, would make every visitor one), and no header gives the peer.
+    (uvicorn, as gradio starts it, already puts X-Forwarded-For's last address in place of
+    a 127.0.0.1 peer, a proxy on the same machine: FORWARDED_ALLOW_IPS.)"""
+    client = scope.get("client")
+    peer = client[0] if client else ""
+    hops = proxy_hops()
+    if hops == 0:
+        return peer[:64]
+    values = [value.decode("latin-1") for name, value in scope.get("headers", ()) if name == b"x-forwarded-for"]
+    addresses = [a.strip() for a in ",".join(values).split(",") if a.strip()]
+    if not addresses:
+        return peer[:64]
+    return (addresses[-hops] if len(addresses) >= hops else addresses[0])[:64]
+
+
+def _event_client(event) -> str:
+    """The visitor of a job in gradio's queue (its queue/join request, the same rule)."""
+    try:
+        return client_of(event.request.scope)
+    except Exception:  # noqa: BLE001  (no request: a job gradio made itself)
+        return ""
+
+
+# ---------------------------------------------------------------- jobs per session and visitor
+
+_joining = {"session": collections.Counter(), "visitor": collections.Counter()}
 _admit_lock = threading.Lock()
 
 
-def _live(queue, session: str) -> int:
-    """The session's jobs in gradio's queue, waiting or running (a job leaves it the
-    moment it ends or is cancelled)."""
-    return sum(e.session_hash == session for e in list(queue.event_ids_to_events.values()))
+def _live(queue) -> tuple[collections.Counter, collections.Counter]:
+    """The jobs in gradio's queue, waiting or running, per session and per visitor (a job
+    leaves it the moment it ends or is cancelled)."""
+    sessions, visitors = collections.Counter(), collections.Counter()
+    for event in list(queue.event_ids_to_events.values()):
+        sessions[event.session_hash] += 1
+        visitors[_event_client(event)] += 1
+    return sessions, visitors
 
 
-def _registered_since(queue, session: str, since: float) -> int:
-    """The session's jobs that joined the queue at or after `since` (time.time()), ended
-    or not (gradio's analytics keep every recent job with its time, newest last)."""
-    count = 0
-    for record in reversed(list(queue.event_analytics.values())):
-        if record.get("time", 0) < since:
-            break
-        count += record.get("session_hash") == session
-    return count
-
-
-def refusal(queue, session: str | None) -> str | None:
-    """Why a new job of `session` may not join the queue (None: it may): its session has
-    GROM_MAX_QUEUED_PER_SESSION jobs waiting or running already. Jobs asked for at once are
-    checked before any of them joins, so those admitted in the last ADMIT_WINDOW_S that
-    have not joined yet count too."""
-    if not session or queue is None:
+def refusal(queue, session: str | None, visitor: str = "") -> str | None:
+    """Why a new job of `session` from `visitor` may not join the queue (None: it may, and
+    it counts as joining until `joined`): its session has GROM_MAX_QUEUED_PER_SESSION jobs
+    waiting or running already, or its visitor, over all its sessions,
+    GROM_MAX_QUEUED_PER_VISITOR. Jobs asked for at once are counted while gradio takes
+    them in, so a burst cannot slip in before the first of it is in the queue. (A /call/
+    job without a session gets one of its own from gradio: only its visitor's share counts.)"""
+    if queue is None:
         return None
-    most = limit("GROM_MAX_QUEUED_PER_SESSION")
+    per_session, per_visitor = limit("GROM_MAX_QUEUED_PER_SESSION"), limit("GROM_MAX_QUEUED_PER_VISITOR")
     with _admit_lock:
-        now = time.time()
-        recent = _admitted[session]
-        while recent and now - recent[0] > ADMIT_WINDOW_S:
-            recent.popleft()
-        not_joined = max(0, len(recent) - _registered_since(queue, session, recent[0])) if recent else 0
-        if _live(queue, session) + not_joined >= most:
-            return (f"This page has {most} jobs waiting or running already: wait for them to finish "
+        sessions, visitors = _live(queue)
+        if session and sessions[session] + _joining["session"][session] >= per_session:
+            return (f"This page has {per_session} jobs waiting or running already: wait for them to finish "
                     "(or cancel one) before asking for another. (The host sets this with "
                     "GROM_MAX_QUEUED_PER_SESSION.)")
-        recent.append(now)
-        if len(_admitted) > 10_000:  # sessions gone long ago: forget their windows
-            for name in [k for k, v in _admitted.items() if not v or now - v[-1] > ADMIT_WINDOW_S]:
-                del _admitted[name]
+        if visitors[visitor] + _joining["visitor"][visitor] >= per_visitor:
+            return (f"You have {per_visitor} jobs waiting or running already, over all your pages: wait for "
+                    "them to finish (or cancel one) before asking for another. (The host sets this with "
+                    "GROM_MAX_QUEUED_PER_VISITOR.)")
+        _joining["session"][session or ""] += 1
+        _joining["visitor"][visitor] += 1
     return None
+
+
+def joined(session: str | None, visitor: str) -> None:
+    """A job `refusal` admitted is in gradio's queue now (or was turned away by gradio)."""
+    with _admit_lock:
+        for kind, key in (("session", session or ""), ("visitor", visitor)):
+            _joining[kind][key] -= 1
+            if _joining[kind][key] <= 0:
+                del _joining[kind][key]
+
+
+# ---------------------------------------------------------------- listening for results
+
+_streams: collections.Counter = collections.Counter()  # session or event id -> result streams open
+_checks: set = set()  # the pending listen checks (a task needs a reference to finish)
+
+
+def _stream_keys(scope, queue) -> list[str]:
+    """The sessions (and event ids) whose results a GET streams: queue/data names its
+    session; GET /call/<api>/<event_id> names an event, whose session gradio streams."""
+    path = scope.get("path", "").rstrip("/")
+    if path.endswith("/queue/data"):
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        return query.get("session_hash", [])[:1]
+    event_id = path.rsplit("/", 1)[-1]
+    event = queue.event_ids_to_events.get(event_id) if queue is not None else None
+    return [event_id] + ([event.session_hash] if event is not None else [])
+
+
+async def _drop_unheard(queue, event_id: str) -> None:
+    """Drop the job `event_id` if nobody streams its results: out of the queue if it
+    waits; marked not alive if it runs, so that it stops at its next forward pass."""
+    event = queue.event_ids_to_events.get(event_id)
+    if event is None or _streams[event.session_hash] > 0 or _streams[event_id] > 0:
+        return  # ended, or someone listens
+    log.warning("job %s dropped: no client listened for its result within GROM_LISTEN_SECONDS", event_id)
+    await queue.clean_events(event_id=event_id)
+    for _ in range(600):  # a running one stops at its next forward pass, then leaves the queue
+        if event_id not in queue.event_ids_to_events:
+            break
+        await asyncio.sleep(1)
+    ids = queue.pending_event_ids_session.get(event.session_hash)  # its result, which nobody will read
+    if ids is not None:
+        ids.discard(event_id)
+        if not ids:
+            queue.pending_event_ids_session.pop(event.session_hash, None)
+
+
+def _expect_listener(queue, event_id: str) -> None:
+    loop = asyncio.get_running_loop()
+
+    def check():
+        task = loop.create_task(_drop_unheard(queue, event_id))
+        _checks.add(task)
+        task.add_done_callback(_checks.discard)
+
+    loop.call_later(limit("GROM_LISTEN_SECONDS"), check)
+
+
+# ---------------------------------------------------------------- uploaded files
+
+class UploadRecord:
+    """Which visitors uploaded which file (gradio names an upload by its content's hash and
+    its name, so the same file sent twice is one path with two uploaders). A path another
+    visitor uploaded is refused as a job's input; a path nobody uploaded (an export, a file
+    a handler returned) is not this record's to judge. The MOST newest paths are kept."""
+    MOST = 50_000
+
+    def __init__(self):
+        self.owners: collections.OrderedDict[str, set[str]] = collections.OrderedDict()
+        self.folders: collections.Counter = collections.Counter()  # the hash folders of those paths
+        self.lock = threading.Lock()
+
+    def add(self, path: str, visitor: str) -> None:
+        key = os.path.realpath(path)
+        with self.lock:
+            if key not in self.owners:
+                self.owners[key] = set()
+                self.folders[os.path.basename(os.path.dirname(key))] += 1
+            self.owners[key].add(visitor)
+            self.owners.move_to_end(key)
+            while len(self.owners) > self.MOST:
+                gone, _ = self.owners.popitem(last=False)
+                folder = os.path.basename(os.path.dirname(gone))
+                self.folders[folder] -= 1
+                if self.folders[folder] <= 0:
+                    del self.folders[folder]
+
+    def foreign(self, path: str, visitor: str) -> bool:
+        """Whether `path` (as a job's input names it) is a file other visitors uploaded and
+        `visitor` did not. Only a name in one of the uploads' hash folders is resolved on disk."""
+        if not self.folders or len(path) > 4096:
+            return False
+        if "/." in path or "//" in path:
+            path = os.path.normpath(path)
+        parts = path.rsplit("/", 2)
+        if len(parts) < 2 or parts[-2] not in self.folders:
+            return False
+        key = os.path.realpath(path)
+        with self.lock:
+            owners = self.owners.get(key)
+            return owners is not None and visitor not in owners
+
+
+UPLOADS = UploadRecord()
+
+
+def _named_paths(value) -> list[str]:
+    """The file paths in a job's inputs: the "path" of every dict (gradio's FileData) and
+    the path in a "url" of gradio's file route, however deep (every node is looked at: the
+    walk costs what parsing the body did, which GROM_MAX_REQUEST_MB bounds)."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in ("path", "url"):
+                text = item.get(key)
+                if isinstance(text, str):
+                    found.append(unquote(text.rsplit("file=", 1)[-1]) if key == "url" else text)
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend(v for v in item if isinstance(v, (dict, list)))
+    return found
+
+
+def foreign_file(body: dict, visitor: str) -> str | None:
+    """Why a job's inputs may not be used (None: they may): one names a file that another
+    visitor uploaded (its path came back from gradio's /upload to them only)."""
+    if not UPLOADS.folders:
+        return None
+    for path in _named_paths(body.get("data")):
+        if UPLOADS.foreign(path, visitor):
+            log.warning("job refused: it names a file another visitor uploaded")
+            return ("This job names a file that another visitor uploaded; upload your own copy of the file "
+                    "and use that.")
+    return None
+
+
+def _refuse(reason: str):
+    detail = [{"__type__": "validate", "is_valid": False, "message": reason, "parameter_name": "page"}]
+    return JSONResponse({"detail": detail}, status_code=422)
 
 
 class QueueGuard:
     """ASGI middleware in front of gradio's queue/join and call routes: a job beyond its
-    session's share is answered 422 with the message, as a validator's refusal is (a
-    script gets a ValidationError that says it; the inputs are never parsed)."""
+    session's or its visitor's share, or naming a file another visitor uploaded, is
+    answered 422 with the message, as a validator's refusal is (a script gets a
+    ValidationError that says it; the inputs are never parsed); an admitted job is dropped
+    if nobody listens for its result within GROM_LISTEN_SECONDS. A direct call (/run/,
+    /api/: gradio serves them for events outside the queue, and for every event where its
+    `api_open` is true, off a Space by default) has its files checked as well."""
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if scope.get("method") != "POST" or not ("/queue/join" in path or "/call/" in path):
+        method = scope.get("method")
+        if method == "GET" and (path.rstrip("/").endswith("/queue/data") or "/call/" in path):
+            await self._stream(scope, receive, send)
+            return
+        queued = "/queue/join" in path or "/call/" in path
+        direct = "/run/" in path or "/api/" in path  # a direct call: its files are checked too
+        if method != "POST" or not (queued or direct):
             await self.app(scope, receive, send)
             return
         body = await read_body(receive, limit("GROM_MAX_REQUEST_MB") << 20)
@@ -90,15 +281,20 @@ class QueueGuard:
             await too_large(scope, receive, send)
             return
         try:
-            session = json.loads(body or b"{}").get("session_hash")
+            parsed = json.loads(body or b"{}")
+            session = parsed.get("session_hash") or None
             queue = scope["app"].get_blocks()._queue
         except Exception:  # noqa: BLE001  (not ours to judge: gradio answers it)
-            session, queue = None, None
-        reason = refusal(queue, session)
+            parsed, session, queue = {}, None, None
+        visitor = client_of(scope)
+        reason = foreign_file(parsed, visitor) if isinstance(parsed, dict) else None
+        if reason is None and queued:
+            reason = refusal(queue, session, visitor)
         if reason is not None:
-            detail = [{"__type__": "validate", "is_valid": False, "message": reason, "parameter_name": "page"}]
-            await JSONResponse({"detail": detail}, status_code=422)(scope, receive, send)
+            await _refuse(reason)(scope, receive, send)
             return
+        admitted = queued and queue is not None
+        answer = {"status": 0, "body": b""}
         sent = False
 
         async def replay():
@@ -108,15 +304,54 @@ class QueueGuard:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        async def watched(message):
+            nonlocal admitted
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+                if admitted:  # gradio has taken the job in (or turned it away): it counts as queued now
+                    admitted = False
+                    joined(session, visitor)
+            elif message["type"] == "http.response.body" and answer["status"] == 200:
+                answer["body"] += message.get("body", b"")[:4096]
+            await send(message)
+
+        try:
+            await self.app(scope, replay, watched)
+        finally:
+            if admitted:
+                joined(session, visitor)
+        if queued and answer["status"] == 200 and queue is not None:
+            try:
+                event_id = json.loads(answer["body"]).get("event_id")
+            except Exception:  # noqa: BLE001
+                event_id = None
+            if event_id:
+                _expect_listener(queue, event_id)
+
+    async def _stream(self, scope, receive, send):
+        """A result stream: its session (or event) counts as listened to while it is open."""
+        try:
+            queue = scope["app"].get_blocks()._queue
+        except Exception:  # noqa: BLE001
+            queue = None
+        keys = _stream_keys(scope, queue)
+        for key in keys:
+            _streams[key] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            for key in keys:
+                _streams[key] -= 1
+                if _streams[key] <= 0:
+                    del _streams[key]
 
 
 # ---------------------------------------------------------------- uploads
 
 
 class UploadGuard:
-    """ASGI middleware: a rate per client, a rate for the server, and a disk bound on
-    gradio's /upload route."""
+    """ASGI middleware: a rate per visitor, a rate for the server, and a disk bound on
+    gradio's /upload route; who uploaded which path is recorded from its answer."""
     def __init__(self, app):
         self.app = app
         self.times: collections.deque = collections.deque()  # every client's, the newest last
@@ -151,29 +386,44 @@ class UploadGuard:
         return None
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("method") == "POST" and is_upload(scope):
-            refusal = self._refusal(client_of(scope))
-            if refusal is not None:
-                log.warning("upload refused: %s", refusal)
-                await PlainTextResponse(refusal, status_code=429)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if not (scope["type"] == "http" and scope.get("method") == "POST" and is_upload(scope)):
+            await self.app(scope, receive, send)
+            return
+        client = client_of(scope)
+        refusal = self._refusal(client)
+        if refusal is not None:
+            log.warning("upload refused: %s", refusal)
+            await PlainTextResponse(refusal, status_code=429)(scope, receive, send)
+            return
+        answer = {"status": 0, "body": b""}
+
+        async def recorded(message):
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+            elif message["type"] == "http.response.body" and answer["status"] == 200:
+                answer["body"] += message.get("body", b"")
+                if not message.get("more_body", False):  # the paths are known before the client sees them
+                    _record_upload(answer["body"], client)
+            await send(message)
+
+        await self.app(scope, receive, recorded)
+
+
+def _record_upload(body: bytes, client: str) -> None:
+    """Note `client` as the uploader of the paths /upload answered (a JSON list)."""
+    try:
+        paths = json.loads(body)
+    except ValueError:
+        return
+    for path in paths if isinstance(paths, list) else ():
+        if isinstance(path, str):
+            UPLOADS.add(path, client)
 
 
 # ---------------------------------------------------------------- request bodies
 
 def is_upload(scope) -> bool:
     return scope.get("path", "").rstrip("/").endswith("/upload")
-
-
-def client_of(scope) -> str:
-    """Who sent a request: the first address of X-Forwarded-For where a proxy put one (a
-    Space is behind one), else the peer's address."""
-    for name, value in scope.get("headers", ()):
-        if name == b"x-forwarded-for":
-            return value.decode("latin-1").split(",")[0].strip()[:64]
-    client = scope.get("client")
-    return client[0] if client else ""
 
 
 def declared_length(scope) -> int | None:

@@ -16,8 +16,8 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_UPLOAD_ROWS | 10000 | rows of an uploaded benchmark |
 | GROM_MAX_QUEUED_PER_SESSION | 3 | jobs one session may have waiting or running |
 | GROM_MAX_QUEUE | 64 | jobs waiting in the whole server |
-| GROM_MODELS | (unset: any) | comma-separated models a visitor may load (names as in the model box) |
-| GROM_RESIDENT_MODELS | 2 | models kept loaded at once (least recently used goes) |
+| GROM_MODELS | (unset: any; on a Space, `SPACE_MODELS`) | comma-separated models a visitor may load (names as in the model box); `*`: any |
+| GROM_RESIDENT_MODELS | 2 | visitors' models kept loaded at once beside the start model, which is never unloaded (least recently used goes) |
 | GROM_MAX_SESSIONS | 32 | sessions whose edits are kept (the oldest is dropped) |
 | GROM_EXPORT_MAX_MB | 256 | exported edits kept on disk (the oldest go) |
 | GROM_EXPORTS_PER_MINUTE | 6 | new exports per minute on the whole server |
@@ -26,6 +26,14 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_REQUEST_MB | 4 | body of any request but an upload (the queue's inputs) |
 | GROM_UPLOAD_CACHE_MB | 512 | uploaded files kept on disk (the oldest go) |
 | GROM_GPU_SECONDS | 300 | seconds of GPU one call asks for on ZeroGPU (its limit: components/core/gpu_time.py) |
+| GROM_MAX_EXAMPLE_TOKENS | 4096 | tokens of one example (a text cut into 512-token windows: 8 windows) |
+| GROM_MAX_JOB_TOKENS | 500000 | tokens one job reads from the data (forget + retain + evaluation sets; the demo's largest, a baseline on forget10 with all examples: 393k) |
+| GROM_MAX_JOB_SECONDS | 900 | wall time of one job, on any host (it stops at its next forward pass) |
+| GROM_MAX_QUEUED_PER_VISITOR | 3 | jobs one visitor (client address, GROM_PROXY_HOPS) may have waiting or running |
+| GROM_LISTEN_SECONDS | 20 | seconds a job waits for its client to listen for its result before it is dropped (stopped if it runs) |
+| GROM_MAX_PATCH_RANK | 1024 | rank of one imported factored patch |
+| GROM_MAX_MODEL_PARAMS | 2000000000 | parameters of a model a visitor may load by free choice (read from its config before any download; the models GROM_MODELS names are the host's choice) |
+| GROM_PROXY_HOPS | 1 on a Space, else 0 | proxies in front of the server whose X-Forwarded-For entry is trusted (0: the header is ignored; `proxy_hops`) |
 """
 from __future__ import annotations
 
@@ -42,6 +50,9 @@ DEFAULTS = {
     "GROM_MAX_SESSIONS": 32, "GROM_EXPORT_MAX_MB": 256, "GROM_EXPORTS_PER_MINUTE": 6,
     "GROM_UPLOADS_PER_MINUTE": 30, "GROM_UPLOAD_CACHE_MB": 512, "GROM_SERVER_UPLOADS_PER_MINUTE": 120,
     "GROM_MAX_REQUEST_MB": 4, "GROM_MAX_PATCH_MB": 24, "GROM_GPU_SECONDS": 300,
+    "GROM_MAX_EXAMPLE_TOKENS": 4096, "GROM_MAX_JOB_TOKENS": 500_000, "GROM_MAX_JOB_SECONDS": 900,
+    "GROM_MAX_QUEUED_PER_VISITOR": 3, "GROM_LISTEN_SECONDS": 20, "GROM_MAX_PATCH_RANK": 1024,
+    "GROM_MAX_MODEL_PARAMS": 2_000_000_000,
 }
 
 
@@ -61,6 +72,35 @@ def limit(name: str) -> int:
     return int(value)
 
 
+SPACE_PROXY_HOPS = 1
+
+
+def proxy_hops() -> int:
+    """GROM_PROXY_HOPS: how many proxies in front of the server append to X-Forwarded-For
+    and are trusted (0 or more; `limit` wants at least 1, hence this reader). A visitor is
+    the address that many entries from the end of the header (`guard.client_of`): what the
+    trusted proxies wrote, never what the client itself sent ahead of them.
+
+    The default is SPACE_PROXY_HOPS on a Space (SPACE_ID set), 0 elsewhere, where the
+    header is ignored and the peer address counts. Why 1 on a Space: gradio itself reads
+    no forwarding header (gradio 6, `gr.Request.client.host` is the peer's address, and
+    uvicorn, which gradio starts with its defaults, rewrites that peer from X-Forwarded-For
+    only when the peer is 127.0.0.1, FORWARDED_ALLOW_IPS); on a Space the peer is Hugging
+    Face's proxy, an internal 10.x address, and the visitor's address is the entry that
+    one proxy appends to X-Forwarded-For, its last one. (Not checked here against a live
+    Space: a host that sees otherwise sets GROM_PROXY_HOPS.)"""
+    raw = os.environ.get("GROM_PROXY_HOPS", "").strip()
+    if not raw:
+        return SPACE_PROXY_HOPS if os.environ.get("SPACE_ID", "").strip() else 0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        raise ValueError(f"GROM_PROXY_HOPS={raw!r}: set it to a whole number of at least 0 (0: no proxy is "
+                         f"trusted; the default is {SPACE_PROXY_HOPS} on a Space, 0 elsewhere).")
+    return int(value)
+
 def over(what: str, asked, name: str) -> UserError:
     """The error for `asked` beyond the limit `name`: says the limit and who may raise it.
     `what` names the quantity ("Epochs") or is a phrase with `{n}` where `asked` goes."""
@@ -77,16 +117,41 @@ def check(what: str, asked: int, name: str) -> int:
     return asked
 
 
+SPACE_MODELS = ("smollm2-135m-instruct", "demo", "open-unlearning/tofu_Llama-3.2-1B-Instruct_full")
+"""What a visitor of a Hugging Face Space may load when its host set no GROM_MODELS (the
+start model, GROM_MODEL, is added): the studio's own small set. SmolLM2-135M and the demo
+are the offline pair the pages are tuned on; TOFU's Llama-3.2-1B (1.24 B parameters, 2.5 GB
+in bfloat16) is the paper's TOFU-10% target, and it fits a ZeroGPU slice (~70 GB) with a
+full-parameter gradient baseline (weights, gradients and AdamW's state: ~20 GB). The 7-8 B
+targets of the model box (TOFU's Llama-2-7B, MUSE, WMDP's Llama-3-8B) are left out: 13-16 GB
+each in bfloat16 for every visitor to download and hold, and a full-parameter baseline on
+them (~110 GB) does not fit the slice (BENCHMARKS.md). A host that wants them lists them."""
+
+
+def on_space() -> bool:
+    """Whether this is a Hugging Face Space (it sets SPACE_ID): a public host by default."""
+    return bool(os.environ.get("SPACE_ID", "").strip())
+
+
 @dataclass(frozen=True)
 class ModelPolicy:
-    """Which models a visitor may load: `allowed` None is a free choice."""
+    """Which models a visitor may load: `allowed` None is a free choice.
+
+    GROM_MODELS lists them (`*`: a free choice). Unset, a private machine leaves the choice
+    free and a Space allows `SPACE_MODELS` and its start model (GROM_MODEL), so that no
+    visitor of a public Space loads an 8 B model the host never meant to serve."""
     allowed: tuple[str, ...] | None
 
     @classmethod
     def from_env(cls) -> "ModelPolicy":
         raw = os.environ.get("GROM_MODELS", "").strip()
-        if not raw:
+        if raw == "*":
             return cls(None)
+        if not raw:
+            if not on_space():
+                return cls(None)
+            start = os.environ.get("GROM_MODEL", "").strip()
+            return cls(tuple(dict.fromkeys([start] * bool(start) + list(SPACE_MODELS))))
         return cls(tuple(n.strip() for n in raw.split(",") if n.strip()))
 
     def permits(self, name: str) -> bool:
