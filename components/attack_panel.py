@@ -22,6 +22,7 @@ import pandas as pd
 
 from components.core.comparators import check_editor, check_gpu_time, comparator_label, is_editor, train_comparator
 from components.core.comparison import shared_model
+from components.core.costs import check_job
 from components.core.device import DEVICE_LOCK, device_progress, local_progress, on_device
 from components.core.durations import attack_s
 from components.core.errors import UserError, shorten, ui_errors
@@ -282,6 +283,17 @@ def _baseline_settings(with_baseline: bool, method, epochs, lr, bench=None) -> t
     return row.name, epochs, lr
 
 
+def check_data(tokenizer, bench, with_baseline: bool) -> None:
+    """The attacks read the forget set (the fitted questions), the held-out probes and the
+    holdout side of the membership test; a baseline trained for them, the retain set too:
+    within the token limits (`components.core.costs`), before any work."""
+    sets = {"forget": bench.forget, "probes": (bench.eval_sets or {}).get("probes", ()),
+            "holdout": holdout_of(bench.eval_sets, bench.retain)}
+    if with_baseline:
+        sets["retain"] = bench.retain
+    check_job(tokenizer, "These attacks", sets, "Choose a smaller split (fewer forget rows or probes).")
+
+
 @ui_errors
 def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs: float, lr: float,
                    session: Session, progress=gr.Progress()):
@@ -295,6 +307,7 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
         raise UserError(str(err)) from None
     probes, _ = probes_of(bench)  # checked here, before any work
     baseline = _baseline_settings(with_baseline, method, epochs, lr, bench)
+    check_data(handle.tokenizer, bench, baseline is not None)
     results = compute_attacks(handle.key, bench, edit, names, baseline,
                               local_progress(lambda f, m: progress(f, desc=m)))
     session.extra["attacks"] = (edit, results, names, probes)

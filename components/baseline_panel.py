@@ -25,6 +25,7 @@ from components.core.comparators import (band_note, key_note, check_editor, chec
                                          glossary, is_editor, parse_method, train_comparator, unavailable)
 from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
                                         shared_model)
+from components.core.costs import check_job, evaluation_sets
 from components.core.device import device_progress, local_progress
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET, add_comparator_run
@@ -137,6 +138,15 @@ def check_sizes(bench, method: Method | None = None) -> None:
             rows = f" ({per_question} alternates for each of {len(examples)} questions)" if n != len(examples) else ""
             raise over(f"A baseline trains on every {what} example, and {bench.name}/{bench.split} "
                        f"makes {{n}}{rows}", n, "GROM_MAX_EXAMPLES")
+
+
+def check_data(tokenizer, bench, n, label: str) -> None:
+    """A baseline reads the whole forget and retain sets (to train, or an editor's keys and
+    covariance) and the comparison's evaluation examples: within the token limits
+    (`components.core.costs`), before any training."""
+    check_job(tokenizer, f"This {label} run", {"forget": bench.forget, "retain": bench.retain}
+              | evaluation_sets(bench, n),
+              "A baseline trains on the whole split: choose a smaller split, or evaluate fewer examples per set.")
 
 
 def _part(progress, start: float, share: float):
@@ -291,6 +301,7 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
         epochs, lr = check_settings(epochs, lr)
         check_trainable(bench, row)
         check_sizes(bench, row)
+    check_data(handle.tokenizer, bench, n, label)
     grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
     cached = _cached_report(session, bench, grom, n)
     edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,

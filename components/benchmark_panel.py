@@ -1,6 +1,8 @@
 """Benchmark panel: a registered benchmark and split (the demo works offline; the Hub ones
 need the network or a local folder), or an uploaded file; a few forget and retain
-examples to read."""
+examples to read. A load is refused where an example is longer than
+GROM_MAX_EXAMPLE_TOKENS or the forget set longer than GROM_MAX_JOB_TOKENS, counted with the
+session's model's tokenizer (`components.core.costs`); the session keeps what it had."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -9,8 +11,9 @@ import gradio as gr
 
 from components.core.benchmarks import (benchmark_names, default_split, fit_note, preset_for, preset_note,
                                         read_benchmark, retain_warning, splits_for)
-from components.core.errors import ui_errors
-from components.core.session import Session
+from components.core.costs import check_loaded
+from components.core.errors import UserError, ui_errors
+from components.core.session import Session, current_model
 from components.views import text
 from components.views.tables import describe, examples_html
 
@@ -32,12 +35,22 @@ def on_restore_benchmark(session: Session):
             f"uses: {describe(bench)}")
 
 
+def _tokenizer(session: Session):
+    """The tokenizer of the session's model (what its jobs will count with), or None where
+    no model is loaded: the load then checks lengths only."""
+    try:
+        return current_model(session).tokenizer
+    except UserError:
+        return None
+
+
 @ui_errors
 def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session):
     """Load the chosen benchmark into the session; returns its description, a few forget
     and retain examples, and the suggested preset."""
     model_name = session.model_key.name if session.model_key else None
     bench = read_benchmark(name, split, source, forget_file, retain_file, model_name)
+    check_loaded(bench, _tokenizer(session))  # every job checks again, with the model it runs on
     session.benchmark = bench
     session.bench_label = f"{name}/{bench.split}"
     session.extra["bench_source"] = (source or "").strip()  # the run's record (components.runs)

@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from components.core.comparison import examples_per_set
+from components.core.costs import check_comparison
 from components.core.device import DEVICE_LOCK, kept_cache, on_device
 from components.core.durations import edit_and_report_s, rerun_s
 from components.core.errors import UserError, shorten, ui_errors
@@ -252,6 +253,7 @@ def on_quant_check(max_examples: int, full_set: bool, session: Session):
     edit = current_edit(session)
     bench = current_benchmark(session)
     n = examples_per_set(max_examples, full_set, bench)
+    check_comparison(handle.tokenizer, bench, n, "This quantization check")
     df = _quant(handle.key, bench, edit, n)
     method = (f"round-to-nearest, group size {df.attrs['group_size']}" if df.attrs.get("method") == "rtn"
               else "NF4 (bitsandbytes)")

@@ -35,7 +35,7 @@ def on_run_edit(v: dict, session: Session, progress):
     bench = current_benchmark(session)
     seed = check_seed(v["seed"])
     retain = retain_subset(bench.retain, v["retain_examples"], seed)
-    check_examples(bench.forget, retain)
+    check_examples(bench.forget, retain, handle.tokenizer)
     skey = scores_key(session, v["matrix"], v["use_alpha"], (len(retain), seed))
     scores = session.scores if session.scores_for == skey else None
     config = form.edit_config(v, n_layers=num_layers(handle.model), scores=scores,

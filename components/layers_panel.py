@@ -83,7 +83,7 @@ def on_layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_t
     if band_mode == "manual":  # a bad band fails before the model works
         parse_band(band_text, num_layers(handle.model))
     retain = retain_subset(bench.retain, retain_examples, seed)
-    check_examples(bench.forget, retain)
+    check_examples(bench.forget, retain, handle.tokenizer, "These layer scores")
     config = EditConfig(matrix=matrix, use_alpha=bool(use_alpha), prompt_format=bench.prompt_format,
                         k=1, seed=seed)
     scores = cached_scores(handle, bench.forget, retain, config, progress)

@@ -13,6 +13,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
+from components.core.costs import EDIT_ADVICE, check_job
 from components.core.device import DEVICE_LOCK, device_progress, kept_cache, local_progress, on_device
 from components.core.durations import sweep_point_s
 from components.core.edits import trim_stream_cache
@@ -166,6 +167,8 @@ def on_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
     configs = [base.replace(layers=tuple(v)) if param == "band" else base.replace(**{param: v}) for v in vals]
     f_name, f_eval, r_name, r_eval = eval_subsets(bench)
     forget, retain = session.extra.get("edit_inputs", (bench.forget, bench.retain))
+    check_job(handle.tokenizer, "This sweep", {"forget": forget, "retain": retain, f"evaluation {f_name}": f_eval,
+                                               f"evaluation {r_name}": r_eval}, EDIT_ADVICE)
     res = _sweep(handle.key, forget, retain, configs, f_eval, r_eval, bench.prompt_format,
                  local_progress(lambda f, m: progress(f, desc=m)), current=(edit, base))
     run = dict(edit.run)

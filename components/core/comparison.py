@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+from components.core.costs import check_comparison
 from components.core.device import DEVICE_LOCK, ON_ZEROGPU, kept_cache, on_device
 from components.core.durations import report_s
 from components.core.limits import limit, over
@@ -93,8 +94,10 @@ def keep_base(key: ModelKey, bench, n, report) -> None:
 def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),
                       stage: str = "full", answers=None):
     """`compute_report` with the Base report of this process (`base_report`) and the
-    result kept (`keep_base`). The reference model, where there is one, is loaded here
-    first, so that a ZeroGPU worker forked next inherits it."""
+    result kept (`keep_base`). The evaluation examples are checked first against the token
+    limits (`components.core.costs`); the reference model, where there is one, is loaded
+    here first, so that a ZeroGPU worker forked next inherits it."""
+    check_comparison(handle.tokenizer, bench, n)
     reference_for(handle, bench)
     report = compute_report(handle.key, bench, edit, n, progress, record_at, base_report(handle.key, bench, n),
                             stage=stage, answers=answers)

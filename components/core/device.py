@@ -9,6 +9,12 @@ a ZeroGPU Space, and cancellation.
 - A job the visitor cancelled, or whose page went away, stops at its next forward pass
   (`JobCancelled`, raised by a hook every resident model carries), so it frees the lock
   in a fraction of a second instead of running to its end.
+- So does a job that has run longer than GROM_MAX_JOB_SECONDS (`JobTimedOut`), on any
+  host, counted from when its handler started (`errors.JOB_STARTED`, set by `ui_errors`),
+  not from when it joined the queue. The same unwinding as a cancel reverts any patch and
+  gives a baseline's model back. On ZeroGPU the forward passes run in a GPU worker, whose
+  every call has its own duration limit (components/core/gpu_time.py): there the main
+  process checks the wall time before each GPU call and at each progress stage.
 - `on_device` marks the compute functions: `spaces.GPU` on a ZeroGPU Space, plain
   functions elsewhere. They take plain values and return plain values; sessions are
   only changed outside them.
@@ -36,7 +42,8 @@ import gradio as gr
 from anyio import from_thread
 from gradio.context import LocalContext
 
-from components.core.errors import JobCancelled, message_for
+from components.core.errors import JOB_STARTED, JobCancelled, JobTimedOut, message_for
+from components.core.limits import limit
 from grom.arch import decoder_layers
 
 class DeviceLock:
@@ -105,7 +112,14 @@ def on_device(fn: Callable | None = None, *, duration: Callable | None = None) -
         import spaces
 
         task = _worker_errors(f)
-        return spaces.GPU(duration=duration)(task) if duration is not None else spaces.GPU(task)
+        gpu = spaces.GPU(duration=duration)(task) if duration is not None else spaces.GPU(task)
+
+        @functools.wraps(f)
+        def call(*args, **kwargs):
+            check_time()  # a job past GROM_MAX_JOB_SECONDS asks for no more GPU time
+            return gpu(*args, **kwargs)
+
+        return call
 
     return mark(fn) if fn is not None else mark
 
@@ -162,16 +176,16 @@ def _event_gone() -> bool:
     """In gradio's event loop: whether this thread's job was cancelled or lost its client.
     Gradio cancels by cancelling the asyncio task that waits for the handler's thread (the
     thread itself runs on), and marks a job whose page went away as not alive."""
-
-
     blocks, event_id = LocalContext.blocks.get(None), LocalContext.event_id.get(None)
     queue = getattr(blocks, "_queue", None)
     event = queue.event_ids_to_events.get(event_id) if queue is not None else None
     if event is None or not event.alive:
         return True
     suffix = f"<gradio-sep>{event_id}"
-    return any(task.get_name().endswith(suffix) and task.cancelling()
-               for task in asyncio.all_tasks())
+    tasks = [task for task in asyncio.all_tasks() if task.get_name().endswith(suffix)]
+    if not hasattr(asyncio.Task, "cancelling"):  # Python 3.10 (ZeroGPU's): no cancelling(), but a
+        return not tasks  # cancelled task that waited on this thread is done, out of all_tasks, at once
+    return any(task.cancelling() for task in tasks)
 
 
 _checked = threading.local()
@@ -179,9 +193,13 @@ _checked = threading.local()
 
 def job_cancelled() -> bool:
     """Whether the gradio job this thread runs was cancelled (asked at most every
-    CANCEL_CHECK_S; False outside a queued gradio job: a script, a test, the preload)."""
+    CANCEL_CHECK_S; False outside a queued gradio job: a script, a test, the preload; and
+    in a ZeroGPU worker, which has the request's context but no event loop to ask: the
+    question would wait for ever. There the platform ends the call, and GROM_MAX_JOB_SECONDS
+    still holds, the job's clock being in the same context)."""
+    if in_gpu_worker():
+        return False
     try:
-
         event_id = LocalContext.event_id.get(None)
         if event_id is None or LocalContext.blocks.get(None) is None:
             return False
@@ -195,7 +213,28 @@ def job_cancelled() -> bool:
         return False
 
 
+def job_seconds() -> float | None:
+    """How long the job this context runs has been running (None outside a handler)."""
+    started = JOB_STARTED.get()
+    return None if started is None else time.monotonic() - started
+
+
+def check_time() -> None:
+    """Stop a job that has run longer than GROM_MAX_JOB_SECONDS (`JobTimedOut`)."""
+    ran = job_seconds()
+    if ran is None:
+        return
+    most = limit("GROM_MAX_JOB_SECONDS")
+    if ran > most:
+        raise JobTimedOut(
+            f"This job was stopped after {ran:,.0f} s: this server lets one job run at most {most:,} s "
+            "(GROM_MAX_JOB_SECONDS). Nothing was changed (the model is as it was). Ask for less work: "
+            "fewer examples (Advanced settings: retain examples, key budgets), a smaller split, fewer "
+            "examples per set, epochs or sweep values. Hosting the studio yourself, raise GROM_MAX_JOB_SECONDS.")
+
+
 def check_cancelled() -> None:
+    check_time()
     if job_cancelled():
         raise JobCancelled("The job was cancelled; nothing was changed.")
 

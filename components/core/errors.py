@@ -6,6 +6,11 @@ cache and says how to need less; anything else is logged with its traceback and 
 briefly. Messages never show the server's absolute paths (`scrub_paths`) and never
 repeat more than a little of what the user typed (`shorten`). The session is never
 touched here, so it keeps its state.
+
+`ui_errors` also starts the job's clock (`JOB_STARTED`): a handler's wall time counts
+from the moment gradio runs it (not from when it joined the queue), and a job past
+GROM_MAX_JOB_SECONDS stops at its next forward pass (`components.core.device`). A
+stopped or cancelled job's traceback is cleared and its memory given back at once.
 """
 from __future__ import annotations
 
@@ -16,6 +21,9 @@ import os
 import re
 import sys
 import tempfile
+import time
+import traceback
+from contextvars import ContextVar
 from pathlib import Path
 
 import gradio as gr
@@ -26,6 +34,10 @@ log = logging.getLogger(__name__)
 ECHO_CHARS = 80  # the most of a user's input a message repeats
 MESSAGE_CHARS = 1000  # the longest message shown
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+JOB_STARTED: ContextVar[float | None] = ContextVar("grom_job_started", default=None)
+"""When the handler running in this context started (`time.monotonic()`), set by
+`ui_errors` (the outermost one); None outside a handler (a script, a test, the preload)."""
 
 OOM_HINT = ("Out of memory on the device. Try fewer examples (Advanced settings: retain "
             "examples, key budgets), a smaller batch, a narrower band, bfloat16, or a smaller model.")
@@ -98,19 +110,32 @@ def ui_errors(fn):
     """Turn every exception of handler `fn` into a `gr.Error` with an actionable message."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        clock = JOB_STARTED.set(time.monotonic()) if JOB_STARTED.get() is None else None
         try:
             return fn(*args, **kwargs)
         except gr.Error:
             raise
+        except JobCancelled as err:  # stopped (cancelled, or past GROM_MAX_JOB_SECONDS): free its work now
+            log.info("%s stopped: %s", fn.__name__, err)
+            message = message_for(err)
+            traceback.clear_frames(err.__traceback__)  # the frames hold the job's activations
+            del err
+            _release()
+            raise gr.Error(message, print_exception=False) from None
         except Exception as err:  # the UI edge: report, log, keep serving
-
-            if isinstance(err, JobCancelled):
-                log.info("%s cancelled", fn.__name__)
-            else:
-                log.warning("%s failed", fn.__name__, exc_info=True)
+            log.warning("%s failed", fn.__name__, exc_info=True)
             raise gr.Error(message_for(err), print_exception=False) from err
+        finally:
+            if clock is not None:
+                JOB_STARTED.reset(clock)
 
     return wrapper
+
+
+def _release() -> None:
+    from grom.memory import release_memory  # collect, empty the device cache, trim the C heap
+
+    release_memory()
 
 
 class UserError(ValueError):
@@ -119,3 +144,8 @@ class UserError(ValueError):
 
 class JobCancelled(Exception):
     """The visitor cancelled the job or left the page: stop and free the device."""
+
+
+class JobTimedOut(JobCancelled):
+    """The job ran past GROM_MAX_JOB_SECONDS: stopped like a cancelled one (the model is
+    given back unedited), with a message that says the limit and how to ask for less."""

@@ -7,6 +7,7 @@ import math
 import random
 import re
 
+from components.core.costs import check_edit_data
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, over
 from grom.config import BOUNDS
@@ -90,11 +91,15 @@ def retain_subset(retain, limit, seed: int) -> tuple:
     return tuple(random.Random(check_seed(seed)).sample(retain, limit))
 
 
-def check_examples(forget, retain) -> None:
-    """An edit's (or the layer scores') forget and retain examples within GROM_MAX_EXAMPLES."""
+def check_examples(forget, retain, tokenizer=None, what: str = "This edit") -> None:
+    """An edit's (or the layer scores') forget and retain examples within GROM_MAX_EXAMPLES
+    and, with the model's `tokenizer`, within GROM_MAX_EXAMPLE_TOKENS each and
+    GROM_MAX_JOB_TOKENS together (`components.core.costs`)."""
     if len(forget) > limit("GROM_MAX_EXAMPLES"):
         raise over("An edit uses every forget example, and this forget set has {n}", len(forget),
                    "GROM_MAX_EXAMPLES")
     if len(retain) > limit("GROM_MAX_EXAMPLES"):
         raise over("The edit would use {n} retain examples (Advanced settings: retain examples)",
                    len(retain), "GROM_MAX_EXAMPLES")
+    if tokenizer is not None:
+        check_edit_data(tokenizer, forget, retain, what)
