@@ -169,7 +169,8 @@ def _check_import(files, session: Session) -> _Import:
 def _import_edit(imp: _Import, progress) -> tuple[Edit | None, tuple | None, str]:
     """(the edit, its forget and retain examples, the verdict): recomputed where this
     server has the run's data, else from the uploaded patch; (None, None, why) when neither."""
-    reference = load_uploaded_edit(imp.meta_file, imp.patch_file, imp.handle.model) if imp.patch_file else None
+    reference = (load_uploaded_edit(imp.meta_file, imp.patch_file, imp.handle.model, imp.meta)
+                 if imp.patch_file else None)
     if imp.bench is None or imp.meta.get("method", "grom") != "grom":
         if reference is None:
             return None, None, (" Its benchmark was uploaded files (custom): load them in the Benchmark panel "
@@ -177,7 +178,7 @@ def _import_edit(imp: _Import, progress) -> tuple[Edit | None, tuple | None, str
                                 if imp.bench is None else " Upload its patch.safetensors to get the edit itself.")
         return reference, None, file_verdict(reference, imp.patch_file.name)
     retain = retain_subset(imp.bench.retain, imp.run["retain_examples"], imp.run["seed"])
-    check_examples(imp.bench.forget, retain)
+    check_examples(imp.bench.forget, retain, imp.handle.tokenizer, "Recomputing this edit")
     t0 = time.perf_counter()
     edit = compute_edit(imp.handle.key, imp.bench.forget, retain, imp.config, None,
                         device_progress(lambda f, msg: progress(f, desc=f"recomputing: {msg}")))

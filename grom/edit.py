@@ -5,11 +5,28 @@ An Edit holds per-parameter patches P on the CPU (in each weight's dtype and lay
 `revert` copies the originals back, bit for bit; `applied` does both around a block.
 Nothing of the model is kept between `revert` and the next `apply`.
 
+A computed edit holds every patch in full (a dict). A loaded one holds each patch as its
+file did (`Patches`): a patch stored as factors stays float32 factors U (m, r), V (r, n)
+(`Factors`), expanded only while it is used: `apply` adds it into its weight a block of
+rows at a time, and reading ``edit.patches[name]`` gives the full matrix on demand, not
+kept. So a session holding an imported factored edit holds its factors, not a copy of
+the weights. `edit.held` answers each patch's shape, dtype, rank and norm without
+expanding any (the norm of U V from the r x r Gram matrices U^T U and V V^T).
+
 On disk (`save`, `load`): ``edit.json`` (the settings, the run, and ``patch_sha256``, the
 hash of the patches as computed) and ``patch.safetensors``, each patch either the full
 matrix under its parameter's name (exact) or, with ``save(..., factored=True)`` where
 that is smaller, float32 factors ``<name>.U`` (m, r) and ``<name>.V`` (r, n) whose
 product is the patch to its dtype's rounding (the header's ``grom.factors`` lists them).
+An edit loaded from factors saves them back as they were. ``edit.json`` records each
+patch's norm (``patch_norms``), which `load` checks for every patch of every method.
+
+What a file may hold for a given model (`check_stored_patches`, from the header and
+edit.json alone, before any tensor is read): patches of the model's own weights, with
+their shapes; for GROM and the editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) only the
+matrix kind they edit (GROM: its config's `matrix`; the editors: down_proj) in the layers
+edit.json's rows name, one row per patch; for a trained method (GA, NPO, ...) any of the
+model's floating parameters, expanding to at most the model's own parameter count.
 """
 from __future__ import annotations
 
@@ -20,7 +37,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, Mapping, NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -76,10 +93,14 @@ class LayerRecord:
 
 @dataclass
 class Edit:
-    """A GROM edit: patches by parameter name plus what produced them."""
+    """A GROM edit: patches by parameter name plus what produced them.
+
+    `patches` reads as {name: full patch}: a dict for a computed edit, a `Patches` for a
+    loaded one (factored patches expanded on each read, not kept). `held` gives their
+    shapes, dtypes, ranks and norms without expanding anything."""
 
     config: EditConfig
-    patches: dict[str, torch.Tensor]
+    patches: Mapping[str, torch.Tensor]
     layers: list[LayerRecord] = field(default_factory=list)
     scores: LayerScores | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -108,25 +129,38 @@ class Edit:
     def is_applied(self) -> bool:
         return bool(self._saved)
 
+    @property
+    def held(self) -> "Patches":
+        """The patches as held (full or factors): shape, dtype, rank and norm of each
+        without expanding any; ``held.held(name)`` the tensor or `Factors` itself."""
+        return self.patches if isinstance(self.patches, Patches) else Patches(self.patches)
+
+    def patch(self, name: str) -> torch.Tensor:
+        """The full patch of `name` (a factored one expanded now, and not kept)."""
+        return self.patches[name]
+
     def apply(self, model: nn.Module) -> None:
-        """W <- W + P for every patch, keeping the originals for `revert`."""
+        """W <- W + P for every patch, keeping the originals for `revert`. A factored patch
+        is expanded a block of rows at a time into its weight (the same float64 product,
+        rounded once to its dtype, as `expand_factors`), never whole."""
         if self._saved:
             raise RuntimeError("this edit is already applied; revert it first")
-        for name, P in self.patches.items():
-            if not torch.isfinite(P).all():
+        held = self.held
+        for name in held:
+            if not held.finite(name):
                 raise ValueError(f"the patch for {name} has non-finite values; not applied")
-        check_patchable(model, self.patches)
+        check_patchable(model, held)
         if self.unties_lm_head and lm_head_is_tied(model):
             self._untied = untie_lm_head(model)
         try:
             with torch.no_grad():
-                for name, P in self.patches.items():
+                for name in held:
                     W = model.get_parameter(name)
-                    if W.shape != P.shape:
-                        raise ValueError(f"patch {name} has shape {tuple(P.shape)}, the model's "
+                    if W.shape != held.shape(name):
+                        raise ValueError(f"patch {name} has shape {tuple(held.shape(name))}, the model's "
                                          f"weight {tuple(W.shape)}: is this the model it was made for?")
                     self._saved[name] = W.detach().clone()
-                    W.add_(P.to(W.device, W.dtype))
+                    held.add_into(name, W)
         except Exception:
             self.revert(model)
             raise
@@ -151,7 +185,13 @@ class Edit:
             self.revert(model)
 
     def patch_norm(self) -> float:
-        return float(sum(float(P.double().norm()) ** 2 for P in self.patches.values()) ** 0.5)
+        """||P||_F over every patch (factored ones from their factors, not expanded)."""
+        return float(sum(n ** 2 for n in self.patch_norms().values()) ** 0.5)
+
+    def patch_norms(self) -> dict[str, float]:
+        """||P||_F of each patch, by name (factored ones from their factors)."""
+        held = self.held
+        return {name: held.norm(name) for name in held}
 
     def sha256(self) -> str:
         """`patch_sha256` of the patches as computed. An edit loaded from factors holds their
@@ -173,16 +213,25 @@ class Edit:
             "run": self.run,
             "world_size": self.world_size,
             "patch_sha256": self.sha256(),
+            "patch_norms": self.patch_norms(),
         }
 
     def save(self, path: str | Path, factored: bool = False) -> Path:
         """Write ``patch.safetensors`` and ``edit.json`` into the folder `path`. `factored`:
-        each patch whose float32 factors are smaller is stored as them (`factor_patch`), and
-        loads back equal to its dtype's rounding; otherwise every patch loads bit for bit."""
+        each patch whose float32 factors are smaller is stored as them (`factor_patch`; a
+        patch held as factors, those factors), and loads back equal to its dtype's rounding;
+        otherwise every patch loads bit for bit (as held: a factored one, expanded)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors, factors = {}, {}
-        for name, P in self.patches.items():
+        held = self.held
+        for name in held:
+            kept = held.held(name)
+            if factored and isinstance(kept, Factors):
+                tensors[f"{name}.U"], tensors[f"{name}.V"] = kept.U.contiguous(), kept.V.contiguous()
+                factors[name] = str(kept.dtype).removeprefix("torch.")
+                continue
+            P = held[name]
             UV = factor_patch(P, self._rank_bound(name)) if factored else None
             if UV is None:
                 tensors[name] = P.contiguous()
@@ -201,9 +250,9 @@ class Edit:
 
     @classmethod
     def load(cls, path: str | Path) -> "Edit":
-        """The edit saved in the folder `path`: full patches bit for bit, factored ones as
-        their product. A patch file that is not the one edit.json describes (its hash, or
-        for factors the patch norms, differ) is a ValueError."""
+        """The edit saved in the folder `path`: full patches bit for bit, factored ones kept
+        as their factors (read as their product). A patch file that is not the one edit.json
+        describes (its hash, or a patch's recorded norm, differ) is a ValueError."""
         path = Path(path)
         if not (path / PATCH_FILE).exists() or not (path / META_FILE).exists():
             raise FileNotFoundError(f"{path} holds no saved edit (expected {PATCH_FILE} and {META_FILE})")
@@ -224,20 +273,33 @@ class Edit:
             recorded_sha256=meta.get("patch_sha256"),
             stored_ranks=ranks,
         )
-        edit._check_patches()
+        edit._check_patches(meta.get("patch_norms") or {})
         return edit
 
-    def _check_patches(self) -> None:
-        """That the patches are those edit.json describes: the same hash, or for patches
-        loaded from factors (which no hash can name) the recorded norms within 1e-4."""
+    def _check_patches(self, norms: Mapping[str, float] = {}) -> None:  # noqa: B006  (read only)
+        """That the patches are those edit.json describes, whatever method made them: the
+        same hash where every patch is stored full, and every patch's norm within 1e-4 of
+        the one recorded (`norms`, edit.json's patch_norms, else its layer's row), give or
+        take its dtype's rounding (2 eps). A patch stored as factors (which no hash can
+        name) with no recorded norm is refused."""
         mismatch = f"{PATCH_FILE} is not the patch {META_FILE} describes: keep the two files of one export together"
         if self.recorded_sha256 and not self.stored_ranks and patch_sha256(self.patches) != self.recorded_sha256:
             raise ValueError(f"{mismatch} (the patches' sha256 differs from the one recorded).")
-        for r in self.layers:
-            P = self.patches.get(r.param_name)
-            if r.param_name in self.stored_ranks and P is not None and \
-                    abs(float(P.double().norm()) - r.patch_norm) > 1e-4 * max(r.patch_norm, 1e-30):
-                raise ValueError(f"{mismatch} ({r.param_name}'s norm is not the one recorded).")
+        recorded = {r.param_name: r.patch_norm for r in self.layers} | dict(norms)
+        held = self.held
+        for name in held:
+            want = recorded.get(name)
+            if want is None:
+                if name in self.stored_ranks:
+                    raise ValueError(f"{META_FILE} records no norm for {name}, which {PATCH_FILE} stores as "
+                                     "factors (no hash can name them): export the edit again.")
+                continue
+            # in the patch's dtype: rounding moves a norm by up to eps/2 of it (|<P, dP>| <= ||P|| ||dP||;
+            # a factored norm is the exact product's, an editor records its float32 patch's) and the
+            # factors drop at most eps of it (`factor_patch`): 1.6% in bfloat16, 1e-4 in float32
+            slack = 1e-4 + 2 * torch.finfo(held.dtype(name)).eps
+            if abs(held.norm(name) - want) > slack * max(want, 1e-30):
+                raise ValueError(f"{mismatch} ({name}'s norm is not the one recorded).")
 
 
 def check_patchable(model: nn.Module, patches: dict[str, torch.Tensor]) -> None:
@@ -253,6 +315,17 @@ def check_patchable(model: nn.Module, patches: dict[str, torch.Tensor]) -> None:
             problem = weight_problem(module, module_name)
             if problem:
                 raise NotEditable(f"this edit cannot be applied: {problem}")
+
+
+_ROW_NEEDS = ("param_name", "layer", "beta", "mu", "n_forget_keys", "n_retain_keys", "patch_norm", "weight_norm")
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
 def read_metadata(text: str) -> dict:
@@ -285,6 +358,21 @@ def read_metadata(text: str) -> dict:
     ws = meta.get("world_size")
     if ws is not None and not (isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1):
         raise ValueError(f"{META_FILE}: \"world_size\" must be a whole number of processes (1 or more).")
+    layers = meta.get("layers") or []
+    for row in layers:
+        if not (isinstance(row, dict) and isinstance(row.get("param_name"), str)
+                and set(_ROW_NEEDS) <= set(row) <= set(LayerRecord.__dataclass_fields__)
+                and (row.get("layer") is None or _whole(row["layer"]))
+                and all(_number(row[k]) for k in _ROW_NEEDS[2:])):
+            raise ValueError(f"{META_FILE}: every row of \"layers\" must be an object with "
+                             f"{', '.join(_ROW_NEEDS)} (a name, a layer number or null, numbers): "
+                             "upload the edit.json an export wrote.")
+    if not isinstance(meta.get("method", "grom"), str):
+        raise ValueError(f"{META_FILE}: \"method\" must be the name of the method that made the edit "
+                         "(\"grom\", \"ga\", ...).")
+    norms = meta.get("patch_norms")
+    if norms is not None and not (isinstance(norms, dict) and all(_number(v) for v in norms.values())):
+        raise ValueError(f"{META_FILE}: \"patch_norms\" must map patch names to numbers (their norms).")
     sha = meta.get("patch_sha256")
     if sha is not None and not (isinstance(sha, str) and re.fullmatch("[0-9a-f]{64}", sha)):
         raise ValueError(f"{META_FILE}: \"patch_sha256\" must be 64 hexadecimal digits (a sha256).")
@@ -348,8 +436,138 @@ def factor_patch(P: torch.Tensor, max_rank: int | None = None) -> tuple[torch.Te
 
 
 def expand_factors(U: torch.Tensor, V: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The patch U V (m, n) in `dtype`, multiplied in float64 and rounded once."""
-    return (U.double() @ V.double()).to(dtype)
+    """The patch U V (m, n) in `dtype`, multiplied in float64 and rounded once (a block of
+    rows at a time, as `Edit.apply` adds it: the same numbers)."""
+    return Factors(U, V, dtype).expand()
+
+
+EXPAND_BLOCK = 1 << 22  # float64 elements of one block of an expanded patch (32 MB)
+
+
+class Factors(NamedTuple):
+    """A patch held as float32 factors: the full patch is U V, multiplied in float64 and
+    rounded once to `dtype`. Expanded a block of rows at a time (`blocks`), so a whole
+    float64 copy of it never exists."""
+
+    U: torch.Tensor  # (m, r) float32
+    V: torch.Tensor  # (r, n) float32
+    dtype: torch.dtype  # the full patch's
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.U.shape[0], self.V.shape[1]))
+
+    @property
+    def rank(self) -> int:
+        return int(self.U.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.U.numel() * self.U.element_size() + self.V.numel() * self.V.element_size()
+
+    def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, those rows of the full patch in `dtype`), EXPAND_BLOCK elements at most."""
+        rows = max(1, EXPAND_BLOCK // max(1, self.V.shape[1]))
+        V = self.V.double()
+        for i in range(0, self.U.shape[0], rows):
+            yield i, (self.U[i:i + rows].double() @ V).to(self.dtype)
+
+    def expand(self) -> torch.Tensor:
+        """The full patch (m, n) in `dtype`."""
+        out = torch.empty(self.shape, dtype=self.dtype)
+        for i, block in self.blocks():
+            out[i:i + len(block)] = block
+        return out
+
+    def norm(self) -> float:
+        """||U V||_F from the r x r Gram matrices: sum((U^T U) * (V V^T)), in float64,
+        without forming U V. It is the exact product's norm: rounding the product to
+        `dtype` moves the norm by at most eps(dtype)/2 of it."""
+        U, V = self.U.double(), self.V.double()
+        return float(((U.T @ U) * (V @ V.T)).sum().clamp(min=0.0).sqrt())
+
+    def finite(self) -> bool:
+        """Every entry of the full patch finite: the factors finite and their largest
+        product |U_i||V_j| below `dtype`'s range, else the expansion checked block by block."""
+        if not (bool(torch.isfinite(self.U).all()) and bool(torch.isfinite(self.V).all())):
+            return False
+        if self.U.numel() == 0 or self.V.numel() == 0:
+            return True
+        bound = float(self.U.double().norm(dim=1).max()) * float(self.V.double().norm(dim=0).max())
+        if bound < torch.finfo(self.dtype).max:
+            return True
+        return all(bool(torch.isfinite(block).all()) for _, block in self.blocks())
+
+
+class Patches(Mapping):
+    """Patches by parameter name, each held as a full tensor or as `Factors`. Read as a
+    mapping, it gives every patch in full: a factored one expanded on each read, not kept
+    (read one at a time, and drop it). `shape`, `dtype`, `rank`, `norm`, `finite` and
+    `add_into` answer without a full copy; `nbytes` is what is held."""
+
+    def __init__(self, held: Mapping[str, "torch.Tensor | Factors"] = ()):
+        self._held = dict(held)
+
+    def held(self, name: str) -> "torch.Tensor | Factors":
+        return self._held[name]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        kept = self._held[name]
+        return kept.expand() if isinstance(kept, Factors) else kept
+
+    def __contains__(self, name) -> bool:
+        return name in self._held
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __repr__(self) -> str:
+        return f"Patches({', '.join(self._held)})"
+
+    def shape(self, name: str) -> torch.Size:
+        return self._held[name].shape
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self._held[name].dtype
+
+    def rank(self, name: str) -> int | None:
+        """The rank of the factors `name` is held as; None: held in full."""
+        kept = self._held[name]
+        return kept.rank if isinstance(kept, Factors) else None
+
+    def norm(self, name: str) -> float:
+        kept = self._held[name]
+        return kept.norm() if isinstance(kept, Factors) else float(kept.double().norm())
+
+    def finite(self, name: str) -> bool:
+        kept = self._held[name]
+        if isinstance(kept, Factors):
+            return kept.finite()
+        return not kept.is_floating_point() or bool(torch.isfinite(kept).all())
+
+    def is_float(self, name: str) -> bool:
+        return isinstance(self._held[name], Factors) or self._held[name].is_floating_point()
+
+    def add_into(self, name: str, W: torch.Tensor) -> None:
+        """W += the patch `name` (W a weight of its shape, under no_grad): a factored one
+        a block of rows at a time, each the product rounded to the patch's dtype first."""
+        kept = self._held[name]
+        if not isinstance(kept, Factors):
+            W.add_(kept.to(W.device, W.dtype))
+            return
+        for i, block in kept.blocks():
+            W[i:i + len(block)].add_(block.to(W.device, W.dtype))
+
+    def nbytes(self) -> int:
+        """Bytes held (a factored patch: its factors)."""
+        return sum(k.nbytes if isinstance(k, Factors) else k.numel() * k.element_size() for k in self._held.values())
+
+    def numel(self) -> int:
+        """Elements of every patch in full."""
+        return sum(self._held[name].shape.numel() for name in self._held)
 
 
 class StoredPatch(NamedTuple):
@@ -384,11 +602,78 @@ def read_patch_layout(file: str | Path) -> dict[str, StoredPatch]:
     return layout | {name: StoredPatch(shape) for name, shape in shapes.items()}
 
 
-def read_patches(file: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """(the full patches by name, the rank of those stored as factors) of a
-    patch.safetensors of either form."""
+def read_patches(file: str | Path) -> tuple[Patches, dict[str, int]]:
+    """(the patches by name, the rank of those stored as factors) of a patch.safetensors
+    of either form; factored patches stay factors (`Patches` expands them when read)."""
     layout, tensors = read_patch_layout(file), load_file(str(file))
-    patches = {name: tensors[name] if p.rank is None
-               else expand_factors(tensors[f"{name}.U"], tensors[f"{name}.V"], p.dtype)
-               for name, p in layout.items()}
+    patches = Patches({name: tensors[name] if p.rank is None
+                       else Factors(tensors[f"{name}.U"].float(), tensors[f"{name}.V"].float(), p.dtype)
+                       for name, p in layout.items()})
     return patches, {name: p.rank for name, p in layout.items() if p.rank is not None}
+
+
+# ---------------------------------------------------------------- what a file may hold
+
+def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, meta: dict) -> None:
+    """That a patch file's patches (`read_patch_layout`: its header, no tensor read yet) are
+    ones the edit `meta` describes (`read_metadata`'s edit.json) may hold on `model`; a
+    ValueError that says which is not, and why, otherwise.
+
+    Every patch is one of the model's weights, with its shape. GROM and the editors edit
+    one matrix kind (GROM: config.matrix; ROME, MEMIT, AlphaEdit, ZeroUnlearn: down_proj)
+    in the layers of their band: each patch has its row in edit.json's "layers", naming
+    that kind's matrix of a layer (of config.layers, where the config names them), and a
+    GROM patch's factors are of rank at most its row's forget keys (its rank bound). A
+    trained method (GA, NPO, ...) may change any floating parameter (those whose names
+    hold one of its settings' "params", where it names them), and its patches expand to at
+    most the model's own parameter count. A method this library does not know is refused."""
+    from grom.arch import edit_target
+    from grom.baselines import EDITORS, METHODS
+
+    method = meta.get("method", "grom")
+    params = dict(model.named_parameters(remove_duplicate=False))  # a tied head under its own name too
+    for name, stored in layout.items():
+        W = params.get(name)
+        if W is None or tuple(W.shape) != tuple(stored.shape):
+            why = ("is not one of its weights" if W is None else
+                   f"has shape {tuple(stored.shape)}, the model {tuple(W.shape)}")
+            raise ValueError(f"{PATCH_FILE} does not fit the loaded model: {name} {why}.")
+        if not W.is_floating_point():
+            raise ValueError(f"{PATCH_FILE} patches {name}, which is not a floating weight.")
+    if method == "grom" or method in EDITORS:
+        config = EditConfig.from_dict(meta["config"])
+        kind = config.matrix if method == "grom" else "down_proj"
+        label = "GROM" if method == "grom" else EDITORS[method].label
+        rows = {r["param_name"]: r for r in meta.get("layers") or []}
+        for name, stored in layout.items():
+            if name not in rows:
+                raise ValueError(f"{PATCH_FILE} patches {name}, which {META_FILE} has no row for in its "
+                                 f"\"layers\": a {label} edit patches only the matrices its rows name.")
+            layer, keys = rows[name].get("layer"), rows[name]["n_forget_keys"]
+            if method == "grom" and stored.rank is not None and stored.rank > keys:
+                raise ValueError(f"{PATCH_FILE} stores {name} as factors of rank {stored.rank}, and GROM's patch "
+                                 f"of {keys} forget keys has rank {keys} at most (its row in {META_FILE}).")
+            try:
+                target = edit_target(model, kind, layer).param_name
+            except ValueError as err:
+                raise ValueError(f"{META_FILE}: the row of {name}: {err}.") from None
+            if target != name or (kind != "lm_head" and config.layers is not None and layer not in config.layers):
+                raise ValueError(f"{PATCH_FILE} patches {name}: a {label} edit changes only the {kind} matrix "
+                                 f"of the layers of its band ({target} for layer {layer}"
+                                 + (f"; its config's layers are {list(config.layers)}" if config.layers else "")
+                                 + ").")
+        return
+    if method not in METHODS:
+        raise ValueError(f"{META_FILE}: the method {method!r} is none this server knows (grom, "
+                         f"the editors {', '.join(EDITORS)}, the trained methods {', '.join(METHODS)}).")
+    wanted = (meta.get("info") or {}).get("params")
+    if isinstance(wanted, list) and wanted and all(isinstance(w, str) for w in wanted):
+        stray = [name for name in layout if not any(w in name for w in wanted)]
+        if stray:
+            raise ValueError(f"{PATCH_FILE} patches {stray[0]}, which the run's trained parameters "
+                             f"({', '.join(wanted)}) do not include.")
+    total = sum(torch.Size(stored.shape).numel() for stored in layout.values())
+    own = sum(p.numel() for p in model.parameters())
+    if total > own:
+        raise ValueError(f"{PATCH_FILE}'s patches expand to {total:,} numbers, more than the loaded model's own "
+                         f"{own:,} parameters: a {METHODS[method].label} edit changes each weight once.")

@@ -1,6 +1,15 @@
 """Where the server keeps files: gradio's upload folder, the exports inside it, and the
 pruning that bounds them on disk; and the uploaded edit's files (edit.json and
-patch.safetensors), read and checked before anything is built from them."""
+patch.safetensors), read and checked before anything is built from them.
+
+An uploaded patch is bounded by what it may expand to, from its header and edit.json
+before any tensor is read (`check_patch_layout`): every factored patch of rank at most
+GROM_MAX_PATCH_RANK, and only matrices its method may change on the loaded model
+(`grom.edit.check_stored_patches`: GROM and the editors their matrix kind in their band,
+a trained method any weight, at most the model's parameter count in all). Loaded, it stays
+as its file held it (factors stay factors: a session holds them, not a copy of the
+weights), and every patch, whatever method made it, is checked finite and of the norm its
+edit.json records."""
 from __future__ import annotations
 
 import shutil
@@ -12,9 +21,9 @@ from gradio.utils import get_upload_folder
 from safetensors import SafetensorError
 
 from components.core.errors import UserError, shorten
-from components.core.limits import limit
+from components.core.limits import check, limit
 from grom import Edit
-from grom.edit import META_FILE, PATCH_FILE, read_metadata, read_patch_layout
+from grom.edit import META_FILE, PATCH_FILE, check_stored_patches, read_metadata, read_patch_layout
 
 
 def upload_folder() -> Path:
@@ -129,28 +138,32 @@ def read_edit_json(path: Path) -> dict:
         raise UserError(str(err)) from None
 
 
-def check_patch_layout(patch_file: Path, model) -> None:
-    """Every patch of the file (read from its header: nothing is built yet) is one of
-    `model`'s matrices, with its shape."""
+def check_patch_layout(patch_file: Path, model, meta: dict) -> None:
+    """The file's patches (read from its header: nothing is built yet) are ones the edit
+    `meta` describes may hold on `model` (`check_stored_patches`: its weights, with their
+    shapes, of the kind its method changes), each factored one of rank at most
+    GROM_MAX_PATCH_RANK."""
     try:
         layout = read_patch_layout(patch_file)
     except (SafetensorError, OSError, RuntimeError) as err:
         raise UserError(f"{shorten(patch_file.name)} is not a readable safetensors file ({shorten(err)}).") from None
     except ValueError as err:
         raise UserError(str(err)) from None
-    params = dict(model.named_parameters())
     for name, stored in layout.items():
-        W = params.get(name)
-        if W is None or tuple(W.shape) != tuple(stored.shape):
-            why = ("is not one of its matrices" if W is None else
-                   f"has shape {tuple(stored.shape)}, the model {tuple(W.shape)}")
-            raise UserError(f"patch.safetensors does not fit the loaded model: {shorten(name)} {why}.")
+        if stored.rank is not None:
+            named = shorten(name).replace("{", "{{").replace("}", "}}")  # `over` formats the phrase
+            check(f"{PATCH_FILE} stores {named} as factors of rank {{n}}", stored.rank, "GROM_MAX_PATCH_RANK")
+    try:
+        check_stored_patches(layout, model, meta)
+    except ValueError as err:
+        raise UserError(shorten(str(err), 600)) from None
 
 
-def load_uploaded_edit(meta_file: Path, patch_file: Path, model) -> Edit:
-    """The uploaded Edit, checked to fit `model` (every patched matrix exists, same shape)
-    and to be the patch its edit.json describes (`Edit.load`)."""
-    check_patch_layout(patch_file, model)
+def load_uploaded_edit(meta_file: Path, patch_file: Path, model, meta: dict | None = None) -> Edit:
+    """The uploaded Edit, checked to fit `model` (`check_patch_layout`, before any tensor
+    is read) and to be the patch its edit.json describes (`Edit.load`: the hash, every
+    patch's norm), every patch finite; factored patches stay factored."""
+    check_patch_layout(patch_file, model, read_edit_json(meta_file) if meta is None else meta)
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(meta_file, Path(tmp) / META_FILE)
         shutil.copy(patch_file, Path(tmp) / PATCH_FILE)
@@ -161,7 +174,8 @@ def load_uploaded_edit(meta_file: Path, patch_file: Path, model) -> Edit:
                             f"({shorten(err)}).") from None
         except ValueError as err:
             raise UserError(str(err)) from None
-    for name, P in edit.patches.items():
-        if not P.is_floating_point() or not bool(P.isfinite().all()):
+    held = edit.held
+    for name in held:
+        if not held.is_float(name) or not held.finite(name):
             raise UserError(f"patch.safetensors: {shorten(name)} is not a finite float patch.")
     return edit

@@ -85,7 +85,7 @@ def band_text(band) -> str:
 def max_relative_difference(edit: Edit, reference: Edit) -> float | None:
     """max over matrices of ||P - P_ref||_F / ||P_ref||_F (None: not the same matrices)."""
     def shapes(e: Edit) -> dict:
-        return {name: tuple(P.shape) for name, P in e.patches.items()}
+        return {name: tuple(e.held.shape(name)) for name in e.patches}
 
     if shapes(edit) != shapes(reference):
         return None
@@ -97,7 +97,8 @@ def max_relative_difference(edit: Edit, reference: Edit) -> float | None:
 def rounding_tolerance(edit: Edit) -> float:
     """The largest ||dP||/||P|| that last-bit differences explain: 1e-3 for float32 patches
     (another thread count gave 1.3e-6 on SmolLM2's 5 layers), 8 eps for 16-bit ones."""
-    return max([1e-3] + [8 * torch.finfo(P.dtype).eps for P in edit.patches.values() if P.is_floating_point()])
+    held = edit.held  # dtypes only: no factored patch expanded
+    return max([1e-3] + [8 * torch.finfo(held.dtype(n)).eps for n in held if held.dtype(n).is_floating_point])
 
 
 def recompute_verdict(edit: Edit, recorded: str | None, seconds: float, reference: Edit | None) -> str:

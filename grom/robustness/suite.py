@@ -129,12 +129,13 @@ def check_edit_fits(model: nn.Module, edit) -> None:
                          "give the model it was made for (--model)")
     check_patchable(model, edit.patches)  # quantized (a packed shape) or offloaded: said as such
     params = dict(model.named_parameters(remove_duplicate=False))  # a tied head under its own name too
-    for name, P in edit.patches.items():
-        W = params.get(name)
+    held = edit.held  # shapes only: no factored patch expanded
+    for name in held:
+        W, shape = params.get(name), tuple(held.shape(name))
         if W is None:
             raise ValueError(f"this edit patches {name}, which the model has not: it was made for another model")
-        if W is not None and tuple(W.shape) != tuple(P.shape):
-            raise ValueError(f"this edit's patch for {name} has shape {tuple(P.shape)}, the model's weight "
+        if W is not None and tuple(W.shape) != shape:
+            raise ValueError(f"this edit's patch for {name} has shape {shape}, the model's weight "
                              f"{tuple(W.shape)}: it was made for another model")
 
 
