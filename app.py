@@ -48,7 +48,7 @@ from components.core.edits import warm_edit
 from components.core.errors import ui_errors
 from components.core.guard import BodyLimit, QueueGuard, UploadGuard
 from components.core.limits import limit
-from components.core.models import ensure_model, model_key, n_layers, preload_allowed
+from components.core.models import ensure_model, model_key, n_layers, pin_start_model, preload_allowed
 from components.core.session import REGISTRY, Session
 from components.core.sources import DEMO, REAL
 from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
@@ -147,7 +147,8 @@ def wire(ui: SimpleNamespace) -> None:
     view = [ly.k, ly.band_mode, ly.band_text, ly.show_parts, s]
     loaded = m.load.click(on_load_model, [m.choice, m.device, m.dtype, m.device_map, m.max_memory, s],
                           [m.status, m.summary, ly.k],
-                          api_name="load_model", **DEVICE)
+                          # its own queue: the download holds no lock, so device jobs run beside it
+                          api_name="load_model", concurrency_id="load_model", concurrency_limit=1)
     loaded.success(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)  # the new model's defaults
     loaded.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # a new model: the old scores go
     loaded.success(on_model_loaded, s, [b.info, e.preset], **LOCAL)  # a preset that fits it
@@ -380,6 +381,7 @@ def build_app(warm: bool = False) -> gr.Blocks:
     the start model's first page is precomputed in a background thread
     (`warm_first_page`; not on ZeroGPU, where the device exists only inside a request)."""
     start_key = REGISTRY.current.key if REGISTRY.current is not None else None
+    pin_start_model(start_key)  # no visitor's load unloads it
     start = start_key.name if start_key is not None else DEMO
 
     def page_load(session: Session):
@@ -404,7 +406,9 @@ def build_app(warm: bool = False) -> gr.Blocks:
                      api_visibility="private", **DEVICE) \
             .success(on_warm_comparison, warm_inputs + [ui.session], None,
                      api_visibility="private", **DEVICE)
-    demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"))
+    # api_open=False: gradio would otherwise serve /run/ and /api/ off a Space, calls that skip the
+    # queue and so every per-session and per-visitor limit of components/core/guard.py
+    demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"), api_open=False)
     if warm and start_key is not None and not ON_ZEROGPU:
         threading.Thread(target=warm_first_page, name="warm-first-page", daemon=True,
                          args=(start_key, [c.value for c in score_inputs],

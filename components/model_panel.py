@@ -11,7 +11,7 @@ import torch
 from components.core.device import ON_ZEROGPU, local_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
-from components.core.models import DEVICES, DTYPES, ensure_model, model_choices, model_key, n_layers
+from components.core.models import DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key, n_layers
 from components.core.session import REGISTRY, ModelHandle, Session
 from components.core.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
 from components.core.sources import DEMO, REAL
@@ -47,11 +47,18 @@ def on_load_model(choice: str, device: str, dtype: str, device_map: str, max_mem
                   progress=gr.Progress()):
     """Load (or reuse) the shared model, whole on `device` or sharded by `device_map`
     within `max_memory`; returns a status line, the summary table and the band-width
-    slider sized to the model's layers."""
+    slider sized to the model's layers. A visitor's free choice is sized from its config
+    before any download (GROM_MAX_MODEL_PARAMS); the download holds no device lock."""
     key = sharded_key(model_key(choice, device, dtype), device_map, max_memory)
     progress(0.1, desc=f"loading {key.label()}")
     report = local_progress(lambda f, m: progress(f, desc=m))  # loads here, ZeroGPU too
-    handle = ensure_sharded_model(key, report) if key.device_map else ensure_model(key, report)
+    free = free_choice(key)
+    if key.device_map:
+        if REGISTRY.get(key) is None:
+            fetch(key, report, free=free)  # downloaded here, unlocked: the sharded load reads the cache
+        handle = ensure_sharded_model(key, report)
+    else:
+        handle = ensure_model(key, report, free=free)
     if session.model_key != key:
         session.model_key = key
         session.scores = session.scores_for = None

