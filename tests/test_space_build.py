@@ -8,10 +8,12 @@ lists below are that page's; when Hugging Face adds a release, add it here.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gradio
@@ -95,3 +97,50 @@ def test_on_a_space_app_imports_spaces_before_torch():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "torch first: False" in out.stdout and "fake_spaces" in out.stdout, out.stdout
+
+
+def test_the_app_started_as_a_zerogpu_space_serves_an_edit_a_comparison_and_a_baseline(tmp_path):
+    """`python app.py` with a Space's environment (SPACE_ID, SPACES_ZERO_GPU, the stand-in
+    `spaces` that forks a worker per GPU call), driven by bench/space_smoke.py through the
+    public API, as README's deployment section shows on Python 3.10.13 and torch 2.8.0.
+    (The first such run hung: the cancel check of a forward pass asked the parent's event
+    loop from the forked worker, which has none.)"""
+    from tests.app_fixtures import free_port
+
+    port = free_port()
+    env = dict(os.environ, SPACES_ZERO_GPU="true", SPACE_ID="someone/grom-studio", GRADIO_SERVER_NAME="127.0.0.1",
+               GRADIO_SERVER_PORT=str(port), GRADIO_TEMP_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "fake_spaces"), str(ROOT)]))
+    log = (tmp_path / "server.log").open("w+")
+    server = subprocess.Popen([sys.executable, "app.py", "--model", "demo", "--device", "cpu"], cwd=ROOT, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(240):
+            if server.poll() is not None or "Running on" in (tmp_path / "server.log").read_text():
+                break
+            time.sleep(0.5)
+        assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        smoke = subprocess.run([sys.executable, "bench/space_smoke.py", "--url", f"http://127.0.0.1:{port}/",
+                                "--lr", "1e-3"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-3000:] + (tmp_path / "server.log").read_text()[-3000:]
+        figures = json.loads(smoke.stdout.strip().splitlines()[-1])
+        assert {"edit_s", "compare_s", "baseline_s", "second_visitor_generate_s"} <= figures.keys()
+        assert "Edited" in smoke.stdout and "Forgot" in smoke.stdout and "GA" in smoke.stdout, smoke.stdout
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
+
+
+def test_readme_lists_every_host_limit_with_its_default():
+    """The hosting table of README.md says every variable components/core/limits.py reads,
+    with the default it has."""
+    from components.core import limits
+
+    text = (ROOT / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(GROM_[A-Z_]+)` \| ([^|]+) \|", text, re.M))
+    for name, default in limits.DEFAULTS.items():
+        assert name in rows, f"README.md's limits table lacks {name}"
+        assert rows[name].strip() == str(default), (name, rows[name], default)
+    assert "GROM_PROXY_HOPS" in rows and "GROM_MODELS" in rows

@@ -163,7 +163,8 @@ def preload_allowed(device: str = "auto", dtype: str = "auto") -> list[ModelKey]
         return []
     room = limit("GROM_RESIDENT_MODELS")
     if len(policy.allowed) > room:
-        log.warning("GROM_MODELS names %d models and GROM_RESIDENT_MODELS keeps %d: loading %s at start; "
+        log.warning("the allow-list (GROM_MODELS, or a Space's default) names %d models and GROM_RESIDENT_MODELS "
+                    "keeps %d: loading %s at start; "
                     "the others load when asked", len(policy.allowed), room, ", ".join(policy.allowed[:room]))
     loaded = []
     for name in policy.allowed[:room]:
