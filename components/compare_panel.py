@@ -58,6 +58,8 @@ def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
         if "fact_recall" in after and "fact_recall" in before:  # did the answer state the fact?
             row["fact_before"] = bool(before["fact_recall"].iloc[i])
             row["fact_after"] = bool(after["fact_recall"].iloc[i])
+        if "answer_class" in after:  # what the answer is: kept, a refusal, another fluent one, degenerate
+            row["class_after"] = str(after["answer_class"].iloc[i])
         rows.append(row)
     return rows
 

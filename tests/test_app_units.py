@@ -94,6 +94,9 @@ def test_generations_mark_forgotten_and_lost_facts_differently():
     assert "v-bad\">fact lost" in retain and "v-good\">kept" in retain and "not known before" in retain
     assert "gen-legend" in retain and "broken only when" in retain  # what each badge means
     assert "verdict" not in generations_html([row(True, False)])  # no kind: no verdict
+    looping = row(True, False) | {"after": "the the the the", "class_after": "degenerate"}
+    marked = generations_html([looping, row(True, False) | {"class_after": "fluent"}], kind="forget")
+    assert "v-bad\">degenerate text" in marked and marked.count("v-good\">forgotten") == 1  # never green
 
 
 def test_the_result_card_says_what_was_forgotten_and_kept():
@@ -117,7 +120,9 @@ def test_the_result_card_says_what_was_forgotten_and_kept():
     session.edit = type("E", (), {"timings": {"total": 6.2}})()
     remember(session, session.edit, report, True)  # all examples
     card = result_card(session)
-    assert "Forgot <b>1 of the 2</b> forget facts" in card and "kept <b>1 of 1</b>" in card
+    # the one answer that no longer states its fact is degenerate: broken, not forgotten
+    assert "Forgot <b>0 of the 2</b> forget facts it knew · <b>1</b> broke into degenerate text" in card
+    assert "kept <b>1 of 1</b>" in card
     assert "6.2 s" in card and "Retain set intact: no retain metric fell" in card and "before: g1" in card
     assert "1 degenerate text" in card and "not counted as forgetting" in card  # what the answers became
     assert "Counted on all the split" in card and "the 2 forget and 1 other facts" in card

@@ -37,6 +37,14 @@ def counts(report) -> tuple[tuple[int, int], tuple[int, int]] | None:
     return facts["forget"], (sum(k for k, _ in kept), sum(s for _, s in kept))
 
 
+def broken_count(report) -> int:
+    """How many forget facts the unedited model knew are now answered with degenerate text
+    (loops, punctuation, noise): no longer stated, but broken rather than forgotten. The
+    headline counts them apart, as the Knowledge score does (`grom.eval.metrics.knowledge_score`)."""
+    classes = report.answer_classes().get("forget") if hasattr(report, "answer_classes") else None
+    return int((classes or {}).get("degenerate", 0))
+
+
 def bold(text: str) -> str:
     """Markdown's **bold** as HTML, the rest escaped."""
     return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
@@ -50,8 +58,11 @@ def headline(report) -> str:
         if known == 0:
             return ("The unedited model stated **none** of these forget facts here: there was nothing to "
                     "forget (does this benchmark fit this model?)")
-        return (f"Forgot **{known - still} of the {known}** forget facts it knew · kept **{k_still} of "
-                f"{k_known}** other facts it knew")
+        broken = broken_count(report)
+        said = f"Forgot **{known - still - broken} of the {known}** forget facts it knew"
+        if broken:
+            said += f" · **{broken}** broke into degenerate text"
+        return f"{said} · kept **{k_still} of {k_known}** other facts it knew"
     base, after = report.rows[BASE].metrics, report.rows[EDITED].metrics
     pairs = [(k, base[k], after[k]) for k in ("Forget fact recall", "Retain fact recall", "Forget accuracy",
                                                "Utility accuracy", "Efficacy", "Specificity",
@@ -89,7 +100,7 @@ def classes_line(report) -> str:
         return ""
     line = "The forget answers now: " + " · ".join(parts) + "."
     if classes.get("degenerate"):
-        line += " Degenerate text is not counted as forgetting in the Knowledge score."
+        line += " Degenerate text is not counted as forgetting, here or in the Knowledge score."
     return line
 
 

@@ -54,8 +54,9 @@ def _prob(p) -> str:
 VERDICTS = {("forget", True, False): ("forgotten", "v-good"), ("forget", True, True): ("still stated", "v-warn"),
             ("retain", True, False): ("fact lost", "v-bad"), ("retain", True, True): ("kept", "v-good")}
 LEGEND = {
-    "forget": ("forgotten: the unedited model stated the fact and the edited one does not (what the "
-               "answer says instead is its own matter: read it) · still stated: it still does · not "
+    "forget": ("forgotten: the unedited model stated the fact and the edited one answers otherwise, in "
+               "language (another answer or a refusal) · degenerate text: it no longer states the fact but "
+               "loops or writes noise, which is breaking, not forgetting · still stated: it still does · not "
                "known before: the unedited model did not state it either, so there was nothing to forget"),
     "retain": ("kept: the fact is still stated · fact lost: this answer no longer states a fact the "
                "unedited model stated (one answer; the set counts as broken only when its kept-fact "
@@ -63,10 +64,15 @@ LEGEND = {
 }
 
 
+BROKEN = ("degenerate text", "v-bad")  # a known forget fact no longer stated, the answer loops or is noise
+
+
 def _verdict(r: dict, kind: str | None) -> str:
     if kind is None or "fact_before" not in r:
         return ""
     label, cls = VERDICTS.get((kind, r["fact_before"], r["fact_after"]), ("not known before", "v-none"))
+    if kind == "forget" and label == "forgotten" and r.get("class_after") == "degenerate":
+        label, cls = BROKEN  # broken text is not forgetting: never the success mark
     return f'<span class="verdict {cls}">{label}</span>'
 
 
