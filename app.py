@@ -42,10 +42,10 @@ from components.compare_panel import (ask_box, build_answers_panel, build_compar
 from components.core import form
 from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
 from components.core.comparison import default_examples, warm_base_rows
-from components.core.device import DEVICE_QUEUE, ON_ZEROGPU
+from components.core.device import DEVICE_QUEUE, ON_ZEROGPU, gave_way, wait_for_quiet, watch_queue, yielding
 from components.core.downloads import table_files
 from components.core.edits import warm_edit
-from components.core.errors import ui_errors
+from components.core.errors import JobCancelled, ui_errors
 from components.core.guard import BodyLimit, QueueGuard, UploadGuard
 from components.core.limits import limit
 from components.core.models import ensure_model, model_key, n_layers, pin_start_model, preload_allowed
@@ -312,7 +312,7 @@ def on_page_load(session: Session, start=None):
     name, split = start_benchmark(handle.key.name)
     bench = read_benchmark(name, split, "", None, None, handle.key.name)
     session.benchmark, session.bench_label = bench, f"{name}/{split}"
-    return (status_line(handle), summary(handle), handle.key.shown, gr.Slider(maximum=n_layers(handle)),
+    return (status_line(handle) + warmup_note(), summary(handle), handle.key.shown, gr.Slider(maximum=n_layers(handle)),
             describe(bench), examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
             examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples"),
             name, gr.Dropdown(choices=splits_for(name), value=split), preset_for(name, split, handle.key.name))
@@ -328,6 +328,19 @@ def on_first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, reta
                         seed, session, progress)
 
 
+WARMUP = {"running": False, "started": 0.0}  # the server's first-page warm-up (`warm_first_page`)
+WARM_TRIES = 20  # times a warm-up step starts again after giving the device up to visitors
+
+
+def warmup_note() -> str:
+    """A line for a page opened while the server warms up, else ""."""
+    if not WARMUP["running"]:
+        return ""
+    return (f" · Warming up in the background ({time.monotonic() - WARMUP['started']:.0f} s so far): the layer "
+            "scores and the unedited answers of this page, so that the first card comes sooner. Your own "
+            "clicks go first: it gives the device up to them.")
+
+
 def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session) -> None:
     """On the real model, while the visitor reads the page: the forward pass up to the
     suggested band (Run edit then runs only the band) and the unedited rows of the
@@ -335,9 +348,14 @@ def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session)
     the Edited row is left, on the band and above); all cached for every later page.
     Nothing on ZeroGPU: it would spend the visitor's GPU time on opening the page, and
     the stream and prefix caches would stay in a worker."""
-    if session.model_key is not None and session.model_key.name == REAL and not ON_ZEROGPU:
-        band = warm_edit(k, retain_examples, seed, session)
-        warm_base_rows(max_examples, session, min(band) if band else None)
+    if session.model_key is None or session.model_key.name != REAL or ON_ZEROGPU:
+        return
+    try:  # background work: it gives the device up the moment a visitor's job waits for it
+        with yielding():
+            band = warm_edit(k, retain_examples, seed, session)
+            warm_base_rows(max_examples, session, min(band) if band else None)
+    except JobCancelled:  # gave way (or the page went): what it filled stays cached, the rest is done later
+        pass
 
 
 def warm_first_page(start_key, score_values: list, warm_values: list) -> None:
@@ -348,14 +366,30 @@ def warm_first_page(start_key, score_values: list, warm_values: list) -> None:
     page and Run edit do not wait on them (on SmolLM2 and a 2-core CPU, ~35 s of work). A
     failure is only logged: the page computes what it needs itself."""
     t0 = time.perf_counter()
+    session = Session()
+    steps = [("page", lambda: on_page_load(session, start_key)),
+             ("layer scores", lambda: on_first_scores(*score_values, session, progress=lambda *_, **__: None)),
+             ("comparison", lambda: on_warm_comparison(*warm_values, session))]
+    WARMUP.update(running=True, started=time.monotonic())
     try:
-        session = Session()
-        on_page_load(session, start_key)
-        on_first_scores(*score_values, session, progress=lambda *_, **__: None)
-        on_warm_comparison(*warm_values, session)
+        for name, step in steps:
+            for _ in range(WARM_TRIES):  # background work: every visitor's job goes first
+                wait_for_quiet()
+                gave_way()
+                with yielding():
+                    try:
+                        step()
+                    except Exception as err:  # noqa: BLE001  (a warm-up: never takes the server down)
+                        if not gave_way():
+                            log.warning("first page not precomputed (%s): %s", name, err)
+                            return
+                        continue
+                if not gave_way():
+                    break
+                log.info("warm-up gave the device up to a visitor (%s); it goes on when the device is free", name)
         log.info("first page precomputed in %.1f s", time.perf_counter() - t0)
-    except Exception as err:  # noqa: BLE001  (a warm-up: never takes the server down)
-        log.warning("first page not precomputed: %s", err)
+    finally:
+        WARMUP["running"] = False
 
 
 def start_session(start_key) -> Session:
@@ -409,6 +443,7 @@ def build_app(warm: bool = False) -> gr.Blocks:
     # api_open=False: gradio would otherwise serve /run/ and /api/ off a Space, calls that skip the
     # queue and so every per-session and per-visitor limit of components/core/guard.py
     demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"), api_open=False)
+    watch_queue(demo)  # background work sees the visitors' jobs waiting for the device
     if warm and start_key is not None and not ON_ZEROGPU:
         threading.Thread(target=warm_first_page, name="warm-first-page", daemon=True,
                          args=(start_key, [c.value for c in score_inputs],

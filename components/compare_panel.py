@@ -158,7 +158,8 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
     forget = generation_rows(report, FORGET_SETS)
     retain = generation_rows(report, RETAIN_SETS)
     return (summary_md(report, n, whole), styled(metrics_frame(report)),
-            generations_html(forget, "Forget examples: the answers should break", kind="forget"),
+            generations_html(forget, "Forget examples: the answers should stop stating the fact, in words",
+                             kind="forget"),
             generations_html(retain, "Retain examples: the answers should stay", kind="retain"))
 
 

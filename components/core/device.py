@@ -36,6 +36,7 @@ import logging
 import os
 import threading
 import time
+from contextlib import contextmanager
 from typing import Callable
 
 import gradio as gr
@@ -49,25 +50,48 @@ from grom.arch import decoder_layers
 class DeviceLock:
     """A re-entrant lock (`threading.RLock`'s interface) made anew in a forked child: a
     ZeroGPU worker is forked while another request's thread may hold the parent's lock,
-    and a copy held by a thread that does not exist in the child would never be released."""
+    and a copy held by a thread that does not exist in the child would never be released.
+    It counts the threads waiting for it (`waiting`) and when it was last let go
+    (`released_at`), so that background work can give the device up (`yielding`)."""
     def __init__(self):
-        self._lock = threading.RLock()
+        self.renew()
 
     def renew(self) -> None:
         self._lock = threading.RLock()
+        self._count = threading.Lock()
+        self.waiting = 0
+        self.released_at = 0.0
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return self._lock.acquire(blocking, timeout)
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        with self._count:
+            self.waiting += 1
+        try:
+            return self._lock.acquire(True, timeout)
+        finally:
+            with self._count:
+                self.waiting -= 1
 
     def release(self) -> None:
         self._lock.release()
+        self.released_at = time.monotonic()
+
+    def is_free(self) -> bool:
+        """Whether no other thread holds it now (asking does not count as a release)."""
+        if not self._lock.acquire(False):
+            return False
+        self._lock.release()
+        return True
 
     def __enter__(self):
-        self._lock.acquire()
+        self.acquire()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._lock.release()
+        self.release()
 
 
 DEVICE_LOCK = DeviceLock()
@@ -233,7 +257,69 @@ def check_time() -> None:
             "examples per set, epochs or sweep values. Hosting the studio yourself, raise GROM_MAX_JOB_SECONDS.")
 
 
+class Yielded(JobCancelled):
+    """Background work (the server's first-page warm-up, a page's own warm-up) gave the
+    device up to a visitor's job: nothing was changed; it may run again later."""
+
+
+_background = threading.local()
+_blocks: list = []  # the app's Blocks (`watch_queue`): its device queue says who is waiting
+
+
+def watch_queue(blocks) -> None:
+    """Let background work see the visitors' jobs waiting in `blocks`' device queue."""
+    _blocks[:] = [blocks]
+
+
+def visitors_waiting() -> bool:
+    """Whether a visitor's job waits for the device: a thread blocked on DEVICE_LOCK, or a
+    job waiting in gradio's device queue (behind the one that runs)."""
+    if DEVICE_LOCK.waiting:
+        return True
+    for blocks in list(_blocks) + [LocalContext.blocks.get(None)]:
+        queue = getattr(blocks, "_queue", None)
+        waiting = queue.event_queue_per_concurrency_id.get(DEVICE_QUEUE) if queue is not None else None
+        if waiting is not None and waiting.queue:
+            return True
+    return False
+
+
+@contextmanager
+def yielding():
+    """Run the block as background work: at its next forward pass after a visitor's job
+    starts waiting for the device, it stops (`Yielded`, its patches reverted as on a
+    cancel) so that the visitor goes first."""
+    before = getattr(_background, "on", False)
+    _background.on = True
+    try:
+        yield
+    finally:
+        _background.on = before
+
+
+def gave_way() -> bool:
+    """Whether background work in this thread gave the device up since the last ask (its
+    `Yielded` may have reached the caller as a handler's `gr.Error`)."""
+    done = getattr(_background, "gave_way", False)
+    _background.gave_way = False
+    return done
+
+
+def wait_for_quiet(quiet_s: float = 3.0, give_up_s: float = 3600.0) -> bool:
+    """Block until no visitor's job has waited for or held the device for `quiet_s`
+    seconds (False after `give_up_s`): when background work may take its turn again."""
+    deadline = time.monotonic() + give_up_s
+    while time.monotonic() < deadline:
+        if DEVICE_LOCK.is_free() and not visitors_waiting() and time.monotonic() - DEVICE_LOCK.released_at >= quiet_s:
+            return True
+        time.sleep(0.25)
+    return False
+
+
 def check_cancelled() -> None:
+    if getattr(_background, "on", False) and visitors_waiting():
+        _background.gave_way = True
+        raise Yielded("This background work gave the device up to a visitor's job; nothing was changed.")
     check_time()
     if job_cancelled():
         raise JobCancelled("The job was cancelled; nothing was changed.")

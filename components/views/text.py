@@ -85,7 +85,8 @@ PATCH_RATIO = ("**‖P‖/‖W‖** is the size of the patch against the size of
 
 COMPARE = ("**5 · Compare.** The same questions go to the model before and after the edit (and, "
            "for the demo, to its twin trained without the forget set, the gold standard): forget "
-           "answers should break, retain answers should not move.")
+           "answers should stop stating their facts, in words (another answer or a refusal; broken "
+           "text is not forgetting), retain answers should not move.")
 
 BASELINE = ("The trained baselines unlearn by fine-tuning: for several epochs they take gradient "
             "steps that push the likelihood of the forget answers down (GA alone; GradDiff, NPO and "
