@@ -59,16 +59,21 @@ DEFAULTS = {
 def limit(name: str) -> int:
     """The host's value of `name` (a positive whole number), else its default. A value
     that is not one fails loudly at the first request rather than being ignored."""
+    return _whole_number(name, DEFAULTS[name], least=1, default_text=f"default {DEFAULTS[name]}")
+
+
+def _whole_number(name: str, default: int, least: int, default_text: str) -> int:
+    """The environment's `name` as a whole number of at least `least`, else `default`; a
+    value that is not one is a ValueError naming the variable and `default_text`."""
     raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULTS[name]
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 1 or value != int(value):
-        raise ValueError(f"{name}={raw!r}: set it to a whole number of at least 1 "
-                         f"(default {DEFAULTS[name]}).")
+    if not math.isfinite(value) or value < least or value != int(value):
+        raise ValueError(f"{name}={raw!r}: set it to a whole number of at least {least} ({default_text}).")
     return int(value)
 
 
@@ -89,17 +94,10 @@ def proxy_hops() -> int:
     Face's proxy, an internal 10.x address, and the visitor's address is the entry that
     one proxy appends to X-Forwarded-For, its last one. (Not checked here against a live
     Space: a host that sees otherwise sets GROM_PROXY_HOPS.)"""
-    raw = os.environ.get("GROM_PROXY_HOPS", "").strip()
-    if not raw:
-        return SPACE_PROXY_HOPS if os.environ.get("SPACE_ID", "").strip() else 0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0 or value != int(value):
-        raise ValueError(f"GROM_PROXY_HOPS={raw!r}: set it to a whole number of at least 0 (0: no proxy is "
-                         f"trusted; the default is {SPACE_PROXY_HOPS} on a Space, 0 elsewhere).")
-    return int(value)
+    default = SPACE_PROXY_HOPS if os.environ.get("SPACE_ID", "").strip() else 0
+    return _whole_number("GROM_PROXY_HOPS", default, least=0, default_text=(
+        f"0: no proxy is trusted; the default is {SPACE_PROXY_HOPS} on a Space, 0 elsewhere"))
+
 
 def over(what: str, asked, name: str) -> UserError:
     """The error for `asked` beyond the limit `name`: says the limit and who may raise it.
