@@ -5,7 +5,7 @@ patch.safetensors), read and checked before anything is built from them.
 An uploaded patch is bounded by what it may expand to, from its header and edit.json
 before any tensor is read (`check_patch_layout`): every factored patch of rank at most
 GROM_MAX_PATCH_RANK, and only matrices its method may change on the loaded model
-(`grom.edit.check_stored_patches`: GROM and the editors their matrix kind in their band,
+(`grom.patch_policy.check_stored_patches`: GROM and the editors their matrix kind in their band,
 a trained method any weight, at most the model's parameter count in all). Loaded, it stays
 as its file held it (factors stay factors: a session holds them, not a copy of the
 weights), and every patch, whatever method made it, is checked finite and of the norm its
@@ -23,7 +23,8 @@ from safetensors import SafetensorError
 from components.core.errors import UserError, shorten
 from components.core.limits import check, limit
 from grom import Edit
-from grom.edit import META_FILE, PATCH_FILE, check_stored_patches, read_metadata, read_patch_layout
+from grom.edit import META_FILE, PATCH_FILE, read_metadata, read_patch_layout
+from grom.patch_policy import check_stored_patches
 
 
 def upload_folder() -> Path:
