@@ -277,6 +277,8 @@ def visitors_waiting() -> bool:
     if DEVICE_LOCK.waiting:
         return True
     for blocks in list(_blocks) + [LocalContext.blocks.get(None)]:
+        if not getattr(blocks, "is_running", False):  # not launched, or closed: nobody waits on it
+            continue
         queue = getattr(blocks, "_queue", None)
         waiting = queue.event_queue_per_concurrency_id.get(DEVICE_QUEUE) if queue is not None else None
         if waiting is not None and waiting.queue:
