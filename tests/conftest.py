@@ -17,8 +17,11 @@ from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXFor
 from grom.data.schema import QAExample
 
 # The suite's one client exports and uploads more a minute than a visitor may (the host's
-# per-minute limits); the tests of those limits set their own values with monkeypatch.
-for _name in ("GROM_EXPORTS_PER_MINUTE", "GROM_UPLOADS_PER_MINUTE", "GROM_SERVER_UPLOADS_PER_MINUTE"):
+# per-minute limits), and every page and client of it is one visitor (127.0.0.1) with more
+# jobs at once than a visitor may have; the tests of those limits set their own values with
+# monkeypatch.
+for _name in ("GROM_EXPORTS_PER_MINUTE", "GROM_UPLOADS_PER_MINUTE", "GROM_SERVER_UPLOADS_PER_MINUTE",
+              "GROM_MAX_QUEUED_PER_VISITOR"):
     os.environ.setdefault(_name, "100000")
 
 # The models here are tiny: one intra-op thread is as fast, and it stays fast when anything
