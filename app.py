@@ -45,7 +45,7 @@ from components.core.comparison import default_examples, warm_base_rows
 from components.core.device import DEVICE_QUEUE, ON_ZEROGPU, gave_way, wait_for_quiet, watch_queue, yielding
 from components.core.downloads import table_files
 from components.core.edits import warm_edit
-from components.core.errors import JobCancelled, ui_errors
+from components.core.errors import ui_errors
 from components.core.guard import BodyLimit, QueueGuard, UploadGuard
 from components.core.limits import limit
 from components.core.models import ensure_model, model_key, n_layers, pin_start_model, preload_allowed
@@ -350,12 +350,10 @@ def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session)
     the stream and prefix caches would stay in a worker."""
     if session.model_key is None or session.model_key.name != REAL or ON_ZEROGPU:
         return
-    try:  # background work: it gives the device up the moment a visitor's job waits for it
-        with yielding():
-            band = warm_edit(k, retain_examples, seed, session)
-            warm_base_rows(max_examples, session, min(band) if band else None)
-    except JobCancelled:  # gave way (or the page went): what it filled stays cached, the rest is done later
-        pass
+    # a page's own warm-up does not give way: what it computes is what that page's Run edit and
+    # card need next (the server's warm-up, `warm_first_page`, runs it as background work)
+    band = warm_edit(k, retain_examples, seed, session)
+    warm_base_rows(max_examples, session, min(band) if band else None)
 
 
 def warm_first_page(start_key, score_values: list, warm_values: list) -> None:
