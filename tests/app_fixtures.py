@@ -17,7 +17,10 @@ def launch(model: str):
     import app
 
     assert app.preload(model) == model, f"{model} could not be loaded"
+    from components.core.session import REGISTRY
+
     blocks = app.build_app()
+    REGISTRY.unload_visitors()  # as a fresh server: the start model only, not earlier modules' models
     _, local_url, _ = blocks.launch(server_name="127.0.0.1", server_port=free_port(),
                                     prevent_thread_lock=True, quiet=True, **app.launch_kwargs())
     return blocks, local_url

@@ -119,6 +119,12 @@ class ModelRegistry:
         with DEVICE_LOCK:
             self._pinned = frozenset(keys)
 
+    def unload_visitors(self) -> None:
+        """Unload every model but the pinned ones (a server as it starts: the start model
+        only; what the tests' freshly launched apps begin from)."""
+        with DEVICE_LOCK:
+            self._evict(0)
+
     def _visitors(self) -> int:
         return sum(k not in self._pinned for k in self._handles)
 
