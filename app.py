@@ -49,7 +49,7 @@ from components.core.errors import ui_errors
 from components.core.guard import BodyLimit, QueueGuard, UploadGuard
 from components.core.limits import limit
 from components.core.models import ensure_model, model_key, n_layers, pin_start_model, preload_allowed
-from components.core.session import REGISTRY, Session
+from components.core.session import REGISTRY, Session, in_turn
 from components.core.sources import DEMO, REAL
 from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
                                           on_influence_example, on_pca, on_quant_check, on_table_select)
@@ -65,8 +65,14 @@ from components.views.tables import describe, empty_table, examples_html
 
 log = logging.getLogger("grom.studio")
 CSS_PATH = Path(__file__).parent / "assets" / "app.css"
-DEVICE = dict(concurrency_id=DEVICE_QUEUE, concurrency_limit=1)
 LOCAL = dict(queue=False, api_visibility="private")
+
+
+def device_queue() -> dict:
+    """The settings of every event that touches the model: one gradio queue admitting
+    GROM_DEVICE_JOBS at once, which then take turns on the device in the order they asked
+    (`DEVICE_LOCK`; a long job between its steps)."""
+    return dict(concurrency_id=DEVICE_QUEUE, concurrency_limit=limit("GROM_DEVICE_JOBS"))
 
 HERO_MATH = r"""
 $$P=\frac{w_f}{s}\,D X_f^{\top} A^{-1},\quad A=\frac{w_r}{r}X_rX_r^{\top}+\frac{w_f}{s}X_fX_f^{\top}+\mu I$$
@@ -170,7 +176,7 @@ def wire(ui: SimpleNamespace) -> None:
     bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
     e.preset.change(on_preset, e.preset, form.widgets(e, ly, form.PRESET_FILLED), **LOCAL)
     score_inputs = score_widgets(ui) + [s]
-    ly.compute.click(on_layer_scores, score_inputs, [ly.plot, ly.band_info], api_name="layer_scores", **DEVICE)
+    ly.compute.click(in_turn(on_layer_scores), score_inputs, [ly.plot, ly.band_info], api_name="layer_scores", **device_queue())
     # k: typed (each keystroke, Enter included) or dragged; a burst redraws once, for its last value
     for trigger in (ly.k.input, ly.k.release):
         trigger(on_k, view, [ly.band_mode, ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
@@ -178,48 +184,48 @@ def wire(ui: SimpleNamespace) -> None:
         trigger(on_redraw, view, [ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
     edit_inputs = form.widgets(e, ly) + [s]
     compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, a.forget_html, a.retain_html])
-    run = e.run.click(on_run_edit, edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
-                      show_progress_on=[e.status, r.summary], **DEVICE)  # progress where the user looks
+    run = e.run.click(in_turn(on_run_edit), edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
+                      show_progress_on=[e.status, r.summary], **device_queue())  # progress where the user looks
     run.then(on_show_plan, s, e.memory_plan, **LOCAL)  # the plan, also of an edit refused as too large
     run.success(on_edit_done, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
-       .success(on_card_first, compare_io[0], e.status, api_name="card_after_edit", api_visibility="private",
-                show_progress_on=[e.status], scroll_to_output=True, **DEVICE) \
-       .success(on_compare, *compare_io, api_name="compare_after_edit", api_visibility="private",
-                show_progress_on=[c.summary], **DEVICE) \
+       .success(in_turn(on_card_first), compare_io[0], e.status, api_name="card_after_edit", api_visibility="private",
+                show_progress_on=[e.status], scroll_to_output=True, **device_queue()) \
+       .success(in_turn(on_compare), *compare_io, api_name="compare_after_edit", api_visibility="private",
+                show_progress_on=[c.summary], **device_queue()) \
        .success(result_card, s, e.status, scroll_to_output=True, **LOCAL) \
        .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
-    compared = c.run.click(on_compare, *compare_io, api_name="compare", **DEVICE)
+    compared = c.run.click(in_turn(on_compare), *compare_io, api_name="compare", **device_queue())
     compared.success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
     compared.success(result_card, s, e.status, **LOCAL)  # a larger evaluation changes the card
-    a.ask.click(on_generate, [a.prompt, s], a.prompt_html, api_name="generate", **DEVICE)
+    a.ask.click(in_turn(on_generate), [a.prompt, s], a.prompt_html, api_name="generate", **device_queue())
     bl.method.change(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)
     bl.method.change(on_method_note, [bl.method, s], bl.note, **LOCAL)  # its glossary line
-    bl.run.click(on_run_baseline, [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
-                 [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **DEVICE) \
+    bl.run.click(in_turn(on_run_baseline), [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
+                 [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **device_queue()) \
       .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)  # its row in the run history
-    a.prompt.submit(on_generate, [a.prompt, s], a.prompt_html, api_visibility="private", **DEVICE)
-    e.reset.click(on_reset, s, [e.status, r.table, r.norms], api_name="reset", **DEVICE) \
+    a.prompt.submit(in_turn(on_generate), [a.prompt, s], a.prompt_html, api_visibility="private", **device_queue())
+    e.reset.click(in_turn(on_reset), s, [e.status, r.table, r.norms], api_name="reset", **device_queue()) \
        .then(lambda msg: (msg, "", None, "", "", ""), e.status, [r.summary, c.summary, c.table, a.forget_html,
                                                                a.retain_html, a.prompt_html], **LOCAL)
     x.button.click(on_export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
                    concurrency_id="export", concurrency_limit=1)
-    d.pca_btn.click(on_pca, [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **DEVICE)
-    d.infl_btn.click(on_influence, [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
-                     api_name="influence", **DEVICE)
+    d.pca_btn.click(in_turn(on_pca), [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **device_queue())
+    d.infl_btn.click(in_turn(on_influence), [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
+                     api_name="influence", **device_queue())
     d.show.click(on_influence_example, [d.rank, s], [d.infl_example, d.infl_plot],
                  api_name="influence_example")
     d.infl_table.select(on_table_select, s, [d.infl_example, d.infl_plot], **LOCAL)
     k = ui.attack
-    attacked = k.run.click(on_run_attacks, [k.attacks, k.with_baseline, bl.method, bl.epochs, bl.lr, s],
+    attacked = k.run.click(in_turn(on_run_attacks), [k.attacks, k.with_baseline, bl.method, bl.epochs, bl.lr, s],
                            [k.summary, k.table, k.plot, k.lens, k.answers], api_name="attacks",
-                           show_progress_on=[k.summary], **DEVICE)
+                           show_progress_on=[k.summary], **device_queue())
     attacked.success(result_card, s, e.status, **LOCAL)  # the card gains the held-out line
     # Stop: the running suite ends at its next forward pass (components.core.device), the model unedited
     k.stop.click(None, None, None, cancels=[attacked], api_visibility="private")
     k.table.select(on_attack_select, s, k.answers, **LOCAL)
     offer_files(k.table, k.files, "attacks")
-    d.quant_btn.click(on_quant_check, [c.max_examples, c.full_set, s], [d.quant_table, d.quant_note],
-                      api_name="quantization", **DEVICE)
+    d.quant_btn.click(in_turn(on_quant_check), [c.max_examples, c.full_set, s], [d.quant_table, d.quant_note],
+                      api_name="quantization", **device_queue())
     wire_runs(ui, run)
     c.table.change(on_compare_files, s, c.files, **LOCAL)  # the comparison: metrics and every answer
     offer_files(bl.table, bl.files, "baseline")
@@ -256,12 +262,12 @@ def wire_runs(ui: SimpleNamespace, run) -> None:
     run.success(on_edit_made, None, w.plot, **LOCAL)  # the sweep's next step
     h.table.select(on_history_select, s, restored + [h.note], **LOCAL)
     w.table.select(on_sweep_select, s, restored + [w.note], **LOCAL)
-    w.button.click(on_sweep, [w.param, w.values, s], [w.plot, w.table, w.note], api_name="sweep", **DEVICE) \
+    w.button.click(in_turn(on_sweep), [w.param, w.values, s], [w.plot, w.table, w.note], api_name="sweep", **device_queue()) \
      .success(on_show_history, s, shown, **LOCAL)  # its points join the history
-    imported = x.load.click(on_import_run, [x.uploads, s],
+    imported = x.load.click(in_turn(on_import_run), [x.uploads, s],
                             restored + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df,
                                         ui.result.summary, ui.result.table, ui.result.norms, x.load_note],
-                            api_name="import_run", show_progress_on=x.load_note, **DEVICE)
+                            api_name="import_run", show_progress_on=x.load_note, **device_queue())
     imported.success(on_show_history, s, shown, **LOCAL)
     bl = ui.baseline  # the imported run's split may lack what the editors need
     imported.success(on_methods_for_data, [bl.method, s], [bl.method, bl.note], **LOCAL)
@@ -429,15 +435,15 @@ def build_app(warm: bool = False) -> gr.Blocks:
         opened = demo.load(page_load, ui.session, [ui.model.status, ui.model.summary, ui.model.choice, ly.k,
                                                     ui.bench.info, ui.data.forget_df, ui.data.retain_df,
                                                     ui.bench.name, ui.bench.split, e.preset],
-                           api_visibility="private", **DEVICE)
+                           api_visibility="private")  # not the device queue: a new page opens during others' jobs
         opened.success(ask_box, ui.session, ui.answers.prompt, **LOCAL)
         opened.success(on_show_snippet, ui.session, ui.export.code, **LOCAL)  # the session's model
         opened.success(on_methods_for_data, [ui.baseline.method, ui.session], [ui.baseline.method, ui.baseline.note],
                        **LOCAL)  # the start split's methods
-        opened.success(on_first_scores, score_inputs + [ui.session], [ly.plot, ly.band_info],
-                     api_visibility="private", **DEVICE) \
-            .success(on_warm_comparison, warm_inputs + [ui.session], None,
-                     api_visibility="private", **DEVICE)
+        opened.success(in_turn(on_first_scores), score_inputs + [ui.session], [ly.plot, ly.band_info],
+                     api_visibility="private", **device_queue()) \
+            .success(in_turn(on_warm_comparison), warm_inputs + [ui.session], None,
+                     api_visibility="private", **device_queue())
     # api_open=False: gradio would otherwise serve /run/ and /api/ off a Space, calls that skip the
     # queue and so every per-session and per-visitor limit of components/core/guard.py
     demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"), api_open=False)

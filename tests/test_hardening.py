@@ -96,7 +96,7 @@ def test_a_slow_chat_template_is_refused_and_never_run_again():
     for i in range(30):  # 30 prompts: before, 30 renders (15 s); now one, then refused at once
         with pytest.raises(TemplateError, match="CPU time"):
             format_prompt(tok, f"q{i}")
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 7.5  # half of the 30 renders (on a loaded machine one takes ~2 s)
 
 
 def test_a_chat_template_that_writes_too_much_is_refused():
@@ -120,7 +120,7 @@ def test_an_edit_on_a_model_with_a_slow_template_fails_fast():
     start = time.perf_counter()
     with pytest.raises(TemplateError):
         run_edit(model, tok, bench.forget[:30], bench.retain[:100], EditConfig(layers=(3, 4), batch_size=32))
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 7.5  # half of rendering its 30 prompts (one render, then refused)
 
 
 def test_the_limits_leave_real_templates_alone(monkeypatch):

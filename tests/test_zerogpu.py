@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -110,12 +111,13 @@ def test_a_worker_error_reaches_the_page_with_its_message():
 def test_the_lock_is_new_in_a_forked_child():
     """A ZeroGPU worker forked while another request holds the lock can still take it."""
     lock = device.DeviceLock()
-    lock.acquire()
-    old = lock._lock
+    holder = threading.Thread(target=lock.acquire)  # another request's thread, not in the child
+    holder.start()
+    holder.join()
+    assert not lock.acquire(timeout=0.1)
     lock.renew()  # what os.register_at_fork runs in the child
-    assert lock._lock is not old and lock.acquire(timeout=1)
+    assert lock.acquire(timeout=1) and lock.holder is not None and not lock.line
     lock.release()
-    old.release()
 
 
 def test_gpu_seconds_by_hand():

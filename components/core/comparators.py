@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components.core.device import DEVICE_LOCK, ON_ZEROGPU, device_progress, on_device
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, device_progress, give_turn, on_device
 from components.core.durations import train_call_s, train_plan
 from components.core.errors import UserError, shorten
 from components.core.gpu_time import refuse_over
@@ -213,19 +213,21 @@ def key_note(info) -> str:
 
 
 def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None,
-                   part: Part | None = None):
+                   part: Part | None = None, between=None):
     """The method's edit of the session's data (an `Edit`; the model is given back as
     found): a trained method with the benchmark's recipe for `count` epochs at lr `rate`
     (with `part`: that part of its training, a `Paused` record where it stops before the
     end), an editor with `count` value steps at lr `rate` on `editor_band(band)` (GROM's
-    band, `band`, where an editor can move facts there)."""
+    band, `band`, where an editor can move facts there). `between`: `run_baseline`'s (a
+    trained method lends the model out between its optimizer steps)."""
     if is_editor(name):
         config = EditorConfig(layers=editor_band(band, num_layers(model)), prompt_format=bench.prompt_format,
                               values=ValueSettings(steps=int(count), lr=float(rate)))
         return run_editor(get_editor(name).name, model, tokenizer, bench.forget, bench.retain, config,
                           progress=progress)
     return run_baseline(name, model, tokenizer, bench.forget, bench.retain, recipe=recipe_for_task(bench.task).name,
-                        epochs=count, lr=rate, prompt_format=bench.prompt_format, progress=progress, part=part)
+                        epochs=count, lr=rate, prompt_format=bench.prompt_format, progress=progress, part=part,
+                        between=between)
 
 
 @on_device(duration=train_call_s)
@@ -240,7 +242,7 @@ def train_call(key: ModelKey, bench, name: str, count: float, rate: float, band=
         handle = resident(key, "baseline")
         try:
             return run_comparator(name, handle.model, handle.tokenizer, bench, count, rate, band=band,
-                                  progress=progress, part=part)
+                                  progress=progress, part=part, between=give_turn)
         except (ValueError, TypeError) as err:  # the data: nothing the baseline can train on
             raise UserError(f"{comparator_label(name)} cannot run on {bench.name}/{bench.split}: {err}.") from err
 

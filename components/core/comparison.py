@@ -7,7 +7,7 @@ import logging
 from collections import OrderedDict
 
 from components.core.costs import check_comparison
-from components.core.device import DEVICE_LOCK, ON_ZEROGPU, kept_cache, on_device
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, give_turn, kept_cache, on_device
 from components.core.durations import report_s
 from components.core.limits import limit, over
 from components.core.session import (REGISTRY, ModelHandle, ModelKey, Session, current_benchmark,
@@ -71,7 +71,8 @@ def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[
                         reference=reference_for(handle, bench), max_examples=n,
                         progress=progress, reuse=prior,
                         prefix=kept_cache(handle.prefix_cache) if prefix else None,
-                        record_at=record_at, stage=stage, answers=answers)
+                        record_at=record_at, stage=stage, answers=answers,
+                        between=give_turn)  # a visitor waiting goes between the rows
 
 
 def base_report(key: ModelKey, bench, n):

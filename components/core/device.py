@@ -2,10 +2,16 @@
 a ZeroGPU Space, and cancellation.
 
 
-- `DEVICE_LOCK` and the queue id `DEVICE_QUEUE` serialise everything that touches the model.
-  A request that needs the edited model applies its session's patch, computes and reverts
-  in a `finally`, all while holding the lock, so the base weights are never left edited
-  between requests and no request sees another session's patch.
+- `DEVICE_LOCK` serialises everything that touches the model, fairly: jobs take the device
+  in the order they asked for it, and a long job (the attack suite, a baseline's training,
+  a sweep, a full comparison) takes it once per step, so the short jobs of other visitors
+  that arrived meanwhile (a question, layer scores, an edit, a card) run between its steps.
+  A waiting job shows its place and an estimate (`DeviceLock.wait_text`). The events that
+  touch the model share the gradio queue id `DEVICE_QUEUE`, which admits GROM_DEVICE_JOBS
+  at once: past it, gradio's own queue (and its position) holds them. A request that needs
+  the edited model applies its session's patch, computes and reverts in a `finally`, all
+  while holding the lock, so the base weights are never left edited between requests and
+  no request sees another session's patch.
 - A job the visitor cancelled, or whose page went away, stops at its next forward pass
   (`JobCancelled`, raised by a hook every resident model carries), so it frees the lock
   in a fraction of a second instead of running to its end.
@@ -36,55 +42,185 @@ import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
+from collections import deque
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Callable
 
 import gradio as gr
 from anyio import from_thread
 from gradio.context import LocalContext
 
-from components.core.errors import JOB_STARTED, JobCancelled, JobTimedOut, message_for
+from components.core.errors import JOB_NAME, JOB_STARTED, JobCancelled, JobTimedOut, message_for
 from components.core.limits import limit
 from grom.arch import decoder_layers
 
+@dataclass(eq=False)
+class Turn:
+    """A thread's place in the device's line: what job it runs (`job_kind`), since when
+    it waits or holds the device, and whether it is background work (a warm-up), which
+    every visitor's job goes before."""
+    kind: str
+    since: float
+    thread: int
+    background: bool = False
+
+
 class DeviceLock:
-    """A re-entrant lock (`threading.RLock`'s interface) made anew in a forked child: a
-    ZeroGPU worker is forked while another request's thread may hold the parent's lock,
-    and a copy held by a thread that does not exist in the child would never be released.
-    It counts the threads waiting for it (`waiting`) and when it was last let go
-    (`released_at`), so that background work can give the device up (`yielding`)."""
+    """The device's lock: re-entrant (`threading.RLock`'s interface) and fair: threads get
+    it in the order they asked (a `Turn` each in `line`), so a long job that takes it once
+    per step (an attack, a training chunk, a sweep value, a comparison's batch) lets every
+    job that arrived meanwhile run between its steps, and one visitor cannot hold the
+    device for others' whole wait. A thread waiting for its turn reports its place and an
+    estimate of the wait (`WAIT_REPORT`) from the turns' typical lengths per job kind
+    (`typical`, learnt as jobs run), stops waiting when its job is cancelled, and its job's
+    clock (GROM_MAX_JOB_SECONDS) does not run while it waits.
+
+    Made anew in a forked child (`renew`): a ZeroGPU worker is forked while another
+    request's thread may hold the parent's lock, and a copy held by a thread that does not
+    exist in the child would never be released."""
     def __init__(self):
         self.renew()
 
     def renew(self) -> None:
-        self._lock = threading.RLock()
-        self._count = threading.Lock()
-        self.waiting = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self.holder: Turn | None = None
+        self.line: deque[Turn] = deque()
         self.released_at = 0.0
+        self.typical: dict[str, float] = {}  # job kind -> seconds of one turn (a running mean)
 
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        if self._lock.acquire(False):
-            return True
-        if not blocking:
-            return False
-        with self._count:
-            self.waiting += 1
+    @property
+    def waiting(self) -> int:
+        """How many visitors' jobs wait for the device (background work not counted)."""
+        return sum(not turn.background for turn in list(self.line))
+
+    def acquire(self, blocking: bool = True, timeout: float = -1, *, checks: bool = True) -> bool:
+        """Take the device when every job that asked before has had its turn. While it waits
+        (`checks`): a cancelled job stops waiting (`JobCancelled`), background work gives way
+        to a visitor (`Yielded`), and the wait is reported every WAIT_SHOWN_S."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            turn = Turn(job_kind(), time.monotonic(), me, getattr(_background, "on", False))
+            if self._owner is None and not self.line:
+                self._take(turn)
+                return True
+            if not blocking:
+                return False
+            self.line.append(turn)
+        asked = turn.since
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        reported, got = 0.0, False
         try:
-            return self._lock.acquire(True, timeout)
+            while not got:
+                with self._cond:
+                    got = self._take_if_first(turn)
+                    if got:
+                        break
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(WAIT_CHECK_S if left is None else min(WAIT_CHECK_S, left))
+                    got = self._take_if_first(turn)
+                    if got:
+                        break
+                if not checks:
+                    continue
+                check_wanted()  # a visitor who left stops waiting (the wait is not the job's time)
+                if time.monotonic() - asked >= WAIT_SHOWN_S and time.monotonic() - reported >= WAIT_SHOWN_S:
+                    reported = time.monotonic()
+                    report = WAIT_REPORT.get()
+                    if report is not None:
+                        report(self.wait_text(turn))
         finally:
-            with self._count:
-                self.waiting -= 1
+            if not got:  # timed out, cancelled or gave way: out of the line, the next one may go
+                with self._cond:
+                    if turn in self.line:
+                        self.line.remove(turn)
+                    self._cond.notify_all()
+        waited = time.monotonic() - asked
+        started = JOB_STARTED.get()
+        if started is not None:  # the job's clock counts its own work, not its wait for others'
+            JOB_STARTED.set(started + waited)
+        return True
+
+    def _take_if_first(self, turn: Turn) -> bool:
+        """Give `turn` the device if it is free and `turn` is first in line (hold `_cond`)."""
+        if self._owner is None and self.line and self.line[0] is turn:
+            self.line.popleft()
+            self._take(turn)
+            return True
+        return False
+
+    def _take(self, turn: Turn) -> None:
+        turn.since = time.monotonic()
+        self._owner, self._depth, self.holder = turn.thread, 1, turn
 
     def release(self) -> None:
-        self._lock.release()
-        self.released_at = time.monotonic()
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("cannot release the device lock: this thread does not hold it")
+            self._depth -= 1
+            if self._depth:
+                return
+            now = time.monotonic()
+            turn, self._owner, self.holder = self.holder, None, None
+            if turn is not None:
+                seen = self.typical.get(turn.kind)
+                took = now - turn.since
+                self.typical[turn.kind] = took if seen is None else 0.7 * seen + 0.3 * took
+            self.released_at = now
+            self._cond.notify_all()
+
+    def pass_turn(self) -> bool:
+        """Between two steps of a long job, the model as it was found (no patch applied): let
+        every visitor's job waiting now go first, and go on after them (True if any did).
+        Held at any depth, the lock is let go whole and taken back as deep. A job cancelled
+        while it waits for its turn back still takes it before it unwinds (its `finally`
+        blocks write the model), then raises."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me or not self.waiting:
+                return False
+            depth, self._depth = self._depth, 1
+        self.release()
+        try:
+            self.acquire()
+        except BaseException:
+            self.acquire(checks=False)
+            raise
+        finally:
+            with self._cond:
+                self._depth = depth
+        return True
 
     def is_free(self) -> bool:
         """Whether no other thread holds it now (asking does not count as a release)."""
-        if not self._lock.acquire(False):
-            return False
-        self._lock.release()
-        return True
+        return self._owner in (None, threading.get_ident())
+
+    def turn_seconds(self, kind: str) -> float:
+        """The typical length of one turn of a `kind` job (a guess until one ran)."""
+        return self.typical.get(kind, GUESS_S.get(kind, DEFAULT_TURN_S))
+
+    def wait_text(self, turn: Turn) -> str:
+        """Where `turn` stands: the jobs before it and about how long until its turn."""
+        with self._cond:
+            holder, line = self.holder, list(self.line)
+        ahead = ([holder] if holder is not None else []) + line[:line.index(turn)] if turn in line else []
+        if not ahead:
+            return "Your job is next for the device."
+        seconds = sum(self.turn_seconds(t.kind) for t in ahead[1:])
+        if holder is not None:
+            seconds += max(1.0, self.turn_seconds(holder.kind) - (time.monotonic() - holder.since))
+        kinds = ", ".join(KIND_WORDS.get(t.kind, "a job") for t in ahead[:3]) + (", …" if len(ahead) > 3 else "")
+        jobs = "1 job" if len(ahead) == 1 else f"{len(ahead)} jobs"
+        return (f"Waiting for the device: {jobs} before yours ({kinds}); about {seconds:,.0f} s. "
+                "Long jobs give the device up between their steps, so yours runs between them.")
 
     def __enter__(self):
         self.acquire()
@@ -94,12 +230,64 @@ class DeviceLock:
         self.release()
 
 
+def give_turn(as_found: Callable[[], AbstractContextManager] = nullcontext) -> None:
+    """A long job's step boundary (`grom.eval.evaluate`'s rows, `run_baseline`'s optimizer
+    steps): when visitors' jobs wait, they use the device now, on the model as it was
+    found (`as_found`, where the job has the model changed: a training's weights)."""
+    if DEVICE_LOCK.waiting and not in_gpu_worker():
+        with as_found():
+            DEVICE_LOCK.pass_turn()
+
+
+WAIT_CHECK_S = 0.5  # how often a waiting job asks whether it is still wanted
+WAIT_SHOWN_S = 2.0  # a wait shorter than this is not reported; a longer one every this often
+DEFAULT_TURN_S = 10.0  # one turn of a job kind never seen yet (a first guess; learnt after)
+GUESS_S = {"on_generate": 3.0, "on_layer_scores": 10.0, "on_first_scores": 10.0, "on_run_edit": 30.0,
+           "on_card_first": 30.0, "on_compare": 30.0, "on_run_attacks": 30.0, "on_run_baseline": 30.0,
+           "on_sweep": 30.0}
+KIND_WORDS = {
+    "on_run_edit": "an edit", "on_card_first": "a result card", "on_compare": "a comparison",
+    "on_generate": "a question", "on_layer_scores": "layer scores", "on_first_scores": "a new page's layer scores",
+    "on_warm_comparison": "a page's warm-up", "on_run_baseline": "a baseline's training",
+    "on_run_attacks": "an attack", "on_sweep": "a sweep step", "on_pca": "a PCA", "on_influence": "influence scores",
+    "on_quant_check": "a quantization check", "on_import_run": "an import", "on_reset": "a reset",
+    "on_load_model": "a model load", "on_page_load": "a page opening", "warm_first_page": "the server's warm-up",
+}
+WAIT_REPORT: ContextVar[Callable[[str], None] | None] = ContextVar("grom_wait_report", default=None)
+"""Where a job waiting for the device says where it stands (`reporting_waits`); None: nowhere."""
+
+
+def job_kind() -> str:
+    """The kind of job this context runs: its handler's name (`errors.JOB_NAME`)."""
+    return JOB_NAME.get() or threading.current_thread().name
+
+
+@contextmanager
+def reporting_waits(progress) -> None:
+    """While the block runs, a wait for the device shows in `progress` (a `gr.Progress`: its
+    text, no bar), or else as one notice (`gr.Info`) the first time."""
+    told = []
+
+    def report(text: str) -> None:
+        if progress is not None:
+            progress(None, desc=text)
+        elif not told:
+            told.append(True)
+            gr.Info(text)
+
+    token = WAIT_REPORT.set(report)
+    try:
+        yield
+    finally:
+        WAIT_REPORT.reset(token)
+
+
 DEVICE_LOCK = DeviceLock()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=DEVICE_LOCK.renew)
 
 
-DEVICE_QUEUE = "device"  # the concurrency_id of every event that touches the model
+DEVICE_QUEUE = "device"  # the concurrency_id of every event that touches the model (GROM_DEVICE_JOBS at once)
 
 
 def _zerogpu() -> bool:
@@ -141,7 +329,8 @@ def on_device(fn: Callable | None = None, *, duration: Callable | None = None) -
         @functools.wraps(f)
         def call(*args, **kwargs):
             check_time()  # a job past GROM_MAX_JOB_SECONDS asks for no more GPU time
-            return gpu(*args, **kwargs)
+            with DEVICE_LOCK:  # the main process's line: visitors' GPU calls take turns, fairly
+                return gpu(*args, **kwargs)
 
         return call
 
@@ -318,13 +507,20 @@ def wait_for_quiet(quiet_s: float = 3.0, give_up_s: float = 3600.0) -> bool:
     return False
 
 
-def check_cancelled() -> None:
+def check_wanted() -> None:
+    """Stop background work a visitor's job waits behind (`Yielded`) and a job its visitor
+    cancelled or left (`JobCancelled`)."""
     if getattr(_background, "on", False) and visitors_waiting():
         _background.gave_way = True
         raise Yielded("This background work gave the device up to a visitor's job; nothing was changed.")
-    check_time()
     if job_cancelled():
         raise JobCancelled("The job was cancelled; nothing was changed.")
+
+
+def check_cancelled() -> None:
+    """At each forward pass: `check_wanted`, and a job past GROM_MAX_JOB_SECONDS stops."""
+    check_wanted()
+    check_time()
 
 
 def _cancel_hook(module, args):

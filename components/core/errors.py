@@ -38,6 +38,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB_STARTED: ContextVar[float | None] = ContextVar("grom_job_started", default=None)
 """When the handler running in this context started (`time.monotonic()`), set by
 `ui_errors` (the outermost one); None outside a handler (a script, a test, the preload)."""
+JOB_NAME: ContextVar[str | None] = ContextVar("grom_job_name", default=None)
+"""The name of the handler running in this context (what kind of job it is: the device's
+line names the jobs ahead of a waiting one by it), set by the outermost `ui_errors`."""
 
 OOM_HINT = ("Out of memory on the device. Try fewer examples (Advanced settings: retain "
             "examples, key budgets), a smaller batch, a narrower band, bfloat16, or a smaller model.")
@@ -111,6 +114,7 @@ def ui_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         clock = JOB_STARTED.set(time.monotonic()) if JOB_STARTED.get() is None else None
+        name = JOB_NAME.set(fn.__name__) if clock is not None else None
         try:
             return fn(*args, **kwargs)
         except gr.Error:
@@ -128,6 +132,7 @@ def ui_errors(fn):
         finally:
             if clock is not None:
                 JOB_STARTED.reset(clock)
+                JOB_NAME.reset(name)
 
     return wrapper
 

@@ -16,6 +16,7 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_UPLOAD_ROWS | 10000 | rows of an uploaded benchmark |
 | GROM_MAX_QUEUED_PER_SESSION | 3 | jobs one session may have waiting or running |
 | GROM_MAX_QUEUE | 64 | jobs waiting in the whole server |
+| GROM_DEVICE_JOBS | 8 | model jobs admitted at once; they take the device in turn, in the order asked, a long job between its steps (past it, they wait in gradio's queue) |
 | GROM_MODELS | (unset: any; on a Space, `SPACE_MODELS`) | comma-separated models a visitor may load (names as in the model box); `*`: any |
 | GROM_RESIDENT_MODELS | 2 | visitors' models kept loaded at once beside the start model, which is never unloaded (least recently used goes) |
 | GROM_MAX_SESSIONS | 32 | sessions whose edits are kept (the oldest is dropped) |
@@ -52,7 +53,7 @@ DEFAULTS = {
     "GROM_MAX_REQUEST_MB": 4, "GROM_MAX_PATCH_MB": 24, "GROM_GPU_SECONDS": 300,
     "GROM_MAX_EXAMPLE_TOKENS": 4096, "GROM_MAX_JOB_TOKENS": 500_000, "GROM_MAX_JOB_SECONDS": 900,
     "GROM_MAX_QUEUED_PER_VISITOR": 3, "GROM_LISTEN_SECONDS": 20, "GROM_MAX_PATCH_RANK": 1024,
-    "GROM_MAX_MODEL_PARAMS": 2_000_000_000,
+    "GROM_MAX_MODEL_PARAMS": 2_000_000_000, "GROM_DEVICE_JOBS": 8,
 }
 
 

@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
@@ -26,9 +27,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import gradio as gr
 import torch
 
-from components.core.device import DEVICE_LOCK, add_cancel_hooks, in_gpu_worker
+from components.core.device import DEVICE_LOCK, add_cancel_hooks, check_wanted, in_gpu_worker, reporting_waits
 from components.core.errors import UserError
 from components.core.limits import limit
 from components.core.sources import shown_name
@@ -204,6 +206,7 @@ class Session:
         self.influence = None  # (param name, shares) of the last influence audit
         self.extra: dict = {}
         self.dropped = ""  # why the edit was dropped to make room (SessionStore), if it was
+        self.turn = threading.RLock()  # its device jobs run one at a time, in order (`in_turn`)
 
     def __deepcopy__(self, memo) -> "Session":
         """A new tab's session, from the app's template (gradio deep-copies a State's value
@@ -224,6 +227,36 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session(model={self.model_key}, benchmark={self.bench_label!r}, edit={self.edit is not None})"
+
+
+SESSION_WAIT_S = 0.5  # how often a job behind its session's earlier one asks whether it is still wanted
+
+
+def in_turn(fn: Callable) -> Callable:
+    """`fn`, the handler of an event in the device queue, run after the earlier device jobs
+    of its session (a visitor's own jobs keep the order they were asked in: a comparison
+    asked during an edit compares that edit), and with every wait for the device shown in
+    its progress (`device.reporting_waits`): its place in the line and an estimate."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        values = (*args, *kwargs.values())
+        session = next((v for v in values if isinstance(v, Session)), None)
+        progress = next((v for v in values if isinstance(v, gr.Progress)), None)
+        with reporting_waits(progress):
+            if session is None:
+                return fn(*args, **kwargs)
+            told = False
+            while not session.turn.acquire(timeout=SESSION_WAIT_S):
+                check_wanted()  # cancelled, or its page closed: it stops waiting
+                if not told and progress is not None:
+                    told = True
+                    progress(None, desc="Waiting for your previous job to finish (yours run in the order asked).")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                session.turn.release()
+
+    return run
 
 
 def current_model(session: Session) -> ModelHandle:

@@ -173,11 +173,13 @@ def _start(model: nn.Module, s: Settings, row: Method, data: Encodings, slots, p
 
 def train(model: nn.Module, s: Settings, row: Method, data: Encodings,
            slots: list[tuple[str, nn.Parameter]], pad: int, progress: Progress,
-           part: Part | None = None, saved: dict | None = None) -> tuple[Trained, dict[str, torch.Tensor]]:
+           part: Part | None = None, saved: dict | None = None,
+           after_step: Callable[[], None] | None = None) -> tuple[Trained, dict[str, torch.Tensor]]:
     """Train `slots` in place; returns the run's summary and the fp32 masters. Sets train
     mode and requires_grad; the caller restores them. With `part`: from the checkpoint
     `saved` (where given) up to `part.until` steps; a run stopped before its end writes
-    its checkpoint to `part.path`."""
+    its checkpoint to `part.path`. `after_step` is called after every optimizer step but
+    the last (where the caller may lend the model out: `grom.baselines.train`)."""
     t0 = time.perf_counter()
     loop = _start(model, s, row, data, slots, pad, progress, saved)
     result, run, total = loop.result, loop.run, loop.result.total_steps
@@ -213,6 +215,8 @@ def train(model: nn.Module, s: Settings, row: Method, data: Encodings,
             progress(result.steps / total, f"{row.label} step {result.steps}/{total}: loss "
                                            f"{record['loss']:.4f}, forget NLL {record['forget_nll']:.3f}"
                                            f"{clock.left(result.steps)}")
+            if after_step is not None and result.steps < stop:
+                after_step()
         if loop.next_group >= len(micro):
             loop.order = None
     result.part_seconds = time.perf_counter() - t0

@@ -45,7 +45,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Mapping, Sequence
+from contextlib import contextmanager
+from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -66,6 +67,10 @@ from grom.memory import releasing
 log = logging.getLogger(__name__)
 
 __all__ = ["BASELINES", "ModelState", "Part", "Paused", "Settings", "Trained", "run_baseline", "train_in_place"]
+
+Between = Callable[[Callable[[], ContextManager]], None]
+"""`between(as_found)`, called between two optimizer steps: `with as_found(): ...` runs its
+block on the model as it was found (a host sharing one model lends it to other jobs there)."""
 
 BASELINES = tuple(row.name for row in BUILT_IN)  # the built-in methods; METHODS has every registered one
 
@@ -106,16 +111,43 @@ def _differences(slots, masters: Mapping[str, torch.Tensor],
 
 def _trained_patches(model: nn.Module, s: Settings, row: Method, data: Encodings, slots, pad: int,
                      progress: Progress, part: Part | None = None,
-                     saved: dict | None = None) -> tuple[dict[str, torch.Tensor] | None, Trained]:
+                     saved: dict | None = None,
+                     between: Between | None = None) -> tuple[dict[str, torch.Tensor] | None, Trained]:
     """Train, take the patches, and put the model back as it was found, also when training
     fails or is cancelled (each original copy is dropped once written back). With `part`
     (from the checkpoint `saved` where given): the patches are None when the part stops
-    before the run's end (its checkpoint written)."""
+    before the run's end (its checkpoint written). `between(as_found)` after each
+    optimizer step (`run_baseline`)."""
     state = ModelState(model)
     originals = {n: p.detach().to("cpu", copy=True) for n, p in slots}
+    devices = _rng_devices(model)
+
+    @contextmanager
+    def as_found():
+        """The model as it was found for the block (its weights, modes, flags and the
+        random state), the training's state put back after it."""
+        with torch.no_grad():
+            trained = {n: p.detach().to("cpu", copy=True) for n, p in slots}
+            for n, p in slots:
+                p.copy_(originals[n].to(p.device))
+        training, rng = ModelState(model), torch.random.get_rng_state()
+        cuda = [torch.cuda.get_rng_state(d) for d in devices]
+        state.restore()
+        try:
+            yield model
+        finally:
+            with torch.no_grad():
+                for n, p in slots:
+                    p.copy_(trained.pop(n).to(p.device))
+            training.restore()
+            torch.random.set_rng_state(rng)
+            for d, saved_state in zip(devices, cuda):
+                torch.cuda.set_rng_state(saved_state, d)
+
+    after_step = (lambda: between(as_found)) if between is not None else None
     try:
-        with torch.random.fork_rng(devices=_rng_devices(model)):
-            run, masters = _train(model, s, row, data, slots, pad, progress, part, saved)
+        with torch.random.fork_rng(devices=devices):
+            run, masters = _train(model, s, row, data, slots, pad, progress, part, saved, after_step)
         if run.steps < run.total_steps:
             return None, run
         return _differences(slots, masters, originals), run
@@ -156,7 +188,7 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
                  max_length: int | None = None, schedule: str | None = None,
                  chunk_corpus: bool | None = None, master_weights: bool = False,
                  retain_loss: str = "nll", alternates: Sequence[str | Sequence[str]] | None = None,
-                 part: Part | None = None) -> Edit | Paused:
+                 part: Part | None = None, between: Between | None = None) -> Edit | Paused:
     """Unlearn by fine-tuning with `method` (a name in grom.baselines.METHODS) and return
     the weight change as an `Edit`; the model is returned exactly as it was found (also on
     failure), and what the run allocated is freed.
@@ -191,6 +223,12 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     the uninterrupted run returns (same patches and history; `timings` sum the parts) and
     deletes the checkpoint. The model is given back as found after every part.
 
+    between: called after every optimizer step but the last with `as_found`, a context
+    manager that puts the model as it was found (weights, train/eval modes, grad flags,
+    random state) for the length of its block and the training's state back after it: a
+    server sharing one model lends it to other jobs there (GROM Studio's device line). The
+    run's result is the same with it or without it.
+
     The Edit: `patches` = final - initial weights of every parameter that changed (each in
     its weight's dtype), `method`, `info` (settings, steps, final losses, loss history),
     `timings` {"train", "total"}; `config` is a default EditConfig, unused by baselines;
@@ -210,7 +248,7 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
         kw["alternates"] = saved["alternates"]
     s, row, data = prepare_run(method, tokenizer, forget, retain, kw, model, progress)
     slots = select_parameters(model, s.params)
-    patches, run = _trained_patches(model, s, row, data, slots, pad_id(tokenizer), progress, part, saved)
+    patches, run = _trained_patches(model, s, row, data, slots, pad_id(tokenizer), progress, part, saved, between)
     if patches is None:
         last = run.history[-1] if run.history else {}
         return Paused(part.path, run.steps, run.total_steps, run.seconds,

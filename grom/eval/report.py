@@ -521,7 +521,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
              batch_size: int = 32, max_new_tokens: int | None = None,
              include_base: bool = True, reuse: Report | None = None,
              prefix: PrefixCache | None = None, record_at: tuple[int, ...] = (),
-             stage: str = "full", answers: Report | None = None) -> Report:
+             stage: str = "full", answers: Report | None = None,
+             between: Callable[[], None] | None = None) -> Report:
     """The benchmark's metrics for the base model ("Base"), the model with `edit` applied
     ("Edited", applied and reverted here) and the reference model ("Retain model":
     `reference` is a model sharing `tokenizer`, or a `(model, tokenizer)` pair).
@@ -550,6 +551,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     scores and the perplexities left, and reads the very
     answers the first verdict was drawn from. The caller
     vouches that it is the same edit; a report of other sets or questions is ignored.
+    between: called between two rows computed, the model unedited (a server sharing one
+    model lends it to other jobs there); the numbers do not depend on it.
     """
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, not {stage!r}")
@@ -578,6 +581,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         if name in reusable:
             rows[name] = reusable[name]
             continue
+        if rows and between is not None:
+            between()
         progress(i / len(jobs), f"evaluating: {name}")
         mine = prefix if m is model else None  # kept for `model`, not for the reference
         rows[name] = _row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens,
