@@ -4,9 +4,10 @@
     python app.py --host 0.0.0.0 --port 7860 --share
 
 The page is built from the panels in `components/`; this file lays them out and wires
-the events. Every event that touches the model runs in one queue (`DEVICE_QUEUE`, one at
-a time) and under `DEVICE_LOCK`; each browser session keeps its own edit in a `gr.State`
-and the shared base weights are never left edited between requests.
+the events. Every event that touches the model runs in one queue (`DEVICE_QUEUE`) and
+under `DEVICE_LOCK`, which hands the device out in the order asked (a long job between its
+steps); each browser session keeps its own edit in a `gr.State` and the shared base weights
+are never left edited between requests.
 """
 from __future__ import annotations
 
