@@ -24,6 +24,28 @@ for _name in ("GROM_EXPORTS_PER_MINUTE", "GROM_UPLOADS_PER_MINUTE", "GROM_SERVER
               "GROM_MAX_QUEUED_PER_VISITOR"):
     os.environ.setdefault(_name, "100000")
 
+# The markers (registered in pyproject.toml), given here by what a test uses, so that a new
+# test is marked as its fixtures say: README's quick command leaves them out, CI runs all.
+BROWSER_FIXTURES = {"browser", "page"}
+REAL_MODEL_FIXTURES = {"real", "real_url"}
+REAL_MODEL_MODULES = {"test_real_model", "test_eval_knowledge_real"}
+SLOW_FIXTURES = {"url", "real_url"}  # an app launched in this process, its endpoints driven
+SLOW_MODULES = {  # subprocesses (a ZeroGPU stand-in, torchrun, the app as a Space) or long training
+    "test_zerogpu", "test_space_build", "test_distributed", "test_device_queue_app", "test_demo_train",
+    "test_bench", "test_packaging"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used, module = set(getattr(item, "fixturenames", ())), item.module.__name__.rsplit(".", 1)[-1]
+        if used & BROWSER_FIXTURES or module == "test_app_browser":
+            item.add_marker(pytest.mark.browser)
+        if used & REAL_MODEL_FIXTURES or module in REAL_MODEL_MODULES:
+            item.add_marker(pytest.mark.real_model)
+        if used & SLOW_FIXTURES or module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 # The models here are tiny: one intra-op thread is as fast, and it stays fast when anything
 # else wants the CPU (two threads on two busy cores were 10-100x slower, measured here).
 torch.set_num_threads(1)

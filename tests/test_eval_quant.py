@@ -119,6 +119,7 @@ def test_nf4_without_cuda_or_bnb_raises_clearly():
             pass
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not nf4_available(), reason="needs CUDA and bitsandbytes")
 def test_nf4_roundtrip_on_cuda():
     W = torch.randn(32, 128, device="cuda", dtype=torch.bfloat16)
