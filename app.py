@@ -33,7 +33,9 @@ import gradio as gr
 import torch
 from starlette.middleware import Middleware
 
-from components.attack_panel import build_attack_panel, on_attack_select, on_run_attacks
+from components.attack_panel import (build_attack_panel, on_attack_estimates, on_attack_select, on_attack_total,
+                                     on_attacks_failed, on_attacks_start, on_attacks_stopped, on_every_attack,
+                                     on_quick_set, on_run_attacks)
 from components.baseline_panel import (build_baseline_panel, on_method_change, on_method_note, on_methods_for_data,
                                       on_run_baseline)
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, on_benchmark_change,
@@ -47,7 +49,7 @@ from components.core.device import DEVICE_QUEUE, ON_ZEROGPU, gave_way, wait_for_
 from components.core.downloads import table_files
 from components.core.edits import warm_edit
 from components.core.errors import ui_errors
-from components.core.guard import BodyLimit, QueueGuard, UploadGuard
+from components.core.guard import BodyLimit, NoDeepLinks, QueueGuard, UploadGuard
 from components.core.limits import limit
 from components.core.models import ensure_model, model_key, n_layers, pin_start_model, preload_allowed
 from components.core.session import REGISTRY, Session, in_turn
@@ -55,7 +57,8 @@ from components.core.sources import DEMO, REAL
 from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
                                           on_influence_example, on_pca, on_quant_check, on_table_select)
 from components.edit_panel import build_edit_panel, on_preset, on_reset, on_run_edit, on_show_plan
-from components.export_panel import build_export_panel, on_export, on_import_run, on_show_snippet
+from components.export_panel import (COPY_LINK_JS, build_export_panel, on_export, on_import_run, on_make_link,
+                                     on_open_link, on_page_link, on_show_snippet)
 from components.history_panel import build_history_panel, on_history_select, on_show_history
 from components.layers_panel import (band_text_md, build_layers_panel, on_layer_scores, on_redraw,
                                      scores_figure)
@@ -67,6 +70,9 @@ from components.views.tables import describe, empty_table, examples_html
 log = logging.getLogger("grom.studio")
 CSS_PATH = Path(__file__).parent / "assets" / "app.css"
 LOCAL = dict(queue=False, api_visibility="private")
+# opening a link to a run: its own queue, as a model load (a link may load the run's model, downloading
+# without the device lock); an edit computed again for it takes the device in turn, as every computation
+LINKS = dict(concurrency_id="open_link", concurrency_limit=4)
 
 
 def device_queue() -> dict:
@@ -210,6 +216,14 @@ def wire(ui: SimpleNamespace) -> None:
                                                                a.retain_html, a.prompt_html], **LOCAL)
     x.button.click(on_export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
                    concurrency_id="export", concurrency_limit=1)
+    x.link_button.click(on_make_link, s, [x.link, x.link_note], api_name="make_link",  # written as an export is
+                        concurrency_id="export", concurrency_limit=1) \
+       .success(None, x.link, None, js=COPY_LINK_JS, **LOCAL)  # into the clipboard, where the browser allows it
+    pasted = x.open.click(in_turn(on_open_link), [x.link_in, s], link_outputs(ui), api_name="open_link",
+                          show_progress_on=[x.link_note], **LINKS)
+    after_link(ui, pasted)
+    pasted.success(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)  # the run's model's defaults
+    pasted.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # the scores were of the old data
     d.pca_btn.click(in_turn(on_pca), [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **device_queue())
     d.infl_btn.click(in_turn(on_influence), [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
                      api_name="influence", **device_queue())
@@ -217,12 +231,21 @@ def wire(ui: SimpleNamespace) -> None:
                  api_name="influence_example")
     d.infl_table.select(on_table_select, s, [d.infl_example, d.infl_plot], **LOCAL)
     k = ui.attack
+    estimates = ([k.attacks, k.with_baseline, s], [k.attacks, k.estimate])  # each attack's ~seconds, the total
+    for done in (loaded, bench, run):  # a new model, benchmark or edit: the estimates again
+        done.success(on_attack_estimates, *estimates, **LOCAL)
+    for trigger in (k.attacks.change, k.with_baseline.change):  # the ticks changed: the total again
+        trigger(on_attack_total, estimates[0], k.estimate, **LOCAL)
+    k.quick.click(on_quick_set, None, k.attacks, **LOCAL)
+    k.every.click(on_every_attack, None, k.attacks, **LOCAL)
+    k.run.click(on_attacks_start, estimates[0], k.summary, **LOCAL)  # what runs, at once
     attacked = k.run.click(in_turn(on_run_attacks), [k.attacks, k.with_baseline, bl.method, bl.epochs, bl.lr, s],
                            [k.summary, k.table, k.plot, k.lens, k.answers], api_name="attacks",
                            show_progress_on=[k.summary], **device_queue())
     attacked.success(result_card, s, e.status, **LOCAL)  # the card gains the held-out line
     # Stop: the running suite ends at its next forward pass (components.core.device), the model unedited
-    k.stop.click(None, None, None, cancels=[attacked], api_visibility="private")
+    attacked.failure(on_attacks_failed, k.summary, k.summary, **LOCAL)  # a "Running ..." line says it did not finish
+    k.stop.click(on_attacks_stopped, k.summary, k.summary, cancels=[attacked], **LOCAL)
     k.table.select(on_attack_select, s, k.answers, **LOCAL)
     offer_files(k.table, k.files, "attacks")
     d.quant_btn.click(in_turn(on_quant_check), [c.max_examples, c.full_set, s], [d.quant_table, d.quant_note],
@@ -232,6 +255,28 @@ def wire(ui: SimpleNamespace) -> None:
     offer_files(bl.table, bl.files, "baseline")
     offer_files(ui.runs.table, ui.runs.files, "history")
     offer_files(ui.sweep.table, ui.sweep.files, "sweep")
+
+
+def link_outputs(ui: SimpleNamespace) -> list:
+    """What opening a link to a run sets (components/export_panel.py `LINK_OUTPUTS`, in its
+    order): the model, the Edit panel's widgets, the benchmark, the result view, the notes, the tabs."""
+    m, b, r = ui.model, ui.bench, ui.result
+    return ([m.status, m.summary, m.choice, m.device, m.dtype] + form.widgets(ui.edit, ui.layers, form.RESTORED)
+            + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df, r.summary, r.table, r.norms,
+               ui.edit.status, ui.export.link_note, ui.tabs])
+
+
+def after_link(ui: SimpleNamespace, linked) -> None:
+    """After a link opened (or a page opened without one): what depends on the session's
+    model and data, which the run may have changed: the editors offered, the code box, the
+    example question, the run history (the shared run's row) and the attacks' estimates."""
+    s, bl = ui.session, ui.baseline
+    linked.success(on_methods_for_data, [bl.method, s], [bl.method, bl.note], **LOCAL)
+    linked.success(on_show_snippet, s, ui.export.code, **LOCAL)
+    linked.success(ask_box, s, ui.answers.prompt, **LOCAL)
+    linked.success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
+    k = ui.attack  # the session's model and benchmark: the attacks' estimates
+    linked.success(on_attack_estimates, [k.attacks, k.with_baseline, s], [k.attacks, k.estimate], **LOCAL)
 
 
 def offer_files(table, files, name: str) -> None:
@@ -270,6 +315,8 @@ def wire_runs(ui: SimpleNamespace, run) -> None:
                                         ui.result.summary, ui.result.table, ui.result.norms, x.load_note],
                             api_name="import_run", show_progress_on=x.load_note, **device_queue())
     imported.success(on_show_history, s, shown, **LOCAL)
+    k = ui.attack  # the imported run's benchmark: the attacks' estimates
+    imported.success(on_attack_estimates, [k.attacks, k.with_baseline, s], [k.attacks, k.estimate], **LOCAL)
     bl = ui.baseline  # the imported run's split may lack what the editors need
     imported.success(on_methods_for_data, [bl.method, s], [bl.method, bl.note], **LOCAL)
 
@@ -437,11 +484,12 @@ def build_app(warm: bool = False) -> gr.Blocks:
                                                     ui.bench.info, ui.data.forget_df, ui.data.retain_df,
                                                     ui.bench.name, ui.bench.split, e.preset],
                            api_visibility="private")  # not the device queue: a new page opens during others' jobs
-        opened.success(ask_box, ui.session, ui.answers.prompt, **LOCAL)
-        opened.success(on_show_snippet, ui.session, ui.export.code, **LOCAL)  # the session's model
-        opened.success(on_methods_for_data, [ui.baseline.method, ui.session], [ui.baseline.method, ui.baseline.note],
-                       **LOCAL)  # the start split's methods
-        opened.success(in_turn(on_first_scores), score_inputs + [ui.session], [ly.plot, ly.band_info],
+        # a page opened with ?run=<token> (a link to a run): that run's model, data, settings and edit
+        # come first, and what follows reads them; without one it changes nothing
+        linked = opened.success(in_turn(on_page_link), ui.session, link_outputs(ui), api_visibility="private",
+                                show_progress_on=[e.status], **LINKS)
+        after_link(ui, linked)  # the session's split's methods, code box, question and history
+        linked.success(in_turn(on_first_scores), score_inputs + [ui.session], [ly.plot, ly.band_info],
                      api_visibility="private", **device_queue()) \
             .success(in_turn(on_warm_comparison), warm_inputs + [ui.session], None,
                      api_visibility="private", **device_queue())
@@ -481,7 +529,8 @@ def launch_kwargs() -> dict:
     X-Forwarded-For (GROM_PROXY_HOPS)."""
     return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{max(limit('GROM_MAX_UPLOAD_MB'), limit('GROM_MAX_PATCH_MB'))}mb",
                 footer_links=["api", "gradio"], ssr_mode=False,
-                app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadGuard), Middleware(QueueGuard)]})
+                app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadGuard), Middleware(QueueGuard),
+                                           Middleware(NoDeepLinks)]})
 
 
 def parse_args(argv=None) -> argparse.Namespace:

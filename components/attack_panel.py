@@ -10,11 +10,19 @@ Optionally the baseline set in Compare (a trained method or a closed-form editor
 two settings; `components.core.comparators`) is
 trained once and put through the same suite, side by side; its patch is dropped after.
 The shared model is given back unedited whatever happens (the suite's promise).
+
+Before a run each attack's label carries its estimated seconds on the session's model and
+benchmark, and a line their sum for the ticked ones (`attack_estimates`: the work counted
+from the model's size and the probes' tokens, `components.core.durations`). The panel opens
+on a quick set (`QUICK`), the rest one click away. While the suite runs, the summary says
+what runs, and the progress counts the ticked attacks (each is a call of its own).
 """
 from __future__ import annotations
 
 import html
+import logging
 import math
+import threading
 from types import SimpleNamespace
 
 import gradio as gr
@@ -24,10 +32,10 @@ from components.core.comparators import check_editor, check_gpu_time, comparator
 from components.core.comparison import shared_model
 from components.core.costs import check_job
 from components.core.device import DEVICE_LOCK, device_progress, local_progress, on_device
-from components.core.durations import attack_s
+from components.core.durations import attack_inputs, attack_s, attack_seconds, wall_rate
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
-from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model
+from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 from grom.baselines import get_method
@@ -37,6 +45,8 @@ from grom.robustness.calibration import DAMAGE_TOLERANCE
 from grom.robustness.membership import holdout_of
 from grom.robustness.probes import probes_from_examples, transform
 from grom.robustness.suite import AUC_ATTACKS, TEACHER_FORCED, WEIGHT_ATTACKS, attack_names, run_attacks
+
+log = logging.getLogger(__name__)
 
 LABELS = {
     "heldout": "Held-out probes", "paraphrase": "Paraphrase", "cloze": "Fill in the blank",
@@ -48,10 +58,33 @@ LABELS = {
 }
 GROM = "GROM"
 TRAIN_SHARE = 0.4  # of the progress bar, when a baseline is trained first
+QUICK = ("heldout", "paraphrase", "incontext", "affirmative_suffix", "logit_lens")
+"""The attacks ticked when the panel opens: the few that answer "is it gone?" soonest. The
+held-out probes (every other attack is read against them), and of the rest the cheap ones
+that most often brought recall back above them on SmolLM2's solar system (BENCHMARKS.md,
+"every pick through every attack"): a paraphrase, solved questions first (in context), RWKU's
+affirmative suffix, and the logit lens (two teacher-forced passes: is the fact still the
+model's top choice inside?). On SmolLM2 on a CPU that is about a fifth of the whole suite's
+time (bench/attack_times.py); relearning alone, two fine-tunings each scored three times,
+is a third of it. The others are one click away (**Every attack**)."""
+START_SUMMARY = "Run an edit, tick the attacks and press **Run the attacks**."
+RUNNING = "Running "  # how the summary line begins while the attacks run (`on_attacks_start`)
 
 
-def attack_choices() -> list[tuple[str, str]]:
-    return [(LABELS.get(name, name), name) for name in attack_names("all")]
+def attack_choices(seconds: dict[str, float] | None = None) -> list[tuple[str, str]]:
+    """(label, name) of every attack; with `seconds`, each label ends with its estimate."""
+    seconds = seconds or {}
+    return [(LABELS.get(name, name) + (f" · {about(seconds[name])}" if name in seconds else ""), name)
+            for name in attack_names("all")]
+
+
+def about(seconds: float) -> str:
+    """An estimate in words: "<1 s", "~25 s", "~4 min"."""
+    if seconds < 1:
+        return "<1 s"
+    if seconds < 90:
+        return f"~{seconds:.0f} s"
+    return f"~{seconds / 60:.0f} min"
 
 
 def probes_of(bench) -> tuple[tuple, tuple[QAExample, ...]]:
@@ -67,6 +100,31 @@ def probes_of(bench) -> tuple[tuple, tuple[QAExample, ...]]:
         raise over("Held-out probes", len(held), "GROM_MAX_EVAL_EXAMPLES")
     fitted = tuple(ex for ex in bench.forget if isinstance(ex, QAExample))
     return probes_from_examples(held), fitted
+
+
+ESTIMATES: dict = {}
+"""(model key, id of the benchmark) -> (the benchmark, its `AttackInputs`): the tokenized
+sample every estimate of that pair reads, measured once (the benchmark is held, so its id
+stays its own)."""
+MAX_ESTIMATES = 16
+_ESTIMATES_LOCK = threading.Lock()  # sessions' events fill it from several threads
+
+
+def attack_estimates(handle, bench) -> dict[str, float]:
+    """{attack: estimated seconds on one edit} on the loaded model's device, for every
+    attack (`components.core.durations.attack_seconds`); a UserError where the benchmark has
+    no held-out probes (the attacks cannot run: it says what to load)."""
+    key = (handle.key, id(bench))
+    with _ESTIMATES_LOCK:
+        held = ESTIMATES.get(key)
+        if held is None or held[0] is not bench:
+            probes, fitted = probes_of(bench)
+            inputs = attack_inputs(handle.model, handle.tokenizer, probes, fitted,
+                                   holdout_of(bench.eval_sets, bench.retain), bench.prompt_format)
+            while len(ESTIMATES) >= MAX_ESTIMATES:
+                ESTIMATES.pop(next(iter(ESTIMATES)))
+            held = ESTIMATES[key] = (bench, inputs)
+    return attack_seconds(held[1], attack_names("all"), wall_rate(handle.model))
 
 
 @on_device(duration=attack_s)
@@ -96,16 +154,40 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
         edits[label] = train_comparator(key, bench, method, epochs, lr, grom_edit.band,
                                         local_progress(lambda f, m: progress(TRAIN_SHARE * f, f"{label}: {m}")))
         start = TRAIN_SHARE
-    share = (1 - start) / (len(edits) * len(names))
+    weight = progress_weights(key, bench, names)
+    share = (1 - start) / len(edits)
     out: dict[str, dict] = {}
     for i, (method, edit) in enumerate(edits.items()):
         out[method] = {}
+        at = start + i * share
         for j, name in enumerate(names):
-            at = start + (i * len(names) + j) * share
-            step = device_progress(lambda f, m, at=at, method=method: progress(at + share * f, f"{method}: {m}"))
+            # the suite is called one attack at a time, so its own count would say "attack 1/1": the count
+            # is made here, of the attacks ticked, and said before each call (on ZeroGPU, where no progress
+            # reaches into the GPU call, too)
+            message = f"{method}: attack {j + 1}/{len(names)}: {LABELS.get(name, name)}"
+            width = share * weight[name]
+            progress(at, message)
+            step = device_progress(lambda f, _m, at=at, width=width, message=message: progress(at + width * f,
+                                                                                               message))
             out[method] |= attack_once(key, bench, edit, name, step)
+            at += width
     progress(1.0, "attacks done")
     return out
+
+
+def progress_weights(key: ModelKey, bench, names: tuple[str, ...]) -> dict[str, float]:
+    """Each attack's share of the progress bar: its estimated seconds over the selection's
+    (relearning alone is a third of the whole suite), equal shares where there is no
+    estimate."""
+    handle = REGISTRY.get(key)
+    try:
+        seconds = attack_estimates(handle, bench) if handle is not None else {}
+    except Exception:  # noqa: BLE001  (a bar that moves evenly is no reason to stop the attacks)
+        seconds = {}
+    total = sum(max(seconds.get(n, 0.0), 0.0) for n in names)
+    if total <= 0 or any(n not in seconds for n in names):
+        return {n: 1 / len(names) for n in names}
+    return {n: max(seconds[n], 0.0) / total for n in names}
 
 
 def results_frame(results: dict[str, dict], names: tuple[str, ...]) -> pd.DataFrame:
@@ -301,10 +383,7 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
     handle = current_model(session)
     bench = current_benchmark(session)
     edit = current_edit(session)
-    try:
-        names = attack_names(list(attacks or ()) or "all")
-    except ValueError as err:
-        raise UserError(str(err)) from None
+    names = chosen(attacks)
     probes, _ = probes_of(bench)  # checked here, before any work
     baseline = _baseline_settings(with_baseline, method, epochs, lr, bench)
     check_data(handle.tokenizer, bench, baseline is not None)
@@ -320,6 +399,107 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
     return summary_md(results, names), frame, figure, lens_figure(results), answers_html(session, 0)
 
 
+def chosen(attacks) -> tuple[str, ...]:
+    """The ticked attacks in the suite's order; none ticked is refused (it once meant all
+    fourteen, minutes of work nobody asked for)."""
+    if not attacks:
+        raise UserError("Tick at least one attack (**Quick set** ticks the quick ones), then press "
+                        "**Run the attacks**.")
+    try:
+        return attack_names(list(attacks))
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def estimate_md(names, seconds: dict[str, float], n_probes: int, with_baseline: bool) -> str:
+    """The line under the attacks: the ticked ones' estimated time in all, what it is
+    counted from, and what a baseline adds."""
+    if not names:
+        return "No attack ticked: tick some, or press **Quick set**."
+    total = sum(seconds.get(n, 0.0) for n in names)
+    text = (f"The {len(names)} ticked attack(s) take about **{about(total).lstrip('~')}** on GROM's edit here "
+            f"(each attack's estimate is beside its name: from the model's size and the {n_probes} held-out "
+            "probes; longer while the server is busy).")
+    if with_baseline:
+        text += f" With the baseline: {about(2 * total)} for the two edits, and its training first."
+    return text
+
+
+def attack_view(attacks, with_baseline: bool, session: Session):
+    """(the attacks' choices, labelled with their estimates, the ticked ones kept; the
+    estimate line) for the session's model and benchmark; plain labels and a line that says
+    what is missing where no estimate can be made (no model, no benchmark, no probes)."""
+    names = [n for n in attack_names("all") if n in set(attacks or ())]
+    try:
+        handle, bench = current_model(session), current_benchmark(session)
+        seconds = attack_estimates(handle, bench)
+        n_probes = len(probes_of(bench)[0])
+    except UserError as err:
+        return gr.CheckboxGroup(choices=attack_choices(), value=names), f"No estimate: {err}"
+    except Exception:  # noqa: BLE001  (an estimate is a courtesy: the attacks still run without one)
+        log.warning("no attack estimate for %s", session, exc_info=True)
+        return gr.CheckboxGroup(choices=attack_choices(), value=names), "No estimate could be made for this data."
+    return (gr.CheckboxGroup(choices=attack_choices(seconds), value=names),
+            estimate_md(names, seconds, n_probes, with_baseline))
+
+
+@ui_errors
+def on_attack_estimates(attacks, with_baseline: bool, session: Session):
+    """After a model, a benchmark or an edit: the attacks' labels and the estimate line."""
+    return attack_view(attacks, with_baseline, session)
+
+
+@ui_errors
+def on_attack_total(attacks, with_baseline: bool, session: Session) -> str:
+    """After the ticks change: the estimate line of the new selection (cached estimates:
+    nothing is tokenized again)."""
+    return attack_view(attacks, with_baseline, session)[1]
+
+
+def on_quick_set() -> list[str]:
+    return [n for n in attack_names("all") if n in QUICK]
+
+
+def on_every_attack() -> list[str]:
+    return list(attack_names("all"))
+
+
+def on_attacks_start(attacks, with_baseline: bool, session: Session) -> str:
+    """The summary line as the run starts (beside the run, which then shows its progress
+    there): what runs and about how long; or, where the run cannot start, why (the run's
+    own error says so too)."""
+    try:
+        current_edit(session)
+        bench = current_benchmark(session)
+        names = chosen(attacks)
+        probes_of(bench)
+    except UserError as err:
+        return f"Not run: {err}"
+    try:
+        seconds = attack_estimates(current_model(session), bench)
+        total = sum(seconds.get(n, 0.0) for n in names) * (2 if with_baseline else 1)
+        took = f", about {about(total).lstrip('~')}"
+    except Exception:  # noqa: BLE001  (the run says what it does without a time)
+        took = ""
+    who = "GROM's edit and the baseline set in Compare (trained first)" if with_baseline else "GROM's edit"
+    return (f"{RUNNING}{len(names)} attack(s) on {who}{took}: {', '.join(LABELS.get(n, n) for n in names)}. "
+            "The bar counts them; **Stop** ends the run at its next step.")
+
+
+def on_attacks_stopped(summary: str):
+    """Stop pressed: a "Running ..." line says the run stopped; a finished run's verdict stays."""
+    if not str(summary or "").startswith(RUNNING):
+        return gr.skip()
+    return "Stopped: the model is left unedited. Press **Run the attacks** to run them again."
+
+
+def on_attacks_failed(summary: str):
+    """The run failed: a "Running ..." line says so (the error's own message says why)."""
+    if not str(summary or "").startswith(RUNNING):
+        return gr.skip()
+    return "The attacks did not finish (the message at the top of the page says why); the model is left unedited."
+
+
 def on_attack_select(evt: gr.SelectData, session: Session) -> str:
     row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
     return answers_html(session, int(row))
@@ -327,20 +507,24 @@ def on_attack_select(evt: gr.SelectData, session: Session) -> str:
 
 def build_attack_panel() -> SimpleNamespace:
     text.md(text.ATTACKS, elem_classes="panel-intro")
-    attacks = gr.CheckboxGroup(attack_choices(), value=[n for _, n in attack_choices()], label="Attacks",
-                               elem_id="attack-choices")
+    attacks = gr.CheckboxGroup(attack_choices(), value=on_quick_set(), label="Attacks", elem_id="attack-choices")
+    with gr.Row(equal_height=True):
+        estimate = gr.Markdown("Load a model and a benchmark with held-out probes to see how long the attacks take.",
+                               elem_id="attack-estimate")
+        quick = gr.Button("Quick set", size="sm", scale=0, min_width=100, elem_id="attack-quick")
+        every = gr.Button("Every attack", size="sm", scale=0, min_width=110, elem_id="attack-every")
     with gr.Row(equal_height=True):
         with_baseline = gr.Checkbox(value=False, label="also the baseline set in Compare (trained here first)",
                                     scale=3)
         run = gr.Button("Run the attacks", variant="primary", scale=1, min_width=160, elem_id="attack-run")
         stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="attack-stop")
-    summary = gr.Markdown("Run an edit, then the attacks.", elem_id="attack-summary")
+    summary = gr.Markdown(START_SUMMARY, elem_id="attack-summary")
     table = gr.Dataframe(empty_table("attacks"), label="Fact recall under each attack; the membership row is an AUC (click a row for its answers)",
                          interactive=False, wrap=True, elem_id="attack-table")
     files = download_box("the attack table")
     plot = gr.Plot(plots.empty_figure("Run the attacks to see recall per attack."), show_label=False)
     lens = gr.Plot(plots.empty_figure("Tick the logit lens and run the attacks."), show_label=False)
     answers = gr.HTML(elem_id="attack-answers")
-    return SimpleNamespace(attacks=attacks, with_baseline=with_baseline, run=run, stop=stop, summary=summary,
-                           table=table,
-                           files=files, plot=plot, lens=lens, answers=answers)
+    return SimpleNamespace(attacks=attacks, estimate=estimate, quick=quick, every=every, with_baseline=with_baseline,
+                           run=run, stop=stop, summary=summary, table=table, files=files, plot=plot, lens=lens,
+                           answers=answers)

@@ -1,7 +1,15 @@
 """Export panel: the session's edit as files (patch.safetensors + edit.json) and a code
 snippet that applies it with the library; and the way back: an uploaded edit.json restores
 the benchmark, every setting and the edit, computed again and checked against the hash
-edit.json records (or, for uploaded benchmark files, from patch.safetensors)."""
+edit.json records (or, for uploaded benchmark files, from patch.safetensors).
+
+And a link to the run (components/core/links.py): "Copy link to this run" stores the
+session's edit on the server under an unguessable token and gives the page's address with
+?run=<token>; a page opened with it (`on_page_link`, after the page's own load) brings the
+run into its fresh session: the run's model (loaded where the host allows it), its
+benchmark and split, every setting of the Edit panel, the edit (from its stored patches,
+bit for bit, or computed again from its settings) and the result view, as they were. A
+link pasted into an open page does the same (`on_open_link`, the `open_link` endpoint)."""
 from __future__ import annotations
 
 import collections
@@ -9,28 +17,33 @@ import json
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
 
+from components.core import links
 from components.core.benchmarks import read_benchmark, splits_for
-from components.core.device import device_progress
+from components.core.device import device_progress, local_progress
 from components.core.edits import compute_edit
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.files import (_bound_disk, _remove_old, edit_uploads, export_root, load_uploaded_edit,
                                    read_edit_json, storage)
-from components.core.form import restore_values
+from components.core.form import BAND_MODES, CUSTOM, RESTORED, restore_values
 from components.core.history import add_run, restore
 from components.core.limits import limit
+from components.core.models import ensure_model, free_choice, model_key
 from components.core.runs import check_run, file_verdict, portable_model_name, recompute_verdict, run_record
-from components.core.session import SESSIONS, Session, current_edit, current_model
+from components.core.session import REGISTRY, SESSIONS, Session, current_edit, current_model
 from components.core.sources import DEMO
 from components.core.validate import check_examples, retain_subset
+from components.model_panel import status_line
+from components.model_panel import summary as model_summary
 from components.views import text
 from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
-from grom import Edit, EditConfig
+from grom import PRESETS, Edit, EditConfig
 from grom.arch import num_layers
 from grom.edit import META_FILE, PATCH_FILE, read_patch_layout
 
@@ -191,15 +204,13 @@ def _import_edit(imp: _Import, progress) -> tuple[Edit | None, tuple | None, str
     return edit, (imp.bench.forget, retain), recompute_verdict(edit, imp.meta.get("patch_sha256"), seconds, reference)
 
 
-@ui_errors
-def on_import_run(files, session: Session, progress=gr.Progress()):
-    """Restore an exported run: the benchmark, every setting of the Edit panel and the
-    band, and the edit. Where this server has the run's data, edit.json alone is enough:
-    the edit is computed again with its settings and checked against the patch_sha256 it
-    records (`recompute_verdict`: identical means bit for bit); for uploaded benchmark
-    files it comes from patch.safetensors. Nothing changes unless all of it fits."""
-    imp = _check_import(files, session)
-    edit, inputs, verdict = _import_edit(imp, progress)  # the long part, before any change
+def _restore_run(imp: _Import, edit: Edit | None, inputs: tuple | None, session: Session, what: str,
+                 source: str) -> tuple[list, list, str, tuple | None]:
+    """Into the session, once everything is checked: the run's benchmark (where this server
+    has it), the Edit panel's settings and the edit, if there is one (a row of the run
+    history, as `source`). Returns the widgets' values (`form.RESTORED` order), the
+    Benchmark panel's six (skips for uploaded files), the restore's note and the edit's
+    forget and retain examples."""
     run, bench = imp.run, imp.bench
     bench_out = [gr.skip()] * 6
     if bench is not None:
@@ -212,21 +223,197 @@ def on_import_run(files, session: Session, progress=gr.Progress()):
                      run.get("source", ""), describe(bench),
                      examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
                      examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples")]
-    values = restore(imp.config.to_dict(), run, session, f"the run of {imp.meta_file.name}")
-    result = [gr.skip()] * 3
+    values = restore(imp.config.to_dict(), run, session, what)
+    if edit is not None:
+        if inputs is None:  # from its file: the data it was made of is the session's
+            b = session.benchmark
+            inputs = (b.forget, retain_subset(b.retain, run["retain_examples"], run["seed"]))
+        session.edit, session.edit_for, session.dropped = edit, imp.handle.key, ""
+        SESSIONS.touch(session)  # counted among the sessions holding an edit
+        session.extra["edit_inputs"] = inputs
+        session.report = session.report_for = session.influence = None
+        add_run(session, edit, source=source)
+    return values[:-1], bench_out, values[-1], inputs
+
+
+@ui_errors
+def on_import_run(files, session: Session, progress=gr.Progress()):
+    """Restore an exported run: the benchmark, every setting of the Edit panel and the
+    band, and the edit. Where this server has the run's data, edit.json alone is enough:
+    the edit is computed again with its settings and checked against the patch_sha256 it
+    records (`recompute_verdict`: identical means bit for bit); for uploaded benchmark
+    files it comes from patch.safetensors. Nothing changes unless all of it fits."""
+    imp = _check_import(files, session)
+    edit, inputs, verdict = _import_edit(imp, progress)  # the long part, before any change
+    values, bench_out, restored, _ = _restore_run(imp, edit, inputs, session, f"the run of {imp.meta_file.name}",
+                                                  "import")
     if edit is None:
-        return values[:-1] + bench_out + result + [values[-1] + verdict]
-    if inputs is None:  # from its file: the data it was made of is the session's
-        b = session.benchmark
-        inputs = (b.forget, retain_subset(b.retain, run["retain_examples"], run["seed"]))
-    session.edit, session.edit_for, session.dropped = edit, imp.handle.key, ""
-    SESSIONS.touch(session)  # counted among the sessions holding an edit
-    session.extra["edit_inputs"] = inputs
-    session.report = session.report_for = session.influence = None
-    add_run(session, edit, source="import")
-    note = f"{values[-1]} {verdict} The edit is loaded: Compare, Diagnostics and Export use it."
+        return values + bench_out + [gr.skip()] * 3 + [restored + verdict]
+    note = f"{restored} {verdict} The edit is loaded: Compare, Diagnostics and Export use it."
     result = [f"{verdict} " + edit_summary(edit), layer_table(edit), norms_figure(edit)]
-    return values[:-1] + bench_out + result + [note]
+    return values + bench_out + result + [note]
+
+
+# ---------------------------------------------------------------- a link to the run
+
+LINK_INTRO = ("**Share this run.** *Copy link to this run* gives an address that opens it in a fresh page, in "
+              "any browser: the model, the benchmark and split, every setting and the edit, as they are here. "
+              "The server keeps the edit (its settings and patches, no file of yours) under a random name "
+              "that only the link holds; it does not keep uploaded benchmark files, so a run of those is shared "
+              "by its exported files instead.")
+OPEN_INTRO = "**Open a shared run.** Paste a link to a run of this server: the run replaces this page's."
+COPY_LINK_JS = "(url) => { if (url && navigator.clipboard) { navigator.clipboard.writeText(url).catch(() => {}); } }"
+"""The link into the clipboard after `on_make_link` (where the browser allows it; the box's
+copy button otherwise)."""
+LINK_OUTPUTS = 5 + len(RESTORED) + 6 + 3 + 3
+"""What opening a link sets, in this order: the Model panel's status, summary, choice,
+device and dtype; the Edit panel's widgets (`form.RESTORED`; k with the model's layers as
+its maximum); the Benchmark panel's name, split, source, info and the forget and retain
+tables; the result view's summary, table and norms; the Edit panel's status line, the
+Export tab's link note and the tabs (Edit details shown)."""
+
+
+@ui_errors
+def on_make_link(session: Session, request: gr.Request):
+    """A link to the session's edit (`links.store`; the same edit again: the link it has
+    already) and a note on what it opens and for how long. The address is the page's as
+    the visitor reached it (`links.page_url`), behind a proxy too."""
+    edit = current_edit(session)
+    run = edit.run or {}
+    if not run.get("model") or not run.get("benchmark"):
+        raise UserError("This edit records no run (its model, benchmark and split): press Run edit to make it "
+                        "again, then copy its link.")
+    if run["benchmark"] == "custom":
+        raise UserError("This edit is of uploaded benchmark files, which this server does not keep, so a link "
+                        "could not bring them back: press Export the edit and share its two files with your "
+                        "benchmark files instead.")
+    form = links.stored_form(edit)  # an edit no link can hold is refused before anything is written
+    kept = session.extra.get("link")
+    if kept is not None and kept[0]() is edit and links.exists(kept[1]):
+        token = kept[1]  # the same edit again: its link
+    else:
+        _admit_export()
+        token = links.store(edit, session.edit_for.dtype if session.edit_for is not None else "")
+        session.extra["link"] = (weakref.ref(edit), token)  # weak: a dropped edit goes with its session's
+    how = ("its patches kept bit for bit" if form == "patches" else
+           "computed again when the link is opened (its patches are larger than a link keeps) and checked "
+           "against its sha256")
+    note = (f"Anyone with this link opens this run in a fresh page: the model **{shorten(run['model'])}**, "
+            f"**{shorten(run['benchmark'])}/{shorten(run.get('split', ''))}**, every setting of the Edit panel and "
+            f"the edit ({how}). Copied to your clipboard where the browser allows it, else with the box's copy "
+            f"button. This server keeps links for {links.kept_for()}.")
+    return links.page_url(request, token), note
+
+
+def _link_model(name: str, dtype: str, session: Session, progress) -> list:
+    """The run's model (in `dtype`, where the link records it) for the session: the one it
+    has, or loaded where the host allows it (`model_key`: GROM_MODELS; a visitor's free
+    choice sized first, GROM_MAX_MODEL_PARAMS). The Model panel's status, summary, choice,
+    device and dtype (skips when unchanged)."""
+    key = session.model_key
+    if (key is not None and portable_model_name(key.name) == name and dtype in ("", key.dtype)
+            and REGISTRY.get(key) is not None):
+        return [gr.skip()] * 5
+    key = model_key(name, "auto", dtype or "auto")
+    handle = ensure_model(key, local_progress(lambda f, m: progress(f, desc=m)), free=free_choice(key))
+    if session.model_key != handle.key:
+        session.model_key = handle.key
+        session.scores = session.scores_for = None
+    session.extra["model_widgets"] = (handle.key.shown, "auto", dtype or "auto", "none", "")
+    return [status_line(handle), model_summary(handle), handle.key.shown, "auto", dtype or "auto"]
+
+
+def _linked_verdict(edit: Edit) -> str:
+    """What the loaded patches are to the shared edit (`Edit.load` checked them)."""
+    if edit.stored_ranks:
+        return "Its patches are the shared edit's factors (their product: equal to it up to rounding)."
+    return f"Its patches are the shared edit's, bit for bit (sha256 `{edit.sha256()[:16]}…`)."
+
+
+def data_line(label: str, forget, retain) -> str:
+    """The data part of the result summary, as Run edit writes it (edit_panel `on_run_edit`)."""
+    return f" Data: **{label}**, {len(forget)} forget and {len(retain)} retain examples giving keys."
+
+
+def _plain_run(meta_file: Path) -> None:
+    """The run's free text that the notes repeat, reduced to the values this server writes
+    (a preset's name, a band mode), in the link's private copy of edit.json: a run imported
+    from a hostile file and shared puts no text of its author's into another visitor's page."""
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    run = meta.get("run")
+    if isinstance(run, dict):
+        if "preset" in run and run["preset"] not in PRESETS:
+            run["preset"] = CUSTOM
+        if "band_mode" in run and run["band_mode"] not in BAND_MODES:
+            run["band_mode"] = "manual"
+        meta_file.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+
+def _open_link(text, session: Session, progress) -> list:
+    """The run of the link in `text` into the session (`LINK_OUTPUTS`): every file and
+    value checked as an uploaded run's (`_check_import`) after the run's model is loaded;
+    the edit from its stored patches, else computed again from its settings. Nothing
+    changes unless all of it fits (a model loaded for it stays loaded, unused)."""
+    with links.opened(text) as link:
+        meta = read_edit_json(link.meta_file)
+        _plain_run(link.meta_file)
+        run = check_run(meta.get("run"))
+        if run["benchmark"] == "custom":
+            raise UserError("This link's run is of uploaded benchmark files, which this server does not keep: "
+                            "ask whoever shared it for the exported files.")
+        before = (session.model_key, session.scores, session.scores_for, session.extra.get("model_widgets"))
+        try:
+            model_out = _link_model(run["model"], link.dtype, session, progress)
+            files = [str(link.meta_file)] + [str(link.patch_file)] * (link.patch_file is not None)  # as uploads are
+            imp = _check_import(files, session)
+            if imp.patch_file is not None:
+                progress(0.8, desc="loading the shared edit's patches")
+                edit = load_uploaded_edit(imp.meta_file, imp.patch_file, imp.handle.model, imp.meta)
+                inputs, verdict = None, _linked_verdict(edit)
+            else:
+                edit, inputs, verdict = _import_edit(imp, progress)
+                if edit is None:
+                    raise UserError(verdict.strip())
+        except BaseException:
+            session.model_key, session.scores, session.scores_for = before[:3]
+            if before[3] is None:
+                session.extra.pop("model_widgets", None)
+            else:
+                session.extra["model_widgets"] = before[3]
+            raise
+        age = link.age_s
+    values, bench_out, restored, (forget, retain) = _restore_run(imp, edit, inputs, session, "the shared run", "link")
+    k = RESTORED.index("k")
+    values[k] = gr.Slider(value=values[k], maximum=num_layers(imp.handle.model))
+    result = [edit_summary(edit) + data_line(session.bench_label, forget, retain), layer_table(edit),
+              norms_figure(edit)]
+    note = (f"**Opened a shared run** (its link was made {links.age_text(age)} ago): **{imp.handle.key.shown}** on "
+            f"**{session.bench_label}**. {restored} {verdict} The edit is loaded: press **Compare** to see what "
+            "it forgot and kept; Diagnostics and Export use it too.")
+    return model_out + values + bench_out + result + [note, note, gr.Tabs(selected="edit")]
+
+
+@ui_errors
+def on_open_link(link: str, session: Session, progress=gr.Progress()):
+    """A link to a run (its address, or its token alone) opened in this session: the run's
+    model, benchmark and split, settings, edit and result view (`LINK_OUTPUTS`); an error
+    that says why when it does not open, and then nothing has changed."""
+    return _open_link(link, session, progress)
+
+
+def on_page_link(session: Session, request: gr.Request, progress=gr.Progress()):
+    """A page opened with ?run=<token> (after its own load): that run into the page's fresh
+    session (`on_open_link`). Whatever happens the page opens as usual: a link that does
+    not open (not a link, unknown, expired, a model the host does not offer) is said so on
+    the Edit panel's status line. Nothing at all without ?run=."""
+    params = getattr(request, "query_params", None) or {}
+    if links.LINK_PARAM not in params:
+        return [gr.skip()] * LINK_OUTPUTS
+    try:
+        return on_open_link(params.get(links.LINK_PARAM), session, progress)
+    except gr.Error as err:
+        note = f"⚠ {err.message} The page opened as usual, on its own model and benchmark."
+        return [gr.skip()] * (LINK_OUTPUTS - 3) + [note, note, gr.skip()]
 
 
 def build_export_panel() -> SimpleNamespace:
@@ -236,11 +423,23 @@ def build_export_panel() -> SimpleNamespace:
     note = gr.Markdown("")
     code = gr.Code(language="python", label="Apply it with the library", interactive=False,
                    value=snippet(None, "grom-edit"))  # the session's model: `on_show_snippet`
+    text.md(LINK_INTRO, elem_classes="panel-intro")
+    with gr.Row(equal_height=True):
+        link = gr.Textbox("", label="Link to this run", interactive=False, buttons=["copy"], scale=3,
+                          placeholder="Press Copy link to this run", elem_id="run-link")
+        link_button = gr.Button("Copy link to this run", scale=1, min_width=120, elem_id="link-button")
+    link_note = gr.Markdown("", elem_id="link-note")
     text.md(text.IMPORT, elem_classes="panel-intro")
     with gr.Row(equal_height=True):
         uploads = gr.File(label="edit.json (and patch.safetensors)", file_count="multiple",
                           file_types=[".json", ".safetensors"], height=110, elem_id="import-files", scale=3)
         load = gr.Button("Load the run", scale=1, min_width=120, elem_id="import-button")
     load_note = gr.Markdown("", elem_id="import-note")
+    text.md(OPEN_INTRO, elem_classes="panel-intro")
+    with gr.Row(equal_height=True):
+        link_in = gr.Textbox("", label="Link to a run", max_length=2000, scale=3, elem_id="open-link",
+                             placeholder=f"https://…/?{links.LINK_PARAM}=…")
+        open_button = gr.Button("Open the run", scale=1, min_width=120, elem_id="open-link-button")
     return SimpleNamespace(button=button, files=files, note=note, code=code, uploads=uploads, load=load,
-                           load_note=load_note)
+                           load_note=load_note, link=link, link_button=link_button, link_note=link_note,
+                           link_in=link_in, open=open_button)

@@ -1,6 +1,8 @@
 """The "Is it gone?" tab through the app's API, on the demo model: an uploaded benchmark
 with held-out probe rows, GROM's edit, then the attack suite (and a baseline beside it);
-the card gains the held-out line; a benchmark without probes is told what to load."""
+the card gains the held-out line; a benchmark without probes is told what to load, and a
+run with no attack ticked what to tick. (The estimates, the quick set, the summary at the
+start and the progress count: tests/test_attack_estimates.py, without a server.)"""
 from __future__ import annotations
 
 import json
@@ -62,6 +64,8 @@ def test_a_baseline_beside_grom_and_a_benchmark_without_probes(url, tmp_path):  
     assert all(not math.isnan(float(r[3])) for r in table["data"])
     with pytest.raises(Exception, match="not in the list of choices"):  # gradio refuses it before the handler
         c.predict(["heldout", "telepathy"], False, "npo", 1, 1e-3, api_name="/attacks")
+    with pytest.raises(Exception, match="Tick at least one attack"):  # none ticked: refused, not all 14 run
+        c.predict([], False, "npo", 1, 1e-3, api_name="/attacks")
     c.predict("demo", "forget01", "", None, None, api_name="/load_benchmark")
     c.predict(preset="demo", api_name="/run_edit")
     with pytest.raises(Exception, match="no held-out probe"):

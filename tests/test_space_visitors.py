@@ -223,3 +223,23 @@ def test_listened_jobs_are_not_dropped(url, monkeypatch):  # noqa: F811
     took = time.perf_counter() - start
     print(f"a listened baseline and a generate behind it: {took:.1f} s")
     assert took > 1 and summary and answer
+
+
+def test_gradios_deep_link_route_writes_nothing(url):  # noqa: F811
+    """gradio's /gradio_api/deep_link writes a live session's component values into the
+    upload folder on every GET (no bound of its own): closed (`guard.NoDeepLinks`)."""
+    import urllib.error
+    import urllib.request
+
+    from components.core.files import upload_folder
+
+    c = Client(url, verbose=False)
+    c.predict("Where was Zorvath Quill born?", api_name="/generate")  # a live session
+    folder = Path(upload_folder()) / "deep_links"
+    before = set(folder.rglob("*")) if folder.exists() else set()
+    for _ in range(3):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url.rstrip('/')}/gradio_api/deep_link?session_hash={c.session_hash}")
+        assert err.value.code == 404
+    after = set(folder.rglob("*")) if folder.exists() else set()
+    assert after == before

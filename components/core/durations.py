@@ -5,21 +5,33 @@ the loaded model's shape there and prices the work with `components.core.gpu_tim
 Each returns whole seconds within [1, GROM_GPU_SECONDS]; the 60 s default where the
 model is not loaded (the call then fails at once with the message that says so). A
 baseline's training is priced per optimizer step (`train_plan`), so that it can be split
-into calls that each fit (components.core.train_parts)."""
+into calls that each fit (components.core.train_parts).
+
+Beside them, what the attack panel shows before a run: each attack's wall time on the
+loaded model's device (`attack_inputs`, `attack_seconds`), counted from the work the suite
+does and priced at the device's `WallRate`."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
-from components.core.gpu_time import (Shape, TrainPlan, edit_flops, eval_sets_of, eval_work, example_tokens,
+import torch
+
+from components.core.device import ON_ZEROGPU
+from components.core.gpu_time import (RATE, Shape, TrainPlan, edit_flops, eval_sets_of, eval_work, example_tokens,
                                       gpu_seconds, plan_training, train_flops)
 from components.core.limits import limit
 from components.core.session import REGISTRY, ModelKey
-from grom.arch import decoder_layers
+from grom.arch import decoder_layers, model_device
 from grom.baselines import EDITORS, get_method
 from grom.baselines.loop import planned_steps
 from grom.baselines.optim import select_parameters
 from grom.baselines.recipes import recipe_for_task
 from grom.baselines.settings import resolve_settings
+from grom.data.prompts import encode_prompt
+from grom.eval.knowledge import knowledge_budget
+from grom.robustness.calibration import RELEARN_BATCH, RELEARN_STEPS
+from grom.robustness.probes import PROBE_TYPES, transform
 
 DEFAULT_S = 60  # what ZeroGPU grants a call that names no duration
 EVAL_ROWS = 3  # Base, Edited and the Retain model, the most a comparison computes
@@ -166,3 +178,250 @@ def generate_s(key: ModelKey, prompt, edit, *_rest, **_kw) -> int:
         return DEFAULT_S
     flops, steps = eval_work(shape, len(prompt) / 3.0, 1, limit("GROM_MAX_NEW_TOKENS"), 2)
     return gpu_seconds(flops, steps)
+
+
+# ---------------------------------------------------------------- the attacks' wall time
+#
+# `attack_s` above is what ZeroGPU is asked for (a generous margin: a call that runs past it
+# is aborted). The attack panel shows something else before a run: the seconds each attack
+# will take on the loaded model's device (`components.attack_panel.attack_estimates`). Each
+# attack's work is counted as the suite does it (grom.robustness: greedy answers to its
+# probes from the base model and the edited one, relearning's fine-tuning steps and scores,
+# quantization's sweeps over the weights, teacher-forced passes for the logit lens and the
+# membership attacks) and priced at the device's `WallRate`. The CPU's rates were measured
+# on the 2-core machine the studio is developed on, and the estimates checked against every
+# attack's time on the demo and on SmolLM2 (bench/attack_times.py prints the two side by
+# side; BENCHMARKS.md); the GPU's are `gpu_time.RATE`'s deliberately low guesses.
+
+@dataclass(frozen=True)
+class WallRate:
+    """What a second of wall time buys where the attacks run."""
+    flops_per_s: float
+    """Dense matmul throughput of a batch of tokens (prefill, teacher forcing, training)."""
+    weight_bytes_per_s: float
+    """Every forward or backward pass reads every weight once: with a few rows (greedy
+    decoding) that read, not the arithmetic, is the pass's cost on a CPU."""
+    layer_s: float
+    """Seconds per decoder layer per pass: the framework's fixed cost of a layer call."""
+    token_s: float
+    """Seconds per generated token in Python: decoded and checked for its fact each step."""
+    param_op_s: float
+    """Seconds per parameter per elementwise sweep (a copy, an AdamW update, quantization)."""
+    start_s: float
+    """Seconds per attack whatever it does (on ZeroGPU: a GPU call's start)."""
+
+
+CPU_WALL = WallRate(flops_per_s=5e10, weight_bytes_per_s=1e10, layer_s=8e-4, token_s=5e-5, param_op_s=2.7e-9,
+                    start_s=0.05)
+"""Measured on this 2-core x86_64 CPU, one torch thread, as the process's CPU seconds (a
+quiet machine's wall time): SmolLM2-135M's layers at 50-70 GFLOP/s in batches of tokens
+(flops_per_s is per thread, times torch.get_num_threads()), a one-token pass 63 ms (its
+538 MB of weights read, ~10 GB/s, and its 30 layers' calls), a decoding step of the demo's
+6 layers ~5 ms, a copy of the weights 2.7 ns a parameter (an AdamW step: 0.8 s, 2.5 copies;
+a 4-bit quantization and its restore: 1.1 s, 4 copies of the linear weights). A machine
+that other work shares is slower: 1-2x at a load of 3-5 (bench/attack_times.py)."""
+GPU_WALL = WallRate(flops_per_s=RATE.flops_per_s, weight_bytes_per_s=1e12, layer_s=RATE.step_s, token_s=5e-5,
+                    param_op_s=1e-11, start_s=0.5)
+"""A data-centre GPU: `gpu_time.RATE`'s low guesses for the arithmetic and a layer's call,
+~1 TB/s for the weights (not measured: no GPU was at hand)."""
+ZEROGPU_START_S = RATE.overhead_s  # each attack is a GPU call of its own there
+
+GEN_BATCH = 128  # grom.eval.knowledge.KNOWLEDGE_GEN_BATCH: one decoding loop per 128 probes
+DECODE_STEPS = 0.8
+"""Decoding steps of a batch, as a share of the answer budget: the batch runs until its
+slowest row ends, and an answer that never states its fact (the edited model's, by
+design) runs to EOS or the budget."""
+LIVE_ROWS = 0.5
+"""Rows still decoding, on average over those steps (answers that stated their fact, or
+ended, leave the batch)."""
+LENS_BATCH, MIA_BATCH = 16, 32  # grom.robustness.weights.lens, grom.eval.runner.score_answers
+TRAIN_PASSES = 3  # a training step: the forward and a backward of about twice its cost
+ADAMW_OPS = 2.5  # an AdamW step (torch's fused foreach kernels: clip, two moments, update) in weight copies
+QUANT_OPS = 4  # sweeps per quantization of the linear weights: group min/max, round, dequantize, restore
+QUANTIZATIONS = 4  # base, edited, and the patch-kept check's two (grom.robustness.weights)
+MOMENT_OPS = 8  # per vocabulary entry of each scored token: the membership attacks' log-softmax moments
+SAMPLE = 48  # probes tokenized to measure a set's prompt lengths
+
+
+@dataclass(frozen=True)
+class Work:
+    """What an attack computes, in the units `wall_seconds` prices."""
+    flops: float = 0.0
+    passes: float = 0.0
+    """Forward (or backward) passes of the whole model."""
+    tokens: float = 0.0
+    """Generated tokens."""
+    param_ops: float = 0.0
+    """Parameters touched by whole-model sweeps, summed over the sweeps."""
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def __mul__(self, k: float) -> "Work":
+        return Work(*(a * k for a in self.astuple()))
+
+    __rmul__ = __mul__
+
+    def astuple(self) -> tuple[float, float, float, float]:
+        return self.flops, self.passes, self.tokens, self.param_ops
+
+
+@dataclass(frozen=True)
+class Size:
+    """What an attack's cost depends on, read from the loaded model."""
+    layers: int
+    body: int
+    """Parameters of all the decoder layers (2 x this FLOPs per token forward)."""
+    head: int
+    """Parameters of the output embedding (2 x this FLOPs per token whose logits are read)."""
+    params: int
+    """Every parameter (relearning trains them all)."""
+    weight_bytes: int
+    vocab: int
+
+
+def size_of(model) -> Size:
+    """The loaded model's `Size` (a few microseconds: parameter counts only)."""
+    layers = decoder_layers(model)
+    body = sum(p.numel() for layer in layers for p in layer.parameters())
+    head = model.get_output_embeddings()
+    head_n = head.weight.numel() if head is not None else 0
+    params = list(model.parameters())
+    vocab = int(head.weight.shape[0]) if head is not None else int(getattr(model.config, "vocab_size", 0))
+    return Size(len(layers), body, head_n, sum(p.numel() for p in params),
+                sum(p.numel() * p.element_size() for p in params), vocab)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token counts of a set of rows: how many, their mean and longest length."""
+    n: int
+    mean: float
+    longest: float
+
+
+def lengths(encode, texts) -> Lengths:
+    """`Lengths` of `encode(text)` (token ids) over `texts`, from at most SAMPLE of them spread
+    over the set (the mean and longest of the sample stand for the set's)."""
+    texts = list(texts)
+    if not texts:
+        return Lengths(0, 0.0, 0.0)
+    step = max(1, len(texts) // SAMPLE)
+    counts = [len(encode(t)) for t in texts[::step][:SAMPLE]]
+    return Lengths(len(texts), sum(counts) / len(counts), float(max(counts)))
+
+
+def generation_work(size: Size, prompts: Lengths, budget: int) -> Work:
+    """Greedy answers to `prompts` (`grom.robustness.probe_recall`): batches of GEN_BATCH, each
+    a prompt pass (left-padded, only the last position's logits) and up to `budget`
+    decoding steps of the rows still running (`grom.eval.runner.greedy_until`)."""
+    if not prompts.n:
+        return Work()
+    batches = math.ceil(prompts.n / GEN_BATCH)
+    steps = budget * DECODE_STEPS
+    generated = prompts.n * LIVE_ROWS * steps
+    prefill = prompts.n * (prompts.mean + prompts.longest) / 2  # the longest first: padding
+    flops = 2.0 * (size.body * prefill + size.head * prompts.n) + 2.0 * (size.body + size.head) * generated
+    return Work(flops, batches * (1 + steps), generated)
+
+
+def forced_work(size: Size, rows: Lengths, batch: int, logits: float) -> Work:
+    """Teacher-forced passes over `rows` in batches of `batch`, with `logits` vocabulary-wide
+    FLOPs per token beyond the body (the head's, the membership moments')."""
+    if not rows.n:
+        return Work()
+    tokens = rows.n * (rows.mean + rows.longest) / 2
+    return Work(tokens * (2.0 * size.body + logits), math.ceil(rows.n / batch))
+
+
+@dataclass(frozen=True)
+class AttackInputs:
+    """What the attacks read, measured once per model and benchmark (`attack_inputs`)."""
+    size: Size
+    probes: Lengths
+    """The held-out probes as prompts in the benchmark's format."""
+    budget: int
+    """New tokens an answer may take (`grom.eval.knowledge.knowledge_budget`)."""
+    asked: dict
+    """Probe type -> the `Lengths` of its transformed probes (n = how many it could make)."""
+    lens: Lengths
+    """The logit lens's rows: question, then the answer up to its fact."""
+    fitted: Lengths
+    """The fitted questions with their answers (relearning trains on them)."""
+    scored: Lengths
+    """The membership attacks' rows: fitted, probes and holdout, each question and answer."""
+    mia_sides: bool
+    """Whether the membership attacks run (two rows or more on each side)."""
+
+
+def attack_inputs(model, tokenizer, probes, fitted, holdout, fmt) -> AttackInputs:
+    """Tokenize a sample of what the attacks read (a fraction of a second; the panel keeps
+    the result per model and benchmark)."""
+    prompt = lambda f: (lambda q: encode_prompt(tokenizer, q, f))  # noqa: E731
+    pair = lambda row: row.question + " " + row.answer  # noqa: E731
+    words = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    asked = {}
+    for name, kind in PROBE_TYPES.items():
+        made = transform(probes, name)
+        asked[name] = lengths(prompt(kind.fmt or fmt), [p.question for p in made])
+    held = asked.get("heldout") or lengths(prompt(fmt), [p.question for p in probes])
+    answers = [p.answer for p in probes]
+    budget = knowledge_budget(tokenizer, answers[::max(1, len(answers) // SAMPLE)])
+    overhead = max(0.0, held.mean - lengths(words, [p.question for p in probes]).mean)  # the template's tokens
+    answer = lengths(words, answers)
+    lens = Lengths(held.n, held.mean + answer.mean / 2, held.longest + answer.longest / 2)
+    with_answer = lambda rows: Lengths(rows.n, rows.mean + overhead + 1, rows.longest + overhead + 1)  # noqa: E731
+    fit = with_answer(lengths(words, [pair(r) for r in fitted]))
+    mia_rows = list(fitted) + list(probes) + list(holdout)
+    scored = with_answer(lengths(words, [pair(r) for r in mia_rows]))
+    return AttackInputs(size_of(model), held, budget, asked, lens, fit, scored,
+                        len(fitted) >= 2 and len(holdout) >= 2)
+
+
+def attack_work(inputs: AttackInputs, name: str) -> Work:
+    """The work of attack `name` (grom.robustness.suite) on one edit, in `Work` units."""
+    size = inputs.size
+    if name in inputs.asked:  # a probe type: the base model's answers and the edited one's
+        return 2 * generation_work(size, inputs.asked[name], inputs.budget)
+    score = generation_work(size, inputs.probes, inputs.budget)
+    if name == "relearn":  # the edit and the control, each scored at every step count and trained between
+        f = inputs.fitted
+        batch = min(RELEARN_BATCH, max(1, f.n))
+        rows = Lengths(batch, f.mean, f.longest)
+        step = TRAIN_PASSES * forced_work(size, rows, batch, 2.0 * size.head) + Work(param_ops=ADAMW_OPS * size.params)
+        copies = Work(param_ops=2 * size.params)  # the weights kept, then put back
+        return 2 * (len(RELEARN_STEPS) * score + max(RELEARN_STEPS) * step + copies)
+    if name in ("quant4", "quant8"):
+        return 2 * score + Work(param_ops=QUANTIZATIONS * QUANT_OPS * size.body)
+    if name == "logit_lens":  # every layer read through the head, at one position a probe
+        readout = size.layers * inputs.lens.n * (2.0 * size.head + 4.0 * size.vocab)
+        return 2 * (forced_work(size, inputs.lens, LENS_BATCH, 0.0) + Work(flops=readout))
+    if name == "mia":
+        if not inputs.mia_sides:
+            return Work()
+        return 2 * forced_work(size, inputs.scored, MIA_BATCH, 2.0 * size.head + MOMENT_OPS * size.vocab)
+    raise ValueError(f"no estimate for the attack {name!r}")
+
+
+def wall_rate(model) -> WallRate:
+    """The `WallRate` of the device `model` computes on: a GPU (on ZeroGPU each attack also
+    pays a GPU call's start), else the CPU at torch's thread count."""
+    if ON_ZEROGPU:
+        return replace(GPU_WALL, start_s=ZEROGPU_START_S)
+    if model_device(model).type != "cpu":
+        return GPU_WALL
+    return replace(CPU_WALL, flops_per_s=CPU_WALL.flops_per_s * max(1, torch.get_num_threads()))
+
+
+def wall_seconds(work: Work, size: Size, rate: WallRate) -> float:
+    """Seconds of `work` on a model of `size` at `rate` (a sum of the costs, not a roofline:
+    each term dominates somewhere, the body's FLOPs in a prompt pass, the weights' read in a
+    decoding step of a few rows, the layers' fixed cost on a tiny model)."""
+    per_pass = size.weight_bytes / rate.weight_bytes_per_s + size.layers * rate.layer_s
+    return (rate.start_s + work.flops / rate.flops_per_s + work.passes * per_pass + work.tokens * rate.token_s
+            + work.param_ops * rate.param_op_s)
+
+
+def attack_seconds(inputs: AttackInputs, names, rate: WallRate) -> dict[str, float]:
+    """{name: estimated wall seconds} of each attack in `names` on one edit."""
+    return {name: wall_seconds(attack_work(inputs, name), inputs.size, rate) for name in names}

@@ -18,6 +18,11 @@
   GROM_UPLOAD_CACHE_MB are removed, oldest first; who uploaded which path is recorded
   from the route's answer (`UPLOADS`).
 
+- `NoDeepLinks`: gradio's /gradio_api/deep_link route (its DeepLinkButton's) writes the
+  components' values of any live session to the upload folder on every GET, with no bound
+  of its own; the studio links runs its own way (components/core/links.py), so the route
+  answers 404.
+
 A visitor is an address (`client_of`): the peer's, or with GROM_PROXY_HOPS trusted proxies
 in front (a Space: `limits.proxy_hops`) the one they appended to X-Forwarded-For; the
 addresses a client writes there itself never count.
@@ -504,3 +509,19 @@ class BodyLimit:
             await self.app(scope, capped, tracked)
         except _Cut:
             pass
+
+
+def is_deep_link(scope) -> bool:
+    return scope.get("path", "").rstrip("/").endswith("/gradio_api/deep_link")
+
+
+class NoDeepLinks:
+    """ASGI middleware: gradio's deep-link route is closed (module docstring)."""
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and is_deep_link(scope):
+            await PlainTextResponse("Not found: links to runs are made in the Export tab.", 404)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

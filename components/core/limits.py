@@ -21,7 +21,10 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_RESIDENT_MODELS | 2 | visitors' models kept loaded at once beside the start model, which is never unloaded (least recently used goes) |
 | GROM_MAX_SESSIONS | 32 | sessions whose edits are kept (the oldest is dropped) |
 | GROM_EXPORT_MAX_MB | 256 | exported edits kept on disk (the oldest go) |
-| GROM_EXPORTS_PER_MINUTE | 6 | new exports per minute on the whole server |
+| GROM_EXPORTS_PER_MINUTE | 6 | new exports (and links to runs) per minute on the whole server |
+| GROM_MAX_LINKS | 500 | links to runs kept (the oldest go; GROM_LINK_DIR: where, components/core/links.py) |
+| GROM_LINKS_MAX_MB | 512 | links to runs kept on disk (the oldest go) |
+| GROM_LINK_DAYS | 30 | days a link to a run opens |
 | GROM_UPLOADS_PER_MINUTE | 30 | uploads one client (address) may make per minute |
 | GROM_SERVER_UPLOADS_PER_MINUTE | 120 | uploads the whole server accepts per minute |
 | GROM_MAX_REQUEST_MB | 4 | body of any request but an upload (the queue's inputs) |
@@ -54,6 +57,7 @@ DEFAULTS = {
     "GROM_MAX_EXAMPLE_TOKENS": 4096, "GROM_MAX_JOB_TOKENS": 500_000, "GROM_MAX_JOB_SECONDS": 900,
     "GROM_MAX_QUEUED_PER_VISITOR": 3, "GROM_LISTEN_SECONDS": 20, "GROM_MAX_PATCH_RANK": 1024,
     "GROM_MAX_MODEL_PARAMS": 2_000_000_000, "GROM_DEVICE_JOBS": 8,
+    "GROM_MAX_LINKS": 500, "GROM_LINKS_MAX_MB": 512, "GROM_LINK_DAYS": 30,
 }
 
 

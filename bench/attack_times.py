@@ -1,0 +1,166 @@
+"""Each attack of the "Is it gone?" panel: the seconds it shows before a run (the estimate,
+`components.attack_panel.attack_estimates`) against the seconds the attack took, run as
+the panel runs it (`attack_once`, one attack at a time, on GROM's edit).
+
+    python bench/attack_times.py                                   # the demo model
+    python bench/attack_times.py --model smollm2-135m-instruct --json smol.json
+    python bench/attack_times.py --model smollm2-135m-instruct --measured smol.json
+
+Demo: the bundled demo model (one thread, as the studio runs it on a CPU) on an upload of
+demo/forget01 with held-out probe rows (16 forget, 8 probe, 24 retain rows, as
+tests/test_app_attacks.py makes it), the `demo` preset. SmolLM2-135M-Instruct (torch's
+threads): the real-knowledge benchmark's default split as the studio loads it for that
+model (its known facts; the app's seeded sample of 128 retain examples), the `smollm2`
+preset. `--measured FILE` prints the table again from a run saved with `--json`, with the
+estimate as it is now, running nothing but the tokenizer (SmolLM2's suite is minutes of
+CPU). Also counted per attack: the model's forward passes, estimated and seen (a hook on
+its first layer; a training step's backward not counted), which says whether a wrong
+estimate is the work or its price; and the load average when each attack started.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+
+def demo_upload(folder: Path) -> Path:
+    """demo/forget01 as an upload with probe rows (tests/test_app_attacks.py's)."""
+    from grom.data import load_benchmark
+
+    demo = load_benchmark("demo", "forget01")
+    row = lambda ex, split: {"question": ex.question, "answer": ex.answer, "fact": ex.fact,  # noqa: E731
+                             "paraphrased_question": ex.paraphrased_question, "split": split}
+    rows = [row(ex, "forget") for ex in demo.forget[:16]] + [row(ex, "probe") for ex in demo.forget[16:24]]
+    rows += [row(ex, "retain") for ex in demo.retain[:24]]
+    path = folder / "probes.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def setup(model: str):
+    """(handle, benchmark, preset) as the studio has them after loading both."""
+    from components.core.benchmarks import default_split, read_benchmark
+    from components.core.models import ensure_model, model_key
+    from grom.config import PRESETS
+    from grom.data import load_benchmark
+
+    handle = ensure_model(model_key(model, "cpu", "float32"))
+    if model == "demo":
+        bench = load_benchmark("custom", "forget", source=str(demo_upload(Path(tempfile.mkdtemp()))))
+        return handle, bench, PRESETS["demo"]
+    bench = read_benchmark("real-knowledge", default_split("real-knowledge"), "", None, None, model)
+    bench = dataclasses.replace(bench, retain=tuple(random.Random(0).sample(bench.retain, min(128, len(bench.retain)))))
+    return handle, bench, PRESETS["smollm2"]
+
+
+def counted(model):
+    """A hook on the first decoder layer counting the model's forward passes (the membership
+    attacks call the body without the head); returns (counts, remove)."""
+    from grom.arch import decoder_layers
+
+    counts = {"passes": 0}
+
+    def hook(_module, _args):
+        counts["passes"] += 1
+
+    return counts, decoder_layers(model)[0].register_forward_pre_hook(hook).remove
+
+
+def estimates(handle, bench) -> tuple[dict, dict, float]:
+    """({attack: seconds}, {attack: forward passes}) estimated, and the seconds it took."""
+    from components.attack_panel import attack_estimates, ESTIMATES
+    from components.core.durations import attack_work
+
+    t0 = time.perf_counter()
+    seconds = attack_estimates(handle, bench)
+    took = time.perf_counter() - t0
+    inputs = ESTIMATES[(handle.key, id(bench))][1]
+    return seconds, {n: attack_work(inputs, n).passes for n in seconds}, took
+
+
+def measure(handle, bench, preset, names) -> dict:
+    """Each attack of `names` run as the panel runs it, timed; the edit first."""
+    from components.attack_panel import attack_once
+    from grom import run_edit
+
+    t0 = time.perf_counter()
+    edit = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain, preset)
+    out = {"edit_s": round(time.perf_counter() - t0, 2), "attacks": {}}
+    for name in names:
+        counts, remove = counted(handle.model)
+        load = os.getloadavg()[0]
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            result = attack_once(handle.key, bench, edit, name)[name]
+        finally:
+            remove()
+        out["attacks"][name] = {"seconds": round(time.perf_counter() - t0, 2),
+                                "cpu_seconds": round(time.process_time() - c0, 2), "n": result.n,
+                                "passes": counts["passes"], "load": round(load, 2)}
+        print(f"{name}: {out['attacks'][name]}", file=sys.stderr, flush=True)
+    return out
+
+
+def table(run: dict, seconds: dict, passes: dict) -> str:
+    """Markdown: per attack the estimate, the wall and CPU seconds measured (CPU: the
+    process's, every thread's; on one thread under load, nearer a quiet machine's wall time
+    than the wall time is), their ratio, the passes and the load average."""
+    lines = ["| attack | probes | estimate s | measured s | CPU s | measured / estimate | passes est. / seen | load |",
+             "|---|---|---|---|---|---|---|---|"]
+    total_e = total_m = total_c = 0.0
+    for name, m in run["attacks"].items():
+        e, cpu = seconds[name], m.get("cpu_seconds", float("nan"))
+        total_e, total_m, total_c = total_e + e, total_m + m["seconds"], total_c + cpu
+        ratio = f"{m['seconds'] / e:.2f}" if e > 0.05 else ""
+        lines.append(f"| {name} | {m['n']} | {e:.1f} | {m['seconds']:.1f} | {cpu:.1f} | {ratio} | "
+                     f"{passes[name]:.0f} / {m['passes']} | {m['load']:.1f} |")
+    lines.append(f"| **all** | | **{total_e:.0f}** | **{total_m:.0f}** | {total_c:.0f} | "
+                 f"{total_m / max(total_e, 1e-9):.2f} | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from grom.robustness.suite import attack_names
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="demo", help="demo or smollm2-135m-instruct")
+    ap.add_argument("--attacks", default="all", help="a comma list (default: every attack)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: 1 for the demo, as the studio; torch's otherwise)")
+    ap.add_argument("--json", help="save the run (measured seconds) here")
+    ap.add_argument("--measured", help="a run saved with --json: print it against the estimate, run nothing")
+    args = ap.parse_args()
+    threads = args.threads or (1 if args.model == "demo" else None)
+    if threads:
+        torch.set_num_threads(threads)
+    handle, bench, preset = setup(args.model)
+    seconds, passes, took = estimates(handle, bench)
+    if args.measured:
+        run = json.loads(Path(args.measured).read_text())
+    else:
+        run = {"model": args.model, "benchmark": f"{bench.name}/{bench.split}", "threads": torch.get_num_threads(),
+               "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+               **measure(handle, bench, preset, attack_names(args.attacks))}
+        if args.json:
+            Path(args.json).write_text(json.dumps(run, indent=1))
+    print(f"{run['model']} on {run['benchmark']}, {run['threads']} thread(s), {run['machine']}, {run['when']}; "
+          f"edit {run['edit_s']} s; the estimates took {took:.2f} s")
+    print(table(run, seconds, passes))
+
+
+if __name__ == "__main__":
+    main()
