@@ -563,8 +563,15 @@ def main(argv=None) -> None:
         preload_allowed(args.device)
     preload(args.model, args.device)
     log.info("model ready in %.1f s", time.perf_counter() - t0)
-    build_app(warm=True).launch(server_name=args.host, server_port=args.port, share=args.share,
-                       **launch_kwargs())
+    demo = build_app(warm=True)
+    # quiet: gradio's own lines would tell to "set share=True in launch()"; this app's flag is --share
+    _, local_url, share_url = demo.launch(server_name=args.host, server_port=args.port, share=args.share,
+                                          quiet=True, prevent_thread_lock=True, **launch_kwargs())
+    print(f"* Running on local URL: {local_url}", flush=True)
+    if share_url or not os.environ.get("SPACE_ID"):  # a Space has its public address already
+        print(f"* Running on public URL: {share_url}" if share_url else
+              "* For a public link, start it with --share (python app.py --share)", flush=True)
+    demo.block_thread()
 
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ def _restore_run(imp: _Import, edit: Edit | None, inputs: tuple | None, session:
                      run.get("source", ""), describe(bench),
                      examples_html(bench.forget, f"Forget set: {len(bench.forget)} examples"),
                      examples_html(bench.retain, f"Retain set: {len(bench.retain)} examples")]
-    values = restore(imp.config.to_dict(), run, session, what)
+    values = restore(imp.config.to_dict(), run, session, what, with_edit=edit is not None)
     if edit is not None:
         if inputs is None:  # from its file: the data it was made of is the session's
             b = session.benchmark

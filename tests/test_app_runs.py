@@ -67,6 +67,7 @@ def test_an_exported_run_is_restored_and_reproduced_bit_for_bit(url, tmp_path):
     name, split, note = out[len(RESTORED)], out[len(RESTORED) + 1], out[-1]
     assert split["choices"] and ["forget10", "forget10"] in split["choices"]  # the split box gets its choices
     assert (name, split["value"]) == ("demo", "forget10") and "Restored" in note
+    assert "The edit is loaded" in note and "run it again" not in note  # one thing to do, not two
     assert (widgets["beta"], widgets["w_r"], widgets["band_text"], widgets["seed"], widgets["retain_examples"]) \
         == (120.0, 150.0, "3-5", 3, 300)
     assert "Recomputed" in out[RESULT]

@@ -144,3 +144,28 @@ def test_readme_lists_every_host_limit_with_its_default():
         assert name in rows, f"README.md's limits table lacks {name}"
         assert rows[name].strip() == str(default), (name, rows[name], default)
     assert "GROM_PROXY_HOPS" in rows and "GROM_MODELS" in rows
+
+
+def test_the_console_names_this_apps_share_flag(monkeypatch, capsys):
+    """`python app.py` prints its address and, off a Space, that --share makes a public
+    link (gradio's own line told to "set share=True in launch()", which a user of the app
+    cannot do)."""
+    import app
+
+    class Blocks:
+        def launch(self, **kw):
+            assert kw["quiet"] and kw["prevent_thread_lock"]
+            return None, "http://127.0.0.1:7860/", None
+
+        def block_thread(self):
+            pass
+
+    monkeypatch.setattr(app, "preload", lambda *a, **k: "demo")
+    monkeypatch.setattr(app, "build_app", lambda warm=False: Blocks())
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    app.main(["--model", "demo", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "Running on local URL: http://127.0.0.1:7860/" in out and "--share" in out and "launch()" not in out
+    monkeypatch.setenv("SPACE_ID", "someone/grom-studio")
+    app.main(["--model", "demo", "--device", "cpu"])
+    assert "--share" not in capsys.readouterr().out

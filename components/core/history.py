@@ -132,11 +132,13 @@ def _beta(config: dict) -> str:
     return f"{config['beta']:g}" + (" rel." if config["beta_relative"] else "")
 
 
-def restore_note(config: dict, run: dict, session: Session, what: str) -> str:
-    """Where the restored settings came from, and what they cannot bring back."""
+def restore_note(config: dict, run: dict, session: Session, what: str, with_edit: bool = False) -> str:
+    """Where the restored settings came from, and what they cannot bring back; with
+    `with_edit` the edit itself came back too (an import, a link), so nothing asks to run it."""
     note = (f"Restored {what}: β {_beta(config)}, w_r {config['w_r']:g}, ρ {config['rho']:g}, "
-            f"band {band_text(run.get('band') or []) or config['matrix']} ({run.get('band_mode', 'manual')})."
-            " Press **Run edit** to run it again.")
+            f"band {band_text(run.get('band') or []) or config['matrix']} ({run.get('band_mode', 'manual')}).")
+    if not with_edit:
+        note += " Press **Run edit** to run it again."
     label = f"{run.get('benchmark')}/{run.get('split')}"
     if run.get("benchmark") and label != session.bench_label:
         note += f" It ran on **{label}**; **{session.bench_label or 'no benchmark'}** is loaded."
@@ -149,13 +151,13 @@ def restore_note(config: dict, run: dict, session: Session, what: str) -> str:
     return note
 
 
-def restore(config: dict, run: dict, session: Session, what: str) -> list:
+def restore(config: dict, run: dict, session: Session, what: str, with_edit: bool = False) -> list:
     """The widget values (`form.RESTORED` order) and the note for a restored run, every value
     checked against the session's model as a typed one is (a band it does not have, a seed
     or a budget the widgets cannot hold is refused with a message)."""
     handle = REGISTRY.get(session.model_key) if session.model_key is not None else None
     n_layers = num_layers(handle.model) if handle is not None else None
-    return restore_values(config, run, n_layers) + [restore_note(config, run, session, what)]
+    return restore_values(config, run, n_layers) + [restore_note(config, run, session, what, with_edit)]
 
 
 def row_index(evt: gr.SelectData) -> int:
