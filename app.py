@@ -36,8 +36,8 @@ from starlette.middleware import Middleware
 from components.attack_panel import (build_attack_panel, on_attack_estimates, on_attack_select, on_attack_total,
                                      on_attacks_failed, on_attacks_start, on_attacks_stopped, on_every_attack,
                                      on_quick_set, on_run_attacks)
-from components.baseline_panel import (build_baseline_panel, on_method_change, on_method_note, on_methods_for_data,
-                                      on_run_baseline)
+from components.baseline_panel import (build_baseline_panel, on_baseline_model, on_method_change, on_method_note,
+                                      on_methods_for_data, on_run_baseline, on_setting_change)
 from components.benchmark_panel import (build_benchmark_panel, build_examples_panel, on_benchmark_change,
                                         on_load_benchmark, on_model_loaded, on_restore_benchmark)
 from components.compare_panel import (ask_box, build_answers_panel, build_compare_panel, on_card_first,
@@ -56,15 +56,18 @@ from components.core.session import REGISTRY, Session, in_turn
 from components.core.sources import DEMO, REAL
 from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
                                           on_influence_example, on_pca, on_quant_check, on_table_select)
-from components.edit_panel import build_edit_panel, on_preset, on_reset, on_run_edit, on_show_plan
+from components.edit_panel import (build_edit_panel, on_form_change, on_preset, on_reset, on_run_edit, on_run_pressed,
+                                   on_show_plan)
 from components.export_panel import (COPY_LINK_JS, build_export_panel, on_export, on_import_run, on_make_link,
                                      on_open_link, on_page_link, on_show_snippet)
 from components.history_panel import build_history_panel, on_history_select, on_show_history
 from components.layers_panel import (band_text_md, build_layers_panel, on_layer_scores, on_redraw,
                                      scores_figure)
-from components.model_panel import build_model_panel, on_load_model, on_restore_model, status_line, summary
+from components.model_panel import (build_model_panel, on_load_model, on_model_intro, on_restore_model, status_line,
+                                    summary)
 from components.sweep_panel import build_sweep_panel, on_edit_made, on_sweep, on_sweep_select
 from components.views import plots, text
+from components.views.card import SCROLL_TO_CARD
 from components.views.tables import describe, empty_table, examples_html
 
 log = logging.getLogger("grom.studio")
@@ -163,6 +166,8 @@ def wire(ui: SimpleNamespace) -> None:
                           # its own queue: the download holds no lock, so device jobs run beside it
                           api_name="load_model", concurrency_id="load_model", concurrency_limit=1)
     loaded.success(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)  # the new model's defaults
+    loaded.success(on_model_intro, s, m.intro, **LOCAL)  # the panel's first lines: the model now loaded
+    loaded.success(on_baseline_model, s, bl.summary, **LOCAL)  # its time per epoch, not the last model's
     loaded.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)  # a new model: the old scores go
     loaded.success(on_model_loaded, s, [b.info, e.preset], **LOCAL)  # a preset that fits it
     loaded.success(on_show_snippet, s, x.code, **LOCAL)  # the code for the new model
@@ -182,6 +187,11 @@ def wire(ui: SimpleNamespace) -> None:
     bench.success(on_methods_for_data, [bl.method, s], [bl.method, bl.note], **LOCAL)  # editors greyed out or not
     bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
     e.preset.change(on_preset, e.preset, form.widgets(e, ly, form.PRESET_FILLED), **LOCAL)
+    # any setting a preset sets, changed (typed, filled or restored): the Preset box names the preset the
+    # values are, else "(custom)"
+    preset_fields = form.widgets(e, ly, form.PRESET_FIELDS)
+    gr.on([w.change for w in preset_fields], on_form_change, [e.preset] + preset_fields, e.preset,
+          trigger_mode="always_last", show_progress="hidden", **LOCAL)
     score_inputs = score_widgets(ui) + [s]
     ly.compute.click(in_turn(on_layer_scores), score_inputs, [ly.plot, ly.band_info], api_name="layer_scores", **device_queue())
     # k: typed (each keystroke, Enter included) or dragged; a burst redraws once, for its last value
@@ -191,29 +201,35 @@ def wire(ui: SimpleNamespace) -> None:
         trigger(on_redraw, view, [ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
     edit_inputs = form.widgets(e, ly) + [s]
     compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, a.forget_html, a.retain_html])
+    e.run.click(on_run_pressed, s, None, show_progress="hidden", **LOCAL)  # the moment: the card says the wait
     run = e.run.click(in_turn(on_run_edit), edit_inputs, [r.summary, r.table, r.norms], api_name="run_edit",
                       show_progress_on=[e.status, r.summary], **device_queue())  # progress where the user looks
     run.then(on_show_plan, s, e.memory_plan, **LOCAL)  # the plan, also of an edit refused as too large
-    run.success(on_edit_done, view, [e.status, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
-       .success(in_turn(on_card_first), compare_io[0], e.status, api_name="card_after_edit", api_visibility="private",
-                show_progress_on=[e.status], scroll_to_output=True, **device_queue()) \
-       .success(in_turn(on_compare), *compare_io, api_name="compare_after_edit", api_visibility="private",
-                show_progress_on=[c.summary], **device_queue()) \
-       .success(result_card, s, e.status, scroll_to_output=True, **LOCAL) \
-       .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
+    card = run.success(on_edit_done, view, [e.status, e.card, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
+              .success(in_turn(on_card_first), compare_io[0], e.card, api_name="card_after_edit", api_visibility="private",
+                       show_progress_on=[e.status], scroll_to_output=True, **device_queue())
+    card.success(None, js=SCROLL_TO_CARD, **LOCAL)  # the whole card into view, not only its headline
+    full = card.success(in_turn(on_compare), *compare_io, api_name="compare_after_edit", api_visibility="private",
+                        show_progress_on=[c.summary], **device_queue()) \
+               .success(result_card, s, e.card, scroll_to_output=True, **LOCAL)
+    full.success(None, js=SCROLL_TO_CARD, **LOCAL)
+    full.success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
     compared = c.run.click(in_turn(on_compare), *compare_io, api_name="compare", **device_queue())
     compared.success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
-    compared.success(result_card, s, e.status, **LOCAL)  # a larger evaluation changes the card
+    compared.success(result_card, s, e.card, **LOCAL)  # a larger evaluation changes the card
     a.ask.click(in_turn(on_generate), [a.prompt, s], a.prompt_html, api_name="generate", **device_queue())
     bl.method.change(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)
     bl.method.change(on_method_note, [bl.method, s], bl.note, **LOCAL)  # its glossary line
+    for box in (bl.epochs, bl.lr):  # typed: each box's line says whether it holds the model's default
+        box.input(on_setting_change, [bl.method, bl.epochs, bl.lr, s], [bl.epochs, bl.lr], show_progress="hidden",
+                  **LOCAL)
     bl.run.click(in_turn(on_run_baseline), [bl.method, bl.epochs, bl.lr, c.max_examples, c.full_set, s],
                  [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table, **device_queue()) \
       .success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)  # its row in the run history
     a.prompt.submit(in_turn(on_generate), [a.prompt, s], a.prompt_html, api_visibility="private", **device_queue())
     e.reset.click(in_turn(on_reset), s, [e.status, r.table, r.norms], api_name="reset", **device_queue()) \
-       .then(lambda msg: (msg, "", None, "", "", ""), e.status, [r.summary, c.summary, c.table, a.forget_html,
-                                                               a.retain_html, a.prompt_html], **LOCAL)
+       .then(lambda msg: (msg, "", None, "", "", "", ""), e.status, [r.summary, c.summary, c.table, a.forget_html,
+                                                                   a.retain_html, a.prompt_html, e.card], **LOCAL)
     x.button.click(on_export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
                    concurrency_id="export", concurrency_limit=1)
     x.link_button.click(on_make_link, s, [x.link, x.link_note], api_name="make_link",  # written as an export is
@@ -242,7 +258,7 @@ def wire(ui: SimpleNamespace) -> None:
     attacked = k.run.click(in_turn(on_run_attacks), [k.attacks, k.with_baseline, bl.method, bl.epochs, bl.lr, s],
                            [k.summary, k.table, k.plot, k.lens, k.answers], api_name="attacks",
                            show_progress_on=[k.summary], **device_queue())
-    attacked.success(result_card, s, e.status, **LOCAL)  # the card gains the held-out line
+    attacked.success(result_card, s, e.card, **LOCAL)  # the card gains the held-out line
     # Stop: the running suite ends at its next forward pass (components.core.device), the model unedited
     attacked.failure(on_attacks_failed, k.summary, k.summary, **LOCAL)  # a "Running ..." line says it did not finish
     k.stop.click(on_attacks_stopped, k.summary, k.summary, cancels=[attacked], **LOCAL)
@@ -328,17 +344,18 @@ def on_k(k, band_mode, band_text, show_parts, session: Session):
 
 @ui_errors
 def on_edit_done(k, band_mode, band_text, show_parts, session: Session):
-    """After a successful edit: the short status, the layer plot (the scores the edit
-    used), the diagnostics' matrix choices, and the Compare tab."""
+    """After a successful edit: the short status, the last edit's card gone (the new one
+    follows the comparison), the layer plot (the scores the edit used), the diagnostics'
+    matrix choices, and the Compare tab."""
     edit = session.edit
     status = (f"Edit ready: layers {', '.join(map(str, edit.band)) or 'LM head'} in "
-              f"{edit.timings['total']:.1f} s on **{session.bench_label}**; comparing before and after…")
+              f"{edit.timings['total']:.1f} s on **{session.bench_label}**; its card follows the comparison.")
     plot, info = gr.skip(), gr.skip()
     if session.scores is not None:
         plot = scores_figure(session.scores, k, band_mode, band_text, show_parts)
         info = band_text_md(session.scores, k, band_mode, band_text)
     choices = matrix_choices(edit)
-    return status, plot, info, gr.Dropdown(choices=choices, value=""), gr.Tabs(selected="compare")
+    return status, "", plot, info, gr.Dropdown(choices=choices, value=""), gr.Tabs(selected="compare")
 
 
 def start_benchmark(model_name: str) -> tuple[str, str]:

@@ -90,13 +90,13 @@ def main(argv=None) -> None:
             before = page.evaluate("document.querySelector('#compare-summary')?.innerText || ''")
             t = time.perf_counter()
             page.click("#run-edit")
-            page.wait_for_function("!document.querySelector('#edit-status .result-card')", timeout=60_000)
-            page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+            page.wait_for_function("!document.querySelector('#result-card .result-card')", timeout=60_000)
+            page.wait_for_selector("#result-card .result-card", timeout=600_000)
             card_s = time.perf_counter() - t
             page.wait_for_function("(s) => { const x = document.querySelector('#compare-summary')?.innerText || '';"
                                    " return x !== s && x.startsWith('Compared'); }", arg=before, timeout=600_000)
             full_s = time.perf_counter() - t
-            card = page.evaluate("document.querySelector('#edit-status .result-card').textContent")
+            card = page.evaluate("document.querySelector('#result-card .result-card').textContent")
             first = " ".join(card.split())[:150]
             print(f"run {run + 1}: Run edit to card {card_s:.1f} s, to the full comparison {full_s:.1f} s, "
                   f"load {os.getloadavg()[0]:.2f}; card: {first}")

@@ -31,7 +31,7 @@ from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET, add_comparator_run
 from components.core.limits import limit, over
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model
-from components.core.sources import DEMO
+from components.core.sources import DEMO, REAL
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
 from grom.baselines import EDITORS, METHODS, Method
@@ -67,15 +67,66 @@ def default_epochs(method: str, key: ModelKey | None = None) -> float:
     return starting_point(_model_name(key), method).epochs
 
 
+def defaults_of(method: str, key: ModelKey | None = None) -> tuple[float, float]:
+    """(learning rate, epochs) a run of `method` starts from on the model; for an editor,
+    its value optimisation's (learning rate, steps)."""
+    if is_editor(method):
+        b = editor_boxes()
+        return b.rate, b.count
+    return default_lr(method, key), default_epochs(method, key)
+
+
+def default_note(value, default: float, editor: bool = False) -> str:
+    """The line under a box: "this model's default" while it holds the default, else what
+    the default is, so that a changed value is not called the default."""
+    whose = "this editor's" if editor else "this model's"
+    try:
+        same = math.isclose(float(value), float(default), rel_tol=1e-9)
+    except (TypeError, ValueError):
+        same = False
+    return f"{whose} default" if same else f"{whose} default: {default:g}"
+
+
 def on_method_change(method: str, session: Session):
     """A new method (or model): its default learning rate and epochs for the session's
     model; for an editor, its value optimisation's steps and learning rate, the boxes
-    relabelled to say so."""
+    relabelled to say so; each box's line says it holds the default."""
+    lr, epochs = defaults_of(method, session.model_key)
     if is_editor(method):
         b = editor_boxes()
-        return gr.update(value=b.rate, label=b.rate_label), gr.update(value=b.count, label=b.count_label)
-    return (gr.update(value=default_lr(method, session.model_key), label="Learning rate"),
-            gr.update(value=default_epochs(method, session.model_key), label="Epochs"))
+        return (gr.update(value=lr, label=b.rate_label, info=default_note(lr, lr, True)),
+                gr.update(value=epochs, label=b.count_label, info=default_note(epochs, epochs, True)))
+    return (gr.update(value=lr, label="Learning rate", info=default_note(lr, lr)),
+            gr.update(value=epochs, label="Epochs", info=default_note(epochs, epochs)))
+
+
+def on_setting_change(method: str, epochs, lr, session: Session):
+    """Epochs or learning rate typed: each box's line says whether it still holds the
+    model's default, and which that is (`default_note`)."""
+    d_lr, d_epochs = defaults_of(method, session.model_key)
+    editor = is_editor(method)
+    return gr.update(info=default_note(epochs, d_epochs, editor)), gr.update(info=default_note(lr, d_lr, editor))
+
+
+CPU_S_PER_EPOCH = {DEMO: 10, REAL: 20}
+"""Seconds per epoch of the default method (SimNPO) on a 2-core CPU, measured
+(BENCHMARKS.md: the demo's forget10; SmolLM2's known solar-system facts, 98 s for 5)."""
+
+
+def placeholder(key: ModelKey | None = None) -> str:
+    """The summary before any run, with the time an epoch takes on the loaded model where it
+    was measured (on a CPU), so that it never quotes the demo's time for SmolLM2."""
+    key = key if key is not None else (REGISTRY.current.key if REGISTRY.current else None)
+    name = _model_name(key)
+    per_epoch = CPU_S_PER_EPOCH.get(name) if key is None or key.device == "cpu" else None
+    model = {DEMO: "the demo", REAL: "SmolLM2"}.get(name, "this model")
+    when = f" ({model} on a CPU: about {per_epoch} s per epoch)" if per_epoch else ""
+    return f"Pick a method and press **Train the baseline and compare**{when}."
+
+
+def on_baseline_model(session: Session) -> str:
+    """After a model load: the summary's first words for it (`placeholder`)."""
+    return placeholder(session.model_key)
 
 
 def method_choices(bench=None) -> list[tuple[str, str]]:
@@ -347,14 +398,13 @@ def build_baseline_panel() -> SimpleNamespace:
             method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method", scale=3, min_width=220,
                                  info="OpenUnlearning's losses")
             epochs = gr.Number(value=default_epochs(DEFAULT_METHOD), label="Epochs", scale=1, min_width=110,
-                               info="this model's default")
+                               info=default_note(0, 0))
             lr = gr.Number(value=default_lr(DEFAULT_METHOD), label="Learning rate", scale=1,
-                           min_width=140, info="this model's default")
+                           min_width=140, info=default_note(0, 0))
         note = gr.Markdown(method_note(DEFAULT_METHOD), elem_id="baseline-method-note")
         gr.Markdown(text.BASELINE_RECIPE, elem_classes="panel-intro baseline-recipe")
         run = gr.Button("Train the baseline and compare", variant="primary", elem_id="baseline-run")
-        summary = gr.Markdown("Pick a method and press **Train the baseline and compare** (the demo "
-                              "on a CPU: about 10 s per epoch).", elem_id="baseline-summary")
+        summary = gr.Markdown(placeholder(), elem_id="baseline-summary")
         table = gr.Dataframe(empty_table("baseline"), label="Time of update and metrics: Base, GROM, the baseline",
                              interactive=False, wrap=True, max_height=540, elem_id="baseline-table")
         files = download_box("the baseline table")

@@ -9,6 +9,7 @@ computed once per (model, benchmark, size) and reused: an edit then costs one ro
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
 
 import gradio as gr
@@ -23,7 +24,8 @@ from components.core.limits import limit
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
                                      resident)
 from components.views import text
-from components.views.card import card_html, classes_line, counts, headline, probe_line
+from components.views.card import (card_html, classes_line, counts, headline, probe_line, retain_advice,
+                                   wrong_values)
 from components.views.diff import answer_html, generations_html
 from components.views.tables import download_box, empty_table, metrics_frame, styled
 from grom.eval import compare_generations
@@ -32,6 +34,7 @@ from grom.eval.runner import generate
 
 log = logging.getLogger(__name__)
 SHOWN = 5
+SHOWN_CARD = 100  # the forget answers the card chooses its two examples from (`pick_examples`)
 
 
 def _pick(sets: dict, names) -> str | None:
@@ -55,6 +58,8 @@ def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
                "before": str(before[col].iloc[i]), "after": str(after[col].iloc[i]),
                "prob_before": None if pb is None else float(pb),
                "prob_after": None if pa is None else float(pa)}
+        if "fact" in after:  # the keyword fact recall looks for
+            row["fact"] = str(after["fact"].iloc[i])
         if "fact_recall" in after and "fact_recall" in before:  # did the answer state the fact?
             row["fact_before"] = bool(before["fact_recall"].iloc[i])
             row["fact_after"] = bool(after["fact_recall"].iloc[i])
@@ -64,7 +69,10 @@ def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
     return rows
 
 
-def summary_md(report, n, whole: bool = False) -> str:
+def summary_md(report, n, whole: bool = False, rho: float | None = None) -> str:
+    """The comparison in a paragraph: its size and time, the card's headline lines, the
+    retain set's state (with what to change where it broke, `retain_advice` with the
+    edit's `rho`) and the Final score."""
     m = report.rows[EDITED].metrics
     size = ("all examples" if n is None else f"up to {n} examples per set"
             + (": every example of the split" if whole else ""))
@@ -76,7 +84,7 @@ def summary_md(report, n, whole: bool = False) -> str:
         extra = classes_line(report)
         head += f" {extra}" if extra else ""
         if m.get("Retain broken"):
-            head += " ⚠ The retain set broke (it lost more than a tenth of what it knew): lower β or raise w_r."
+            head += f" ⚠ The retain set broke (it lost more than a tenth of what it knew). {retain_advice(rho)}"
     if "Final score" in m:
         base = report.table()["Final score"]
         parts = " · ".join(f"{row} **{v:.3f}**" for row, v in base.items() if not np.isnan(v))
@@ -95,19 +103,52 @@ def remember(session: Session, edit, report, whole: bool) -> None:
         session.extra["card"] = (edit, report, whole, size)
 
 
+def with_wrong_values(rows: list[dict], bench) -> list[dict]:
+    """`rows` with each question's wrong values (`wrong_values`: what the benchmark's wrong
+    answers put in place of the fact), where the benchmark has wrong answers: an unedited
+    answer that names one beside the fact was credited by the keyword alone."""
+    examples = {}
+    for ex in (e for part in ((bench.eval_sets or {}).values() if bench is not None else ()) for e in part):
+        if getattr(ex, "perturbed_answers", None):
+            examples.setdefault(ex.question, ex)
+    for row in rows:
+        ex = examples.get(row["question"])
+        if ex is not None:
+            row["wrong"] = wrong_values(ex.answer, ex.perturbed_answers)
+    return rows
+
+
+def waited_s(session: Session, edit) -> tuple[float | None, bool, bool]:
+    """(seconds from pressing Run edit to the edit's first card, whether the press itself
+    was recorded, whether this is that first card), taken when the first card of `edit` is
+    drawn and kept for its later cards; (None, True, False) where `on_run_edit` recorded no
+    start for it."""
+    clicked = session.extra.get("clicked")  # (edit, start time, pressed): `on_run_edit`
+    if clicked is None or clicked[0] is not edit:
+        return None, True, False
+    first = session.extra.get("first_card")
+    if first is None or first[0] is not edit:
+        session.extra["first_card"] = (edit, max(0.0, time.time() - clicked[1]))
+        return session.extra["first_card"][1], clicked[2], True
+    return first[1], clicked[2], False
+
+
 def result_card(session: Session) -> str:
     """The plain-language result under Run edit, from the largest comparison of the edit:
-    forgotten and kept with the counts behind them, the time, the retain set's state, what
-    the forget answers became, and two before/after forget answers."""
+    forgotten and kept with the counts behind them, the retain set's state, what the forget
+    answers became, two before/after forget answers that stated their fact plainly
+    (`pick_examples`), and the times: the edit's, the comparison's and the visitor's wait."""
     held, edit = session.extra.get("card"), session.edit
     if held is None or edit is None or held[0] is not edit:
         return gr.skip()
     _, report, whole, _ = held
-    rows = generation_rows(report, FORGET_SETS, n=SHOWN)
-    rows.sort(key=lambda r: not (r.get("fact_before") and not r.get("fact_after")))  # forgotten first
+    rows = with_wrong_values(generation_rows(report, FORGET_SETS, n=SHOWN_CARD), session.benchmark)
     held = session.extra.get("attacks")  # (edit, {method: {attack: AttackResult}}) of the "Is it gone?" tab
     attacks = held[1].get("GROM") if held is not None and held[0] is edit else None
-    return card_html(report, edit.timings.get("total", 0.0), whole, rows, attacks)
+    waited, pressed, first = waited_s(session, edit)
+    rho = getattr(getattr(edit, "config", None), "rho", None)
+    return card_html(report, edit.timings.get("total", 0.0), whole, rows, attacks, waited=waited,
+                     pressed=pressed, rho=rho, first=first)
 
 
 ANSWERS_FIRST = ("knowledge",)
@@ -157,7 +198,8 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
     remember(session, edit, report, whole)
     forget = generation_rows(report, FORGET_SETS)
     retain = generation_rows(report, RETAIN_SETS)
-    return (summary_md(report, n, whole), styled(metrics_frame(report)),
+    rho = getattr(getattr(edit, "config", None), "rho", None)
+    return (summary_md(report, n, whole, rho), styled(metrics_frame(report)),
             generations_html(forget, "Forget examples: the answers should stop stating the fact, in words",
                              kind="forget"),
             generations_html(retain, "Retain examples: the answers should stay", kind="retain"))

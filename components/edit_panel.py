@@ -6,6 +6,7 @@ form turns their values into an `EditConfig` and back.
 """
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import gradio as gr
@@ -31,6 +32,9 @@ from grom.arch import num_layers
 def on_run_edit(v: dict, session: Session, progress):
     """Run the GROM edit for the session with the form's values `v` (by field name);
     returns the summary, the per-layer table and the patch-norm plot."""
+    started = time.time()
+    pressed = session.extra.pop("pressed", None)  # `on_run_pressed`, where the page wired it
+    pressed = pressed if isinstance(pressed, float) and pressed <= started else None
     handle = current_model(session)
     bench = current_benchmark(session)
     seed = check_seed(v["seed"])
@@ -52,6 +56,8 @@ def on_run_edit(v: dict, session: Session, progress):
                           config.k, edit.band)
     session.edit, session.edit_for, session.dropped = edit, handle.key, ""
     session.extra["edit_inputs"] = (bench.forget, retain)
+    # from the press (else this start) to the first card: what the visitor waited (the card says it)
+    session.extra["clicked"] = (edit, pressed if pressed is not None else started, pressed is not None)
     session.report = session.report_for = session.influence = None
     SESSIONS.touch(session)  # counted among the sessions holding an edit
     if edit.scores is not None and scores is None:
@@ -59,6 +65,21 @@ def on_run_edit(v: dict, session: Session, progress):
     data = (f" Data: **{session.bench_label}**, {len(bench.forget)} forget and {len(retain)} retain "
             "examples giving keys.")
     return edit_summary(edit) + data, layer_table(edit), norms_figure(edit)
+
+
+def on_run_pressed(session: Session) -> None:
+    """Run edit pressed: the moment, kept for the card's wait (`on_run_edit` takes it). A
+    queue-free event beside the edit's own, which may first wait for the device."""
+    session.extra["pressed"] = time.time()
+
+
+def on_form_change(preset: str, *values):
+    """A setting a preset sets changed (typed, dragged, restored or filled): the Preset
+    box names the preset these values are, else says "(custom)" (`form.matching_preset`;
+    `values` in `form.PRESET_FIELDS` order). So changing β, w_r or ρ by hand gives
+    "(custom)", as importing those values does, and typing a preset's values back names
+    it again."""
+    return form.matching_preset(dict(zip(form.PRESET_FIELDS, values)), preset)
 
 
 def on_show_plan(session: Session):
@@ -110,6 +131,9 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
         run = gr.Button("Run edit", variant="primary", scale=3, elem_id="run-edit")
         reset_btn = gr.Button("Reset", variant="secondary", scale=1, min_width=90, elem_id="reset-edit")
     status = gr.Markdown("No edit yet: press **Run edit**.", elem_id="edit-status")
+    # the result card: its own box, which no event shows progress on, so that it stays in view while
+    # later jobs run (the status above it shows their progress and hides what it said before)
+    card = gr.HTML("", elem_id="result-card")
     preset = gr.Dropdown(preset_choices(), value=start_preset, label="Preset (the paper's settings)",
                          info="the paper's tofu10, tofu5, muse-news, muse-books, wmdp-bio, zsre; smollm2 "
                               "(the real chat model); demo, demo-forget05, demo-forget01 (the toy's splits)")
@@ -155,4 +179,4 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
                            rho_log=rho_log, c=c, matrix=matrix, use_alpha=use_alpha, seed=seed,
                            batch_size=batch_size, forget_budget=forget_budget,
                            retain_budget=retain_budget, retain_examples=retain_examples, run=run,
-                           reset=reset_btn, status=status, memory_plan=memory_plan)
+                           reset=reset_btn, status=status, card=card, memory_plan=memory_plan)

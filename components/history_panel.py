@@ -75,18 +75,24 @@ def _point_label(r: dict) -> str:
 
 
 def history_figure(rows: list[dict]):
-    """Forget against retain, one point per compared run (oldest to newest in `rows`)."""
+    """Forget against retain, one point per compared run (oldest to newest in `rows`). The
+    latest run is ringed only where it is a point; a latest run without a comparison yet
+    (an edit whose comparison runs, a sweep point) is named in a note instead, so that the
+    ring never marks an older run as the latest."""
     pts = [(r, next((n for n in FORGET if n in r["metrics"]), None),
             next((n for n in KEPT if n in r["metrics"]), None)) for r in rows]
     pts = [(r, f, k) for r, f, k in pts if f and k]
     if not pts:
         return plots.empty_figure("Run edits: each compared run becomes a point here.", 320)
+    newest = rows[-1]
+    latest = len(pts) - 1 if pts[-1][0] is newest else None
+    note = "" if latest is not None else f"The latest run, #{newest['n']}, has no comparison yet: not a point here."
     return plots.plot_tradeoff(
         [r["metrics"][f] for r, f, _ in pts], [r["metrics"][k] for r, _, k in pts],
         [_point_label(r) for r, _, _ in pts],
         x_title=" / ".join(dict.fromkeys(f for _, f, _ in pts)) + " ↓",
         y_title=" / ".join(dict.fromkeys(k for _, _, k in pts)) + " ↑",
-        others=[not is_grom(r) for r, _, _ in pts])
+        others=[not is_grom(r) for r, _, _ in pts], latest=latest, note=note)
 
 
 def on_show_history(session: Session):

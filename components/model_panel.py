@@ -81,6 +81,33 @@ def on_restore_model(session: Session):
                       f"{status_line(handle).removeprefix('Loaded ')}")
 
 
+MODEL_WORDS = {
+    REAL: "**SmolLM2-135M-Instruct**, a real chat model (135M parameters, 30 layers) that knows famous "
+          "facts: the real-knowledge benchmark makes it forget one topic",
+    DEMO: "**the bundled demo**, a tiny Llama trained on fictitious authors (seconds per edit on a CPU, "
+          "offline): the demo benchmark makes it forget some of them",
+}
+"""What each model the studio knows is, for the panel's first lines."""
+OTHER_WORDS = {REAL: "SmolLM2-135M-Instruct (a real chat model)", DEMO: "the demo (a tiny Llama on fictitious authors)"}
+
+
+def model_intro(name: str | None, shown: str | None = None) -> str:
+    """The Model panel's first lines, for the loaded model `name` (`shown`: a Hub id or
+    folder as the box shows it): what it is, then what else can be loaded. Drawn for the
+    start model and again after each load, so that they never describe the demo while
+    SmolLM2 is loaded."""
+    loaded = MODEL_WORDS.get(name) or (f"`{shown or name}`" if name else "no model yet")
+    others = [words for n, words in OTHER_WORDS.items() if n != name]
+    return (f"**1 · Model.** GROM edits the weights of a causal language model. Loaded: {loaded}. Or pick "
+            f"{', '.join(others)}, a paper target, or type a Hub id or a folder in `models/`.")
+
+
+def on_model_intro(session: Session) -> str:
+    """After a load: the panel's first lines for the session's model (`model_intro`)."""
+    handle = REGISTRY.get(session.model_key) if session.model_key is not None else REGISTRY.current
+    return model_intro(handle.key.name, handle.key.shown) if handle is not None else gr.skip()
+
+
 def status_line(handle: ModelHandle) -> str:
     name = {DEMO: "the bundled demo model", REAL: "SmolLM2-135M-Instruct"}.get(handle.key.name,
                                                                              f"`{handle.key.shown}`")
@@ -90,7 +117,7 @@ def status_line(handle: ModelHandle) -> str:
 
 
 def build_model_panel(start: str = REAL) -> SimpleNamespace:
-    text.md(text.MODEL, elem_classes="panel-intro")
+    intro = text.md(model_intro(start), elem_classes="panel-intro", elem_id="model-intro")
     policy = ModelPolicy.from_env()
     with gr.Row(equal_height=True):
         choice = gr.Dropdown(model_choices(policy), value=start, label="Model",
@@ -112,5 +139,5 @@ def build_model_panel(start: str = REAL) -> SimpleNamespace:
         load = gr.Button("Load model", variant="secondary", scale=0, min_width=130, size="sm")
     with gr.Accordion("Model details", open=False):
         info = gr.Markdown("", elem_classes="model-summary")
-    return SimpleNamespace(choice=choice, device=device, dtype=dtype, device_map=device_map,
+    return SimpleNamespace(intro=intro, choice=choice, device=device, dtype=dtype, device_map=device_map,
                            max_memory=max_memory, load=load, status=status, summary=info)

@@ -50,7 +50,7 @@ def open_page(browser, url: str, width: int = 1366, height: int = 900):
 
 def run_edit_to_card(page) -> None:
     page.click("#run-edit")
-    page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+    page.wait_for_selector("#result-card .result-card", timeout=600_000)
 
 
 @pytest.mark.parametrize("width,height", SIZES)
@@ -72,8 +72,8 @@ def test_demo_edit_in_the_browser(url, browser, width, height, tmp_path):
     assert "Base" in summary and "Edited" in summary and "Retain model" in summary
     assert "Final score" in text_of(page, "#metrics-table")
     assert page.locator("#forget-generations .w-del").count() > 0  # changed words are marked
-    page.wait_for_selector("#edit-status .result-card", timeout=60_000)  # the card follows the comparison
-    card = text_of(page, "#edit-status")  # the result card beside Run edit
+    page.wait_for_selector("#result-card .result-card", timeout=60_000)  # the card follows the comparison
+    card = text_of(page, "#result-card")  # the result card under Run edit
     assert "Forgot" in card and "forget facts it knew" in card and "kept" in card, card
     page.screenshot(path=str(tmp_path / f"compare_{width}.png"))
     page.screenshot(path=str(tmp_path / f"compare_full_{width}.png"), full_page=True)
@@ -180,7 +180,7 @@ def test_no_sideways_scroll_at_phone_width(url, browser, tmp_path):
     assert page.evaluate(OVERFLOW) <= 0
     shot(page, "phone_start.png", tmp_path)
     page.click("#run-edit")
-    page.wait_for_selector("#edit-status .result-card", timeout=240_000)
+    page.wait_for_selector("#result-card .result-card", timeout=240_000)
     assert page.evaluate(OVERFLOW) <= 0, "the page scrolls sideways with the comparison shown"
     shot(page, "phone_result.png", tmp_path)
     page.get_by_role("tab", name="5 · Compare").click()
@@ -200,7 +200,7 @@ def test_the_diagnostics_read_in_full(url, browser, tmp_path):
     verdict: nothing clipped (scrollHeight <= clientHeight, cells as wide as their text)."""
     page, errors = open_page(browser, url)
     page.click("#run-edit")
-    page.wait_for_selector("#edit-status .result-card", timeout=240_000)
+    page.wait_for_selector("#result-card .result-card", timeout=240_000)
     page.get_by_role("tab", name="6 · Diagnostics").click()
     page.click("#pca-button")
     page.wait_for_function("document.body.innerText.includes('outputs by')", timeout=120_000)
@@ -244,9 +244,9 @@ def test_the_real_model_from_page_to_result_card(real_url, browser, width, heigh
                            timeout=120_000)
     page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
     page.click("#run-edit")
-    page.wait_for_selector("#edit-status .result-card", timeout=600_000)
+    page.wait_for_selector("#result-card .result-card", timeout=600_000)
     seconds = time.perf_counter() - t0
-    card = text_of(page, "#edit-status")
+    card = text_of(page, "#result-card")
     assert "Forgot" in card and "kept" in card and "before:" in card, card
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     page.screenshot(path=str(tmp_path / f"real_card_{width}.png"))
@@ -268,12 +268,12 @@ def test_the_run_history_restores_a_run_in_the_browser(url, browser, tmp_path):
     page.wait_for_function("document.body.innerText.includes('Band (')", timeout=120_000)
     beta = page.get_by_label("β (relative)")
     page.click("#run-edit")
-    page.wait_for_function("document.querySelector('#edit-status')?.innerText.includes('Forgot')", timeout=300_000)
+    page.wait_for_function("document.querySelector('#result-card')?.innerText.includes('Forgot')", timeout=300_000)
     beta.fill("60")
     beta.press("Tab")
     page.click("#run-edit")
-    page.wait_for_function("!document.querySelector('#edit-status')?.innerText.includes('Forgot')", timeout=60_000)
-    page.wait_for_function("document.querySelector('#edit-status')?.innerText.includes('Forgot')", timeout=300_000)
+    page.wait_for_function("!document.querySelector('#result-card')?.innerText.includes('Forgot')", timeout=60_000)
+    page.wait_for_function("document.querySelector('#result-card')?.innerText.includes('Forgot')", timeout=300_000)
     page.get_by_role("tab", name="Edit details").click()
     page.locator("#history-table").scroll_into_view_if_needed()
     page.wait_for_function("document.querySelector('#history-table [data-testid=\"cell-1-0\"]')?.innerText === '1'",
@@ -306,9 +306,9 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     page.get_by_label("all examples").check()
     page.click("#compare-button")
     page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('(all examples)')"
-                           " && document.querySelector('#edit-status .rc-sample')?.innerText.includes('all')",
+                           " && document.querySelector('#result-card .rc-sample')?.innerText.includes('all')",
                            timeout=600_000)
-    card = text_of(page, "#edit-status")
+    card = text_of(page, "#result-card")
     m = re.search(r"Forgot (\d+) of the (\d+) forget facts it knew(?: · (\d+) broke into degenerate text)?"
                   r" · kept (\d+) of (\d+)", card)
     assert m, card
@@ -379,14 +379,14 @@ def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_pat
     box.fill("5")
     box.press("Enter")
     page.click("#run-edit")
-    cards = "Array.from(document.querySelectorAll('#edit-status .result-card')).map(c => c.textContent).join(' ')"
+    cards = "Array.from(document.querySelectorAll('#result-card .result-card')).map(c => c.textContent).join(' ')"
     page.wait_for_function(f"({cards}).includes('facts') || document.querySelector('.toast-body.error')",
                            timeout=900_000)
     card = page.evaluate(cards)
     page.screenshot(path=str(tmp_path / "real_demo_bench.png"))
     SHARED.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "real_demo_bench.png", SHARED / "real_demo_bench.png")
-    assert page.locator("#edit-status .result-card").count(), (card, text_of(page, ".toast-body.error"))
+    assert page.locator("#result-card .result-card").count(), (card, text_of(page, ".toast-body.error"))
     assert "stated none of these forget facts" in card and "nothing to forget" in card, card
     assert not errors, f"page errors: {errors}"
     page.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import plotly.graph_objects as go
@@ -450,3 +451,141 @@ def test_the_relearning_sentence_gives_the_lr_the_control_and_warns_when_the_con
     assert "cost the unedited model 0.29 of its recall" in text
     quiet = relearn_md(result([1.0, 0.93, 1.0], calibrated=False))
     assert "not calibrated for this model" in quiet and "⚠" not in quiet
+
+
+# ----------------------------------------------------------------------------- issue 37, item 7: stale words
+
+
+def test_the_model_panel_describes_the_loaded_model_not_the_demo(monkeypatch):
+    from components import model_panel as mp
+    from components.core.session import REGISTRY, ModelKey, Session
+    from components.core.sources import DEMO, REAL
+
+    real = mp.model_intro(REAL)
+    assert "Loaded: **SmolLM2-135M-Instruct**, a real chat model" in real
+    assert "Or pick the demo" in real and "trained on fictitious authors (seconds" not in real
+    assert "Loaded: **the bundled demo**" in mp.model_intro(DEMO)
+    assert "Loaded: `org/model`" in mp.model_intro("org/model", "org/model")
+    session = Session()
+    session.model_key = ModelKey(REAL, "cpu", "float32")
+    monkeypatch.setattr(REGISTRY, "get", lambda key: SimpleNamespace(key=key))
+    assert mp.on_model_intro(session) == real  # after a load: the session's model
+
+
+def test_the_baseline_placeholder_quotes_the_loaded_models_time():
+    from components import baseline_panel as bp
+    from components.core.session import ModelKey
+    from components.core.sources import DEMO, REAL
+
+    assert "SmolLM2 on a CPU: about 20 s per epoch" in bp.placeholder(ModelKey(REAL, "cpu", "float32"))
+    assert "the demo on a CPU: about 10 s per epoch" in bp.placeholder(ModelKey(DEMO, "cpu", "float32"))
+    for key in (ModelKey(REAL, "cuda", "float32"), ModelKey("org/model", "cpu", "float32")):
+        assert bp.placeholder(key) == "Pick a method and press **Train the baseline and compare**."  # not measured
+    assert bp.on_baseline_model(SimpleNamespace(model_key=ModelKey(REAL, "cpu", "float32"))) == \
+        bp.placeholder(ModelKey(REAL, "cpu", "float32"))
+
+
+def test_the_epochs_note_says_default_only_while_the_box_holds_it():
+    from components import baseline_panel as bp
+    from components.core.session import ModelKey
+    from components.core.sources import REAL
+
+    session = SimpleNamespace(model_key=ModelKey(REAL, "cpu", "float32"))
+    lr, epochs = bp.on_method_change("simnpo", session)
+    assert lr["info"] == epochs["info"] == "this model's default"
+    d_lr, d_epochs = bp.defaults_of("simnpo", session.model_key)
+    e_note, l_note = bp.on_setting_change("simnpo", d_epochs + 3, d_lr, session)
+    assert e_note["info"] == f"this model's default: {d_epochs:g}" and l_note["info"] == "this model's default"
+    e_note, _ = bp.on_setting_change("simnpo", d_epochs, d_lr, session)  # typed back
+    assert e_note["info"] == "this model's default"
+    steps, _ = bp.on_setting_change("rome", 99, 0.5, session)  # an editor: its value steps
+    assert steps["info"].startswith("this editor's default: ")
+    assert bp.default_note("abc", 5) == "this model's default: 5"  # a box being typed in
+
+
+def _values(preset: str, **change) -> dict:
+    from components.core import form
+
+    values = dict(zip(form.PRESET_FILLED, form.preset_values(preset)))
+    return {name: values[name] for name in form.PRESET_FIELDS} | change
+
+
+def test_the_preset_box_names_a_preset_exactly_when_the_values_are_its_own():
+    from components.core import form
+    from components.edit_panel import on_form_change
+
+    fields = form.PRESET_FIELDS
+    by_hand = lambda current, v: on_form_change(current, *[v[f] for f in fields])  # noqa: E731
+    assert by_hand("smollm2", _values("smollm2")) == "smollm2"
+    for change in (dict(beta=80.0), dict(w_r=300.0), dict(rho=0.01), dict(k=4)):
+        assert by_hand("smollm2", _values("smollm2", **change)) == form.CUSTOM, change
+    assert by_hand(form.CUSTOM, _values("smollm2")) == "smollm2"  # typed back: named again
+    assert by_hand(form.CUSTOM, _values("smollm2", band_text="25-29")) == "smollm2"  # suggested: no band text
+    assert by_hand("demo", _values("demo", band_text="3,4,5")) == "demo"  # the same band, written out
+    assert by_hand("demo", _values("demo", band_text="2-4")) == form.CUSTOM
+    assert by_hand("wmdp-bio", _values("wmdp-bio", c=50.0)) == form.CUSTOM  # c is the corruption's setting
+    assert by_hand("smollm2", _values("smollm2", c=50.0)) == "smollm2"  # and no other's
+    assert by_hand("demo-forget05", _values("demo")) == "demo"
+
+
+def test_a_restored_run_names_its_preset_as_typed_values_do():
+    """An import or a history row with the preset's very values names it (it said "(custom)"
+    before, while the same values typed by hand said "smollm2"); changed values, or a hidden
+    setting the preset does not have, give "(custom)"."""
+    from components.core import form
+    from components.core.runs import run_record
+    from grom import PRESETS
+
+    def restored(config, mode="suggested", band=(25, 26, 27, 28, 29), k=5):
+        run = run_record("smollm2-135m-instruct", "real-knowledge/the-solar-system", "", 128, 0, 128,
+                         "smollm2", mode, k, band)
+        return dict(zip(form.RESTORED, form.restore_values(config.to_dict(), run, 30)))["preset"]
+
+    config = PRESETS["smollm2"].replace(layers=(25, 26, 27, 28, 29))
+    assert restored(config) == "smollm2"
+    assert restored(config.replace(beta=80.0)) == form.CUSTOM
+    assert restored(config.replace(key_mode="qa")) == form.CUSTOM  # no widget holds it: not the preset's edit
+    assert restored(config, mode="manual") == form.CUSTOM  # a fixed band is not the preset's suggested one
+    tofu = PRESETS["tofu10"]
+    assert restored(tofu, mode="manual", band=tofu.layers, k=5) == "tofu10"
+    zsre = PRESETS["zsre"]
+    assert restored(zsre, band=(), k=5) == "zsre"  # its hidden key_mode is the preset's
+
+
+def test_plot_titles_sit_below_the_toolbar():
+    """Plotly's toolbar appears at a figure's top right on hover (on a phone, on a tap): every
+    title starts below its strip, with room for it in the top margin."""
+    S = [0.1, 0.5, 0.9, 0.2]
+    pts = {f"{p}_{w}": np.zeros((3, 2)) + i for i, (p, w) in
+           enumerate((p, w) for p in ("forget", "retain") for w in ("before", "after"))}
+    figures = [plots.plot_layer_scores(S, S, S, [1, 2]), plots.plot_layer_scores(S, S, S, [1], show_parts=True),
+               plots.plot_patch_norms(["a"], [1.0], [0.1]), plots.plot_pca(pts, [0.6, 0.3]),
+               plots.plot_influence(np.array([0.1, 0.2]), ["q1", "q2"]),
+               plots.plot_sweep(["base", "β 1"], [0.9, 0.5], [0.9, 0.8], "f", "r", current=1),
+               plots.plot_tradeoff([0.5], [0.9], ["#1: x"], x_title="x", y_title="y", note="a note"),
+               plots.plot_attacks(["heldout"], {"Base": [1.0], "GROM": [0.2]}),
+               plots.plot_logit_lens([0, 1], {"Base": [0.1, 0.2]}, [1])]
+    for fig in figures:
+        title = fig.layout.title
+        assert title.text and title.yref == "container" and title.yanchor == "top", title
+        assert title.pad.t >= plots.MODEBAR_PX and fig.layout.margin.t >= plots.MODEBAR_PX + 20
+    assert figures[6].layout.margin.t >= plots.MODEBAR_PX + 40  # two lines: the title and its note
+
+
+def test_the_history_scatter_rings_the_latest_run_only_where_it_is_a_point():
+    from components.history_panel import history_figure
+    from grom import EditConfig
+
+    def run(n, metrics):
+        return {"n": n, "method": "grom", "config": EditConfig(beta=50.0 * n).to_dict(), "run": {"band": [3, 4]},
+                "metrics": metrics, "source": "edit"}
+
+    compared = [run(1, {"Forget fact recall": 0.8, "Kept fact recall": 0.99}),
+                run(2, {"Forget fact recall": 0.3, "Kept fact recall": 0.9})]
+    fig = history_figure(compared)
+    assert list(fig.data[1].text) == ["latest: #2"] and fig.data[1].x[0] == 0.3
+    # run #3 is just made (its comparison still running) or a sweep point: no ring on #2
+    for newest in (run(3, {}), run(3, {"Sweep p(forget)": 0.1, "Sweep p(retain)": 0.9})):
+        fig = history_figure(compared + [newest])
+        assert [t.name for t in fig.data if t.name == "latest"] == []
+        assert "The latest run, #3, has no comparison yet" in fig.layout.title.text

@@ -386,7 +386,7 @@ def test_a_link_opened_in_a_fresh_page(wired_url, tmp_path):
         beta.fill("60")  # not the preset's: the preset box says "(custom)"
         beta.press("Tab")
         maker.click("#run-edit")
-        maker.wait_for_function("document.querySelector('#edit-status')?.innerText.includes('Forgot')",
+        maker.wait_for_function("document.querySelector('#result-card')?.innerText.includes('Forgot')",
                                 timeout=300_000)
         maker.get_by_role("tab", name="Edit details").click()
         summary = maker.locator("#result-summary").inner_text()

@@ -184,8 +184,9 @@ def restore_values(config: dict, run: dict, n_layers: int | None = None) -> list
     """The widgets' values (in `RESTORED` order) for an EditConfig as a dict and its run:
     a history row, a sweep point or an uploaded edit.json. With `n_layers` every value is
     first checked as a typed one is (`check_values`), so nothing the loaded model or the
-    widgets cannot hold reaches them. The preset becomes "(custom)": choosing a named
-    preset would refill the widgets with its own values."""
+    widgets cannot hold reaches them. The preset becomes the one whose values these are,
+    hidden settings included (`matching_preset`), else "(custom)": a named preset refills
+    the widgets with its own values, so only one they equal is named."""
     band = run.get("band") or list(config.get("layers") or [])
     mode = run.get("band_mode") if run.get("band_mode") in BAND_MODES else "manual"
     if config.get("matrix") == "lm_head":
@@ -203,6 +204,7 @@ def restore_values(config: dict, run: dict, n_layers: int | None = None) -> list
         values |= {name: checked[name] for name in NAMES if name not in ("band_text", "preset")}
         values["forget_budget"] = checked["forget_budget"] or 0
         values["retain_budget"] = checked["retain_budget"] or 0
+    values["preset"] = matching_preset(values, hidden=_hidden(config))
     return [values[name] if not name.endswith("_log") else log10(values[name.removesuffix("_log")])
             for name in RESTORED]
 
@@ -224,6 +226,75 @@ def band_widgets(preset: str) -> tuple[str, str, int]:
     if not p.layers:
         return "suggested", "", p.k
     return "manual", band_text(p.layers), len(p.layers)
+
+
+PRESET_FIELDS = tuple(f.name for f in FIELDS if f.preset)  # the fields a preset sets, no log sliders
+_NOT_HIDDEN = {"layers", "prompt_format", "candidates", "keep_keys"}  # set per run, not by a preset
+
+
+def _band_layers(text) -> tuple[int, ...] | str:
+    """A band text's layers ("3-5" and "3,4,5" alike), or the text where it is no band."""
+    try:
+        return tuple(sorted({n for part in str(text).replace(" ", "").split(",") if part
+                             for n in (range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
+                                       if "-" in part.strip("-") else (int(part),))}))
+    except ValueError:
+        return str(text).strip()
+
+
+def _same(name: str, a, b) -> bool:
+    if name in ("beta", "w_r", "rho", "c", "k"):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-12)
+        except (TypeError, ValueError):
+            return False
+    if name in ("beta_relative", "use_alpha"):
+        return bool(a) == bool(b)
+    if name == "band_text":
+        return _band_layers(a) == _band_layers(b)
+    return a == b
+
+
+def _hidden(config: EditConfig | dict) -> dict:
+    """The settings no widget holds (a preset's `key_mode`, for one)."""
+    d = config.to_dict() if isinstance(config, EditConfig) else dict(config)
+    shown = {f.config for f in FIELDS if f.config} | _NOT_HIDDEN
+    default = EditConfig().to_dict()
+    return {key: d.get(key, default[key]) for key in default if key not in shown}
+
+
+def preset_matches(name: str, values: dict, hidden: dict | None = None) -> bool:
+    """Whether the form's values (by field name) are preset `name`'s: every field it sets
+    (beta, w_r, rho, target, ...; c only for the corruption target, whose only setting it
+    is; the band text for a fixed band, k for the suggested one) and, with `hidden`, the
+    settings no widget holds."""
+    if name not in PRESETS:
+        return False
+    wanted = dict(zip(PRESET_FILLED, preset_values(name)))
+    for field in PRESET_FIELDS:
+        if field == "c" and wanted["target"] != "corruption":
+            continue
+        if field == "band_text" and wanted["band_mode"] != "manual":
+            continue
+        if field == "k" and wanted["band_mode"] == "manual":
+            continue
+        if field not in values or not _same(field, values[field], wanted[field]):
+            return False
+    return hidden is None or _hidden(PRESETS[name]) == hidden
+
+
+def matching_preset(values: dict, current: str | None = None, hidden: dict | None = None) -> str:
+    """The Preset box's value for the form's `values`: the preset they are (`current` first
+    where it is one), else "(custom)". The same answer whether the values were typed or
+    restored: a preset's name exactly when the edit would be the preset's. `hidden`: the
+    settings no widget holds, a restored config's; None: those the edit takes, `current`'s
+    (`edit_config`: the preset's, or EditConfig()'s for "(custom)")."""
+    if hidden is None:
+        hidden = _hidden(PRESETS.get(current, EditConfig()) if current else EditConfig())
+    for name in ([current] if current in PRESETS else []) + [n for n in PRESETS if n != current]:
+        if preset_matches(name, values, hidden):
+            return name
+    return CUSTOM
 
 
 def preset_choices() -> list[tuple[str, str]]:

@@ -10,7 +10,9 @@ import html
 import math
 import re
 
+from grom.eval.metrics import rouge_l_recall
 from grom.eval.report import BASE, EDITED, RETAIN_BROKEN, retain_drops
+from grom.text import contains_phrase, normalise_text
 
 KEPT_SETS = ("neighbours", "general", "retain")
 CLASS_WORDS = {"fluent": "another fluent answer", "refusal": "a refusal", "degenerate": "degenerate text"}
@@ -121,14 +123,36 @@ def sample_line(report, whole: bool) -> str:
             "Compare on all examples for the split's own count.")
 
 
-def retain_line(report) -> tuple[str, str]:
-    """(css class, text): the retain set's state in words, from the same comparison."""
+RHO_PRESETS = 0.03
+"""The ridge ρ of every preset (the paper's): μ = ρ · mean diag A."""
+
+
+def retain_advice(rho: float | None = None) -> str:
+    """What to change when the retain set broke. β pushes the forget answers (lower it), w_r
+    weighs the retain keys (raise it); and ρ, the ridge μ = ρ · mean diag A, where the
+    edit's ρ is far from the presets' 0.03 (half or less, or ten times or more): a smaller
+    ridge lets the patch grow along directions the retain sample barely covers, which other
+    questions still use (on SmolLM2, ρ 0.01 kept 0.81 of the known facts against 0.91 at
+    0.03, BENCHMARKS.md); a ridge ten times larger outweighs the retain term (raising w_r
+    raises μ with it), so the patch no longer spares what the retain keys hold."""
+    if rho is not None and rho <= RHO_PRESETS / 2:
+        return (f"Raise ρ (it is {rho:g}, the presets' is {RHO_PRESETS:g}: a smaller ridge lets the patch "
+                "grow where the retain sample barely reaches), or lower β or raise w_r.")
+    if rho is not None and rho >= 10 * RHO_PRESETS:
+        return (f"Lower ρ (it is {rho:g}, the presets' is {RHO_PRESETS:g}: so large a ridge outweighs the "
+                "retain keys, and raising w_r raises it too), or lower β.")
+    return "Lower β or raise w_r."
+
+
+def retain_line(report, rho: float | None = None) -> tuple[str, str]:
+    """(css class, text): the retain set's state in words, from the same comparison; where
+    it broke, what to change (`retain_advice`, with the edit's ρ)."""
     m = report.rows[EDITED].metrics
     if "Retain cost" not in m:
         return "", ""
     if m.get("Retain broken"):
         return "rc-broken", (f"⚠ The retain set broke: it lost {m['Retain cost']:.0%} of a retain metric "
-                             f"(more than {RETAIN_BROKEN:.0%} counts as broken). Lower β or raise w_r.")
+                             f"(more than {RETAIN_BROKEN:.0%} counts as broken). {retain_advice(rho)}")
     if m["Retain cost"] <= 0:
         return "rc-ok", "Retain set intact: no retain metric fell."
     base = report.rows[BASE].metrics if BASE in report.rows else {}
@@ -157,24 +181,142 @@ def attack_line(results: dict | None) -> str:
     return " · ".join(parts) + "." if parts else ""
 
 
-def card_html(report, seconds: float, whole: bool, examples: list[dict], attacks: dict | None = None) -> str:
-    """The card: the headline and the edit's time, the retain line, what the forget answers
-    became, how much was counted, the attack suite's line where it ran for this edit
-    (`attack_line`), and two before/after forget answers (`examples`: rows of question,
-    before, after)."""
-    card = [f'<div class="result-card"><div class="rc-head">{bold(headline(report))} · {seconds:.1f} s</div>']
+PLAIN_WORDS = 20
+"""Words an answer may take before it states its fact and still count as stating it
+plainly: SmolLM2's plain answers state it within a short sentence ("The planet closest to
+the Sun is Mercury."), its rambling ones after a story that may say anything."""
+NEGATIONS = ("not", "no", "never", "nor", "neither", "isn", "wasn", "aren", "doesn", "didn")
+
+
+def wrong_values(answer: str, wrong_answers) -> list[str]:
+    """The values the wrong answers put in place of the fact: each wrong answer's words that
+    differ from `answer`'s ("...is the Sirius." against "...is the Sun.": "sirius"), as the
+    bundled wrong answers are the answer with its fact swapped (`grom.data.knowledge`)."""
+    words = normalise_text(answer).split()
+    values = []
+    for wrong in wrong_answers or ():
+        other = normalise_text(str(wrong)).split()
+        start = 0
+        while start < min(len(words), len(other)) and words[start] == other[start]:
+            start += 1
+        end = 0
+        while end < min(len(words), len(other)) - start and words[-1 - end] == other[-1 - end]:
+            end += 1
+        value = " ".join(other[start:len(other) - end])
+        if value and value not in values:
+            values.append(value)
+    return values
+
+
+_NAMING = re.compile(r"(?<!also )\b(?:called|known as|named) ((?:\w+ ?){1,4})")  # on normalised text
+
+
+def doubtful_credit(question: str, fact: str, text: str, wrong: list[str] | tuple = ()) -> str:
+    """Why `text`, an answer that holds `fact` (fact recall's keyword match), may not state
+    it plainly, else "": it also names a wrong answer's value, whole or as a longer word's
+    start ("conflicting": "Europa ... is the sixth planet from Jupiter ... from Saturn" for
+    the planet with rings, Saturn; "the Capuletto family, who are the Montague family"), it
+    names something else first ("named": "is called Kepler-41B ... similar to Earth"), the
+    fact is a word of the question itself ("echo": matched for free), a negation comes just
+    before it ("negated"), or it comes only after `PLAIN_WORDS` words ("late": after a
+    story). The card shows answers without such a doubt first; `bench/keyword_credit.py`
+    measures how many credited answers have one, against a reading by hand."""
+    if not fact or not contains_phrase(text, fact):
+        return ""
+    norm, target = normalise_text(text), normalise_text(fact)
+    words = norm.split()
+    at = next(i for i in range(len(words)) if words[i:i + len(target.split())] == target.split())
+    others = [normalise_text(v) for v in wrong if not contains_phrase(v, fact)]
+    if any(contains_phrase(text, value) or (len(value) >= 6 and " " not in value
+                                            and any(w.startswith(value) for w in words)) for value in others):
+        return "conflicting"
+    start = f" {norm} ".index(f" {target} ")
+    if any(m.start() < start and f" {target} " not in f" {m.group(1)} " for m in _NAMING.finditer(norm)):
+        return "named"
+    if contains_phrase(question, fact):
+        return "echo"
+    if set(words[max(0, at - 3):at]) & set(NEGATIONS):
+        return "negated"
+    if at > PLAIN_WORDS:
+        return "late"
+    return ""
+
+
+def pick_examples(rows: list[dict], n: int = 2) -> list[dict]:
+    """The `n` before/after forget answers the card shows: forgotten facts whose unedited
+    answer stated the fact plainly first (no `doubtful_credit`), then facts still stated,
+    then the rest; within each, the unedited answers closest to the reference answer first
+    (ROUGE-L recall of the reference: "The largest moon of Saturn is Titan," for "The
+    largest moon of Saturn is Titan.", before "The Sun's closest companion is a comet," for
+    "A ball of ice and dust with a tail is a comet."), then the shortest. A fact the model
+    "knew" only by a keyword in a story that gets it wrong would teach the wrong thing."""
+    def key(row):
+        if "fact_before" not in row:  # no fact recall (TOFU-style sets): the report's order
+            return 3, 0.0, 0
+        before = str(row.get("before", ""))
+        doubt = doubtful_credit(str(row.get("question", "")), str(row.get("fact", "")), before,
+                                row.get("wrong", ())) if row.get("fact_before") else "unknown"
+        forgotten = bool(row.get("fact_before")) and not row.get("fact_after")
+        tier = 0 if forgotten and not doubt else 1 if not doubt else 2 if forgotten else 3
+        close = rouge_l_recall(str(row["answer"]), before) if row.get("answer") and before.strip() else 0.0
+        return tier, -round(close, 2), len(before.split())
+    return sorted(rows, key=key)[:n]
+
+
+def times_line(edit_s: float, compared_s: float | None = None, waited_s: float | None = None,
+               pressed: bool = True) -> str:
+    """Each time the card rests on, named: computing the edit (keys, solve, patch), the
+    comparison the card states, and the wait the visitor had from pressing Run edit (where
+    `pressed` is False, from the edit's start) to the first card, which also holds the
+    queue, the plan and the drawing."""
+    parts = [f"computing the edit {edit_s:.1f} s"]
+    if compared_s is not None:
+        parts.append(f"the comparison {compared_s:.1f} s")
+    if waited_s is not None:
+        parts.append(f"{waited_s:.0f} s from {'pressing Run edit' if pressed else 'the edit’s start'} "
+                     "to the first card")
+    return "Times: " + " · ".join(parts) + "."
+
+
+def card_html(report, seconds: float, whole: bool, examples: list[dict], attacks: dict | None = None, *,
+              waited: float | None = None, pressed: bool = True, rho: float | None = None,
+              first: bool = False) -> str:
+    """The card: the headline, the retain line (its advice with the edit's ρ), what the
+    forget answers became, how much was counted, the attack suite's line where it ran for
+    this edit (`attack_line`), two before/after forget answers (`pick_examples` of
+    `examples`: rows of question, before, after) and the times, each named (`times_line`:
+    the edit's `seconds`, the comparison's, the visitor's wait). `first`: the edit's first
+    card, which `SCROLL_TO_CARD` brings into view (class "rc-new"); its later versions stay
+    where the visitor left them."""
+    card = [f'<div class="result-card{" rc-new" if first else ""}"><div class="rc-head">{bold(headline(report))}</div>']
     probes = probe_line(report, whole)
     if probes:
         card.append(f'<div class="rc-probes">{bold(probes)}</div>')
-    css, line = retain_line(report)
+    css, line = retain_line(report, rho)
     if line:
         card.append(f'<div class="{css}">{html.escape(line)}</div>')
     for extra, css in ((classes_line(report), "rc-classes"), (sample_line(report, whole), "rc-sample"),
                        (attack_line(attacks), "rc-attacks")):
         if extra:
             card.append(f'<div class="{css}">{html.escape(extra)}</div>')
-    for row in examples[:2]:
+    for row in pick_examples(examples):
         card.append(f'<div class="rc-ex"><b>{html.escape(row["question"])}</b><br>before: '
                     f'{html.escape(row["before"][:160])}<br>after: {html.escape(row["after"][:160])}</div>')
+    compared = getattr(report, "seconds", None)
+    card.append(f'<div class="rc-times">{html.escape(times_line(seconds, compared, waited, pressed))}</div>')
     card.append('<div class="rc-more">Every metric and more examples: <b>5 · Compare</b>.</div></div>')
     return "".join(card)
+
+
+SCROLL_TO_CARD = """() => {
+  const show = () => document.querySelector('#result-card .result-card.rc-new')
+    ?.scrollIntoView({block: 'nearest', behavior: 'smooth'});
+  requestAnimationFrame(() => setTimeout(show, 250));
+}"""
+"""A client-side step for the event after the card is drawn: an edit's first card (class
+"rc-new") comes wholly into view, its bottom on the screen's (its top, where it is taller
+than the screen), also on a Space, where the page is an iframe as tall as itself and the
+page of the Space scrolls. Gradio's `scroll_to_output` scrolls the window to the output's
+top, which in such an iframe does nothing: at 1366 x 768 the card's headline stayed at the
+bottom of the screen, the rest below it. The card's later versions (the full comparison,
+the attacks' line) stay where the visitor left them."""

@@ -14,11 +14,26 @@ FORGET, RETAIN, ACCENT, MUTED = "#e8590c", "#1c7ed6", "#7048e8", "#adb5bd"
 FONT = dict(family="Inter, system-ui, sans-serif", size=13)
 
 
+MODEBAR_PX = 34
+"""Room for plotly's toolbar (the modebar) above a title: it appears at the figure's top
+right on hover, and on a phone, where a tap is a hover, over a title that runs that far
+(at 390 px, most of them). Measured in chromium: its buttons end 30 px below the figure's
+top."""
+
+
 def _layout(fig: go.Figure, title: str, height: int = 360, **kw) -> go.Figure:
-    base = dict(title=dict(text=title, x=0.01, font=dict(size=15)), height=height,
+    """A figure's common layout: its title at the top left, set below the toolbar's strip
+    (`MODEBAR_PX`) so that the toolbar never covers it, whatever the width; a `margin`
+    given keeps at least the room for the strip and the title's lines."""
+    base = dict(title=dict(text=title, x=0.01, xanchor="left", y=1, yref="container", yanchor="top",
+                           pad=dict(t=MODEBAR_PX), font=dict(size=15)), height=height,
                 margin=dict(l=50, r=20, t=48, b=44), font=FONT, template="plotly_white",
                 legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
-    fig.update_layout(**(base | kw))
+    layout = base | kw
+    if title:  # 20 px a line of the title
+        room = MODEBAR_PX + 20 * (title.count("<br>") + 1)
+        layout["margin"] = dict(layout["margin"], t=max(layout["margin"].get("t", 0), room))
+    fig.update_layout(**layout)
     return fig
 
 
@@ -172,10 +187,12 @@ def plot_sweep(labels: Sequence[str], forget: Sequence[float], retain: Sequence[
 
 
 def plot_tradeoff(forget: Sequence[float], kept: Sequence[float], labels: Sequence[str], *,
-                  x_title: str, y_title: str, others: Sequence[bool] | None = None) -> go.Figure:
-    """The run history's trade-off: one point per compared run, numbered, the latest ringed;
-    `others` marks the points of other methods than GROM (baselines, editors: orange
-    diamonds; GROM's: violet dots)."""
+                  x_title: str, y_title: str, others: Sequence[bool] | None = None,
+                  latest: int | None = -1, note: str = "") -> go.Figure:
+    """The run history's trade-off: one point per compared run, numbered; `latest` (an
+    index, None: none) ringed as the latest run, and `note` under the title (where the
+    latest run is no point); `others` marks the points of other methods than GROM
+    (baselines, editors: orange diamonds; GROM's: violet dots)."""
     forget, kept, labels = list(forget), list(kept), list(labels)
     others = list(others) if others is not None else [False] * len(forget)
     # runs of nearby settings land on one spot: a number on every point would overlap, so only
@@ -185,14 +202,16 @@ def plot_tradeoff(forget: Sequence[float], kept: Sequence[float], labels: Sequen
         marker=dict(size=12, opacity=0.7, color=[FORGET if o else ACCENT for o in others],
                     symbol=["diamond" if o else "circle" for o in others]),
         hovertemplate="%{customdata}<br>forget %{x:.3f}<br>kept %{y:.3f}<extra></extra>"))
-    if forget:
-        fig.add_trace(go.Scatter(x=forget[-1:], y=kept[-1:], mode="markers+text", name="latest",
-                                 text=[f"latest: {labels[-1].split(':')[0]}"], textposition="top center",
+    if forget and latest is not None:
+        i = latest % len(forget)
+        fig.add_trace(go.Scatter(x=[forget[i]], y=[kept[i]], mode="markers+text", name="latest",
+                                 text=[f"latest: {labels[i].split(':')[0]}"], textposition="top center",
                                  hoverinfo="skip",
                                  marker=dict(size=22, color="rgba(0,0,0,0)", line=dict(color=FORGET, width=3))))
     fig.update_xaxes(title=x_title, range=[-0.05, 1.05])
     fig.update_yaxes(title=y_title, range=[-0.05, 1.1])
-    return _layout(fig, "Runs (top left is best)", height=340, showlegend=False)
+    title = "Runs (top left is best)" + (f"<br><sup>{note}</sup>" if note else "")
+    return _layout(fig, title, height=340, showlegend=False)
 
 
 def plot_attacks(attacks: Sequence[str], recall: dict[str, Sequence[float]]) -> go.Figure:

@@ -26,10 +26,6 @@ for a small weight change that steers those answers away and leaves the retain a
 weights come back exactly with **Reset**.
 """
 
-MODEL = ("**1 · Model.** GROM edits the weights of a causal language model: the bundled demo "
-         "(a tiny Llama trained on fictitious authors, seconds on a CPU), a paper target, or type "
-         "a Hub id or a folder in `models/`.")
-
 BENCHMARK = ("**2 · Benchmark.** The *forget* set is what the model should no longer say, the "
              "*retain* set what it must keep saying; both give the keys of the edit.")
 

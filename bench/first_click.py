@@ -1,0 +1,108 @@
+"""The first click on a fresh server, with a second visitor beside it (issue 37), in a real
+browser: what a new user of `python app.py` meets.
+
+    python bench/first_click.py [--model smollm2-135m-instruct] [--port 7960] [--shots DIR]
+
+Starts `python app.py` as README's first command does (its warm-up included), opens page A
+the moment the server answers and page B beside it (a second visitor, at phone width),
+presses Run edit on A as soon as A's page has loaded, and while A's edit runs asks a
+question on B. Prints, from A's click: when A's status first says what runs, when the
+card's headline is on screen and in view, and when B's answer came; and the seconds the
+server's warm-up gave way. Screenshots of both pages go to --shots.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+CARD_IN_VIEW = """() => { const c = document.querySelector('.result-card');
+  if (!c) return false; const r = c.getBoundingClientRect(), s = getComputedStyle(c);
+  return s.visibility !== 'hidden' && r.height > 0 && r.top >= 0 && r.top < window.innerHeight; }"""
+
+
+def serve(model: str, port: int, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "app.py", "--model", model, "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_answer(url: str, server: subprocess.Popen, seconds: float = 900) -> float:
+    t0, deadline = time.perf_counter(), time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "the server exited"
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return time.perf_counter() - t0
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(url)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--port", type=int, default=7960)
+    ap.add_argument("--shots", default="/tmp/first_click")
+    args = ap.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    shots = Path(args.shots)
+    shots.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{args.port}/"
+    log = shots / "server.log"
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.machine()}, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.2f}, model {args.model}")
+    server = serve(args.model, args.port, log)
+    try:
+        up = wait_answer(url, server)
+        print(f"server answered after {up:.1f} s")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
+            a = browser.new_context(viewport={"width": 1366, "height": 768}).new_page()
+            b = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True).new_page()
+            a.goto(url)
+            b.goto(url)
+            a.wait_for_function("document.body.innerText.includes('Loaded ')", timeout=600_000)
+            t = time.perf_counter()
+            a.click("#run-edit")
+            a.wait_for_function("document.querySelector('#edit-status')?.innerText.length > 0", timeout=60_000)
+            b.get_by_role("tab", name="5 · Compare").click()
+            b.get_by_label("Ask your own question").fill("Which planet is known as the Red Planet?")
+            tb = time.perf_counter()
+            b.get_by_role("button", name="Ask before and after").click()
+            b.wait_for_function("document.body.innerText.includes('Red Planet') && "
+                                "document.querySelector('.gen-table, table')", timeout=900_000)
+            b_s = time.perf_counter() - tb
+            b.screenshot(path=str(shots / "b_390.png"), full_page=False)
+            a.wait_for_selector(".result-card", state="attached", timeout=1_200_000)
+            attached = time.perf_counter() - t
+            a.wait_for_function(CARD_IN_VIEW, timeout=600_000)
+            in_view = time.perf_counter() - t
+            a.screenshot(path=str(shots / "a_1366_card.png"))
+            head = a.evaluate("document.querySelector('.result-card').innerText.split('\\n')[0]")
+            print(f"B's question answered {b_s:.1f} s after it was asked (during A's edit)")
+            print(f"A: card in the page {attached:.1f} s, visible and in view {in_view:.1f} s after the click")
+            print(f"A's card: {head}")
+            b.reload()
+            b.wait_for_function("document.body.innerText.includes('Loaded ')", timeout=600_000)
+            b.screenshot(path=str(shots / "b_390_page.png"), full_page=True)
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+    text = log.read_text()
+    print("warm-up:", "; ".join(line.split(" INFO ")[-1] for line in text.splitlines()
+                                if "warm-up" in line or "first page" in line)[:400])
+
+
+if __name__ == "__main__":
+    main()
