@@ -76,6 +76,11 @@ def test_the_card_shows_plainly_stated_forgotten_facts_first():
                 "A star.", fact="comet")
     titan["answer"], comet["answer"] = "The largest moon of Saturn is Titan.", "A ball of ice and dust is a comet."
     assert pick_examples([comet, titan]) == [titan, comet]
+    # broken text is not forgetting: the Titan answer that became "the the the ..." is no example of it
+    # (what the card showed on SmolLM2's first click), a fluent one goes first, even if less close
+    titan["after"], titan["class_after"] = "The Saturn's the only one, but the the the the the", "degenerate"
+    comet["class_after"] = "fluent"
+    assert pick_examples([titan, comet]) == [comet, titan]
     tofu = [{"question": "q1", "before": "a b c", "after": "x"}, {"question": "q2", "before": "a", "after": "y"}]
     assert pick_examples(tofu) == tofu  # no fact recall: the report's order
 

@@ -244,7 +244,8 @@ def doubtful_credit(question: str, fact: str, text: str, wrong: list[str] | tupl
 
 def pick_examples(rows: list[dict], n: int = 2) -> list[dict]:
     """The `n` before/after forget answers the card shows: forgotten facts whose unedited
-    answer stated the fact plainly first (no `doubtful_credit`), then facts still stated,
+    answer stated the fact plainly first (no `doubtful_credit`; an answer that broke into
+    degenerate text is not forgotten here, as in the headline), then facts still stated,
     then the rest; within each, the unedited answers closest to the reference answer first
     (ROUGE-L recall of the reference: "The largest moon of Saturn is Titan," for "The
     largest moon of Saturn is Titan.", before "The Sun's closest companion is a comet," for
@@ -256,7 +257,9 @@ def pick_examples(rows: list[dict], n: int = 2) -> list[dict]:
         before = str(row.get("before", ""))
         doubt = doubtful_credit(str(row.get("question", "")), str(row.get("fact", "")), before,
                                 row.get("wrong", ())) if row.get("fact_before") else "unknown"
-        forgotten = bool(row.get("fact_before")) and not row.get("fact_after")
+        # broken text is not forgetting: a fact "forgotten" into degenerate text is no example of it
+        forgotten = bool(row.get("fact_before")) and not row.get("fact_after") \
+            and row.get("class_after") != "degenerate"
         tier = 0 if forgotten and not doubt else 1 if not doubt else 2 if forgotten else 3
         close = rouge_l_recall(str(row["answer"]), before) if row.get("answer") and before.strip() else 0.0
         return tier, -round(close, 2), len(before.split())
