@@ -284,10 +284,13 @@ def link_outputs(ui: SimpleNamespace) -> list:
 
 def after_link(ui: SimpleNamespace, linked) -> None:
     """After a link opened (or a page opened without one): what depends on the session's
-    model and data, which the run may have changed: the editors offered, the code box, the
-    example question, the run history (the shared run's row) and the attacks' estimates."""
+    model and data, which the run may have changed: the editors offered, the baseline's
+    defaults for the model (SmolLM2's, not the generic ones the boxes are built with), the
+    code box, the example question, the run history (the shared run's row) and the
+    attacks' estimates."""
     s, bl = ui.session, ui.baseline
     linked.success(on_methods_for_data, [bl.method, s], [bl.method, bl.note], **LOCAL)
+    linked.success(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)  # the model's defaults
     linked.success(on_show_snippet, s, ui.export.code, **LOCAL)
     linked.success(ask_box, s, ui.answers.prompt, **LOCAL)
     linked.success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
