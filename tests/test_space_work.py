@@ -167,17 +167,35 @@ def test_a_job_past_its_wall_time_stops_the_model_unedited_and_others_go_on(url,
 
 
 def test_the_clock_counts_from_when_the_job_starts_not_from_when_it_queued(url, monkeypatch):  # noqa: F811
-    """Two long baselines, each stopped at GROM_MAX_JOB_SECONDS, and behind them another
-    visitor's answer, which waited longer than the limit: it is still answered (its own
-    seconds count from when it runs)."""
+    """Two long baselines, each stopped at GROM_MAX_JOB_SECONDS; another visitor's question
+    asked meanwhile is answered between their steps (the fair line). Behind a job that holds
+    the device longer than the limit without a step to give it up at, a question waits
+    longer than the limit and is still answered: its own seconds count from its turn."""
+    import threading
+
+    from components.core.device import DEVICE_LOCK
+
     a, a2, b = new_client(url), new_client(url), new_client(url)
     generate_seconds(b)  # warm
     monkeypatch.setenv("GROM_MAX_JOB_SECONDS", "4")
     with ThreadPoolExecutor(3) as pool:
         long = [pool.submit(x.predict, "ga", 5, 1e-3, max_examples=5, api_name="/run_baseline") for x in (a, a2)]
         time.sleep(0.5)
-        waited = pool.submit(generate_seconds, b).result(timeout=120)
+        between = pool.submit(generate_seconds, b).result(timeout=120)
         for job in long:
             with pytest.raises(Exception, match="GROM_MAX_JOB_SECONDS"):
                 job.result(timeout=120)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():  # a job with no step boundary: the device is held for 6 s
+        with DEVICE_LOCK:
+            held.set()
+            release.wait(6)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    waited = generate_seconds(b)
+    holder.join()
     assert waited > 4, waited  # it waited longer than the limit, and was not stopped for it
+    print(f"answered between two baselines' steps in {between:.1f} s; behind a 6 s hold in {waited:.1f} s")
