@@ -69,11 +69,11 @@ METRICS = ["Final score", "Retain cost", "Retain broken", "Forget ROUGE-L", "For
 QUANT_METRICS = ["Forget ROUGE-L", "Forget fact recall", "Forget prob"]
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _fmt(v, key: str = "") -> str:
+def fmt_metric(v, key: str = "") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if key == "Forget quality":
@@ -153,22 +153,22 @@ class Bench:
 
 def run_sweep(b: Bench, methods: list[str], lrs: list[float]) -> None:
     a = b.args
-    _log("sweep: GROM and the Base / Retain rows on the same subsets")
+    log("sweep: GROM and the Base / Retain rows on the same subsets")
     edit, secs = b.grom()
     rep = b.evaluate(edit, include_base=True)
     rows, best = [], {}
     for name, label in (("Base", "Base"), ("Edited", "GROM"), ("Retain model", "Retain model")):
         met = rep.rows[name].metrics
         rows.append([label, "", "", f"{secs[0]:.1f}" if label == "GROM" else "",
-                     *[_fmt(met.get(k), k) for k in METRICS], ""])
+                     *[fmt_metric(met.get(k), k) for k in METRICS], ""])
     for m in methods:
         for lr in lrs:
-            _log(f"sweep {m} lr {lr:g}: training")
+            log(f"sweep {m} lr {lr:g}: training")
             edit, secs = b.baseline(m, lr)
             met = b.evaluate(edit, include_base=True, reuse=rep).rows["Edited"].metrics
-            _log(f"sweep {m} lr {lr:g}: {secs[0]:.1f} s, final {met['Final score']:.3f}")
+            log(f"sweep {m} lr {lr:g}: {secs[0]:.1f} s, final {met['Final score']:.3f}")
             rows.append([m, f"{lr:g}", edit.info["steps"], f"{secs[0]:.1f}",
-                         *[_fmt(met.get(k), k) for k in METRICS],
+                         *[fmt_metric(met.get(k), k) for k in METRICS],
                          f"{edit.info['final']['forget_nll']:.3g}"])
             if m not in best or met["Final score"] > best[m][1]:
                 best[m] = (lr, met["Final score"])
@@ -180,27 +180,27 @@ def run_sweep(b: Bench, methods: list[str], lrs: list[float]) -> None:
 
 def run_bench(b: Bench, methods: list[str], lrs: dict[str, float]) -> None:
     a = b.args
-    _log("GROM: editing")
+    log("GROM: editing")
     edits, secs = {}, {}
     edits["grom"], secs["grom"] = b.grom()
-    _log(f"GROM: {secs['grom'][0]:.1f} s; evaluating")
+    log(f"GROM: {secs['grom'][0]:.1f} s; evaluating")
     reports = {"grom": b.evaluate(edits["grom"], include_base=True)}
     for m in methods:
         if m in EDITORS:
-            _log(f"{m}: editing")
+            log(f"{m}: editing")
             edits[m], secs[m] = b.editor(m)
         else:
-            _log(f"{m} lr {lrs[m]:g}: training")
+            log(f"{m} lr {lrs[m]:g}: training")
             edits[m], secs[m] = b.baseline(m, lrs[m])
-        _log(f"{m}: {secs[m][0]:.1f} s; evaluating")
+        log(f"{m}: {secs[m][0]:.1f} s; evaluating")
         # include_base with reuse: the Base row is taken, not recomputed, and gives the retain cost
         reports[m] = b.evaluate(edits[m], include_base=True, reuse=reports["grom"])
     quant = {}
     for m in [q for q in a.quant.split(",") if q and q in edits]:
-        _log(f"4-bit check: {m}")
+        log(f"4-bit check: {m}")
         quant[m] = quantization_check(b.model, b.tok, b.bench, edits[m], max_examples=a.max_examples,
                                       batch_size=a.eval_batch_size)
-    _log("done")
+    log("done")
 
     g = reports["grom"]
     print(f"\nexamples per set: {g.n_examples}; baselines: {a.epochs:g} epochs, batch {a.batch_size} x "
@@ -218,11 +218,11 @@ def run_bench(b: Bench, methods: list[str], lrs: dict[str, float]) -> None:
     print(md_table(["method", "lr", "optimizer steps", "wall s", "wall / GROM", "CPU s", "CPU / GROM"],
                    trows))
     print("\nMetrics (evaluate(..., edit=..., reference=retain model)):\n")
-    rows = [["Base (full model)", *[_fmt(g.rows["Base"].metrics.get(k), k) for k in METRICS]]]
+    rows = [["Base (full model)", *[fmt_metric(g.rows["Base"].metrics.get(k), k) for k in METRICS]]]
     for m in ["grom", *methods]:
         met = reports[m].rows["Edited"].metrics
-        rows.append([names[m], *[_fmt(met.get(k), k) for k in METRICS]])
-    rows.append(["Retain model", *[_fmt(g.rows["Retain model"].metrics.get(k), k) for k in METRICS]])
+        rows.append([names[m], *[fmt_metric(met.get(k), k) for k in METRICS]])
+    rows.append(["Retain model", *[fmt_metric(g.rows["Retain model"].metrics.get(k), k) for k in METRICS]])
     print(md_table(["model", *METRICS], rows))
 
     if quant:

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench_attack_targets import method_spec  # noqa: E402
-from bench_baselines import Bench, _fmt, _log, md_table  # noqa: E402
+from bench_baselines import Bench, fmt_metric, log, md_table  # noqa: E402
 from grom.baselines import EDITORS, METHODS, get_method  # noqa: E402
 from grom.baselines.defaults import family_of  # noqa: E402
 from grom.baselines.editing import EditorConfig, run_editor  # noqa: E402
@@ -132,7 +132,7 @@ def calibrate(b: Bench) -> None:
     a = b.args
     train, score = relearn_sets(b)
     lrs = [float(x) for x in a.relearn_grid.split(",")] if a.relearn_lr == "auto" else [float(a.relearn_lr)]
-    _log(f"relearning: the unedited model at lr {', '.join(f'{lr:g}' for lr in lrs)}")
+    log(f"relearning: the unedited model at lr {', '.join(f'{lr:g}' for lr in lrs)}")
     cal = calibrate_relearn_lr(b.model, b.tok, train, score, lrs, steps=relearn_steps(b), fmt=b.fmt, seed=a.seed,
                                tolerance=a.relearn_tol if a.relearn_lr == "auto" else float("inf"))
     print(f"\n### the relearning attack's lr: the unedited model relearned ({len(train)} pairs, recall on "
@@ -167,7 +167,7 @@ def grom_rows(b: Bench, grid: list[tuple[float, float]]) -> tuple[list[list], di
     rows, runs, base_report = [], [], None
     cfg = PRESETS[demo_preset(b.args.split)].replace(prompt_format=b.fmt, seed=b.args.seed)
     for beta, w_r in grid:
-        _log(f"GROM beta {beta:g} w_r {w_r:g}: editing")
+        log(f"GROM beta {beta:g} w_r {w_r:g}: editing")
         t0 = time.perf_counter()
         edit = run_edit(b.model, b.tok, b.bench.forget, b.bench.retain, cfg.replace(beta=beta, w_r=w_r))
         secs = time.perf_counter() - t0
@@ -176,8 +176,8 @@ def grom_rows(b: Bench, grid: list[tuple[float, float]]) -> tuple[list[list], di
         met = evaluated(b, edit, base_report)
         setting = f"beta {beta:g}, w_r {w_r:g}"
         runs.append({"edit": edit, "metrics": met, "lr": None, "setting": setting, "secs": secs})
-        rows.append(["GROM", setting, f"{secs:.1f}", *[_fmt(met.get(k), k) for k in COLS]])
-        _log("row: " + " | ".join(rows[-1]))
+        rows.append(["GROM", setting, f"{secs:.1f}", *[fmt_metric(met.get(k), k) for k in COLS]])
+        log("row: " + " | ".join(rows[-1]))
     pick = pick_setting(runs, b.args.max_cost)
     with_relearn(b, "GROM", pick)
     return rows, pick, base_report
@@ -197,12 +197,13 @@ def grid_rows(b: Bench, methods: dict[str, tuple[float, ...]], base_report) -> t
     for m, grid in methods.items():
         runs = []
         for lr in grid:
-            _log(f"{m} lr {lr:.2g}: training")
+            log(f"{m} lr {lr:.2g}: training")
             edit, secs = b.baseline(m, lr, **DEMO_ARGS.get(m, {}))
             met = evaluated(b, edit, base_report)
             runs.append({"edit": edit, "metrics": met, "lr": lr, "setting": f"{lr:.2g}", "secs": secs[0]})
-            rows.append([get_method(m).label, f"{lr:.2g}", f"{secs[0]:.1f}", *[_fmt(met.get(k), k) for k in COLS]])
-            _log("row: " + " | ".join(rows[-1]))  # each row as it comes: a long run can be read early
+            rows.append([get_method(m).label, f"{lr:.2g}", f"{secs[0]:.1f}",
+                         *[fmt_metric(met.get(k), k) for k in COLS]])
+            log("row: " + " | ".join(rows[-1]))  # each row as it comes: a long run can be read early
         pick = picks[get_method(m).label] = pick_setting(runs, b.args.max_cost)
         with_relearn(b, get_method(m).label, pick)
     return rows, picks
@@ -211,7 +212,7 @@ def grid_rows(b: Bench, methods: dict[str, tuple[float, ...]], base_report) -> t
 def with_relearn(b: Bench, name: str, pick: dict) -> None:
     """Adds the relearning curve to `pick` and logs it."""
     pick["relearn"] = relearn_row(b, pick["edit"])
-    _log(f"relearn: {name} ({pick.get('setting', '-')}): " + " ".join(f"{v:.2f}" for v in pick["relearn"]["curve"])
+    log(f"relearn: {name} ({pick.get('setting', '-')}): " + " ".join(f"{v:.2f}" for v in pick["relearn"]["curve"])
          + f" ({pick['relearn']['seconds']:.0f} s)")
 
 
@@ -280,11 +281,11 @@ def main(argv=None) -> None:
     rows = g_rows + rows
     picks.update(trained)
     for e in editors:
-        _log(f"{e}: editing")
+        log(f"{e}: editing")
         edit, secs = editor_run(b, e)
         picks[EDITORS[e].label] = {"edit": edit, "metrics": evaluated(b, edit, rep), "lr": None, "secs": secs,
                                    "setting": f"values {args.editor_values}"}
-        _log(f"row: {e} | {secs:.1f} | " + " | ".join(_fmt(picks[EDITORS[e].label]["metrics"].get(k), k)
+        log(f"row: {e} | {secs:.1f} | " + " | ".join(fmt_metric(picks[EDITORS[e].label]["metrics"].get(k), k)
                                                        for k in COLS) + f" | band {edit.band} | {edit.timings}")
         with_relearn(b, EDITORS[e].label, picks[EDITORS[e].label])
     load = os.getloadavg()
@@ -295,10 +296,11 @@ def main(argv=None) -> None:
     steps = relearn_steps(b)
     best = (lambda r: [f"{r['best'][0]:.2f} ({r['best'][1]:g}, {r['best'][2]}; unedited {r['best'][3]:.2f})"]
             if args.relearn_best else [])
-    out = [["Base", "-", "-", *[_fmt(base.get(k), k) for k in COLS], *[f"{v:.2f}" for v in b.relearn_base],
+    out = [["Base", "-", "-", *[fmt_metric(base.get(k), k) for k in COLS], *[f"{v:.2f}" for v in b.relearn_base],
             *(["-"] if args.relearn_best else [])]]
     for name, p in picks.items():
-        out.append([name, p.get("setting", "-"), f"{p['secs']:.1f}", *[_fmt(p["metrics"].get(k), k) for k in COLS],
+        out.append([name, p.get("setting", "-"), f"{p['secs']:.1f}",
+                    *[fmt_metric(p["metrics"].get(k), k) for k in COLS],
                     *[f"{v:.2f}" for v in p["relearn"]["curve"]], *best(p["relearn"])])
     print(f"\n### the picks (retain cost <= {args.max_cost:g}, else the cheapest) and relearning "
           f"(lr {args.relearn_lr:g}, batch 4, {args.relearn_train} even-indexed forget pairs; recall on "

@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, not installed
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.cli import _ints  # noqa: E402
+from grom.cli import layer_indices  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample  # noqa: E402
 
@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--examples", type=int, help="forget QA pairs (default: the preset's, else 200)")
     p.add_argument("--retain", type=int, help="retain QA pairs (default: the preset's, else 9x forget)")
-    p.add_argument("--band", type=_ints, help="layers to edit (default: the preset's, else 3-5)")
+    p.add_argument("--band", type=layer_indices, help="layers to edit (default: the preset's, else 3-5)")
     p.add_argument("--paths", default="stream,replay", help="stream, replay, or stream,replay")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")

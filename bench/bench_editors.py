@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_knowledge import COLUMNS, Run, _log, cells, md_table  # noqa: E402
+from bench_knowledge import COLUMNS, Run, cells, log, md_table  # noqa: E402
 from grom import PRESETS  # noqa: E402
 from grom.baselines.editing import EDITORS, EditorConfig, run_editor  # noqa: E402
 from grom.baselines.values import ValueSettings  # noqa: E402
@@ -90,7 +90,7 @@ def main(argv=None) -> None:
     fmt = run.bench.prompt_format
     edit, secs = run.edit(PRESETS[args.preset].replace(prompt_format=fmt, seed=args.seed))
     rows = [[f"GROM {args.preset}", "-", f"{edit.band[0]}-{edit.band[-1]}", f"{secs:.1f}", "1.0", *cells(run.report(edit))]]
-    _log("row: " + " | ".join(rows[-1]))
+    log("row: " + " | ".join(rows[-1]))
     grom_s = secs
     bands = [None if b.strip() == "auto" else tuple(int(x) for x in b.split(",")) for b in args.layers.split(";")]
     for band, vs, over in ((b, v, o) for b in bands for v in value_settings(args.values) for o in grid):
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
             label = EDITORS[name].label + "".join(f" {k} {v:g}" for k, v in over.items())
             rows.append([label, f"{vs.steps}:{vs.lr:g}:{vs.clamp_norm_factor:g}", layers, f"{secs:.1f}",
                          f"{secs / grom_s:.1f}", *cells(run.report(e))])
-            _log("row: " + " | ".join(rows[-1]) + f" (values {t['values']:.1f} s, keys {t['keys']:.1f} s, "
+            log("row: " + " | ".join(rows[-1]) + f" (values {t['values']:.1f} s, keys {t['keys']:.1f} s, "
                  f"solve {t['solve']:.1f} s, value steps {e.info['value_steps']})")
     print(f"\n### GROM and the editors ({run.bench.split}; load {os.getloadavg()[0]:.1f} at the end)\n")
     print(md_table(["method", "values steps:lr:clamp", "layers", "edit s", "x GROM", *COLUMNS, "retain"], rows))

@@ -45,7 +45,7 @@ COLUMNS = ["Forget fact recall", "Forget clean forgetting", "Forget degenerate",
            "Forget repetition", "Text perplexity", "Retain cost"]
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
@@ -82,7 +82,7 @@ class Run:
         if self.base is None:
             self.base = rep
             facts = rep.known_facts("Base")
-            _log("known facts (of those evaluated): " + ", ".join(f"{k} {v[0]}/{rep.n_examples[k]}"
+            log("known facts (of those evaluated): " + ", ".join(f"{k} {v[0]}/{rep.n_examples[k]}"
                                                                    for k, v in facts.items()))
         return rep.rows["Edited"].metrics
 
@@ -95,7 +95,7 @@ def sweep(args) -> None:
             for w_r in map(float, args.w_r.split(",")):
                 edit, secs = run.edit(PRESETS[args.preset].replace(beta=beta, w_r=w_r))
                 m = run.report(edit)
-                _log(f"{split} beta {beta:g} w_r {w_r:g}: {secs:.1f} s, score {m.get('Knowledge score', 0):.3f}")
+                log(f"{split} beta {beta:g} w_r {w_r:g}: {secs:.1f} s, score {m.get('Knowledge score', 0):.3f}")
                 rows.append([f"{beta:g}", f"{w_r:g}", "-".join(map(str, (edit.band[0], edit.band[-1]))),
                              f"{secs:.1f}", *cells(m)])
         print(f"\n### {split}, {len(run.bench.retain)} retain examples: GROM sweep from preset {args.preset} "
@@ -170,13 +170,13 @@ def baselines(args) -> None:
         edit, secs = run.edit(PRESETS[args.preset])
         m = run.report(edit)
         rows = [["GROM " + args.preset, "-", f"{secs:.1f}", "1.0", *cells(m)]]
-        _log("row: " + " | ".join(rows[-1]))
+        log("row: " + " | ".join(rows[-1]))
         edits = {"GROM": edit}
     lrs = dict(p.split("=") for p in args.lr.split(",")) if args.lr else {}
     for spec in args.methods.split(","):  # "npo" (lr from --lr, else the recipe's 1e-5) or "npo@1e-4"
         method, _, at = spec.partition("@")
         lr = float(at or lrs.get(method, 1e-5))
-        _log(f"{method} lr {lr:g}: training {args.epochs} epochs")
+        log(f"{method} lr {lr:g}: training {args.epochs} epochs")
         t0 = time.perf_counter()
         e = run_baseline(method, run.model, run.tok, run.bench.forget, run.bench.retain,
                          epochs=args.epochs, lr=lr, batch_size=8, grad_accum=4, seed=args.seed,
@@ -184,7 +184,7 @@ def baselines(args) -> None:
         bs = time.perf_counter() - t0
         edits[f"{method} {lr:g}"] = e
         rows.append([method, f"{lr:g}", f"{bs:.1f}", f"{bs / secs:.1f}" if secs else "-", *cells(run.report(e))])
-        _log("row: " + " | ".join(rows[-1]))  # each row as it comes: a long run can be read early
+        log("row: " + " | ".join(rows[-1]))  # each row as it comes: a long run can be read early
     print(f"\n### GROM and the gradient baselines ({run.bench.split}; {args.epochs} epochs, batch 8 x 4)\n")
     print(md_table(["method", "lr", "update s", "x GROM", *COLUMNS, "retain"], rows))
     if args.quant:
@@ -206,7 +206,7 @@ def influence_vs_size(args) -> None:
     example's ||P - P_-i||_F on the first band layer by Woodbury from one factorisation
     and by re-solving without it (the reference), their largest relative difference, the
     times, and the share of ||P|| the most and the median influential example carries."""
-    from grom.diagnostics import _layer_keys
+    from grom.diagnostics import layer_keys
     from grom.influence import example_influence_bruteforce, influence_norms
     from grom.solve import build_system
 
@@ -218,7 +218,7 @@ def influence_vs_size(args) -> None:
     for size in map(int, args.sizes.split(",")):
         forget = run.bench.forget[:size]
         edit = run_edit(run.model, run.tok, forget, run.bench.retain, config.replace(layers=band))
-        name, k = _layer_keys(edit, None)
+        name, k = layer_keys(edit, None)
         cfg = edit.config
         t0 = time.perf_counter()
         system = build_system(k.Xf, k.Xr, w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
@@ -231,7 +231,7 @@ def influence_vs_size(args) -> None:
         tb = time.perf_counter() - t0
         share = wood / float(torch.linalg.matrix_norm(P))
         err = float(((wood - brute).abs() / brute.clamp_min(1e-300)).max())
-        _log(f"{size} examples: Woodbury {tw:.2f} s, re-solve {tb:.2f} s, max rel diff {err:.1e}")
+        log(f"{size} examples: Woodbury {tw:.2f} s, re-solve {tb:.2f} s, max rel diff {err:.1e}")
         rows.append([str(size), str(k.Xf.shape[1]), f"{tw:.2f}", f"{tb:.2f}", f"{err:.1e}",
                      f"{float(share.max()):.3f}", f"{float(share.median()):.3f}",
                      f"{float(share.median()) * size:.2f}"])

@@ -37,7 +37,7 @@ from grom import PRESETS, best_window, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.diagnostics import influence  # noqa: E402
 from grom.eval import evaluate  # noqa: E402
-from grom.influence import _groups, influence_factors  # noqa: E402
+from grom.influence import example_columns, influence_factors  # noqa: E402
 from grom.models import load_model  # noqa: E402
 from grom.solve import build_system, data_matrix, factor, gram, mu_of  # noqa: E402
 
@@ -71,7 +71,7 @@ def changes(k, cfg) -> tuple[torch.Tensor, list[torch.Tensor]]:
     system = build_system(k.Xf, k.Xr, w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
     P = system.update(k.target.right_product(k.Xf))
     dP = []
-    for cols in _groups(k.forget_example, k.n_forget):
+    for cols in example_columns(k.forget_example, k.n_forget):
         L, R = influence_factors(system, P, k.Xf, k.target, cols)
         dP.append(L @ R.T)
     return P, dP

@@ -29,8 +29,8 @@ from components.core.benchmarks import read_benchmark, splits_for
 from components.core.device import device_progress, local_progress
 from components.core.edits import compute_edit
 from components.core.errors import UserError, shorten, ui_errors
-from components.core.files import (_bound_disk, _remove_old, edit_uploads, export_root, load_uploaded_edit,
-                                   read_edit_json, storage)
+from components.core.files import (bound_disk, edit_uploads, export_root, load_uploaded_edit, read_edit_json,
+                                   remove_old, storage)
 from components.core.form import BAND_MODES, CUSTOM, RESTORED, restore_values
 from components.core.history import add_run, restore
 from components.core.limits import limit
@@ -117,7 +117,7 @@ def on_export(session: Session):
     edit = current_edit(session)
     root = export_root()
     root.mkdir(parents=True, exist_ok=True)
-    _remove_old(root)
+    remove_old(root)
     done = session.extra.get("export")
     if done is not None and done[0] is edit and all(Path(f).is_file() for f in done[1]):
         folder = Path(done[1][0]).parent  # the same edit again: the files it has already
@@ -125,7 +125,7 @@ def on_export(session: Session):
         _admit_export()
         folder = Path(tempfile.mkdtemp(prefix="grom-edit-", dir=root))
         edit.save(folder, factored=True)
-        _bound_disk(root, limit("GROM_EXPORT_MAX_MB") << 20)
+        bound_disk(root, limit("GROM_EXPORT_MAX_MB") << 20)
     files = [str(folder / PATCH_FILE), str(folder / META_FILE)]
     session.extra["export"] = (edit, files)
     size = sum(Path(f).stat().st_size for f in files) / 2**20

@@ -17,20 +17,17 @@ import pandas as pd
 
 from components.core.errors import UserError, ui_errors
 from components.core.form import RESTORED
-from components.core.history import (FORGET, KEPT, _beta, add_run, attach_report, comparator_settings, history,
+from components.core.history import (FORGET, KEPT, add_run, attach_report, beta_text, comparator_settings, history,
                                      is_grom, not_restorable, restore, row_index, shown_rows)
 from components.core.runs import band_text
 from components.core.session import Session
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 
-SETTINGS_FIRST = ("β", "w_r", "ρ", "c", "band", "edit s")  # after the metrics: what a reader compares
-SETTINGS_LAST = ("from", "retain ex.", "seed", "α", "matrix", "time")
-
 
 def _grom_settings(r: dict, corruption: bool) -> dict:
     cfg, run = r["config"], r["run"]
-    row = {"β": _beta(cfg), "w_r": cfg["w_r"], "ρ": cfg["rho"]}
+    row = {"β": beta_text(cfg), "w_r": cfg["w_r"], "ρ": cfg["rho"]}
     if corruption:
         row["c"] = cfg["c"] if cfg["target"] == "corruption" else ""
     return row | {"band": band_text(run.get("band") or cfg.get("layers") or []) or cfg["matrix"],
@@ -70,7 +67,7 @@ def history_frame(rows: list[dict]) -> pd.DataFrame:
 def _point_label(r: dict) -> str:
     if not is_grom(r):
         return f"#{r['n']}: {r['source']}, {comparator_settings(r)}"
-    return (f"#{r['n']}: β {_beta(r['config'])}, w_r {r['config']['w_r']:g}, ρ {r['config']['rho']:g}, "
+    return (f"#{r['n']}: β {beta_text(r['config'])}, w_r {r['config']['w_r']:g}, ρ {r['config']['rho']:g}, "
             f"band {band_text(r['run'].get('band', [])) or r['config']['matrix']}")
 
 

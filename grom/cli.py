@@ -11,7 +11,7 @@ from grom.config import PRESETS, TARGETS, EditConfig
 from grom.sharding import DEVICE_MAP_HELP, MAX_MEMORY_HELP, ShardingError, parse_device_map, parse_max_memory
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def layer_indices(text: str) -> tuple[int, ...]:
     """'11-15' or '3,5,7' -> a tuple of layer indices."""
     out: list[int] = []
     for part in text.split(","):
@@ -63,7 +63,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     _model_and_sets(p)
     p.add_argument("--preset", choices=sorted(PRESETS), help="start from the paper's settings")
     p.add_argument("--matrix", choices=["down_proj", "o_proj", "lm_head"])
-    p.add_argument("--layers", type=_ints, help="layers to edit, e.g. 11-15 (default: automatic band)")
+    p.add_argument("--layers", type=layer_indices, help="layers to edit, e.g. 11-15 (default: automatic band)")
     p.add_argument("-k", type=int, help="width of the automatic band")
     p.add_argument("--target", choices=TARGETS)
     p.add_argument("--refusal", help="with --target refusal: the one answer every forget question is "

@@ -11,7 +11,8 @@ from grom.influence import influence_norms
 from grom.solve import build_system
 
 
-def _layer_keys(edit: Edit, param_name: str | None) -> tuple[str, LayerKeys]:
+def layer_keys(edit: Edit, param_name: str | None) -> tuple[str, LayerKeys]:
+    """(name, kept keys) of the edited matrix `param_name`, or of the first one when None."""
     if not edit.keys:
         raise ValueError("this edit kept no keys (keep_keys=False, or it was loaded from disk); "
                          "run the edit again with keep_keys=True for diagnostics")
@@ -24,7 +25,7 @@ def _layer_keys(edit: Edit, param_name: str | None) -> tuple[str, LayerKeys]:
 def influence(edit: Edit, param_name: str | None = None) -> torch.Tensor:
     """||P - P_{-i}||_F for each forget example i of one edited matrix, (N,) float64
     (Theorem 2, from one factorisation; examples with no kept keys get 0)."""
-    _, k = _layer_keys(edit, param_name)
+    _, k = layer_keys(edit, param_name)
     cfg = edit.config
     system = build_system(k.Xf, k.Xr, w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
     P = system.update(k.target.right_product(k.Xf))
@@ -51,7 +52,7 @@ class ExampleOutputs:
 def example_outputs(edit: Edit, model, param_name: str | None = None) -> ExampleOutputs:
     """W x and (W + P) x averaged over each example's key positions (linear, so the mean
     of the keys suffices), with W read from the unedited `model`."""
-    name, k = _layer_keys(edit, param_name)
+    name, k = layer_keys(edit, param_name)
     record = next(r for r in edit.layers if r.param_name == name)
     P = edit.patches[name].double().cpu()
     W = model.get_parameter(name).detach().double().cpu()

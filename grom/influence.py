@@ -17,7 +17,7 @@ from grom.solve import RidgeSystem, build_system, data_matrix, factor, gram, mu_
 from grom.targets import Target, as_target
 
 
-def _groups(example_index: torch.Tensor, N: int | None = None) -> list[torch.Tensor]:
+def example_columns(example_index: torch.Tensor, N: int | None = None) -> list[torch.Tensor]:
     """Column indices of each example 0..N-1 (an example with no columns gets none)."""
     example_index = example_index.long().cpu()
     if N is None:
@@ -50,7 +50,7 @@ def influence_norms(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, targ
                     example_index: torch.Tensor, n_examples: int | None = None) -> torch.Tensor:
     """||dP_i||_F for every example, (N,) float64, from the factored system."""
     norms = []
-    for cols in _groups(example_index, n_examples):
+    for cols in example_columns(example_index, n_examples):
         if cols.numel() == 0:
             norms.append(0.0)
             continue
@@ -84,7 +84,7 @@ def example_influence_bruteforce(Xf: torch.Tensor, Xr: torch.Tensor | None, D,
     mu, wf_s = mu_of(full, rho), w_f / s
     P = factor(full, mu, wf_s).update(target.right_product(Xf))
     norms = []
-    for cols in _groups(example_index):
+    for cols in example_columns(example_index):
         keep = torch.ones(s, dtype=torch.bool)
         keep[cols] = False
         Xk = Xf[:, keep]

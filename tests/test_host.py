@@ -60,14 +60,14 @@ def test_prune_removes_the_oldest_files_first(tmp_path):
 
 
 def test_exports_on_disk_are_bounded_oldest_first(tmp_path):
-    from components.core.files import _bound_disk
+    from components.core.files import bound_disk
 
     for i in range(4):
         folder = tmp_path / f"grom-edit-{i}"
         folder.mkdir()
         (folder / "patch.safetensors").write_bytes(b"x" * 1000)
         os.utime(folder, (1000 + i, 1000 + i))
-    _bound_disk(tmp_path, 2500)
+    bound_disk(tmp_path, 2500)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["grom-edit-2", "grom-edit-3"]
 
 

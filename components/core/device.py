@@ -309,7 +309,6 @@ _MAIN_PID = os.getpid()  # the process that imported the app: the main one on Ze
 def in_gpu_worker() -> bool:
     """Whether this is a ZeroGPU worker (a process forked from the main one for a call)."""
     return ON_ZEROGPU and os.getpid() != _MAIN_PID
-ON_SPACES = ON_ZEROGPU  # the older name: compute functions run in another process
 
 
 def on_device(fn: Callable | None = None, *, duration: Callable | None = None) -> Callable:

@@ -68,7 +68,7 @@ def _folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.glob("*") if f.is_file())
 
 
-def _bound_disk(root: Path, max_bytes: int) -> None:
+def bound_disk(root: Path, max_bytes: int) -> None:
     """Remove the oldest exports until those kept take at most `max_bytes`."""
     folders = sorted(root.glob("grom-edit-*"), key=lambda f: f.stat().st_mtime)
     total = sum(_folder_bytes(f) for f in folders)
@@ -79,7 +79,7 @@ def _bound_disk(root: Path, max_bytes: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _remove_old(root: Path, max_age_s: float = 3600) -> None:
+def remove_old(root: Path, max_age_s: float = 3600) -> None:
     """Exports are copied into gradio's cache when returned; ours go after an hour."""
     now = time.time()
     for folder in root.glob("grom-edit-*"):

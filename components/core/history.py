@@ -128,14 +128,14 @@ def attach_report(session: Session) -> None:
             row["metrics"] = headline_metrics(session.report)
 
 
-def _beta(config: dict) -> str:
+def beta_text(config: dict) -> str:
     return f"{config['beta']:g}" + (" rel." if config["beta_relative"] else "")
 
 
 def restore_note(config: dict, run: dict, session: Session, what: str, with_edit: bool = False) -> str:
     """Where the restored settings came from, and what they cannot bring back; with
     `with_edit` the edit itself came back too (an import, a link), so nothing asks to run it."""
-    note = (f"Restored {what}: β {_beta(config)}, w_r {config['w_r']:g}, ρ {config['rho']:g}, "
+    note = (f"Restored {what}: β {beta_text(config)}, w_r {config['w_r']:g}, ρ {config['rho']:g}, "
             f"band {band_text(run.get('band') or []) or config['matrix']} ({run.get('band_mode', 'manual')}).")
     if not with_edit:
         note += " Press **Run edit** to run it again."

@@ -196,7 +196,6 @@ with edit.applied(model):              # W <- W + P; restored bit for bit on exi
 edit.apply(model)                      # or keep it applied
 '''
 
-DEMO_SNIPPET_LOAD = "from grom.demo import load_demo_model\nmodel, tokenizer = load_demo_model(\"full\")"
 
 def _from(*measures: str) -> str:
     """" [OpenUnlearning]": the implementations the named metrics follow, from the library's

@@ -14,7 +14,8 @@ runs. Adding a method is writing its loss and calling `register_method` with its
 
     register_method(Method("mine", "Mine", my_loss, "Gradient ascent, renamed."))
 
-The losses themselves are the pure functions of grom.baselines.losses.
+The losses themselves are the pure functions of grom.baselines.losses; `with_retain` adds
+the shared retain term to a method's forget loss.
 """
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ def unregister_method(name: str) -> Method:
 # ---------------------------------------------------------------------------------------
 # the built-in methods (BUILT_IN, registered at import): OpenUnlearning's src/trainer/unlearn/{grad_ascent,grad_diff,npo,simnpo}.py
 
-def _with_retain(forget: torch.Tensor, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def with_retain(forget: torch.Tensor, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``gamma * forget + alpha * retain``, the combination GradDiff, NPO and SimNPO share:
     retain is NLL(retain), or the KL to the unedited model when the run computes it
     (upstream's ``compute_retain_loss``); no retain term when the run has none."""
@@ -219,15 +220,15 @@ def ga(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
 
 def graddiff(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return _with_retain(ga_loss(x.forget_nll, x.forget_counts), x)
+    return with_retain(ga_loss(x.forget_nll, x.forget_counts), x)
 
 
 def npo(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return _with_retain(npo_loss(x.forget_nll, x.reference_nll, x.args["beta"]), x)
+    return with_retain(npo_loss(x.forget_nll, x.reference_nll, x.args["beta"]), x)
 
 
 def simnpo(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return _with_retain(simnpo_loss(x.forget_nll, x.forget_counts, x.args["beta"], x.args["delta"]), x)
+    return with_retain(simnpo_loss(x.forget_nll, x.forget_counts, x.args["beta"], x.args["delta"]), x)
 
 
 BUILT_IN = (

@@ -57,7 +57,7 @@ import torch
 
 from grom.baselines.alternates import generate_alternates
 from grom.baselines.losses import dpo_loss, mean_nll
-from grom.baselines.methods import LossInputs, Method, _with_retain, register_method
+from grom.baselines.methods import LossInputs, Method, register_method, with_retain
 from grom.baselines.token_losses import (ceu_loss, pdu_forget_loss, rkld_loss, rmu_activation_loss,
                                         satimp_loss, undial_loss, wga_loss)
 
@@ -65,25 +65,25 @@ Terms = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
 def idk_nll(x: LossInputs) -> Terms:
-    return _with_retain(mean_nll(x.alternate_nll, x.alternate_counts), x)
+    return with_retain(mean_nll(x.alternate_nll, x.alternate_counts), x)
 
 
 def idk_dpo(x: LossInputs) -> Terms:
     forget = dpo_loss(x.alternate_nll, x.reference_alternate_nll, x.forget_nll, x.reference_nll, x.args["beta"])
-    return _with_retain(forget, x)
+    return with_retain(forget, x)
 
 
 def undial(x: LossInputs) -> Terms:
-    return _with_retain(undial_loss(x.forget_logits, x.reference_logits, x.forget_labels, x.args["beta"]), x)
+    return with_retain(undial_loss(x.forget_logits, x.reference_logits, x.forget_labels, x.args["beta"]), x)
 
 
 def wga(x: LossInputs) -> Terms:
-    return _with_retain(wga_loss(x.forget_logits, x.forget_labels, x.args["beta"]), x)
+    return with_retain(wga_loss(x.forget_logits, x.forget_labels, x.args["beta"]), x)
 
 
 def satimp(x: LossInputs) -> Terms:
     forget = satimp_loss(x.forget_logits, x.forget_labels, x.args["beta1"], x.args["beta2"])
-    return _with_retain(forget, x)
+    return with_retain(forget, x)
 
 
 def ceu(x: LossInputs) -> Terms:
@@ -128,7 +128,7 @@ def rmu(x: LossInputs) -> Terms:
 def rkld(x: LossInputs) -> Terms:
     """``gamma * RKL(forget answers) + alpha * retain`` (`rkld_loss`: the teacher is the
     unedited model's logits, from a copy of the trained weights, with the answer lowered)."""
-    return _with_retain(rkld_loss(x.forget_logits, x.reference_logits, x.forget_labels, x.args["beta"]), x)
+    return with_retain(rkld_loss(x.forget_logits, x.reference_logits, x.forget_labels, x.args["beta"]), x)
 
 
 def write_alternates(model, tokenizer, forget, s, progress) -> tuple[tuple[str, ...], ...]:

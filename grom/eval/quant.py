@@ -244,11 +244,6 @@ def quantizable_weights(model: nn.Module, include_lm_head: bool = False):
     return out, skipped
 
 
-def resolve_method(model: nn.Module, method: str) -> str:
-    """The quantizer `method` ("auto", "rtn", "nf4", "int8") runs as (`choose_method`)."""
-    return choose_method(model, method)[0]
-
-
 def choose_method(model: nn.Module, method: str) -> tuple[str, str]:
     """(quantizer, why): `method` itself ("asked for"; nf4/int8 raise a RuntimeError that
     names what is missing), or for "auto" NF4 when the model is on CUDA and bitsandbytes

@@ -12,11 +12,11 @@ BENCHMARKS.md).
 largest at which relearning the unedited model keeps its score within `tolerance` of where
 it started, at every step count scored. `RELEARN_LRS` holds that pick per model family
 (each measured, BENCHMARKS.md), and `relearn_lr(model)` reads it; a model of no measured
-family gets `RELEARN_LR` with a reason that says it was not calibrated.
+family gets `RELEARN_LR` with a reason that says it was not calibrated. The relearning run
+itself and the attack's defaults are `grom.robustness.relearn`'s.
 """
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -27,12 +27,9 @@ from grom.arch import loaded_from
 from grom.baselines.defaults import family_of
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
+from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, relearn_curve
 from grom.robustness.result import ScoreFn
 
-RELEARN_STEPS = (0, 5, 10)
-RELEARN_LR = 2e-5
-"""The relearning attack's lr where no calibrated one is known (`relearn_lr`)."""
-RELEARN_BATCH = 4
 DAMAGE_TOLERANCE = 0.10
 """How far (in recall, absolute) the unedited model's score may fall under the attack."""
 
@@ -114,8 +111,6 @@ def calibrate_relearn_lr(model: nn.Module, tokenizer, train: Sequence[QAExample]
         raise ValueError(f"the tolerance must be >= 0, got {tolerance}")
     tell, t0 = progress or (lambda *_: None), time.perf_counter()
     steps = tuple(sorted({0, *(int(k) for k in steps)}))
-    # read at call time, as the suite reads the attacks: a test may stand a module in its place
-    relearn_curve = importlib.import_module("grom.robustness.weights").relearn_curve
     curves: dict[float, tuple[float, ...]] = {}
     for i, lr in enumerate(lrs):
         at = (lambda f, m, i=i: tell((i + f) / len(lrs), f"lr {lr:g}: {m}"))

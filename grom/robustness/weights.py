@@ -2,7 +2,8 @@
 back when someone fine-tunes it a little, quantizes it, or reads its residual stream?
 
 - `relearn_attack`: a few fine-tuning steps of the edited model on some of the fitted
-  questions, then recall (the caller's `score`, on probes never trained on) per step.
+  questions, then recall (the caller's `score`, on probes never trained on) per step
+  (the run is `grom.robustness.relearn.relearn_curve`).
 - `quantization_attack`: round-to-nearest weights (or bitsandbytes NF4 / int8), base
   against edited (Zhang et al., ICLR 2025: quantizing a gradient-unlearned model brings
   the answers back).
@@ -17,18 +18,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from contextlib import ExitStack, nullcontext
-from typing import Callable, Sequence
+from contextlib import ExitStack
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from grom.arch import decoder_layers, final_norm, finish_logits, model_device, unembedding
-from grom.baselines.losses import mean_nll
-from grom.baselines.optim import adamw, optimizer_step, select_parameters, updated_tensors
-from grom.baselines.sequences import batch_nll, collate, encode_sequences
-from grom.baselines.settings import Settings
-from grom.baselines.train import ModelState
 from grom.data.prompts import PromptFormat, encode_prompt
 from grom.data.schema import QAExample
 from grom.eval.prefix import first_changed_layer
@@ -36,83 +32,13 @@ from grom.eval.quant import bnb_unavailable, quantizable_weights, quantized
 from grom.hooks import capture_outputs, stop_after
 from grom.keys import pad_id
 from grom.memory import releasing
-from grom.robustness.calibration import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS
-from grom.robustness.result import AttackResult, Probe, Recall, ScoreFn
+from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, Progress, relearn_curve
+from grom.robustness.result import AttackResult, Probe, ScoreFn
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[float, str], None]
-
 
 # ---------------------------------------------------------------- relearning
-
-def _relearn(model: nn.Module, tokenizer, train: Sequence[QAExample], score: ScoreFn, steps: Sequence[int],
-             s: Settings, tell: Progress) -> tuple[list[Recall], list[float]]:
-    """Fine-tune every parameter in place (AdamW as the baselines run it, constant lr),
-    scoring after each count of `steps`; (recalls, mean answer loss per optimizer step).
-    Sets train mode and requires_grad; the caller restores them and the weights."""
-    enc = encode_sequences(tokenizer, train, s.prompt_format, s.max_length)
-    if not enc:
-        raise ValueError("the relearning questions produced no answer tokens (empty answers?)")
-    slots = select_parameters(model, None)
-    trained = {id(p) for _, p in slots}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in trained)
-        p.grad = None
-    up = updated_tensors(slots, s.master_weights)
-    opt = adamw(model, s, slots, up.pairs)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    gen, pad = torch.Generator().manual_seed(s.seed), pad_id(tokenizer)
-    order: list[int] = []
-    recalls, losses = [], []
-    for step in range(max(steps) + 1):
-        if step in steps:
-            model.eval()
-            with torch.no_grad():
-                recalls.append(score(model))
-            tell((len(recalls)) / len(steps), f"relearn step {step}: recall {recalls[-1].value:.2f}")
-        if step == max(steps):
-            break
-        model.train()
-        if not order:  # an epoch's seeded shuffle, drawn again once used up
-            order = torch.randperm(len(enc), generator=gen).tolist()
-        idx, order = order[:s.batch_size], order[s.batch_size:]
-        nll, counts = batch_nll(model, collate([enc[i] for i in idx], pad))
-        loss = mean_nll(nll, counts)
-        loss.backward()
-        optimizer_step(opt, sched, up, s)
-        losses.append(float(loss.detach()))
-    return recalls, losses
-
-
-def _relearned(model, tokenizer, edit, train, score, steps, s, tell) -> tuple[list[Recall], list[float]]:
-    """`_relearn` with `edit` applied (None: the base model); the weights, modes and flags
-    are put back in `finally`, the edit's patched weights by the edit's own revert."""
-    with (edit.applied(model) if edit is not None else nullcontext()):
-        state = ModelState(model)
-        originals = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
-        try:
-            with torch.random.fork_rng(devices=[]):
-                return _relearn(model, tokenizer, train, score, steps, s, tell)
-        finally:
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    p.copy_(originals.pop(n).to(p.device))
-            state.restore()
-
-
-def relearn_curve(model: nn.Module, tokenizer, edit, train: Sequence[QAExample], score: ScoreFn,
-                  steps: Sequence[int], *, lr: float, batch_size: int = RELEARN_BATCH,
-                  fmt: PromptFormat | None = None, seed: int = 0,
-                  progress: Progress | None = None) -> tuple[list[Recall], list[float]]:
-    """(`score` at each step count of `steps`, the training loss of each optimizer step) of
-    one relearning run (`relearn_attack`'s optimizer, batches and seed) of `model` with
-    `edit` applied, or of the unedited model where `edit` is None. The model comes back bit
-    for bit, also on failure."""
-    s = Settings(method="relearn", lr=lr, batch_size=batch_size, seed=seed, weight_decay=0.01,
-                 max_grad_norm=1.0, prompt_format=fmt)
-    return _relearned(model, tokenizer, edit, train, score, sorted({0, *steps}), s, progress or (lambda *_: None))
-
 
 @releasing()
 def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample], score: ScoreFn, *,
