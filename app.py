@@ -208,11 +208,12 @@ def wire(ui: SimpleNamespace) -> None:
     card = run.success(on_edit_done, view, [e.status, e.card, ly.plot, ly.band_info, d.matrix, ui.tabs], **LOCAL) \
               .success(in_turn(on_card_first), compare_io[0], e.card, api_name="card_after_edit", api_visibility="private",
                        show_progress_on=[e.status], scroll_to_output=True, **device_queue())
-    card.success(None, js=SCROLL_TO_CARD, **LOCAL)  # the whole card into view, not only its headline
+    # an edit's first card into view, whole, as soon as it is drawn (the first verdict, or
+    # the comparison's card where no verdict comes first), not only its headline
+    e.card.change(None, js=SCROLL_TO_CARD, **LOCAL)
     full = card.success(in_turn(on_compare), *compare_io, api_name="compare_after_edit", api_visibility="private",
                         show_progress_on=[c.summary], **device_queue()) \
                .success(result_card, s, e.card, scroll_to_output=True, **LOCAL)
-    full.success(None, js=SCROLL_TO_CARD, **LOCAL)
     full.success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)
     compared = c.run.click(in_turn(on_compare), *compare_io, api_name="compare", **device_queue())
     compared.success(on_show_history, s, [ui.runs.table, ui.runs.plot], **LOCAL)

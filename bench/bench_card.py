@@ -6,8 +6,10 @@ Launches the app on SmolLM2-135M-Instruct in this process (as `python app.py` op
 opens the page in headless chromium at 1366x768, waits for the page-load warm-ups (layer
 scores, the stream into the suggested band, the Base row of the comparison), then clicks
 Run edit `--runs` times (the same edit: each click makes it again) and prints, per click,
-the seconds to the result card (drawn from the answers of every known fact) and to the
-full comparison (the teacher-forced scores added), with the card's first line.
+the seconds to the first verdict (the forget facts, `stage="forget"`), to the whole card
+(drawn from the answers of every known fact) and to the full comparison (the
+teacher-forced scores added), with the card's first line. The same steps in the library
+alone, on any device: `bench/card_steps.py`.
 """
 from __future__ import annotations
 
@@ -23,6 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
+
+WATCH = """() => { window.__card = {gone: false};
+  new MutationObserver(() => { const c = document.querySelector('#result-card .result-card'), w = window.__card;
+    const now = performance.now() - w.t0;
+    if (!c) { w.gone = true; return; }
+    if (!w.gone) return;
+    if (w.first === undefined) { w.first = now; w.head = c.querySelector('.rc-head').textContent; }
+    if (!c.querySelector('.rc-pending') && w.whole === undefined) w.whole = now;
+  }).observe(document.querySelector('#result-card'), {subtree: true, childList: true, characterData: true}); }"""
+"""In the page: from the click (`t0`, the page's clock), when the new card first shows (the
+forget verdict where it comes first) and when it is whole (no `.rc-pending`), each seen as
+the page changes, however briefly."""
 
 HANDLERS = ("on_run_edit", "on_show_plan", "on_edit_done", "on_card_first", "on_compare", "result_card",
             "on_show_history", "on_edit_made")
@@ -49,8 +63,19 @@ def _time_handlers() -> None:
                 print(f"  {fn.__name__}: {time.perf_counter() - t:.2f} s{state}", flush=True)
         return run
 
+    def timed_steps(fn):  # a streaming handler: the seconds to each yield
+        @functools.wraps(fn)
+        def run(*a, **k):
+            t = time.perf_counter()
+            for i, value in enumerate(fn(*a, **k)):
+                print(f"  {fn.__name__} step {i + 1}: {time.perf_counter() - t:.2f} s", flush=True)
+                yield value
+        return run
+
+    import inspect
     for name in HANDLERS:
-        setattr(app, name, timed(getattr(app, name)))
+        fn = getattr(app, name)
+        setattr(app, name, timed_steps(fn) if inspect.isgeneratorfunction(fn) else timed(fn))
 
 
 def main(argv=None) -> None:
@@ -86,20 +111,22 @@ def main(argv=None) -> None:
         page.wait_for_function("!document.querySelector('.progress-text, .eta-bar')", timeout=600_000)
         time.sleep(20.0)
         print(f"page ready (scores shown, warm-ups given 20 s) in {time.perf_counter() - t0:.1f} s")
+        page.evaluate(WATCH)
         for run in range(args.runs):
             before = page.evaluate("document.querySelector('#compare-summary')?.innerText || ''")
+            page.evaluate("window.__card = {gone: false}")
             t = time.perf_counter()
-            page.click("#run-edit")
-            page.wait_for_function("!document.querySelector('#result-card .result-card')", timeout=60_000)
-            page.wait_for_selector("#result-card .result-card", timeout=600_000)
-            card_s = time.perf_counter() - t
+            page.evaluate("() => { window.__card.t0 = performance.now(); document.querySelector('#run-edit').click(); }")
+            page.wait_for_function("window.__card.whole !== undefined", timeout=600_000)
             page.wait_for_function("(s) => { const x = document.querySelector('#compare-summary')?.innerText || '';"
                                    " return x !== s && x.startsWith('Compared'); }", arg=before, timeout=600_000)
             full_s = time.perf_counter() - t
+            w = page.evaluate("window.__card")
             card = page.evaluate("document.querySelector('#result-card .result-card').textContent")
-            first = " ".join(card.split())[:150]
-            print(f"run {run + 1}: Run edit to card {card_s:.1f} s, to the full comparison {full_s:.1f} s, "
-                  f"load {os.getloadavg()[0]:.2f}; card: {first}")
+            first_s = "-" if w.get("first") is None else f"{w['first'] / 1000:.1f}"
+            print(f"run {run + 1}: Run edit to the first verdict {first_s} s ({w.get('head', '')}), "
+                  f"to the whole card {w['whole'] / 1000:.1f} s, to the full comparison {full_s:.1f} s, "
+                  f"load {os.getloadavg()[0]:.2f}; card: {' '.join(card.split())[:150]}")
         browser.close()
     blocks.close()
 

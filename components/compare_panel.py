@@ -24,9 +24,10 @@ from components.core.limits import limit
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
                                      resident)
 from components.views import text
-from components.views.card import (card_html, classes_line, counts, headline, probe_line, retain_advice,
+from components.views.card import (card_html, classes_line, counts, headline, pending, probe_line, retain_advice,
                                    wrong_values)
 from components.views.diff import answer_html, generations_html
+from grom.eval.knowledge import split_decoding
 from components.views.tables import download_box, empty_table, metrics_frame, styled
 from grom.eval import compare_generations
 from grom.eval.report import BASE, EDITED
@@ -98,6 +99,8 @@ def remember(session: Session, edit, report, whole: bool) -> None:
     later, larger evaluation changes the card and a later quick look does not undo it."""
     size = sum(report.n_examples.values())
     held = session.extra.get("card")
+    if pending(report) and held is not None and held[0] is edit:
+        return  # a first verdict never replaces a card of the same edit
     if (held is None or held[0] is not edit or whole
             or (not held[2] and size >= held[3])):
         session.extra["card"] = (edit, report, whole, size)
@@ -166,21 +169,35 @@ def _answers(session: Session, bench, edit, n):
 
 @ui_errors
 def on_card_first(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
-    """Right after an edit, on a benchmark in `ANSWERS_FIRST`: the greedy answers of every
-    evaluation set (the Base row's reused) and the card they give, before the comparison's
-    probabilities and truth ratios (about a third of its time on SmolLM2). Elsewhere
-    nothing: the comparison draws the card."""
+    """Right after an edit, on a benchmark in `ANSWERS_FIRST`, the card, on a CPU in two
+    steps (a generator: gradio sends each as it comes; `grom.eval.knowledge.split_decoding`).
+    First the forget verdict, from the answers to the forget questions and the held-out
+    probes alone (`stage="forget"`); then the whole card, from the answers of every other
+    set (the forget set's paraphrases, the kept facts: `stage="answers"`, the first step's
+    answers given; on a GPU every answer, in one step), before the
+    comparison's probabilities and truth ratios (about a third of its time on SmolLM2).
+    The Base row is reused where this process has it. Elsewhere nothing: the comparison
+    draws the card."""
     bench = current_benchmark(session)
     if bench.task not in ANSWERS_FIRST:
-        return gr.skip()
+        yield gr.skip()
+        return
     handle, edit = current_model(session), current_edit(session)
     n = examples_per_set(max_examples, full_set, bench)
+    first = None
+    if split_decoding(handle.model):  # on a CPU: the forget verdict first (on a GPU it would cost time)
+        first = comparison_report(handle, bench, edit, n,
+                                  device_progress(lambda f, m: progress(f, desc=f"the forget answers: {m}")),
+                                  stage="forget")
+        remember(session, edit, first, covers_split(bench, n))
+        yield result_card(session)
     report = comparison_report(handle, bench, edit, n,
-                               device_progress(lambda f, m: progress(f, desc=f"the answers: {m}")),
-                               stage="answers")
+                               device_progress(lambda f, m: progress(f, desc=f"the other answers: {m}"
+                                                                     if first else f"the answers: {m}")),
+                               stage="answers", answers=first)
     session.extra["answers"] = (edit, bench, n, report)
     remember(session, edit, report, covers_split(bench, n))
-    return result_card(session)
+    yield result_card(session)
 
 
 @ui_errors

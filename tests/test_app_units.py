@@ -141,6 +141,45 @@ def test_the_result_card_says_what_was_forgotten_and_kept():
     assert "A sample of 1 questions per set" in result_card(session) and "95% intervals" in result_card(session)
 
 
+def test_the_first_verdict_states_the_forget_side_and_says_the_kept_facts_follow():
+    """The card's first step (a forget-stage report: the forget answers alone) counts the
+    forget facts, broken ones apart, says the kept facts are being counted, and never
+    replaces a card of the same edit; the whole card then replaces it."""
+    import pandas as pd
+
+    from components.compare_panel import remember, result_card
+    from components.core.session import Session
+    from grom.eval.report import Report, Row
+
+    def frame(recall, classes=None):
+        df = pd.DataFrame({"question": ["q1", "q2", "q3"], "answer": ["a1", "a2", "a3"],
+                           "generation": ["g1", "g2", "g3"], "fact_recall": recall})
+        return df.assign(answer_class=classes) if classes else df
+
+    base = Row({}, {"forget": frame([1.0, 1.0, 1.0]), "neighbours": frame([1.0, 1.0, 0.0])})
+    first = Report("real-knowledge", "s", "knowledge",
+                   {"Base": base, "Edited": Row({}, {"forget": frame([0.0, 0.0, 1.0],
+                                                                   ["fluent", "degenerate", "kept"])})},
+                   1.0, n_examples={"forget": 3, "neighbours": 3}, stage="forget")
+    session = Session()
+    session.edit = type("E", (), {"timings": {"total": 2.5}})()
+    remember(session, session.edit, first, True)
+    card = result_card(session)
+    assert "Forgot <b>1 of the 3</b> forget facts it knew · <b>1</b> broke into degenerate text" in card
+    assert "the facts it kept: counting…" in card and "rc-pending" in card
+    assert "the 3 forget facts the unedited model stated" in card and "Retain set" not in card
+    whole = Report("real-knowledge", "s", "knowledge",
+                   {"Base": base, "Edited": Row({"Retain cost": 0.0, "Retain broken": 0.0},
+                                                {"forget": frame([0.0, 0.0, 1.0], ["fluent", "degenerate", "kept"]),
+                                                 "neighbours": frame([1.0, 0.0, 0.0])})},
+                   1.0, n_examples={"forget": 3, "neighbours": 3}, stage="answers")
+    remember(session, session.edit, whole, True)
+    card = result_card(session)
+    assert "kept <b>1 of 2</b>" in card and "rc-pending" not in card
+    remember(session, session.edit, first, True)  # a late first verdict does not undo the whole card
+    assert "kept <b>1 of 2</b>" in result_card(session)
+
+
 def test_the_card_puts_the_held_out_probes_beside_the_fitted_questions():
     import pandas as pd
 

@@ -363,6 +363,47 @@ def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_lla
         pd.testing.assert_frame_equal(rest.examples(EDITED, name), whole.examples(EDITED, name))
 
 
+def test_the_forget_stage_then_the_answers_stage_equal_one_answers_stage(trained_llama, tokenizer, monkeypatch):
+    """The card's first verdict (the forget questions and probes alone) and the answers
+    stage given it give exactly the answers stage's report, each answer decoded once: the
+    first decodes no kept set and no paraphrase, the second none of the first's answers;
+    without a Base report the forget stage's unedited row is the answers stage's, reused."""
+    from grom import EditConfig, run_edit
+    from grom.eval import knowledge as K
+
+    bench = _knowledge_bench()
+    edit = run_edit(trained_llama, tokenizer, bench.forget, bench.retain,
+                    EditConfig(layers=(1, 2), beta=30.0, w_r=30.0))
+    one = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers")
+    decoded, real_generate = [], K.generate
+
+    def counting(model, tok, prompts, **kwargs):
+        decoded.append(list(prompts))
+        return real_generate(model, tok, prompts, **kwargs)
+    monkeypatch.setattr(K, "generate", counting)
+    steps = []
+    first = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="forget",
+                     progress=lambda f, m: steps.append((f, m)))
+    assert first.stage == "forget" and set(first.rows[EDITED].examples) == {"forget"} & set(first.rows[BASE].examples)
+    assert set(first.rows[BASE].examples) == set(one.rows[BASE].examples)  # the Base row is whole
+    edited_prompts = decoded[-1]
+    assert edited_prompts == [e.question for e in bench.eval_sets["forget"]]  # no paraphrase, no kept set
+    assert any("Edited:" in m and "answers" in m for _, m in steps)
+    f = first.rows[EDITED].metrics
+    assert f["Forget fact recall"] == one.rows[EDITED].metrics["Forget fact recall"]
+    assert "Kept fact recall" not in f and "Retain cost" not in f and "Knowledge score" not in f
+    assert first.known_facts()["forget"] == one.known_facts()["forget"]
+    assert first.answer_classes()["forget"] == one.answer_classes()["forget"]
+    decoded.clear()
+    rest = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers", reuse=first, answers=first)
+    sets = bench.eval_sets  # the Base row reused, the forget answers given: the paraphrases and kept sets decoded
+    assert decoded == [[e.paraphrased_question for e in sets["forget"]] + [e.question for e in sets["neighbours"]]
+                       + [e.question for e in sets["general"]]]
+    assert rest.stage == "answers" and rest.rows[EDITED].metrics == one.rows[EDITED].metrics
+    for name in one.rows[EDITED].examples:
+        pd.testing.assert_frame_equal(rest.examples(EDITED, name), one.examples(EDITED, name))
+
+
 def test_an_answers_stage_report_is_not_reused_for_a_full_base_row(trained_llama, tokenizer):
     bench = _knowledge_bench()
     quick = evaluate(trained_llama, tokenizer, bench, batch_size=8, stage="answers")

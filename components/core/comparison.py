@@ -94,13 +94,15 @@ def keep_base(key: ModelKey, bench, n, report) -> None:
 
 def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),
                       stage: str = "full", answers=None):
-    """`compute_report` with the Base report of this process (`base_report`) and the
-    result kept (`keep_base`). The evaluation examples are checked first against the token
+    """`compute_report` with the Base report of this process (`base_report`; else the
+    unedited rows of `answers`, an earlier stage's report of this edit) and the result
+    kept (`keep_base`). The evaluation examples are checked first against the token
     limits (`components.core.costs`); the reference model, where there is one, is loaded
     here first, so that a ZeroGPU worker forked next inherits it."""
     check_comparison(handle.tokenizer, bench, n)
     reference_for(handle, bench)
-    report = compute_report(handle.key, bench, edit, n, progress, record_at, base_report(handle.key, bench, n),
+    prior = base_report(handle.key, bench, n) or answers
+    report = compute_report(handle.key, bench, edit, n, progress, record_at, prior,
                             stage=stage, answers=answers)
     keep_base(handle.key, bench, n, report)
     return report

@@ -14,8 +14,10 @@ stopped or cancelled job's traceback is cleared and its memory given back at onc
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import inspect
 import logging
 import os
 import re
@@ -110,31 +112,62 @@ def _empty_message(err: BaseException) -> str:
 
 
 def ui_errors(fn):
-    """Turn every exception of handler `fn` into a `gr.Error` with an actionable message."""
+    """Turn every exception of handler `fn` into a `gr.Error` with an actionable message.
+    A generator handler (one that streams its results) is wrapped step by step: gradio may
+    run each step in another thread, so nothing set for the job outlives a step, but the
+    job's clock (GROM_MAX_JOB_SECONDS) runs from its first step."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def steps(*args, **kwargs):
+            started, gen = time.monotonic(), None
+            try:
+                while True:
+                    with _as_job(fn.__name__, started):
+                        if gen is None:
+                            gen = fn(*args, **kwargs)
+                        try:
+                            value = next(gen)
+                        except StopIteration:
+                            return
+                    yield value
+            finally:
+                if gen is not None:
+                    gen.close()
+
+        return steps
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        clock = JOB_STARTED.set(time.monotonic()) if JOB_STARTED.get() is None else None
-        name = JOB_NAME.set(fn.__name__) if clock is not None else None
-        try:
+        with _as_job(fn.__name__, time.monotonic()):
             return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except JobCancelled as err:  # stopped (cancelled, or past GROM_MAX_JOB_SECONDS): free its work now
-            log.info("%s stopped: %s", fn.__name__, err)
-            message = message_for(err)
-            traceback.clear_frames(err.__traceback__)  # the frames hold the job's activations
-            del err
-            _release()
-            raise gr.Error(message, print_exception=False) from None
-        except Exception as err:  # the UI edge: report, log, keep serving
-            log.warning("%s failed", fn.__name__, exc_info=True)
-            raise gr.Error(message_for(err), print_exception=False) from err
-        finally:
-            if clock is not None:
-                JOB_STARTED.reset(clock)
-                JOB_NAME.reset(name)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _as_job(name: str, started: float):
+    """The job's clock and name for the code inside (unless an outer handler set them), and
+    its exceptions made `gr.Error`s: a cancelled one frees its work first."""
+    clock = JOB_STARTED.set(started) if JOB_STARTED.get() is None else None
+    named = JOB_NAME.set(name) if clock is not None else None
+    try:
+        yield
+    except gr.Error:
+        raise
+    except JobCancelled as err:  # stopped (cancelled, or past GROM_MAX_JOB_SECONDS): free its work now
+        log.info("%s stopped: %s", name, err)
+        message = message_for(err)
+        traceback.clear_frames(err.__traceback__)  # the frames hold the job's activations
+        del err
+        _release()
+        raise gr.Error(message, print_exception=False) from None
+    except Exception as err:  # the UI edge: report, log, keep serving
+        log.warning("%s failed", name, exc_info=True)
+        raise gr.Error(message_for(err), print_exception=False) from err
+    finally:
+        if clock is not None:
+            JOB_STARTED.reset(clock)
+            JOB_NAME.reset(named)
 
 
 def _release() -> None:

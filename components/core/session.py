@@ -18,8 +18,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import inspect
 import logging
 import threading
 import time
@@ -236,27 +238,60 @@ def in_turn(fn: Callable) -> Callable:
     """`fn`, the handler of an event in the device queue, run after the earlier device jobs
     of its session (a visitor's own jobs keep the order they were asked in: a comparison
     asked during an edit compares that edit), and with every wait for the device shown in
-    its progress (`device.reporting_waits`): its place in the line and an estimate."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
+    its progress (`device.reporting_waits`): its place in the line and an estimate. A
+    generator handler (one that streams) takes its session's turn for each step and gives
+    it back while gradio sends what the step yielded."""
+    def turn(args, kwargs):
         values = (*args, *kwargs.values())
         session = next((v for v in values if isinstance(v, Session)), None)
-        progress = next((v for v in values if isinstance(v, gr.Progress)), None)
-        with reporting_waits(progress):
-            if session is None:
-                return fn(*args, **kwargs)
-            told = False
-            while not session.turn.acquire(timeout=SESSION_WAIT_S):
-                check_wanted()  # cancelled, or its page closed: it stops waiting
-                if not told and progress is not None:
-                    told = True
-                    progress(None, desc="Waiting for your previous job to finish (yours run in the order asked).")
+        return session, next((v for v in values if isinstance(v, gr.Progress)), None)
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def steps(*args, **kwargs):
+            session, progress = turn(args, kwargs)
+            gen = None
             try:
-                return fn(*args, **kwargs)
+                while True:
+                    with _session_turn(session, progress):
+                        if gen is None:
+                            gen = fn(*args, **kwargs)
+                        try:
+                            value = next(gen)
+                        except StopIteration:
+                            return
+                    yield value
             finally:
-                session.turn.release()
+                if gen is not None:
+                    gen.close()
+
+        return steps
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with _session_turn(*turn(args, kwargs)):
+            return fn(*args, **kwargs)
 
     return run
+
+
+@contextlib.contextmanager
+def _session_turn(session: "Session | None", progress):
+    """The session's turn (none without a session), waits for the device reported."""
+    with reporting_waits(progress):
+        if session is None:
+            yield
+            return
+        told = False
+        while not session.turn.acquire(timeout=SESSION_WAIT_S):
+            check_wanted()  # cancelled, or its page closed: it stops waiting
+            if not told and progress is not None:
+                told = True
+                progress(None, desc="Waiting for your previous job to finish (yours run in the order asked).")
+        try:
+            yield
+        finally:
+            session.turn.release()
 
 
 def current_model(session: Session) -> ModelHandle:

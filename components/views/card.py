@@ -29,14 +29,24 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def counts(report) -> tuple[tuple[int, int], tuple[int, int]] | None:
+def counts(report) -> tuple[tuple[int, int], tuple[int, int] | None] | None:
     """((forget facts known, still stated), (kept facts known, still stated)) of a knowledge
-    report, or None for a task without facts."""
+    report, or None for a task without facts. The kept pair is None in a first verdict
+    (`pending`), which has the forget answers alone."""
     facts = report.known_facts()
-    if "forget" not in facts or not any(s in facts for s in KEPT_SETS):
+    if "forget" not in facts or not (pending(report) or any(s in facts for s in KEPT_SETS)):
         return None
     kept = [facts[s] for s in KEPT_SETS if s in facts]
-    return facts["forget"], (sum(k for k, _ in kept), sum(s for _, s in kept))
+    return facts["forget"], (sum(k for k, _ in kept), sum(s for _, s in kept)) if kept else None
+
+
+def pending(report) -> bool:
+    """Whether `report` is a first verdict (`grom.eval.evaluate(stage="forget")`): the
+    forget answers counted, the kept facts still being answered."""
+    return getattr(report, "stage", "full") == "forget"
+
+
+PENDING_LINE = "Now answering the other questions, to count the facts it kept…"
 
 
 def broken_count(report) -> int:
@@ -56,7 +66,8 @@ def headline(report) -> str:
     """One sentence a stakeholder reads in five seconds: what was forgotten, what was kept."""
     found = counts(report)
     if found is not None:
-        (known, still), (k_known, k_still) = found
+        (known, still), kept = found
+        k_known, k_still = kept or (None, None)
         if known == 0:
             return ("The unedited model stated **none** of these forget facts here: there was nothing to "
                     "forget (does this benchmark fit this model?)")
@@ -64,6 +75,8 @@ def headline(report) -> str:
         said = f"Forgot **{known - still - broken} of the {known}** forget facts it knew"
         if broken:
             said += f" · **{broken}** broke into degenerate text"
+        if k_known is None:
+            return f"{said} · the facts it kept: counting…"
         return f"{said} · kept **{k_still} of {k_known}** other facts it knew"
     base, after = report.rows[BASE].metrics, report.rows[EDITED].metrics
     pairs = [(k, base[k], after[k]) for k in ("Forget fact recall", "Retain fact recall", "Forget accuracy",
@@ -112,7 +125,13 @@ def sample_line(report, whole: bool) -> str:
     found = counts(report)
     if found is None:
         return "Counted on every example of the split." if whole else ""
-    (known, still), (k_known, k_still) = found
+    (known, still), kept = found
+    if kept is None:  # a first verdict: the forget side alone
+        if whole:
+            return f"Counted on all the split's forget questions: the {known} forget facts the unedited model stated."
+        return ("A sample of {} questions per set: on the whole split, forgotten {:.0%}–{:.0%} (95% interval)."
+                .format(max(report.n_examples.values(), default=0), *wilson(known - still, known)))
+    k_known, k_still = kept
     if whole:
         return (f"Counted on all the split's questions: the {known} forget and {k_known} other facts the "
                 "unedited model stated.")
@@ -295,7 +314,7 @@ def card_html(report, seconds: float, whole: bool, examples: list[dict], attacks
     probes = probe_line(report, whole)
     if probes:
         card.append(f'<div class="rc-probes">{bold(probes)}</div>')
-    css, line = retain_line(report, rho)
+    css, line = ("rc-pending", PENDING_LINE) if pending(report) else retain_line(report, rho)
     if line:
         card.append(f'<div class="{css}">{html.escape(line)}</div>')
     for extra, css in ((classes_line(report), "rc-classes"), (sample_line(report, whole), "rc-sample"),

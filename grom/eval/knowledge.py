@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from grom.arch import model_device
 from grom.data.schema import QAExample, TextExample
 from grom.eval import metrics as M
 from grom.eval.rows import BASE, Row, _known, _Runner
@@ -69,21 +70,17 @@ def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bo
     return df
 
 
-def _given_answers(run: _Runner, chosen: dict[str, tuple]) -> dict[str, list[str]] | None:
-    """The answers of `run.given` (an earlier evaluation of this model on these sets) per
-    set, the forget set's paraphrases after its questions; None unless it has every set's,
-    for the same questions."""
+def _given_answers(run: _Runner, chosen: dict[str, tuple]) -> dict[str, tuple[list[str], list[str] | None]]:
+    """The answers `run.given` (an earlier evaluation of this model on these sets) holds,
+    per set it holds for the same questions: (the questions' answers, the forget set's
+    paraphrases' answers or None where it lacks them: the forget stage decodes none)."""
     out = {}
     for name, ex in chosen.items():
         df = run.given.get(name)
         if df is None or list(df.get("question", ())) != [e.question for e in ex]:
-            return None
-        gens = list(df["generation"])
-        if name == "forget":
-            if "paraphrase_generation" not in df:
-                return None
-            gens += list(df["paraphrase_generation"])
-        out[name] = gens
+            continue
+        para = list(df["paraphrase_generation"]) if name == "forget" and "paraphrase_generation" in df else None
+        out[name] = (list(df["generation"]), para)
     return out
 
 
@@ -129,46 +126,87 @@ def _shared_prefix_losses(run: _Runner, items: list[tuple]) -> np.ndarray:
     return np.array([-(r + t.logprobs.sum()) / n for r, t, n in zip(reused, tails, lengths)])
 
 
+def split_decoding(model) -> bool:
+    """Whether a row's answers decode in two loops (the forget side's questions, then the
+    rest) rather than one: on a CPU, where a decoding step costs what its rows cost, so
+    the forget side alone (30 of SmolLM2's 109 rows) decodes a first verdict in about half
+    the time and the two loops together cost about what one does; not on a GPU, where a
+    step of a small model costs its kernel launches whatever its rows (SmolLM2 on an H200:
+    about 35 ms a step for 30 or 109 rows), so two loops would take twice as long."""
+    return model_device(model).type == "cpu"
+
+
 def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
     """Per-set answers and plain metrics; the answer classes need the unedited model and
     are added by `_judge_answers`, the known-fact metrics need the Base row and are added
     by `_knowledge_relative`.
 
-    Every set's questions (and the forget set's paraphrases) are answered in one batched
-    greedy decoding loop with one budget (`knowledge_budget`): on a CPU a decoding step
-    costs about as much for 100 prompts as for 15 (measured on SmolLM2: the paraphrases'
-    15 answers in a loop of their own took 4-5 s, and removing them from the shared loop
-    saved under 1 s), so one loop instead of four is ~2x faster. Each answer stops as soon
+    The questions are answered in batched greedy decoding with one budget
+    (`knowledge_budget`): on a CPU in two loops (`split_decoding`), the forget side's
+    questions (the forget set's and the held-out probes'), then the rest (the forget set's
+    paraphrases, the kept sets), so that a first verdict on the forget side can come first
+    on the batches the unedited row decoded (a prefix cache keeps batches whole); on a GPU
+    in one. A decoding step costs about as much for 100 prompts as for 15 on SmolLM2 (the
+    paraphrases' 15 answers in a loop of their own took 4-5 s, and removing them from the
+    shared loop saved under 1 s), so not one loop per set. Each answer stops as soon
     as it states its fact (or ends): the text is the full-length answer up to there, so
     fact recall is what the full-length answer gives, while ROUGE-L, repetition and the
-    answer's perplexity read the answer up to its fact where it states it."""
+    answer's perplexity read the answer up to its fact where it states it.
+
+    The "forget" stage (a first verdict, `grom.eval.report.evaluate`) answers the forget
+    questions and the held-out probes alone (the first loop); the answers stage given its
+    report (`run.given`) then answers the rest (the second), the same answers.
+    `run.answered`, where set, hears (answers finished, answers) after each decoding step."""
     row = Row()
     chosen = {}
     for name in KNOWLEDGE_SETS:
         ex = tuple(e for e in sets.get(name, ()) if isinstance(e, QAExample) and e.fact)
         if ex and not (only_forget and name not in FORGET_SIDE):
             chosen[name] = ex
-    given = _given_answers(run, chosen) if run.given else None
-    prompts, facts, spans = [], [], {}
-    for name, ex in (chosen.items() if given is None else ()):
-        start = len(prompts)
-        prompts += [e.question for e in ex]
-        if name == "forget":
-            prompts += [e.paraphrased_question or e.question for e in ex]
-        facts += [e.fact for e in ex] * (2 if name == "forget" else 1)
-        spans[name] = (start, len(prompts))
-    if prompts:
-        budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for ex in chosen.values() for e in ex])
-        gens = generate(run.model, run.tok, prompts, prompt_format=run.fmt, max_new_tokens=budget,
-                        batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH), stop_at=facts)
+    paraphrased = run.stage != "forget"  # the forget stage leaves the paraphrases to the next one
+    given = _given_answers(run, chosen) if run.given else {}
+    loops: dict[str, list] = {"first": [], "rest": []}  # the forget side's questions; the rest
     for name, ex in chosen.items():
-        if given is None:
-            a, b = spans[name]
-            answers = gens[a:b]
-        else:
-            answers = given[name]
-        df = _knowledge_qa(run, ex, answers, paraphrase=name == "forget",
-                           given=run.given.get(name) if given is not None else None)
+        held, held_para = given.get(name, (None, None))
+        parts = [("questions", [e.question for e in ex])] if held is None else []
+        if name == "forget" and paraphrased and held_para is None:
+            parts.append(("paraphrases", [e.paraphrased_question or e.question for e in ex]))
+        for part, texts in parts:
+            first = name in FORGET_SIDE and part == "questions"
+            loops["first" if first else "rest"] += [(name, part, text, e.fact) for text, e in zip(texts, ex)]
+    gens: dict[tuple[str, str], list[str]] = {}
+    if loops["first"] or loops["rest"]:
+        # one budget for every set, whichever of them this stage decodes: the forget stage's
+        # answers are those the answers stage gives
+        everyone = [e for name in KNOWLEDGE_SETS for e in sets.get(name, ())
+                    if isinstance(e, QAExample) and e.fact] if run.stage == "forget" else \
+            [e for ex in chosen.values() for e in ex]
+        budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for e in everyone])
+        total, done = len(loops["first"]) + len(loops["rest"]), 0
+        batches = (loops["first"], loops["rest"]) if split_decoding(run.model) else \
+            (loops["first"] + loops["rest"],)
+        for items in batches:
+            if not items:
+                continue
+            step = None if run.answered is None else (lambda k, d=done: run.answered(d + k, total))
+            texts = generate(run.model, run.tok, [t for _, _, t, _ in items], prompt_format=run.fmt,
+                             max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
+                             stop_at=[f for _, _, _, f in items], on_step=step)
+            for (name, part, _, _), text in zip(items, texts):
+                gens.setdefault((name, part), []).append(text)
+            done += len(items)
+
+    def decoded(name, part):
+        return gens[name, part]
+
+    for name, ex in chosen.items():
+        held, held_para = given.get(name, (None, None))
+        answers = list(held if held is not None else decoded(name, "questions"))
+        paraphrase = name == "forget" and (paraphrased or held_para is not None)
+        if paraphrase:
+            answers += held_para if held_para is not None else decoded(name, "paraphrases")
+        df = _knowledge_qa(run, ex, answers, paraphrase=paraphrase,
+                           given=run.given.get(name) if held is not None else None)
         label = KNOWLEDGE_SETS[name]
         row.examples[name] = df
         row.metrics[f"{label} ROUGE-L"] = float(df["rougeL_recall"].mean())
@@ -278,7 +316,7 @@ def _knowledge_relative(rows: dict[str, Row]) -> None:
                 m[f"{label} degenerate"] = shares[M.DEGENERATE]
             if name == "forget":
                 para = _known(base, name, "paraphrase_recall")
-                if para is not None and para.any():
+                if para is not None and para.any() and "paraphrase_recall" in df:  # none in the forget stage
                     m["Forget paraphrase recall"] = float(df["paraphrase_recall"].to_numpy()[para].mean())
                 if shares is not None:
                     m["Forget refusal"], m["Forget fluent other"] = shares[M.REFUSAL], shares[M.FLUENT]

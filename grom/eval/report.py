@@ -471,7 +471,11 @@ def _retain_cost(rows: dict[str, Row], task: str) -> None:
             row.metrics["Retain broken"] = float(row.metrics["Retain cost"] > RETAIN_BROKEN)
 
 
-STAGES = ("full", "answers")
+STAGES = ("full", "answers", "forget")
+ANSWERED_EVERY_S = 0.5
+"""How often at most `evaluate` tells its progress how many answers are decoded: every
+step would send a browser a hundred updates for one card, which then compete with the
+decoding for the same cores."""
 ROWS: dict[str, Callable] = {"tofu": _tofu_row, "muse": _muse_row, "wmdp": _wmdp_row,
                              "zsre": _zsre_row, "custom": _custom_row, "knowledge": _knowledge_row}
 
@@ -494,11 +498,13 @@ def _reference_pair(reference, tokenizer):
 
 def _row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens, only_forget=False,
          quantize: str | None = None, group_size: int = 128, prefix: PrefixCache | None = None,
-         record_at: tuple[int, ...] = (), stage: str = "full", given: dict | None = None) -> Row:
+         record_at: tuple[int, ...] = (), stage: str = "full", given: dict | None = None,
+         answered: Callable[[int, int], None] | None = None) -> Row:
     fn = ROWS.get(benchmark.task)
     if fn is None:
         raise ValueError(f"no metrics for task {benchmark.task!r}; known: {', '.join(ROWS)}")
     run = _Runner(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens, stage, given)
+    run.answered = answered
     t0 = time.perf_counter()
     was_training = model.training
     replay = nullcontext()
@@ -544,7 +550,11 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     teacher-forced scores (probability, truth ratio, text perplexity) and the perplexity
     of the answers whose class does not depend on it ("Forget answer perplexity"). A verdict that rests on the
     answers is then ready in about two thirds of the time; the Report says
-    `stage="answers"`.
+    `stage="answers"`. Or "forget" (a first verdict, sooner still): the Edited row's
+    answers to the forget questions and the held-out probes alone, with their counts and
+    classes (no paraphrases, no kept sets, so no retain cost or Knowledge score), the
+    unedited rows those of the answers stage; the answers stage given this report
+    (`answers=`, and `reuse=` for its unedited rows) then decodes only the rest.
     answers: an earlier report of this same edit on the same sets (the "answers" stage,
     typically): its Edited row's answers and their classes are taken instead of being
     decoded and judged again, so the full evaluation after it costs the teacher-forced
@@ -569,8 +579,10 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         jobs.append((REFERENCE, ref[0], ref[1], None))
     n_examples = {k: len(v) for k, v in sets.items()}
     reusable = {}
+    base_stage = "answers" if stage == "forget" else stage  # a forget stage's unedited rows are the answers stage's
     if reuse is not None and (reuse.benchmark, reuse.split, reuse.n_examples) == \
-            (benchmark.name, benchmark.split, n_examples) and reuse.stage in ("full", stage):
+            (benchmark.name, benchmark.split, n_examples) and \
+            reuse.stage in ("full", base_stage, "forget" if base_stage == "answers" else "full"):
         reusable = {k: v for k, v in reuse.rows.items() if k in (BASE, REFERENCE)}
     given = {}
     if answers is not None and EDITED in answers.rows and (answers.benchmark, answers.split, answers.n_examples) \
@@ -585,15 +597,24 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
             between()
         progress(i / len(jobs), f"evaluating: {name}")
         mine = prefix if m is model else None  # kept for `model`, not for the reference
+        edited = name == EDITED
+
+        def answered(done, total, i=i, name=name, said=[0.0]):
+            now = time.perf_counter()  # a decoding step is ~0.1 s on a CPU: tell at most twice a second
+            if done == total or now - said[0] >= ANSWERED_EVERY_S:
+                said[0] = now
+                progress((i + done / max(total, 1)) / len(jobs), f"{name}: {done} of {total} answers")
+
         rows[name] = _row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                          prefix=mine, record_at=record_at, stage=stage,
-                          given=given if name == EDITED else None)
+                          prefix=mine, record_at=record_at, stage=stage if edited else base_stage,
+                          given=given if edited else None, answered=answered,
+                          only_forget=edited and stage == "forget")
     if benchmark.task == "tofu":
         _tofu_relative(rows)
     elif benchmark.task == "muse":
         _muse_relative(rows)
     elif benchmark.task == "knowledge":
-        _judge_answers(model, tokenizer, rows, benchmark.prompt_format, batch_size, stage)
+        _judge_answers(model, tokenizer, rows, benchmark.prompt_format, batch_size, base_stage)
         _knowledge_relative(rows)
     _retain_cost(rows, benchmark.task)
     progress(1.0, "evaluated")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -100,8 +100,9 @@ class _Runner:
                  max_new_tokens: int | None, stage: str = "full", given: dict | None = None):
         self.model, self.tok, self.fmt = model, tokenizer, fmt
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
-        self.stage = stage  # "full", or "answers": the greedy answers and what they give alone
+        self.stage = stage  # "full", "answers" or "forget" (`grom.eval.report.evaluate`)
         self.given = given or {}  # set name -> an earlier frame of this model's answers to reuse
+        self.answered: Callable[[int, int], None] | None = None  # (finished, all) after each decoding step
 
     def losses(self, pairs, fmt=None, add_eos=True, moments=False):
         return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -190,7 +190,8 @@ def _left_padded(encoded: list[list[int]], pad: int) -> tuple[torch.Tensor, torc
 def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
              prompt_format: PromptFormat | None = None, max_new_tokens: int = 64,
              batch_size: int = 32, max_length: int = 1024,
-             stop_at: Sequence[str | None] | None = None) -> list[str]:
+             stop_at: Sequence[str | None] | None = None,
+             on_step: Callable[[int, int], None] | None = None) -> list[str]:
     """Greedy continuations of the formatted prompts (left padding; stops at EOS).
 
     stop_at: per prompt, a phrase (a fact) or None; an answer then ends as soon as it
@@ -198,7 +199,8 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
     phrase, or EOS) leaves the running batch (`greedy_until`): the text is the full-length
     answer's start, so whether the phrase is in it (`grom.eval.metrics.fact_recall`) is
     what the full-length answer gives. Without it, `model.generate` runs every row to
-    EOS or the budget."""
+    EOS or the budget. on_step (with stop_at): called after each decoding step with (the
+    prompts finished, all prompts), for a progress line."""
     if stop_at is not None and len(stop_at) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(stop_at)} stop phrases")
     device = model_device(model)
@@ -212,8 +214,9 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
         idx = order[b:b + batch_size]
         ids, mask = _left_padded([encoded[i] for i in idx], pad)
         if stop_at is not None:
+            step = None if on_step is None else (lambda done, b=b: on_step(b + done, len(encoded)))
             new = greedy_until(model, tokenizer, ids.to(device), mask.to(device), max_new_tokens,
-                               eos, [stop_at[i] for i in idx])
+                               eos, [stop_at[i] for i in idx], on_step=step)
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         else:
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
@@ -272,7 +275,8 @@ def _cache_kwargs(model: nn.Module) -> tuple[str, bool]:
 
 @torch.no_grad()
 def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Tensor,
-                 max_new_tokens: int, eos: Sequence[int], stops: Sequence[str | None]) -> list[list[int]]:
+                 max_new_tokens: int, eos: Sequence[int], stops: Sequence[str | None],
+                 on_step: Callable[[int], None] | None = None) -> list[list[int]]:
     """Greedy decoding of a left-padded batch, ids and mask (B, W), that drops each row
     from the batch once it is finished: it produced EOS (not kept), or its new text
     states its phrase in `stops` (`phrase_settled`), or it has `max_new_tokens` tokens.
@@ -282,7 +286,8 @@ def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Ten
     Each step is `model.generate`'s greedy step: positions from the attention mask
     (cumsum - 1), a dynamic cache built from the config, argmax of the last position's
     logits (no logits processor: the plain greedy answer), so the tokens are those of
-    `model.generate(do_sample=False)` on the same prompts, cut where the row finished."""
+    `model.generate(do_sample=False)` on the same prompts, cut where the row finished.
+    on_step: called after each step with the number of rows finished so far."""
     cache_name, keep_arg = _cache_kwargs(model)
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
         else model.config
@@ -306,6 +311,8 @@ def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Ten
             if t + 1 < max_new_tokens and not phrase_settled(
                     tokenizer.decode(new[row], skip_special_tokens=True), stops[row]):
                 keep.append(r)
+        if on_step is not None:
+            on_step(len(new) - len(keep))
         if not keep:
             break
         last = step_pos[:, -1]

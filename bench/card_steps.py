@@ -1,0 +1,116 @@
+"""The result card's two steps on the default page, timed in the library (issue 37, item 5):
+what the server computes between Run edit and the card, on any device, without the app.
+
+    python bench/card_steps.py [--model smollm2-135m-instruct] [--device cpu] [--threads 2] [--runs 3]
+    python bench/card_steps.py --model /path/to/SmolLM2 --device cuda --dtype bfloat16 --no-caches
+
+The studio's default page: SmolLM2 on real-knowledge's first split, every known fact
+(`known_only`), the "smollm2" preset, 128 seeded retain examples, the band the layer
+scores suggest. As the app does off ZeroGPU: the layer scores computed once (the page
+load's), the stream into the band and the Base row recorded ahead (the page-load
+warm-ups), then per run the edit, the first verdict (`evaluate(stage="forget")`: the
+forget questions and the held-out probes) and the whole card (`stage="answers"`, the first
+step's answers given). `--no-caches`: as on ZeroGPU, no stream or prefix cache. Each run
+also times the one-step answers stage the card used before and checks that the two steps
+give its answers. The browser's view of the same (Gradio and chromium on the machine
+too): `bench/bench_card.py`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="a registry name or a local folder")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--retain-examples", type=int, default=128)
+    ap.add_argument("--no-caches", action="store_true", help="no stream or prefix cache (as on ZeroGPU)")
+    ap.add_argument("--profile", action="store_true", help="then profile one more click's two steps (cProfile)")
+    args = ap.parse_args(argv)
+    import torch
+
+    from grom import PRESETS, run_edit
+    from grom.data import load_benchmark
+    from grom.eval import evaluate
+    from grom.eval.prefix import PrefixCache
+    from grom.eval.rows import EDITED
+    from grom.models import load_model
+
+    torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+
+    def clock() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    t = clock()
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
+    bench = load_benchmark("real-knowledge", known_only=True)
+    retain = tuple(random.Random(0).sample(bench.retain, min(args.retain_examples, len(bench.retain))))
+    config = replace(PRESETS["smollm2"], prompt_format=bench.prompt_format, seed=0)
+    device = torch.cuda.get_device_name() if cuda else f"{platform.machine()}, {os.cpu_count()} cores"
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {device}, torch {torch.__version__}, {args.dtype}, "
+          f"{args.threads} threads, load {os.getloadavg()[0]:.2f}; model loaded in {clock() - t:.1f} s")
+    sizes = {k: len(v) for k, v in bench.eval_sets.items()}
+    print(f"# {bench.name}/{bench.split}: {sizes}; caches {'off' if args.no_caches else 'on'}")
+
+    stream = None if args.no_caches else {}
+    prefix = None if args.no_caches else PrefixCache(max_bytes=512 << 20)
+    t = clock()
+    warm = run_edit(model, tok, bench.forget, retain, config, stream_cache=stream)  # the page's scores, stream
+    band = list(warm.band)
+    print(f"page load: scores and a first edit {clock() - t:.1f} s, band {band}")
+    t = clock()
+    base = evaluate(model, tok, bench, prefix=prefix, record_at=(band[0],))
+    print(f"page load: the Base row {clock() - t:.1f} s")
+    from grom.eval.knowledge import split_decoding
+    print(f"# the app's card: {'two steps (forget verdict, then the rest)' if split_decoding(model) else 'one step'}")
+    print("| run | edit s | first verdict s (from the click) | whole card s (from the click) | "
+          "one step s (from the click) | same answers | first verdict | whole card |")
+    print("|---|---|---|---|---|---|---|---|")
+    for run in range(args.runs):
+        t0 = clock()
+        edit = run_edit(model, tok, bench.forget, retain, config, scores=warm.scores, stream_cache=stream)
+        t_edit = clock()
+        first = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="forget")
+        t_first = clock()
+        whole = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="answers", answers=first)
+        t_whole = clock()
+        one = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="answers")
+        t_one = clock()
+        same = all(whole.examples(EDITED, s)[c].equals(one.examples(EDITED, s)[c])
+                   for s in one.rows[EDITED].examples
+                   for c in ("generation", "paraphrase_generation") if c in one.examples(EDITED, s))
+        f, w = first.known_facts(), whole.known_facts()
+        kept = [w[s] for s in ("neighbours", "general") if s in w]
+        print(f"| {run + 1} | {t_edit - t0:.2f} | {t_first - t0:.2f} | {t_whole - t0:.2f} | "
+              f"{(t_edit - t0) + (t_one - t_whole):.2f} | {same} | forget {f['forget'][0] - f['forget'][1]} of "
+              f"{f['forget'][0]} not stated | kept {sum(s for _, s in kept)} of {sum(k for k, _ in kept)} |")
+    if args.profile:
+        import cProfile
+        import pstats
+
+        edit = run_edit(model, tok, bench.forget, retain, config, scores=warm.scores, stream_cache=stream)
+        with cProfile.Profile() as prof:
+            first = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="forget")
+            evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="answers", answers=first)
+            clock()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
