@@ -195,6 +195,8 @@ def on_card_first(max_examples: int, full_set: bool, session: Session, progress=
                                device_progress(lambda f, m: progress(f, desc=f"the other answers: {m}"
                                                                      if first else f"the answers: {m}")),
                                stage="answers", answers=first)
+    if first is not None:
+        report.seconds += first.seconds  # the card's answers took both steps
     session.extra["answers"] = (edit, bench, n, report)
     remember(session, edit, report, covers_split(bench, n))
     yield result_card(session)

@@ -84,6 +84,7 @@ def test_the_card_comes_in_two_steps_on_a_knowledge_benchmark():
     first, whole = cards
     assert "rc-pending" in first and "rc-pending" not in whole
     assert session.extra["answers"][3].stage == "answers"
+    assert "the comparison" in whole  # its seconds: both steps
     assert session.extra["card"][1].stage == "answers"
     assert any(d and d.startswith("the forget answers:") for d in progress), progress
     assert any(d and d.startswith("the other answers:") for d in progress), progress
