@@ -27,6 +27,7 @@ import time
 import traceback
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Callable, ContextManager, Iterator
 
 import gradio as gr
 import torch
@@ -119,20 +120,8 @@ def ui_errors(fn):
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def steps(*args, **kwargs):
-            started, gen = time.monotonic(), None
-            try:
-                while True:
-                    with _as_job(fn.__name__, started):
-                        if gen is None:
-                            gen = fn(*args, **kwargs)
-                        try:
-                            value = next(gen)
-                        except StopIteration:
-                            return
-                    yield value
-            finally:
-                if gen is not None:
-                    gen.close()
+            started = time.monotonic()
+            yield from each_step(lambda: fn(*args, **kwargs), lambda: _as_job(fn.__name__, started))
 
         return steps
 
@@ -142,6 +131,27 @@ def ui_errors(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+def each_step(make: Callable[[], Iterator], around: Callable[[], ContextManager]) -> Iterator:
+    """The values of the generator `make()`, each of its steps (its creation with the first)
+    run inside a fresh `around()`, nothing held between them: how a wrapper of a streaming
+    handler does per step what it does around a plain one (gradio may run each step in
+    another thread). The generator is closed with this one."""
+    gen = None
+    try:
+        while True:
+            with around():
+                if gen is None:
+                    gen = make()
+                try:
+                    value = next(gen)
+                except StopIteration:
+                    return
+            yield value
+    finally:
+        if gen is not None:
+            gen.close()
 
 
 @contextlib.contextmanager

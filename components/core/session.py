@@ -33,7 +33,7 @@ import gradio as gr
 import torch
 
 from components.core.device import DEVICE_LOCK, add_cancel_hooks, check_wanted, in_gpu_worker, reporting_waits
-from components.core.errors import UserError
+from components.core.errors import UserError, each_step
 from components.core.limits import limit
 from components.core.sources import shown_name
 from grom.eval.prefix import PrefixCache
@@ -249,21 +249,8 @@ def in_turn(fn: Callable) -> Callable:
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def steps(*args, **kwargs):
-            session, progress = turn(args, kwargs)
-            gen = None
-            try:
-                while True:
-                    with _session_turn(session, progress):
-                        if gen is None:
-                            gen = fn(*args, **kwargs)
-                        try:
-                            value = next(gen)
-                        except StopIteration:
-                            return
-                    yield value
-            finally:
-                if gen is not None:
-                    gen.close()
+            held = turn(args, kwargs)
+            yield from each_step(lambda: fn(*args, **kwargs), lambda: _session_turn(*held))
 
         return steps
 

@@ -196,15 +196,12 @@ def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = Fal
                 gens.setdefault((name, part), []).append(text)
             done += len(items)
 
-    def decoded(name, part):
-        return gens[name, part]
-
     for name, ex in chosen.items():
         held, held_para = given.get(name, (None, None))
-        answers = list(held if held is not None else decoded(name, "questions"))
+        answers = list(held if held is not None else gens[name, "questions"])
         paraphrase = name == "forget" and (paraphrased or held_para is not None)
         if paraphrase:
-            answers += held_para if held_para is not None else decoded(name, "paraphrases")
+            answers += held_para if held_para is not None else gens[name, "paraphrases"]
         df = _knowledge_qa(run, ex, answers, paraphrase=paraphrase,
                            given=run.given.get(name) if held is not None else None)
         label = KNOWLEDGE_SETS[name]
