@@ -254,7 +254,7 @@ def attack_sets(args: argparse.Namespace):
 
 def _probe_rows(path: str) -> tuple:
     """The probes among a forget file's rows (split "probe"); none without such rows."""
-    from grom.data.sources import read_rows
+    from grom.data.readers import read_rows
     from grom.robustness.probes import read_probes
 
     if not any(str(r.data.get("split", "")).strip().lower() == "probe" for r in read_rows(path)):

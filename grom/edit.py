@@ -47,7 +47,7 @@ from torch import nn
 from grom.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
 from grom.attribution import LayerScores
 from grom.config import EditConfig
-from grom.data.sources import MAX_JSON_DEPTH, json_depth
+from grom.data.readers import MAX_JSON_DEPTH, json_depth
 from grom.editable import NotEditable, weight_problem
 
 log = logging.getLogger(__name__)

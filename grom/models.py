@@ -21,7 +21,7 @@ import torch
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 
 from grom.arch import arch_spec
-from grom.data.sources import hub_reachable
+from grom.data.readers import hub_reachable
 from grom.fetch import ModelFetchError, fetch_model, is_fetched, model_folder, registry_model
 
 log = logging.getLogger(__name__)

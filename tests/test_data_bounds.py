@@ -13,7 +13,7 @@ import pytest
 
 from grom.data import get_spec, load_benchmark
 from grom.data.custom import load_custom, load_custom_file
-from grom.data.sources import (
+from grom.data.readers import (
     MAX_JSON_DEPTH, BenchmarkError, TooManyRows, json_depth, parse_rows, read_rows,
 )
 from grom.edit import read_metadata
@@ -197,9 +197,9 @@ def random_json(rng: random.Random, level: int = 0):
 
 @pytest.mark.parametrize("chunk", [1, 2, 7, 1 << 18])
 def test_json_depth_agrees_with_a_character_by_character_count(monkeypatch, chunk):
-    from grom.data import sources
+    from grom.data import readers
 
-    monkeypatch.setattr(sources, "_CHUNK", chunk)  # pieces that end anywhere: in strings, escapes
+    monkeypatch.setattr(readers, "_CHUNK", chunk)  # pieces that end anywhere: in strings, escapes
     rng = random.Random(chunk)
     for _ in range(300):
         text = json.dumps(random_json(rng), ensure_ascii=rng.random() < 0.5)

@@ -35,7 +35,7 @@ from grom.eval import metrics as M
 from grom.eval import mia
 from grom.eval.report import BASE, DIRECTION, MIA_COLUMNS, REFERENCE, Row, _tofu_relative
 from grom.eval.runner import TokenScores, encode_pair, score_sequences, tokenwise_logprobs
-from grom.eval.sources import IMPLEMENTATIONS, metric_source
+from grom.eval.metric_sources import IMPLEMENTATIONS, metric_source
 from tests.conftest import FORGET, RETAIN, tiny_llama
 from tests.data_fixtures import muse_folder, wmdp_folder, write_json, zsre_record
 from tests.test_eval_knowledge import _knowledge_bench

@@ -10,7 +10,7 @@ from components.core.limits import limit, upload_bytes
 from components.core.sources import DEMO, REAL, require_hub, resolve_source
 from grom import demo_preset
 from grom.data import BENCHMARKS, load_benchmark, muse, tofu, wmdp
-from grom.data.sources import TooManyRows
+from grom.data.readers import TooManyRows
 
 PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
               "wmdp-bio": "wmdp-bio", "zsre": "zsre"}

@@ -1,7 +1,7 @@
 """The words of the page: one sentence per step for teaching, and the math (KaTeX)."""
 import gradio as gr
 
-from grom.eval.sources import IMPLEMENTATIONS, metric_source
+from grom.eval.metric_sources import IMPLEMENTATIONS, metric_source
 
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 
@@ -199,7 +199,7 @@ edit.apply(model)                      # or keep it applied
 
 def _from(*measures: str) -> str:
     """" [OpenUnlearning]": the implementations the named metrics follow, from the library's
-    one table (`grom.eval.sources.METRIC_SOURCES`)."""
+    one table (`grom.eval.metric_sources.METRIC_SOURCES`)."""
     sources = [metric_source(m) for m in measures]
     names = {s.implementation for s in sources}
     here = "".join(f"; here, {s.deviation}" for s in sources if s.deviation)

@@ -10,7 +10,7 @@ from grom.data.prompts import (
 from grom.data.schema import (
     Benchmark, ChoiceExample, Example, FactRecord, QAExample, TextExample, as_examples,
 )
-from grom.data.sources import MAX_FILE_BYTES, BenchmarkError
+from grom.data.readers import MAX_FILE_BYTES, BenchmarkError
 
 __all__ = [
     "BENCHMARKS", "Benchmark", "BenchmarkError", "BenchmarkSpec", "ChoiceExample", "Example",

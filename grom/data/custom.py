@@ -26,7 +26,7 @@ from typing import Mapping, Sequence, Union
 
 from grom.data.prompts import PromptFormat
 from grom.data.schema import Benchmark, Example, QAExample, TextExample
-from grom.data.sources import (
+from grom.data.readers import (
     BenchmarkError, PathLike, Record, TooManyRows, parse_rows, read_rows, require_rows, resolve_source,
 )
 

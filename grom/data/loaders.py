@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from grom.data import custom, knowledge, muse, tofu, wmdp, zsre
 from grom.data.schema import Benchmark
-from grom.data.sources import BenchmarkError
+from grom.data.readers import BenchmarkError
 
 logger = logging.getLogger(__name__)
 

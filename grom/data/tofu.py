@@ -46,7 +46,7 @@ from typing import Sequence
 
 from grom.data.prompts import TOFU_CHAT, PromptFormat
 from grom.data.schema import Benchmark, QAExample
-from grom.data.sources import PathLike, Record, load_hub_rows, read_local, require_rows, resolve_source
+from grom.data.readers import PathLike, Record, load_hub_rows, read_local, require_rows, resolve_source
 
 logger = logging.getLogger(__name__)
 

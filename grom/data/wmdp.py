@@ -38,7 +38,7 @@ from typing import Sequence
 
 from grom.data.prompts import PromptFormat
 from grom.data.schema import Benchmark, ChoiceExample, TextExample
-from grom.data.sources import (
+from grom.data.readers import (
     BenchmarkError, PathLike, Record, load_hub_rows, read_local, require_rows, resolve_source,
 )
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from grom.data.prompts import RAW_TEXT, PromptFormat
 from grom.data.schema import Benchmark, FactRecord, QAExample
-from grom.data.sources import BenchmarkError, PathLike, Record, read_rows, require_rows, resolve_source
+from grom.data.readers import BenchmarkError, PathLike, Record, read_rows, require_rows, resolve_source
 
 logger = logging.getLogger(__name__)
 

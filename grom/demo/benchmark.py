@@ -6,7 +6,7 @@ from typing import Any
 
 from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import Benchmark
-from grom.data.sources import BenchmarkError
+from grom.data.readers import BenchmarkError
 from grom.demo.world import SPLITS, load_demo_benchmark
 
 

@@ -1,6 +1,6 @@
 """Evaluation: the benchmarks' metrics as pure functions (`grom.eval.metrics`, the
 membership attacks in `grom.eval.mia`, the implementation each follows in
-`grom.eval.sources`), the code that runs the model for them (`grom.eval.runner`),
+`grom.eval.metric_sources`), the code that runs the model for them (`grom.eval.runner`),
 before/after reports (`grom.eval.report`), the reuse of the layers below an edit
 (`grom.eval.prefix`) and the 4-bit quantization check (`grom.eval.quant`)."""
 from grom.eval.metrics import (answer_class, choice_accuracy, exact_memorization, extraction_strength,
@@ -14,7 +14,7 @@ from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.quant import nf4_quantize, quantized, rtn_quantize
 from grom.eval.report import (DIRECTION, Report, answer_probabilities, compare_generations,
                               evaluate, quantization_check, quantization_verdict)
-from grom.eval.sources import METRIC_SOURCES, metric_source
+from grom.eval.metric_sources import METRIC_SOURCES, metric_source
 
 __all__ = [
     "DIRECTION", "METRIC_SOURCES", "PrefixCache", "Report", "answer_class", "answer_probabilities",

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from grom.data import sources
-from grom.data.sources import BenchmarkError, Record, load_hub_rows, parse_rows, read_local, read_rows
+from grom.data import readers
+from grom.data.readers import BenchmarkError, Record, load_hub_rows, parse_rows, read_local, read_rows
 from tests.data_fixtures import write_csv, write_json, write_jsonl, write_parquet
 
 ROWS = [{"question": "Q1?", "answer": "A1"}, {"question": "Q2?", "answer": "A2"}]
@@ -63,7 +63,7 @@ def test_non_utf8_is_refused_with_the_offset(tmp_path):
 
 def test_oversized_file_is_refused_before_reading(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "big.jsonl", ROWS * 10)
-    monkeypatch.setattr(sources, "MAX_FILE_BYTES", 100)
+    monkeypatch.setattr(readers, "MAX_FILE_BYTES", 100)
     monkeypatch.setattr(type(path), "read_bytes", lambda self: pytest.fail("read before the size check"))
     with pytest.raises(BenchmarkError, match=r"big.jsonl: .* MB is over the 0 MB limit"):
         read_rows(path)

@@ -1,4 +1,4 @@
-"""Which implementation each reported metric follows, so a researcher knows what a number
+"""The metric citations table (was grom/eval/sources.py): which implementation each reported metric follows, so a researcher knows what a number
 can be compared with: one table, `METRIC_SOURCES`, read by the app's glossary and checked
 by the tests against every metric name a report produces.
 
@@ -114,4 +114,4 @@ def metric_source(metric: str) -> MetricSource:
         if measure in METRIC_SOURCES:
             return METRIC_SOURCES[measure]
     raise KeyError(f"no source for the metric {metric!r}: add it (or its measure) to "
-                   "grom.eval.sources.METRIC_SOURCES")
+                   "grom.eval.metric_sources.METRIC_SOURCES")

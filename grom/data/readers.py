@@ -1,4 +1,4 @@
-"""Reading benchmark data as plain records: local files (JSON, JSON lines, CSV, parquet)
+"""Readers of benchmark data (was grom/data/sources.py). Reading benchmark data as plain records: local files (JSON, JSON lines, CSV, parquet)
 and Hugging Face Hub datasets.
 
 Files are parsed as data only (`json`, `csv`, `pyarrow.parquet`); nothing is executed or
