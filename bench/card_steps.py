@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     from grom.data import load_benchmark
     from grom.eval import evaluate
     from grom.eval.prefix import PrefixCache
-    from grom.eval.rows import EDITED
+    from grom.eval.results import EDITED
     from grom.models import load_model
 
     torch.set_num_threads(args.threads)
@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     t = clock()
     base = evaluate(model, tok, bench, prefix=prefix, record_at=(band[0],))
     print(f"page load: the Base row {clock() - t:.1f} s")
-    from grom.eval.knowledge import split_decoding
+    from grom.tasks.knowledge import split_decoding
     print(f"# the app's card: {'two steps (forget verdict, then the rest)' if split_decoding(model) else 'one step'}")
     print("| run | edit s | first verdict s (from the click) | whole card s (from the click) | "
           "one step s (from the click) | same answers | first verdict | whole card |")

@@ -27,7 +27,7 @@ from components.views import text
 from components.views.card import (card_html, classes_line, counts, headline, pending, probe_line, retain_advice,
                                    wrong_values)
 from components.views.diff import answer_html, generations_html
-from grom.eval.knowledge import split_decoding
+from grom.tasks.knowledge import split_decoding
 from components.views.tables import download_box, empty_table, metrics_frame, styled
 from grom.eval import compare_generations
 from grom.eval.report import BASE, EDITED
@@ -170,7 +170,7 @@ def _answers(session: Session, bench, edit, n):
 @ui_errors
 def on_card_first(max_examples: int, full_set: bool, session: Session, progress=gr.Progress()):
     """Right after an edit, on a benchmark in `ANSWERS_FIRST`, the card, on a CPU in two
-    steps (a generator: gradio sends each as it comes; `grom.eval.knowledge.split_decoding`).
+    steps (a generator: gradio sends each as it comes; `grom.tasks.knowledge.split_decoding`).
     First the forget verdict, from the answers to the forget questions and the held-out
     probes alone (`stage="forget"`); then the whole card, from the answers of every other
     set (the forget set's paraphrases, the kept facts: `stage="answers"`, the first step's

@@ -23,7 +23,8 @@ from components.views.tables import empty_table
 from grom import run_edit
 from grom.diagnostics import example_outputs, influence, movement_axes
 from grom.eval import quantization_check
-from grom.eval.report import QUANT_KEPT, RETAIN_BROKEN, quantization_verdict
+from grom.eval.quant_check import QUANT_KEPT, quantization_verdict
+from grom.eval.report import RETAIN_BROKEN
 
 SHOWN_POINTS = 200  # examples per side drawn (and whose moves give the axes)
 TOP_BARS = 40

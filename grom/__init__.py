@@ -5,7 +5,7 @@ The public names: the math (`solve_update`, `ridge_mu`, `specificity_weights`,
 (`EditConfig`, `PRESETS`, `demo_preset`, `run_edit`, `Edit`) and the layer scores (`LayerScores`,
 `score_layers`).
 """
-import grom.demo  # noqa: F401 (registers the "demo" benchmark, which grom.data cannot import)
+import grom.tasks  # noqa: F401 (registers the benchmarks and their tasks, which grom.data cannot import)
 from grom.attribution import LayerScores, best_window, score_layers
 from grom.config import PRESETS, EditConfig, demo_preset, preset
 from grom.edit import Edit

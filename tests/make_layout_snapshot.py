@@ -243,7 +243,7 @@ def baseline_summary(edit) -> dict:
 
 
 def report_summary(report) -> dict:
-    from grom.eval.rows import BASE
+    from grom.eval.results import BASE
 
     rows = [r for r in report.rows if r != BASE]
     return rounded({"benchmark": report.benchmark, "split": report.split, "task": report.task,

@@ -149,7 +149,7 @@ def quant_table(base, base4, edited, edited4, retain=(0.9, 0.9, 0.9, 0.88)) -> p
 
 def test_the_4_bit_verdict():
     from components.diagnostics_panel import quant_verdict_md
-    from grom.eval.report import quantization_verdict
+    from grom.eval.quant_check import quantization_verdict
 
     v = quantization_verdict(quant_table(1.0, 0.98, 0.4, 0.45))
     assert v.survives and v.forget_kept == pytest.approx(0.53 / 0.6) and v.retain_lost == pytest.approx(1 - 0.88 / 0.9)

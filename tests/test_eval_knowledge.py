@@ -17,8 +17,9 @@ from grom.eval import metrics as M
 import torch
 
 from grom.data.prompts import encode_prompt
-from grom.eval.report import (BASE, EDITED, Report, Row, _knowledge_relative, _retain_cost, evaluate,
-                              knowledge_budget, quantization_check, quantization_verdict)
+from grom.eval.quant_check import quantization_check, quantization_verdict
+from grom.eval.report import BASE, EDITED, Report, Row, _retain_cost, evaluate
+from grom.tasks.knowledge import _knowledge_relative, knowledge_budget
 from grom.eval.runner import generate, phrase_settled
 from tests.conftest import FORGET, RETAIN
 
@@ -304,10 +305,11 @@ def test_wrong_answers_scored_from_their_first_differing_token_equal_a_full_scor
     swapped): reading those positions' log-probabilities off the answer's own scores gives
     the mean NLL that scoring each wrong answer whole gives."""
     from grom.data.prompts import PLAIN_QA
-    from grom.eval.report import _Runner, _shared_prefix_losses
+    from grom.eval.runner import ModelScorer
+    from grom.tasks.knowledge import _shared_prefix_losses
 
     fmt = PLAIN_QA if fmt == "plain" else None
-    run = _Runner(trained_llama, tokenizer, fmt, 4, None)
+    run = ModelScorer(trained_llama, tokenizer, fmt, 4, None)
     wrong = {0: ["Zorvath Quill was born in Quenford.", "Zorvath Quill was born in Veldra."],
              1: ["He wrote Lanterns of Ash.", "She painted it."],  # the second shares no token
              2: ["Ilsa Varn won the Harrow Cup."]}
@@ -327,7 +329,7 @@ def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_lla
     answers give exactly the metrics of one full evaluation, without decoding or judging
     twice: the rest scores only the answers whose class did not wait for their perplexity."""
     from grom import EditConfig, run_edit
-    from grom.eval import knowledge as K
+    from grom.tasks import knowledge as K
 
     bench = _knowledge_bench()
     edit = run_edit(trained_llama, tokenizer, bench.forget, bench.retain,
@@ -369,7 +371,7 @@ def test_the_forget_stage_then_the_answers_stage_equal_one_answers_stage(trained
     first decodes no kept set and no paraphrase, the second none of the first's answers;
     without a Base report the forget stage's unedited row is the answers stage's, reused."""
     from grom import EditConfig, run_edit
-    from grom.eval import knowledge as K
+    from grom.tasks import knowledge as K
 
     bench = _knowledge_bench()
     edit = run_edit(trained_llama, tokenizer, bench.forget, bench.retain,

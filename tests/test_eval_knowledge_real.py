@@ -16,7 +16,7 @@ from grom.data import load_benchmark
 from grom.data.prompts import encode_prompt
 from grom.eval import evaluate
 from grom.eval import metrics as M
-from grom.eval.report import knowledge_budget
+from grom.tasks.knowledge import knowledge_budget
 from grom.eval.runner import generate
 
 

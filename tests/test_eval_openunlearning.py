@@ -33,7 +33,9 @@ from grom.data.schema import Benchmark, TextExample
 from grom.eval import evaluate
 from grom.eval import metrics as M
 from grom.eval import mia
-from grom.eval.report import BASE, DIRECTION, MIA_COLUMNS, REFERENCE, Row, _tofu_relative
+from grom.eval.report import BASE, DIRECTION, REFERENCE, Row
+from grom.eval.shared_rows import MIA_COLUMNS
+from grom.tasks.tofu import _tofu_relative
 from grom.eval.runner import TokenScores, encode_pair, score_sequences, tokenwise_logprobs
 from grom.eval.metric_sources import IMPLEMENTATIONS, metric_source
 from tests.conftest import FORGET, RETAIN, tiny_llama

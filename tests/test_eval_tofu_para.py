@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import grom.eval.rows as rows_module  # where the evaluation's runner calls generate
+import grom.eval.runner as runner_module  # where the evaluation's scorer calls generate
 from grom.data.schema import Benchmark, QAExample
 from grom.eval import evaluate
 from grom.eval.metrics import rouge_l_recall
@@ -53,7 +53,7 @@ def test_tofu_paraphrased_questions_and_200_new_tokens(trained_llama, tokenizer,
         budgets.append(kw["max_new_tokens"])
         return generate(*args, **kw)
 
-    monkeypatch.setattr(rows_module, "generate", recording)
+    monkeypatch.setattr(runner_module, "generate", recording)
     report = evaluate(trained_llama, tokenizer, bench, batch_size=8)
     assert budgets and set(budgets) == {200}  # OpenUnlearning's configs/generation/default.yaml
     m = report.rows[BASE].metrics

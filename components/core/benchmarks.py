@@ -1,5 +1,6 @@
-"""Benchmarks from the widgets' values: the registered ones (shared, frozen), uploads
-(size- and row-limited), each with its splits, default split and preset."""
+"""Benchmarks from the widgets' values: the registered ones (shared, frozen; their labels,
+splits, default split and Hub data sets are the registry's, `grom.data.BENCHMARKS`, which
+grom/tasks/ fills), uploads (size- and row-limited), each with its preset."""
 from __future__ import annotations
 
 import functools
@@ -9,7 +10,7 @@ from components.core.errors import UserError, shorten
 from components.core.limits import limit, upload_bytes
 from components.core.sources import DEMO, REAL, require_hub, resolve_source
 from grom import demo_preset
-from grom.data import BENCHMARKS, load_benchmark, muse, tofu, wmdp
+from grom.data import BENCHMARKS, load_benchmark
 from grom.data.readers import TooManyRows
 
 PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
@@ -61,18 +62,9 @@ def preset_note(name: str, split: str) -> str:
     return ""
 
 
-HUB_BENCHMARKS = {"tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem", "wmdp-cyber"}
-
-
-LABELS = {"real-knowledge": "Real knowledge: famous facts (bundled)",
-          "demo": "Demo: fictitious authors (bundled)", "tofu": "TOFU (Hub or local)",
-          "muse-news": "MUSE-News", "muse-books": "MUSE-Books", "wmdp-bio": "WMDP-Bio",
-          "wmdp-chem": "WMDP-Chem", "wmdp-cyber": "WMDP-Cyber", "zsre": "zsRE (local file)",
-          "custom": "Custom: your own files"}
-
-
 def benchmark_names() -> list[tuple[str, str]]:
-    return [(LABELS.get(name, name), name) for name in BENCHMARKS]
+    """(label, name) of every registered benchmark, in the registry's order."""
+    return [(spec.label or name, name) for name, spec in BENCHMARKS.items()]
 
 
 def splits_for(name: str) -> list[str]:
@@ -81,12 +73,13 @@ def splits_for(name: str) -> list[str]:
 
 
 def default_split(name: str) -> str | None:
-    """The split a benchmark starts on: the demo's forget10 (the TOFU-10% analogue its presets
-    were tuned on), else the registry's first (real-knowledge: the target SmolLM2 knows best)."""
-    splits = splits_for(name)
-    if name == "demo" and "forget10" in splits:
-        return "forget10"
-    return splits[0] if splits else None
+    """The split a benchmark starts on: its spec's `start_split` (the demo's forget10, the
+    TOFU-10% analogue its presets were tuned on), else the registry's first (real-knowledge:
+    the target SmolLM2 knows best)."""
+    spec = BENCHMARKS.get(name)
+    if spec is None or not spec.splits:
+        return None
+    return spec.start_split if spec.start_split in spec.splits else spec.splits[0]
 
 
 MIN_RETAIN = 20
@@ -156,7 +149,7 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
                 msg = msg.replace(str(Path(path).parent) + "/", "")
             raise UserError(msg) from err
     local = resolve_source(source, "data") if (source or "").strip() else None
-    if local is None and name in HUB_BENCHMARKS:
+    if local is None and BENCHMARKS[name].hub_id:
         require_hub(splits_hub_id(name), "data set")
     known_only = name == "real-knowledge" and local is None and model_name == REAL
     return _load_shared(name, split or None, local, known_only)
@@ -171,6 +164,6 @@ def _load_shared(name: str, split: str | None, local: str | None, known_only: bo
     return load_benchmark(name, split, source=local, **({"known_only": True} if known_only else {}))
 
 
-def splits_hub_id(name: str) -> str:
-    ids = {"tofu": tofu.HUB_ID, "muse-news": muse.HUB_IDS["news"], "muse-books": muse.HUB_IDS["books"]}
-    return ids.get(name, wmdp.MC_HUB)
+def splits_hub_id(name: str) -> str | None:
+    """The Hub data set the benchmark reads without a source (None: none)."""
+    return BENCHMARKS[name].hub_id

@@ -29,7 +29,7 @@ from grom.baselines.optim import select_parameters
 from grom.baselines.recipes import recipe_for_task
 from grom.baselines.settings import resolve_settings
 from grom.data.prompts import encode_prompt
-from grom.eval.knowledge import knowledge_budget
+from grom.tasks.knowledge import knowledge_budget
 from grom.robustness.calibration import RELEARN_BATCH, RELEARN_STEPS
 from grom.robustness.probes import PROBE_TYPES, transform
 
@@ -226,7 +226,7 @@ GPU_WALL = WallRate(flops_per_s=RATE.flops_per_s, weight_bytes_per_s=1e12, layer
 ~1 TB/s for the weights (not measured: no GPU was at hand)."""
 ZEROGPU_START_S = RATE.overhead_s  # each attack is a GPU call of its own there
 
-GEN_BATCH = 128  # grom.eval.knowledge.KNOWLEDGE_GEN_BATCH: one decoding loop per 128 probes
+GEN_BATCH = 128  # grom.tasks.knowledge.KNOWLEDGE_GEN_BATCH: one decoding loop per 128 probes
 DECODE_STEPS = 0.8
 """Decoding steps of a batch, as a share of the answer budget: the batch runs until its
 slowest row ends, and an answer that never states its fact (the edited model's, by
@@ -341,7 +341,7 @@ class AttackInputs:
     probes: Lengths
     """The held-out probes as prompts in the benchmark's format."""
     budget: int
-    """New tokens an answer may take (`grom.eval.knowledge.knowledge_budget`)."""
+    """New tokens an answer may take (`grom.tasks.knowledge.knowledge_budget`)."""
     asked: dict
     """Probe type -> the `Lengths` of its transformed probes (n = how many it could make)."""
     lens: Lengths

@@ -24,7 +24,7 @@ MAX_ROWS = 50
 
 
 # the metrics a row shows, where its comparison has them: the headline, then what should go
-# down on the forget side and stay on the retain side (grom/eval/report.py RETAIN_METRICS)
+# down on the forget side and stay on the retain side (each task's `Task.retain_metrics`, grom/tasks/)
 HEADLINE = ("Knowledge score", "Final score")
 
 

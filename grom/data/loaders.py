@@ -8,21 +8,19 @@
 Each benchmark's module documents its files and local layout. Without a network the Hub
 fails with a `BenchmarkError` that says so; offline mode (HF_HUB_OFFLINE=1) is honoured.
 
-A benchmark that lives outside grom.data registers itself with `register_benchmark`: the
-bundled demo world (grom.demo, which the `grom` package imports, so it is registered
-whatever is imported first) heads the list.
+The benchmarks are registered by their tasks (grom/tasks/, which the `grom` package
+imports, so they are registered whatever is imported first): `grom.tasks.register_task`
+adds a task's `BenchmarkSpec`s here, the bundled demo world heads the list.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from functools import partial
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from grom.data import custom, knowledge, muse, tofu, wmdp, zsre
-from grom.data.schema import Benchmark
 from grom.data.readers import BenchmarkError
+from grom.data.schema import Benchmark
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +33,8 @@ class BenchmarkSpec:
     splits: the valid splits, the default first. aliases: other names for them.
     options: the keyword options `load` takes besides split and source.
     bundled: with no source, it reads files that ship with the package (else the Hub).
+    label: how a UI lists it (None: its name). hub_id: the Hub data set it reads without a
+    source (None: none). start_split: the split a UI starts on (None: the default).
     """
 
     name: str
@@ -44,41 +44,12 @@ class BenchmarkSpec:
     aliases: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
     bundled: bool = False
+    label: str | None = None
+    hub_id: str | None = None
+    start_split: str | None = None
 
 
-def _muse_spec(corpus: str) -> BenchmarkSpec:
-    return BenchmarkSpec(
-        f"muse-{corpus}", partial(muse.load_muse, corpus), muse.SPLITS, aliases={"raw": "forget"},
-        description=f"MUSE-{corpus.capitalize()} (Hub {muse.HUB_IDS[corpus]}): texts; verbmem, knowmem, privleak",
-    )
-
-
-def _wmdp_spec(subject: str) -> BenchmarkSpec:
-    return BenchmarkSpec(
-        f"wmdp-{subject}", partial(wmdp.load_wmdp, subject), wmdp.SPLITS,
-        options=("prompt_format", "retain", "utility"), aliases={"test": "forget"},
-        description=f"WMDP-{subject}: forget corpus, WikiText or corpus retain, multiple-choice questions",
-    )
-
-
-_REGISTRY: dict[str, BenchmarkSpec] = {
-    spec.name: spec
-    for spec in (
-        BenchmarkSpec("real-knowledge", knowledge.load_knowledge, knowledge.SPLITS,
-                      options=("prompt_format", "known_only"), bundled=True,
-                      description="facts a small chat model knows, by target: forget one, keep the rest (offline)"),
-        BenchmarkSpec("tofu", tofu.load_tofu, tofu.SPLITS,
-                      description=f"TOFU fictitious authors (Hub {tofu.HUB_ID})"),
-        _muse_spec("news"),
-        _muse_spec("books"),
-        *(_wmdp_spec(s) for s in wmdp.SUBJECTS),
-        BenchmarkSpec("zsre", zsre.load_zsre, zsre.SPLITS, aliases=zsre.ALIASES,
-                      description=f"zsRE facts from a local {zsre.FILE_NAME}: {zsre.N_FORGET} to "
-                                  f"forget, {zsre.N_RETAIN} to retain, one draw per seed split"),
-        BenchmarkSpec("custom", custom.load_custom, custom.SPLITS, options=("prompt_format", "max_rows"),
-                      description="your own forget and retain files (JSON, JSON lines, CSV)"),
-    )
-}
+_REGISTRY: dict[str, BenchmarkSpec] = {}
 # Every registered benchmark, in the order a UI lists them; read-only (see register_benchmark).
 BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(_REGISTRY)
 
@@ -91,6 +62,11 @@ def register_benchmark(spec: BenchmarkSpec, *, first: bool = False) -> Benchmark
     _REGISTRY.clear()
     _REGISTRY.update(entries)
     return spec
+
+
+def unregister_benchmark(name: str) -> None:
+    """Remove the benchmark `name` from `BENCHMARKS`."""
+    del _REGISTRY[name]
 
 
 def get_spec(name: str) -> BenchmarkSpec:

@@ -1,8 +1,11 @@
 """Evaluation: the benchmarks' metrics as pure functions (`grom.eval.metrics`, the
 membership attacks in `grom.eval.mia`, the implementation each follows in
 `grom.eval.metric_sources`), the code that runs the model for them (`grom.eval.runner`),
-before/after reports (`grom.eval.report`), the reuse of the layers below an edit
-(`grom.eval.prefix`) and the 4-bit quantization check (`grom.eval.quant`)."""
+the row pieces several tasks share (`grom.eval.shared_rows`), before/after reports
+(`grom.eval.report`, `grom.eval.results`; each benchmark's task in grom/tasks/),
+question-by-question comparisons (`grom.eval.generations`), the reuse of the layers below
+an edit (`grom.eval.prefix`) and the 4-bit quantization check (`grom.eval.quant_check`,
+the quantization in `grom.eval.quant`)."""
 from grom.eval.metrics import (answer_class, choice_accuracy, exact_memorization, extraction_strength,
                                fact_recall, forget_quality, knowledge_score, mia_auc, min_k_score,
                                model_utility, muse_final_score, normalised_probability, privacy_leakage,
@@ -12,8 +15,9 @@ from grom.eval.metrics import (answer_class, choice_accuracy, exact_memorization
 from grom.eval.mia import min_k_plus_plus_score
 from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.quant import nf4_quantize, quantized, rtn_quantize
-from grom.eval.report import (DIRECTION, Report, answer_probabilities, compare_generations,
-                              evaluate, quantization_check, quantization_verdict)
+from grom.eval.generations import answer_probabilities, compare_generations
+from grom.eval.quant_check import quantization_check, quantization_verdict
+from grom.eval.report import DIRECTION, Report, evaluate
 from grom.eval.metric_sources import METRIC_SOURCES, metric_source
 
 __all__ = [

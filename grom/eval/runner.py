@@ -1,5 +1,6 @@
 """Running the model for the metrics: teacher-forced answer scores (right padding) and
-greedy generations (left padding), batched, on whatever device the model is on.
+greedy generations (left padding), batched, on whatever device the model is on; and
+`ModelScorer`, one model's scoring settings for an evaluation row.
 
 These functions only produce the inputs of the pure metric functions in
 `grom.eval.metrics`: per-token log-probabilities and argmax predictions of an answer
@@ -377,3 +378,27 @@ def choice_logprobs(model: nn.Module, tokenizer, examples, *,
     for (n, i), s in zip(where, score_sequences(model, tokenizer, seqs, batch_size)):
         out[n, i] = s.logprobs.sum()
     return out
+
+
+class ModelScorer:
+    """One model's scoring settings for an evaluation row: its tokenizer, prompt format,
+    batch size, generation budget, stage and earlier answers to reuse."""
+
+    def __init__(self, model, tokenizer, fmt: PromptFormat | None, batch_size: int,
+                 max_new_tokens: int | None, stage: str = "full", given: dict | None = None):
+        self.model, self.tok, self.fmt = model, tokenizer, fmt
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.stage = stage  # "full", "answers" or "forget" (`grom.eval.report.evaluate`)
+        self.given = given or {}  # set name -> an earlier frame of this model's answers to reuse
+        self.answered: Callable[[int, int], None] | None = None  # (finished, all) after each decoding step
+
+    def losses(self, pairs, fmt=None, add_eos=True, moments=False):
+        return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,
+                             add_eos=add_eos, batch_size=self.batch_size, moments=moments)
+
+    def generate(self, prompts, references, fmt=None, budget=None):
+        """Greedy answers; `budget` new tokens (None: `answer_budget` of the references),
+        unless the evaluation fixed `max_new_tokens`."""
+        budget = self.max_new_tokens or budget or answer_budget(self.tok, references)
+        return generate(self.model, self.tok, prompts, prompt_format=fmt or self.fmt,
+                        max_new_tokens=budget, batch_size=self.batch_size)

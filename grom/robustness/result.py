@@ -1,7 +1,7 @@
 """What every attack measures: fact recall over probe questions, for the base model and
 the edited one (`AttackResult`). Recall counts the fact as whole words in a greedy chat
 answer that stops once it states the fact, as the real-knowledge comparison does
-(`grom.eval.report._knowledge_row`)."""
+(`grom.tasks.knowledge._knowledge_row`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +11,7 @@ from torch import nn
 
 from grom.data.prompts import PromptFormat
 from grom.eval import metrics as M
-from grom.eval.report import KNOWLEDGE_GEN_BATCH, knowledge_budget
+from grom.tasks.knowledge import KNOWLEDGE_GEN_BATCH, knowledge_budget
 from grom.eval.runner import generate
 
 

@@ -1,18 +1,29 @@
-"""The real-knowledge task's metrics (split from report.py): every set's greedy answers in
+"""The real-knowledge task ("knowledge", was grom/eval/knowledge.py): every set's greedy answers in
 one decoding loop that stops at each fact, fact recall and its counts on the facts the
 unedited model knew, ROUGE-L, answer probability, TOFU's truth ratio against the bundled
 wrong answers, each answer's class judged with the unedited model, and the headline
-Knowledge score. See `grom.eval.report` for how `evaluate` runs it."""
+Knowledge score. The benchmark "real-knowledge" (bundled). Its evaluation also has the
+stages "answers" and "forget" (`grom.eval.report.evaluate`)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
 from grom.arch import model_device
+from grom.data import knowledge as knowledge_data
+from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import QAExample, TextExample
 from grom.eval import metrics as M
-from grom.eval.rows import BASE, Row, _known, _Runner
-from grom.eval.runner import encode_pair, generate, score_answers, score_sequences, score_texts
+from grom.eval.results import BASE, Row, known_mask
+from grom.eval.runner import (
+    ModelScorer,
+    encode_pair,
+    generate,
+    score_answers,
+    score_sequences,
+    score_texts,
+)
+from grom.tasks.base import QuantMetrics, Task, register_task
 
 KNOWLEDGE_SETS = {"forget": "Forget", "probes": "Probe", "neighbours": "Neighbour", "general": "General"}
 """The real-knowledge sets: the forget questions the edit was fitted on ("Forget"), the
@@ -42,7 +53,7 @@ def knowledge_budget(tokenizer, answers) -> int:
 JUDGED = ("answer_perplexity", "answer_class")  # `_judge_answers`'s columns
 
 
-def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bool,
+def _knowledge_qa(run: ModelScorer, examples: tuple, gens: list[str], paraphrase: bool,
                   given: pd.DataFrame | None = None) -> pd.DataFrame:
     """Fact recall, ROUGE-L, answer probability and truth ratio of one QA set from its
     greedy answers `gens` (the questions', then the paraphrased questions' for the forget
@@ -70,7 +81,7 @@ def _knowledge_qa(run: _Runner, examples: tuple, gens: list[str], paraphrase: bo
     return df
 
 
-def _given_answers(run: _Runner, chosen: dict[str, tuple]) -> dict[str, tuple[list[str], list[str] | None]]:
+def _given_answers(run: ModelScorer, chosen: dict[str, tuple]) -> dict[str, tuple[list[str], list[str] | None]]:
     """The answers `run.given` (an earlier evaluation of this model on these sets) holds,
     per set it holds for the same questions: (the questions' answers, the forget set's
     paraphrases' answers or None where it lacks them: the forget stage decodes none)."""
@@ -84,7 +95,7 @@ def _given_answers(run: _Runner, chosen: dict[str, tuple]) -> dict[str, tuple[li
     return out
 
 
-def _knowledge_truth_ratios(run: _Runner, examples: tuple, answer_scores: list) -> np.ndarray:
+def _knowledge_truth_ratios(run: ModelScorer, examples: tuple, answer_scores: list) -> np.ndarray:
     """(n,) TOFU's truth ratio per question (`grom.eval.metrics.truth_ratio`): the wrong
     answers (the bundled `wrong_answers`, the fact swapped) against the paraphrased answer,
     each after the question; the bundled files have no paraphrased answers, so the answer
@@ -101,7 +112,7 @@ def _knowledge_truth_ratios(run: _Runner, examples: tuple, answer_scores: list) 
     return np.array([M.truth_ratio(c, w) for c, w in zip(correct, wrong)])
 
 
-def _shared_prefix_losses(run: _Runner, items: list[tuple]) -> np.ndarray:
+def _shared_prefix_losses(run: ModelScorer, items: list[tuple]) -> np.ndarray:
     """(m,) mean NLL per label token of each `other` answer after its question, for items
     (question, answer, other, answer's TokenScores): what `run.losses` gives for (question,
     other), computed without reading the LM head where `other` begins with the same tokens
@@ -136,7 +147,7 @@ def split_decoding(model) -> bool:
     return model_device(model).type == "cpu"
 
 
-def _knowledge_row(run: _Runner, sets: dict[str, tuple], only_forget: bool = False) -> Row:
+def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool = False) -> Row:
     """Per-set answers and plain metrics; the answer classes need the unedited model and
     are added by `_judge_answers`, the known-fact metrics need the Base row and are added
     by `_knowledge_relative`.
@@ -301,7 +312,7 @@ def _knowledge_relative(rows: dict[str, Row]) -> None:
     for row in rows.values():
         m, kept, kept_degenerate = row.metrics, [], []
         for name, label in KNOWLEDGE_SETS.items():
-            known, df = _known(base, name), row.examples.get(name)
+            known, df = known_mask(base, name), row.examples.get(name)
             if known is None or df is None:
                 continue
             m[f"{label} facts known"] = float(known.sum())
@@ -312,7 +323,7 @@ def _knowledge_relative(rows: dict[str, Row]) -> None:
             if shares is not None:
                 m[f"{label} degenerate"] = shares[M.DEGENERATE]
             if name == "forget":
-                para = _known(base, name, "paraphrase_recall")
+                para = known_mask(base, name, "paraphrase_recall")
                 if para is not None and para.any() and "paraphrase_recall" in df:  # none in the forget stage
                     m["Forget paraphrase recall"] = float(df["paraphrase_recall"].to_numpy()[para].mean())
                 if shares is not None:
@@ -328,3 +339,15 @@ def _knowledge_relative(rows: dict[str, Row]) -> None:
             m["Kept fact recall"] = float(np.mean(kept))  # pooled: every known kept fact counts once
             m["Knowledge score"] = M.knowledge_score(m["Forget fact recall"], m["Kept fact recall"],
                                                      m.get("Forget degenerate", 0.0))
+
+
+TASK = register_task(Task(
+    "knowledge", _knowledge_row, retain_metrics=("Kept fact recall",), headline="Knowledge score",
+    relative=_knowledge_relative, judge=_judge_answers,
+    quant=QuantMetrics(("Forget fact recall",), ("Kept fact recall",), from_full_base=True),
+    quant_sets=tuple(KNOWLEDGE_SETS), recipe="tofu", stages=("answers", "forget"),
+    benchmarks=(BenchmarkSpec("real-knowledge", knowledge_data.load_knowledge, knowledge_data.SPLITS,
+                              options=("prompt_format", "known_only"), bundled=True,
+                              label="Real knowledge: famous facts (bundled)",
+                              description="facts a small chat model knows, by target: forget one, keep the rest "
+                                          "(offline)"),)))

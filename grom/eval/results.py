@@ -1,16 +1,15 @@
-"""The containers of an evaluation: a model's `Row` of metrics and per-example frames, the
-`Report` of every row, and the `_Runner` that scores one model (split from report.py)."""
+"""The results of an evaluation (was grom/eval/rows.py): a model's `Row` of metrics and
+per-example frames, the `Report` of every row, the rows' names (`BASE`, `EDITED`,
+`REFERENCE`), and the examples an evaluation reads (`subset`, `known_mask`)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from grom.data.prompts import PromptFormat
 from grom.eval import metrics as M
-from grom.eval.runner import answer_budget, generate, score_answers
 
 BASE, EDITED, REFERENCE = "Base", "Edited", "Retain model"
 
@@ -59,7 +58,7 @@ class Report:
         if base is None or row not in self.rows:
             return out
         for name, df in self.rows[row].examples.items():
-            known = _known(base, name)
+            known = known_mask(base, name)
             if known is not None and "fact_recall" in df:
                 out[name] = (int(known.sum()), int((df["fact_recall"].to_numpy()[known] == 1.0).sum()))
         return out
@@ -72,7 +71,7 @@ class Report:
         if base is None or row not in self.rows:
             return out
         for name, df in self.rows[row].examples.items():
-            known = _known(base, name)
+            known = known_mask(base, name)
             if known is not None and "answer_class" in df:
                 classes = df["answer_class"].to_numpy()[known]
                 out[name] = {c: int((classes == c).sum()) for c in M.ANSWER_CLASSES}
@@ -84,7 +83,7 @@ class Report:
                 "metrics": {k: v.metrics for k, v in self.rows.items()}}
 
 
-def _subset(examples: Sequence, limit: int | None) -> tuple:
+def subset(examples: Sequence, limit: int | None) -> tuple:
     """At most `limit` examples spread evenly over the set (deterministic)."""
     examples = tuple(examples)
     if limit is None or len(examples) <= limit:
@@ -93,29 +92,7 @@ def _subset(examples: Sequence, limit: int | None) -> tuple:
     return tuple(examples[i] for i in idx)
 
 
-class _Runner:
-    """Shared settings for scoring one model."""
-
-    def __init__(self, model, tokenizer, fmt: PromptFormat | None, batch_size: int,
-                 max_new_tokens: int | None, stage: str = "full", given: dict | None = None):
-        self.model, self.tok, self.fmt = model, tokenizer, fmt
-        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
-        self.stage = stage  # "full", "answers" or "forget" (`grom.eval.report.evaluate`)
-        self.given = given or {}  # set name -> an earlier frame of this model's answers to reuse
-        self.answered: Callable[[int, int], None] | None = None  # (finished, all) after each decoding step
-
-    def losses(self, pairs, fmt=None, add_eos=True, moments=False):
-        return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,
-                             add_eos=add_eos, batch_size=self.batch_size, moments=moments)
-
-    def generate(self, prompts, references, fmt=None, budget=None):
-        """Greedy answers; `budget` new tokens (None: `answer_budget` of the references),
-        unless the evaluation fixed `max_new_tokens`."""
-        budget = self.max_new_tokens or budget or answer_budget(self.tok, references)
-        return generate(self.model, self.tok, prompts, prompt_format=fmt or self.fmt,
-                        max_new_tokens=budget, batch_size=self.batch_size)
-
-
-def _known(base: Row, name: str, column: str = "fact_recall") -> np.ndarray | None:
+def known_mask(base: Row, name: str, column: str = "fact_recall") -> np.ndarray | None:
+    """Which examples of set `name` the unedited model `base` knew (its `column` is 1.0)."""
     df = base.examples.get(name)
     return None if df is None or column not in df else df[column].to_numpy() == 1.0

@@ -1,0 +1,116 @@
+"""The `Task`: what one benchmark's evaluation needs besides the metric code it calls (its
+rows, the metrics computed across rows, its headline and retain metrics, what a 4-bit
+verdict reads, its training recipe, the benchmarks it loads), and the registry of tasks,
+`TASKS` (`register_task`, `get_task`).
+
+A benchmark's `Benchmark.task` names its task; `grom.eval.report.evaluate` and
+`grom.eval.quant_check` ask the task for everything that differs between benchmarks. A
+new benchmark is one file in grom/tasks/ that registers its `Task` (with the loaders of
+its benchmarks, `BenchmarkSpec`s, which `register_task` adds to `grom.data.BENCHMARKS`),
+or a `BenchmarkSpec` whose benchmarks name an existing task (the demo's, grom/tasks/demo.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from grom.data.loaders import BenchmarkSpec, register_benchmark, unregister_benchmark
+
+if TYPE_CHECKING:
+    from grom.eval.results import Row
+    from grom.eval.runner import ModelScorer
+
+__all__ = ["QUANT_METRICS", "TASKS", "QuantMetrics", "Task", "get_task", "register_task", "unregister_task"]
+
+
+@dataclass(frozen=True)
+class QuantMetrics:
+    """What a 4-bit verdict reads for a task."""
+
+    forget: tuple[str, ...]
+    """The forget metrics, the first the table has (without NaN) is read."""
+    retain: tuple[str, ...]
+    """The retain metrics, likewise."""
+    from_full_base: bool = False
+    """Measure the forgetting left at 4 bits from the full-precision base model ((B - E4) /
+    (B - E): the share of what the edit removed that stays removed) instead of from the
+    4-bit base ((B4 - E4) / (B - E)). Right where the metric counts what the full-precision
+    base knew (the real-knowledge task's known facts): the base model's own losses at 4
+    bits are then not charged to the edit."""
+
+
+QUANT_METRICS = QuantMetrics(
+    forget=("Forget ROUGE-L", "Forget prob", "Forget accuracy", "Efficacy", "KnowMem forget", "VerbMem forget"),
+    retain=("Retain ROUGE-L", "Neighbour ROUGE-L", "Retain prob", "Neighbour prob", "Retain accuracy",
+            "Utility accuracy", "KnowMem retain", "Specificity"))
+"""What a 4-bit verdict reads where a task does not say otherwise."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One benchmark's evaluation, as `evaluate` runs it.
+
+    name: the `Benchmark.task` it evaluates ("tofu", "muse" ...).
+    row: `row(scorer, sets, only_forget) -> Row`, the metrics of one model on the
+    evaluation sets (only_forget: the forget side alone, for a first verdict or a 4-bit
+    check).
+    retain_metrics: the metrics that say how much of what should stay was kept (higher is
+    better), read in order by the retain cost (`grom.eval.report.retain_drops`).
+    headline: the metric a comparison is ranked by, where the task has one.
+    benchmarks: the loaders of the benchmarks it evaluates, registered with it.
+    relative: `relative(rows)`, the metrics of each row that need the others (forget
+    quality against the reference, privacy leakage ...), after every row is computed.
+    judge: `judge(model, tokenizer, rows, prompt_format, batch_size, stage)`, run before
+    `relative` where the task judges the rows' answers with the unedited model (real
+    knowledge); a task with one scores a 4-bit check's rows as `evaluate` scores them.
+    quant: what a 4-bit verdict reads. quant_sets: the sets a 4-bit check with the retain
+    side keeps (None: the forget sets and the first of `QUANT_RETAIN_SETS` it has).
+    recipe: the name of the training recipe OpenUnlearning runs for it
+    (grom/baselines/recipes.py RECIPES).
+    stages: the `evaluate(stage=)` values it takes besides "full".
+    """
+
+    name: str
+    row: Callable[[ModelScorer, dict[str, tuple], bool], Row]
+    retain_metrics: tuple[str, ...]
+    headline: str | None = None
+    benchmarks: tuple[BenchmarkSpec, ...] = ()
+    relative: Callable[[dict[str, Row]], None] | None = None
+    judge: Callable[..., None] | None = None
+    quant: QuantMetrics = QUANT_METRICS
+    quant_sets: tuple[str, ...] | None = None
+    recipe: str = "tofu"
+    stages: tuple[str, ...] = ()
+
+
+_TASKS: dict[str, Task] = {}
+TASKS: Mapping[str, Task] = MappingProxyType(_TASKS)
+"""Every registered task by name; read-only (see `register_task`)."""
+
+
+def register_task(task: Task) -> Task:
+    """Add `task` to `TASKS` and its benchmarks to `grom.data.BENCHMARKS` (after those
+    already there); a task or benchmark name already registered is refused."""
+    if task.name in _TASKS:
+        raise ValueError(f"a task named {task.name!r} is already registered")
+    for spec in task.benchmarks:
+        register_benchmark(spec)
+    _TASKS[task.name] = task
+    return task
+
+
+def unregister_task(name: str) -> None:
+    """Remove the task `name` and its benchmarks (a test's extra task)."""
+    task = _TASKS.pop(name)
+    for spec in task.benchmarks:
+        unregister_benchmark(spec.name)
+
+
+def get_task(name: str) -> Task:
+    """The registered task `name`; an unknown name lists the known ones."""
+    task = _TASKS.get(name)
+    if task is None:
+        raise ValueError(f"no metrics for task {name!r}; known: {', '.join(_TASKS)}")
+    return task
