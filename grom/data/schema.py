@@ -75,8 +75,8 @@ class Benchmark:
 
     `eval_sets` holds the named evaluation sets (for TOFU: "forget", "retain",
     "real_authors", "world_facts", "holdout"; for MUSE: "verbmem_forget", ...), each a
-    tuple of examples. `task` names the metric family (`tofu`, `muse`, `wmdp`, `zsre`,
-    `custom`) so evaluation knows which metrics apply.
+    tuple of examples. `task` names the task that evaluates it (`tofu`, `muse`, `wmdp`, `zsre`,
+    `custom`, `knowledge`: a `grom.tasks.Task`), so evaluation knows which metrics apply.
     """
 
     name: str
