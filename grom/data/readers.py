@@ -1,5 +1,5 @@
-"""Readers of benchmark data (was grom/data/sources.py). Reading benchmark data as plain records: local files (JSON, JSON lines, CSV, parquet)
-and Hugging Face Hub datasets.
+"""Readers of benchmark data (was grom/data/sources.py). Reading benchmark data as plain
+records: local files (JSON, JSON lines, CSV, parquet) and Hugging Face Hub datasets.
 
 Files are parsed as data only (`json`, `csv`, `pyarrow.parquet`); nothing is executed or
 unpickled, and `trust_remote_code` is never passed. A file is size-checked before it is

@@ -1,6 +1,7 @@
-"""The metric citations table (was grom/eval/sources.py): which implementation each reported metric follows, so a researcher knows what a number
-can be compared with: one table, `METRIC_SOURCES`, read by the app's glossary and checked
-by the tests against every metric name a report produces.
+"""The metric citations table (was grom/eval/sources.py): which implementation each reported
+metric follows, so a researcher knows what a number can be compared with: one table,
+`METRIC_SOURCES`, read by the app's glossary and checked by the tests against every metric
+name a report produces.
 
 A report's metric names are "<set> <measure>" ("Forget ROUGE-L", "Real authors prob",
 "Neighbour fact recall") or a name of their own ("Model utility", "MIA AUC (zlib)");

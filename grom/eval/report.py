@@ -109,6 +109,8 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
          quantize: str | None = None, group_size: int = 128, prefix: PrefixCache | None = None,
          record_at: tuple[int, ...] = (), stage: str = "full", given: dict | None = None,
          answered: Callable[[int, int], None] | None = None) -> Row:
+    """One model's row: the task's row builder (`Task.row`) run with `edit` applied (and
+    reverted), in eval mode, optionally quantized or replaying the layers below the edit."""
     fn = get_task(benchmark.task).row
     run = ModelScorer(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens, stage, given)
     run.answered = answered

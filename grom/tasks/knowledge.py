@@ -1,7 +1,7 @@
-"""The real-knowledge task ("knowledge", was grom/eval/knowledge.py): every set's greedy answers in
-one decoding loop that stops at each fact, fact recall and its counts on the facts the
-unedited model knew, ROUGE-L, answer probability, TOFU's truth ratio against the bundled
-wrong answers, each answer's class judged with the unedited model, and the headline
+"""The real-knowledge task ("knowledge", was grom/eval/knowledge.py): every set's greedy
+answers in one decoding loop that stops at each fact, fact recall and its counts on the
+facts the unedited model knew, ROUGE-L, answer probability, TOFU's truth ratio against the
+bundled wrong answers, each answer's class judged with the unedited model, and the headline
 Knowledge score. The benchmark "real-knowledge" (bundled). Its evaluation also has the
 stages "answers" and "forget" (`grom.eval.report.evaluate`)."""
 from __future__ import annotations
