@@ -125,7 +125,7 @@ class StagePeaks:
 
     def __init__(self, device: str):
         self.cuda, self.peaks = device.startswith("cuda"), {}
-        self.base = 0 if self.cuda else PeakMemory._status("VmRSS")
+        self.base = 0 if self.cuda else PeakMemory.proc_status("VmRSS")
         self._reset()
 
     def _reset(self) -> None:
@@ -141,7 +141,7 @@ class StagePeaks:
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated()
         else:
-            peak = PeakMemory._status("VmHWM") - self.base
+            peak = PeakMemory.proc_status("VmHWM") - self.base
         self.peaks[stage] = max(self.peaks.get(stage, 0), peak)
         self._reset()
 

@@ -62,7 +62,7 @@ class PeakMemory:
         self.cuda = device.startswith("cuda")
 
     @staticmethod
-    def _status(key: str) -> int:
+    def proc_status(key: str) -> int:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith(key + ":"):
@@ -88,7 +88,7 @@ class PeakMemory:
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # reset VmHWM to the current RSS
-            self.how, self.base = "rss", self._status("VmRSS")
+            self.how, self.base = "rss", self.proc_status("VmRSS")
         except OSError:
             self.how, self.base = "maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return self
@@ -98,7 +98,7 @@ class PeakMemory:
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated()
         elif self.how == "rss":
-            peak = self._status("VmHWM")
+            peak = self.proc_status("VmHWM")
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         self.mib = max(0, peak - self.base) / 2**20
