@@ -383,6 +383,24 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _compare_patch(expected: dict, actual: dict, where: str, problems: list) -> list[str]:
+    """A patch's summary: shape and dtype exactly, its numbers within PATCH_REL of its scale."""
+    for key in ("shape", "dtype"):
+        if expected.get(key) != actual.get(key):
+            problems.append(f"{where}.{key}: {expected.get(key)!r} != {actual.get(key)!r}")
+    scale = abs(expected["max_abs"])
+    checks = [("sum", expected["sum"], actual["sum"], PATCH_REL * abs(expected["abs_sum"]))]
+    checks += [(k, expected[k], actual[k], 0.0) for k in ("abs_sum", "max_abs", "norm") if k in expected]
+    if len(expected["first8"]) != len(actual["first8"]):
+        problems.append(f"{where}.first8: {len(expected['first8'])} values != {len(actual['first8'])}")
+    checks += [(f"first8[{i}]", a, b, PATCH_REL * scale)
+               for i, (a, b) in enumerate(zip(expected["first8"], actual["first8"]))]
+    for key, a, b, abs_tol in checks:
+        if not _close(float(a), float(b), PATCH_REL, abs_tol):
+            problems.append(f"{where}.{key}: {a!r} != {b!r}")
+    return problems
+
+
 def compare(expected, actual, where: str = "", problems: list | None = None, abs_tol: float = METRIC_ABS) -> list[str]:
     """Where `actual` differs from `expected` (JSON values): dict keys, list lengths, strings,
     booleans, integers and None exactly; floats within METRIC_REL (a list of numbers, such as
@@ -390,20 +408,7 @@ def compare(expected, actual, where: str = "", problems: list | None = None, abs
     PATCH_REL of the patch's scale (its |sum| for the sum, its max |x| for the values)."""
     problems = [] if problems is None else problems
     if _is_patch(expected) and _is_patch(actual):
-        for key in ("shape", "dtype"):
-            if expected.get(key) != actual.get(key):
-                problems.append(f"{where}.{key}: {expected.get(key)!r} != {actual.get(key)!r}")
-        scale = abs(expected["max_abs"])
-        checks = [("sum", expected["sum"], actual["sum"], PATCH_REL * abs(expected["abs_sum"]))]
-        checks += [(k, expected[k], actual[k], 0.0) for k in ("abs_sum", "max_abs", "norm") if k in expected]
-        if len(expected["first8"]) != len(actual["first8"]):
-            problems.append(f"{where}.first8: {len(expected['first8'])} values != {len(actual['first8'])}")
-        checks += [(f"first8[{i}]", a, b, PATCH_REL * scale)
-                   for i, (a, b) in enumerate(zip(expected["first8"], actual["first8"]))]
-        for key, a, b, abs_tol in checks:
-            if not _close(float(a), float(b), PATCH_REL, abs_tol):
-                problems.append(f"{where}.{key}: {a!r} != {b!r}")
-        return problems
+        return _compare_patch(expected, actual, where, problems)
     if isinstance(expected, dict) and isinstance(actual, dict):
         if set(expected) != set(actual):
             problems.append(f"{where}: keys missing {sorted(set(expected) - set(actual))}, "

@@ -254,6 +254,16 @@ def foreign_file(body: dict, visitor: str) -> str | None:
     return None
 
 
+def _parsed(scope, body: bytes):
+    """The request's JSON, its session hash and gradio's queue ({}, None, None where the body
+    is not ours to judge: gradio answers it)."""
+    try:
+        parsed = json.loads(body or b"{}")
+        return parsed, parsed.get("session_hash") or None, scope["app"].get_blocks()._queue
+    except Exception:  # noqa: BLE001  (not ours to judge: gradio answers it)
+        return {}, None, None
+
+
 def _refuse(reason: str):
     detail = [{"__type__": "validate", "is_valid": False, "message": reason, "parameter_name": "page"}]
     return JSONResponse({"detail": detail}, status_code=422)
@@ -285,12 +295,7 @@ class QueueGuard:
         if body is None:
             await too_large(scope, receive, send)
             return
-        try:
-            parsed = json.loads(body or b"{}")
-            session = parsed.get("session_hash") or None
-            queue = scope["app"].get_blocks()._queue
-        except Exception:  # noqa: BLE001  (not ours to judge: gradio answers it)
-            parsed, session, queue = {}, None, None
+        parsed, session, queue = _parsed(scope, body)
         visitor = client_of(scope)
         reason = foreign_file(parsed, visitor) if isinstance(parsed, dict) else None
         if reason is None and queued:
@@ -298,7 +303,20 @@ class QueueGuard:
         if reason is not None:
             await _refuse(reason)(scope, receive, send)
             return
-        admitted = queued and queue is not None
+        status, answer = await self._admit(scope, body, receive, send, queued and queue is not None,
+                                           session, visitor)
+        if queued and status == 200 and queue is not None:
+            try:
+                event_id = json.loads(answer).get("event_id")
+            except Exception:  # noqa: BLE001
+                event_id = None
+            if event_id:
+                _expect_listener(queue, event_id)
+
+    async def _admit(self, scope, body: bytes, receive, send, admitted: bool, session, visitor):
+        """Hands the request (its body read already) to gradio; a queued job counts as joined
+        once gradio has answered it (taken in or turned away), or when the call ends. Gives the
+        answer's status and the first 4 KiB of its body."""
         answer = {"status": 0, "body": b""}
         sent = False
 
@@ -325,13 +343,7 @@ class QueueGuard:
         finally:
             if admitted:
                 joined(session, visitor)
-        if queued and answer["status"] == 200 and queue is not None:
-            try:
-                event_id = json.loads(answer["body"]).get("event_id")
-            except Exception:  # noqa: BLE001
-                event_id = None
-            if event_id:
-                _expect_listener(queue, event_id)
+        return answer["status"], answer["body"]
 
     async def _stream(self, scope, receive, send):
         """A result stream: its session (or event) counts as listened to while it is open."""
