@@ -51,9 +51,9 @@ from components.core.edits import warm_edit
 from components.core.errors import ui_errors
 from components.core.guard import BodyLimit, NoDeepLinks, QueueGuard, UploadGuard
 from components.core.limits import limit
-from components.core.models import ensure_model, model_key, n_layers, pin_start_model, preload_allowed
+from components.core.model_choices import ensure_model, model_key, n_layers, pin_start_model, preload_allowed
 from components.core.session import REGISTRY, Session, in_turn
-from components.core.sources import DEMO, REAL
+from components.core.allowed_sources import DEMO, REAL
 from components.diagnostics_panel import (build_diagnostics_panel, matrix_choices, on_influence,
                                           on_influence_example, on_pca, on_quant_check, on_table_select)
 from components.edit_panel import (build_edit_panel, on_form_change, on_preset, on_reset, on_run_edit, on_run_pressed,

@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     from playwright.sync_api import sync_playwright
 
     torch.set_num_threads(args.threads)
-    from components.core.sources import REAL
+    from components.core.allowed_sources import REAL
     from tests.app_fixtures import launch
 
     if args.profile:

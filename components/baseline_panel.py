@@ -31,7 +31,7 @@ from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET, add_comparator_run
 from components.core.limits import limit, over
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model
-from components.core.sources import DEMO, REAL
+from components.core.allowed_sources import DEMO, REAL
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
 from grom.baselines import EDITORS, METHODS, Method

@@ -15,7 +15,7 @@ from components.core import form
 from components.core.device import device_progress
 from components.core.edits import compute_edit, scores_key
 from components.core.errors import ui_errors
-from components.core.memory import check_run, device_free_bytes, plan_markdown, plan_run
+from components.core.fit_check import check_run, device_free_bytes, plan_markdown, plan_run
 from components.core.form import (DEFAULT_RETAIN_EXAMPLES, LOG_SLIDERS, MATRICES, RETAIN_EXAMPLES_FOR,
                                   TARGETS, preset_choices)
 from components.core.runs import portable_model_name, run_record

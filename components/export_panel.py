@@ -34,10 +34,10 @@ from components.core.files import (bound_disk, edit_uploads, export_root, load_u
 from components.core.form import BAND_MODES, CUSTOM, RESTORED, restore_values
 from components.core.history import add_run, restore
 from components.core.limits import limit
-from components.core.models import ensure_model, free_choice, model_key
+from components.core.model_choices import ensure_model, free_choice, model_key
 from components.core.runs import check_run, file_verdict, portable_model_name, recompute_verdict, run_record
 from components.core.session import REGISTRY, SESSIONS, Session, current_edit, current_model
-from components.core.sources import DEMO
+from components.core.allowed_sources import DEMO
 from components.core.validate import check_examples, retain_subset
 from components.model_panel import status_line
 from components.model_panel import summary as model_summary

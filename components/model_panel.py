@@ -11,10 +11,10 @@ import torch
 from components.core.device import ON_ZEROGPU, local_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
-from components.core.models import DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key, n_layers
+from components.core.model_choices import DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key, n_layers
 from components.core.session import REGISTRY, ModelHandle, Session
 from components.core.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
-from components.core.sources import DEMO, REAL
+from components.core.allowed_sources import DEMO, REAL
 from components.views import text
 from grom.arch import num_layers
 

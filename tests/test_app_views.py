@@ -177,7 +177,7 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
     from types import SimpleNamespace
 
     from components import model_panel
-    from components.core import models as core_models, session as core_session
+    from components.core import model_choices as core_models, session as core_session
     from components.benchmark_panel import on_restore_benchmark as restore_benchmark
     from components.core.session import ModelHandle, ModelKey
 
@@ -204,7 +204,7 @@ def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkey
     opens on the model its app was built for, loaded again if it was pushed out."""
     import app
     from components import model_panel
-    from components.core import models as core_models, session as core_session
+    from components.core import model_choices as core_models, session as core_session
     from components.core.session import ModelHandle, ModelKey
 
     model_key = core_models.model_key
@@ -230,7 +230,7 @@ def test_the_server_precomputes_the_first_page_in_the_background(caplog):
 
     import app
     from components import model_panel
-    from components.core import models as core_models, session as core_session
+    from components.core import model_choices as core_models, session as core_session
 
     handle = core_models.ensure_model(core_models.model_key("demo", "cpu", "float32"))
     handle.scores_cache.clear()

@@ -56,7 +56,7 @@ def test_a_page_opens_while_the_device_is_busy(url):  # noqa: F811
     import threading
 
     import app
-    from components.core import models as core_models
+    from components.core import model_choices as core_models
     from components.core.session import Session
 
     start = core_models.model_key("demo", "cpu", "float32")
