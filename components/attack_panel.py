@@ -35,7 +35,9 @@ from components.core.device import DEVICE_LOCK, device_progress, local_progress,
 from components.core.durations import attack_inputs, attack_s, attack_seconds, wall_rate
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
-from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model
+from components.core.session import (REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model,
+                                     in_turn)
+from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 from grom.baselines import get_method
@@ -528,3 +530,26 @@ def build_attack_panel() -> SimpleNamespace:
     return SimpleNamespace(attacks=attacks, estimate=estimate, quick=quick, every=every, with_baseline=with_baseline,
                            run=run, stop=stop, summary=summary, table=table, files=files, plot=plot, lens=lens,
                            answers=answers)
+
+
+def wire(k: SimpleNamespace, page: Page) -> None:
+    """The ticks and their estimate, Run the attacks (public `attacks`; sets `page.attacked`)
+    and Stop, a row's answers; a new model, benchmark, edit or run: the estimates again."""
+    s, bl = page.session, page.ui.baseline
+    estimates = ([k.attacks, k.with_baseline, s], [k.attacks, k.estimate])  # each attack's ~seconds, the total
+    for done in (page.model_loaded, page.data_loaded, page.edit_run, *page.run_opened, page.run_imported):
+        done.success(on_attack_estimates, *estimates, **LOCAL)
+    for trigger in (k.attacks.change, k.with_baseline.change):  # the ticks changed: the total again
+        trigger(on_attack_total, estimates[0], k.estimate, **LOCAL)
+    k.quick.click(on_quick_set, None, k.attacks, **LOCAL)
+    k.every.click(on_every_attack, None, k.attacks, **LOCAL)
+    k.run.click(on_attacks_start, estimates[0], k.summary, **LOCAL)  # what runs, at once
+    attacked = k.run.click(in_turn(on_run_attacks), [k.attacks, k.with_baseline, bl.method, bl.epochs, bl.lr, s],
+                           [k.summary, k.table, k.plot, k.lens, k.answers], api_name="attacks",
+                           show_progress_on=[k.summary], **device_queue())
+    # Stop: the running suite ends at its next forward pass (components.core.device), the model unedited
+    attacked.failure(on_attacks_failed, k.summary, k.summary, **LOCAL)  # a "Running ..." line says it did not finish
+    k.stop.click(on_attacks_stopped, k.summary, k.summary, cancels=[attacked], **LOCAL)
+    k.table.select(on_attack_select, s, k.answers, **LOCAL)
+    offer_files(k.table, k.files, "attacks")
+    page.attacked = attacked

@@ -169,7 +169,7 @@ def cli_options() -> dict:
 # ------------------------------------------------------------------------------ 3. and 4. the demo
 
 def studio_defaults(model_name: str, name: str, bench) -> dict:
-    """What the studio starts on for `model_name` (app.start_benchmark, the Edit panel's preset and
+    """What the studio starts on for `model_name` (components.page.start_benchmark, the Edit panel's preset and
     retain sample, the Compare slider's first value)."""
     from components.core.benchmarks import preset_for
     from components.core.comparison import default_examples
@@ -183,10 +183,10 @@ def studio_defaults(model_name: str, name: str, bench) -> dict:
 
 def start_data(model_name: str) -> dict:
     """The studio's start benchmark and split for `model_name`, loaded, and its defaults."""
-    import app
+    from components.page import start_benchmark
     from grom.data import load_benchmark
 
-    name, split = app.start_benchmark(model_name)
+    name, split = start_benchmark(model_name)
     bench = load_benchmark(name, split)
     d = studio_defaults(model_name, name, bench)
     from components.core.validate import retain_subset

@@ -163,7 +163,7 @@ def test_the_4_bit_verdict():
 
 
 def test_a_benchmark_starts_on_its_default_split():
-    from app import start_benchmark
+    from components.page import start_benchmark
     from components.core.benchmarks import default_split
     from components.benchmark_panel import on_benchmark_change
 
@@ -202,8 +202,7 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
 def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkeypatch):
     """Two apps in one process (or one app after a visitor loaded another model): a new page
     opens on the model its app was built for, loaded again if it was pushed out."""
-    import app
-    from components import model_panel
+    from components import page
     from components.core import model_choices as core_models, session as core_session
     from components.core.session import ModelHandle, ModelKey
 
@@ -214,12 +213,12 @@ def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkey
     monkeypatch.setattr(core_session.REGISTRY, "_handles", {start: real, other.key: other})
     assert core_session.REGISTRY.current is other  # another visitor's model is the latest
     session = Session()
-    out = app.on_page_load(session, start)
+    out = page.on_page_load(session, start)
     assert session.model_key == start and out[2] == start.shown and session.bench_label == "demo/forget10"
 
     monkeypatch.setattr(core_session.REGISTRY, "_handles", {other.key: other})  # pushed out
     session = Session()
-    app.on_page_load(session, start)
+    page.on_page_load(session, start)
     assert session.model_key == start and core_session.REGISTRY.get(start) is not None
 
 
