@@ -19,7 +19,6 @@ what runs, and the progress counts the ticked attacks (each is a call of its own
 """
 from __future__ import annotations
 
-import html
 import logging
 import math
 import threading
@@ -39,7 +38,7 @@ from components.core.session import (REGISTRY, ModelKey, Session, current_benchm
                                      in_turn)
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
-from components.views.tables import download_box, empty_table
+from components.views.tables import answers_table_html, download_box, empty_table, title_html
 from grom.baselines import get_method
 from grom.data.schema import QAExample
 from grom.memory import release_memory
@@ -308,19 +307,16 @@ def answers_html(session: Session, row: int) -> str:
     if name == "mia":
         return membership_html(results)
     if name in TEACHER_FORCED or not grom.edited_answers:
-        return (f'<div class="gen-title">{html.escape(LABELS.get(name, name))}: '
-                f'{html.escape(str(grom.details.get("note", "no answers to show (teacher-forced)")))}</div>')
+        return title_html(f'{LABELS.get(name, name)}: {grom.details.get("note", "no answers to show (teacher-forced)")}')
     methods = list(results)
-    head = "".join(f"<th>{html.escape(m)}</th>" for m in ["question", "fact", "Base", *methods])
-    body = []
+    rows = []
     for i, probe in enumerate(asked[:len(grom.edited_answers)]):
         cells = [probe.question, probe.fact, grom.base_answers[i] if i < len(grom.base_answers) else ""]
         cells += [results[m][name].edited_answers[i] if i < len(results[m][name].edited_answers) else ""
                   for m in methods]
-        body.append("<tr class='gen-row'>" + "".join(f"<td>{html.escape(c[:300])}</td>" for c in cells) + "</tr>")
-    return (f'<div class="gen-table"><div class="gen-title">{html.escape(LABELS.get(name, name))}: '
-            f'the {len(body)} questions asked and every answer</div><table><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+        rows.append(cells)
+    return answers_table_html(f"{LABELS.get(name, name)}: the {len(rows)} questions asked and every answer",
+                              ["question", "fact", "Base", *methods], rows, width=300)
 
 
 def membership_html(results: dict[str, dict]) -> str:
@@ -330,21 +326,18 @@ def membership_html(results: dict[str, dict]) -> str:
     if not methods:
         why = results.get(GROM, {}).get("mia")
         note = why.details.get("skipped", "") if why is not None else ""
-        return f'<div class="gen-title">Membership inference: not run. {html.escape(str(note))}</div>'
+        return title_html(f"Membership inference: not run. {note}")
     auc = results[GROM]["mia"].details["auc"]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["answers", "attack", "Base", *methods])
-    body = []
+    rows = []
     for side, label in (("fitted", "fitted forget"), ("probes", "held-out probes")):
         for attack, cell in auc.get(side, {}).items():
             vals = [cell["base"]] + [results[m]["mia"].details["auc"].get(side, {}).get(attack, {}).get("edited",
                                                                                                     math.nan)
                                      for m in methods]
-            body.append("<tr class='gen-row'>" + f"<td>{label}</td><td>{html.escape(attack)}</td>"
-                        + "".join(f"<td>{v:.3f}</td>" for v in vals) + "</tr>")
-    return (f'<div class="gen-table"><div class="gen-title">Membership inference: ROC AUC of the forget answers '
-            f'against answers the edit did not aim at (0.5: the attack cannot tell them apart; below: the forget '
-            f'answers are less likely)</div><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
-            f'</table></div>')
+            rows.append([label, attack, *(f"{v:.3f}" for v in vals)])
+    return answers_table_html("Membership inference: ROC AUC of the forget answers against answers the edit did "
+                              "not aim at (0.5: the attack cannot tell them apart; below: the forget answers are "
+                              "less likely)", ["answers", "attack", "Base", *methods], rows)
 
 
 def _baseline_settings(with_baseline: bool, method, epochs, lr, bench=None) -> tuple | None:
