@@ -53,7 +53,7 @@ def demo_upload(folder: Path) -> Path:
 def setup(model: str):
     """(handle, benchmark, preset) as the studio has them after loading both."""
     from components.core.benchmarks import default_split, read_benchmark
-    from components.core.models import ensure_model, model_key
+    from components.core.model_choices import ensure_model, model_key
     from grom.config import PRESETS
     from grom.data import load_benchmark
 

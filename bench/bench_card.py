@@ -43,11 +43,12 @@ HANDLERS = ("on_run_edit", "on_show_plan", "on_edit_done", "on_card_first", "on_
 
 
 def _time_handlers() -> None:
-    """Wrap the after-edit chain's handlers in app's namespace (before the page is built)
-    so that each prints its seconds on the server."""
+    """Wrap the after-edit chain's handlers where the panels' wiring reads them (each
+    panel's module and components.page, before the page is built) so that each prints its
+    seconds on the server."""
     import functools
 
-    import app
+    from components import compare_panel, edit_panel, history_panel, page, sweep_panel
 
     def timed(fn):
         @functools.wraps(fn)
@@ -74,8 +75,10 @@ def _time_handlers() -> None:
 
     import inspect
     for name in HANDLERS:
-        fn = getattr(app, name)
-        setattr(app, name, timed_steps(fn) if inspect.isgeneratorfunction(fn) else timed(fn))
+        for module in (compare_panel, edit_panel, history_panel, page, sweep_panel):
+            fn = getattr(module, name, None)
+            if fn is not None:
+                setattr(module, name, timed_steps(fn) if inspect.isgeneratorfunction(fn) else timed(fn))
 
 
 def main(argv=None) -> None:
@@ -89,7 +92,7 @@ def main(argv=None) -> None:
     from playwright.sync_api import sync_playwright
 
     torch.set_num_threads(args.threads)
-    from components.core.sources import REAL
+    from components.core.allowed_sources import REAL
     from tests.app_fixtures import launch
 
     if args.profile:

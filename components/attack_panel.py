@@ -19,7 +19,6 @@ what runs, and the progress counts the ticked attacks (each is a call of its own
 """
 from __future__ import annotations
 
-import html
 import logging
 import math
 import threading
@@ -35,9 +34,11 @@ from components.core.device import DEVICE_LOCK, device_progress, local_progress,
 from components.core.durations import attack_inputs, attack_s, attack_seconds, wall_rate
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
-from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model
+from components.core.session import (REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model,
+                                     in_turn)
+from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
-from components.views.tables import download_box, empty_table
+from components.views.tables import answers_table_html, download_box, empty_table, title_html
 from grom.baselines import get_method
 from grom.data.schema import QAExample
 from grom.memory import release_memory
@@ -306,19 +307,16 @@ def answers_html(session: Session, row: int) -> str:
     if name == "mia":
         return membership_html(results)
     if name in TEACHER_FORCED or not grom.edited_answers:
-        return (f'<div class="gen-title">{html.escape(LABELS.get(name, name))}: '
-                f'{html.escape(str(grom.details.get("note", "no answers to show (teacher-forced)")))}</div>')
+        return title_html(f'{LABELS.get(name, name)}: {grom.details.get("note", "no answers to show (teacher-forced)")}')
     methods = list(results)
-    head = "".join(f"<th>{html.escape(m)}</th>" for m in ["question", "fact", "Base", *methods])
-    body = []
+    rows = []
     for i, probe in enumerate(asked[:len(grom.edited_answers)]):
         cells = [probe.question, probe.fact, grom.base_answers[i] if i < len(grom.base_answers) else ""]
         cells += [results[m][name].edited_answers[i] if i < len(results[m][name].edited_answers) else ""
                   for m in methods]
-        body.append("<tr class='gen-row'>" + "".join(f"<td>{html.escape(c[:300])}</td>" for c in cells) + "</tr>")
-    return (f'<div class="gen-table"><div class="gen-title">{html.escape(LABELS.get(name, name))}: '
-            f'the {len(body)} questions asked and every answer</div><table><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+        rows.append(cells)
+    return answers_table_html(f"{LABELS.get(name, name)}: the {len(rows)} questions asked and every answer",
+                              ["question", "fact", "Base", *methods], rows, width=300)
 
 
 def membership_html(results: dict[str, dict]) -> str:
@@ -328,21 +326,18 @@ def membership_html(results: dict[str, dict]) -> str:
     if not methods:
         why = results.get(GROM, {}).get("mia")
         note = why.details.get("skipped", "") if why is not None else ""
-        return f'<div class="gen-title">Membership inference: not run. {html.escape(str(note))}</div>'
+        return title_html(f"Membership inference: not run. {note}")
     auc = results[GROM]["mia"].details["auc"]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["answers", "attack", "Base", *methods])
-    body = []
+    rows = []
     for side, label in (("fitted", "fitted forget"), ("probes", "held-out probes")):
         for attack, cell in auc.get(side, {}).items():
             vals = [cell["base"]] + [results[m]["mia"].details["auc"].get(side, {}).get(attack, {}).get("edited",
                                                                                                     math.nan)
                                      for m in methods]
-            body.append("<tr class='gen-row'>" + f"<td>{label}</td><td>{html.escape(attack)}</td>"
-                        + "".join(f"<td>{v:.3f}</td>" for v in vals) + "</tr>")
-    return (f'<div class="gen-table"><div class="gen-title">Membership inference: ROC AUC of the forget answers '
-            f'against answers the edit did not aim at (0.5: the attack cannot tell them apart; below: the forget '
-            f'answers are less likely)</div><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
-            f'</table></div>')
+            rows.append([label, attack, *(f"{v:.3f}" for v in vals)])
+    return answers_table_html("Membership inference: ROC AUC of the forget answers against answers the edit did "
+                              "not aim at (0.5: the attack cannot tell them apart; below: the forget answers are "
+                              "less likely)", ["answers", "attack", "Base", *methods], rows)
 
 
 def _baseline_settings(with_baseline: bool, method, epochs, lr, bench=None) -> tuple | None:
@@ -528,3 +523,26 @@ def build_attack_panel() -> SimpleNamespace:
     return SimpleNamespace(attacks=attacks, estimate=estimate, quick=quick, every=every, with_baseline=with_baseline,
                            run=run, stop=stop, summary=summary, table=table, files=files, plot=plot, lens=lens,
                            answers=answers)
+
+
+def wire(k: SimpleNamespace, page: Page) -> None:
+    """The ticks and their estimate, Run the attacks (public `attacks`; sets `page.attacked`)
+    and Stop, a row's answers; a new model, benchmark, edit or run: the estimates again."""
+    s, bl = page.session, page.ui.baseline
+    estimates = ([k.attacks, k.with_baseline, s], [k.attacks, k.estimate])  # each attack's ~seconds, the total
+    for done in (page.model_loaded, page.data_loaded, page.edit_run, *page.run_opened, page.run_imported):
+        done.success(on_attack_estimates, *estimates, **LOCAL)
+    for trigger in (k.attacks.change, k.with_baseline.change):  # the ticks changed: the total again
+        trigger(on_attack_total, estimates[0], k.estimate, **LOCAL)
+    k.quick.click(on_quick_set, None, k.attacks, **LOCAL)
+    k.every.click(on_every_attack, None, k.attacks, **LOCAL)
+    k.run.click(on_attacks_start, estimates[0], k.summary, **LOCAL)  # what runs, at once
+    attacked = k.run.click(in_turn(on_run_attacks), [k.attacks, k.with_baseline, bl.method, bl.epochs, bl.lr, s],
+                           [k.summary, k.table, k.plot, k.lens, k.answers], api_name="attacks",
+                           show_progress_on=[k.summary], **device_queue())
+    # Stop: the running suite ends at its next forward pass (components.core.device), the model unedited
+    attacked.failure(on_attacks_failed, k.summary, k.summary, **LOCAL)  # a "Running ..." line says it did not finish
+    k.stop.click(on_attacks_stopped, k.summary, k.summary, cancels=[attacked], **LOCAL)
+    k.table.select(on_attack_select, s, k.answers, **LOCAL)
+    offer_files(k.table, k.files, "attacks")
+    page.attacked = attacked

@@ -30,8 +30,9 @@ from components.core.device import device_progress, local_progress
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET, add_comparator_run
 from components.core.limits import limit, over
-from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model
-from components.core.sources import DEMO, REAL
+from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, in_turn
+from components.core.wiring import LOCAL, Page, device_queue, offer_files
+from components.core.allowed_sources import DEMO, REAL
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
 from grom.baselines import EDITORS, METHODS, Method
@@ -410,3 +411,28 @@ def build_baseline_panel() -> SimpleNamespace:
         files = download_box("the baseline table")
     return SimpleNamespace(method=method, epochs=epochs, lr=lr, note=note, run=run, summary=summary, table=table,
                            files=files)
+
+
+def wire(bl: SimpleNamespace, page: Page) -> None:
+    """The method (its defaults and glossary line), the epochs and lr boxes, Train the baseline
+    and compare (public `run_baseline`; sets `page.baseline_trained`); a new model or run: its
+    defaults; new data: the methods its split allows."""
+    s, c = page.session, page.ui.compare
+    bl.method.change(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)
+    bl.method.change(on_method_note, [bl.method, s], bl.note, **LOCAL)  # its glossary line
+    for box in (bl.epochs, bl.lr):  # typed: each box's line says whether it holds the model's default
+        box.input(on_setting_change, [bl.method, bl.epochs, bl.lr, s], [bl.epochs, bl.lr], show_progress="hidden",
+                  **LOCAL)
+    page.baseline_trained = bl.run.click(in_turn(on_run_baseline), [bl.method, bl.epochs, bl.lr, c.max_examples,
+                                                                    c.full_set, s],
+                                         [bl.summary, bl.table], api_name="run_baseline", show_progress_on=bl.table,
+                                         **device_queue())
+    offer_files(bl.table, bl.files, "baseline")
+    page.model_loaded.success(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)  # the new model's defaults
+    page.model_loaded.success(on_baseline_model, s, bl.summary, **LOCAL)  # its time per epoch, not the last model's
+    for done in page.run_opened:  # the run's model's defaults (SmolLM2's, not the generic ones built with)
+        done.success(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)
+    page.link_pasted.success(on_method_change, [bl.method, s], [bl.lr, bl.epochs], **LOCAL)  # (as before: twice)
+    # new data: editors greyed out or not (an opened or imported run's split may lack what they need)
+    for done in (page.data_loaded, *page.run_opened, page.run_imported):
+        done.success(on_methods_for_data, [bl.method, s], [bl.method, bl.note], **LOCAL)

@@ -14,6 +14,7 @@ from components.core.benchmarks import (benchmark_names, default_split, fit_note
 from components.core.costs import check_loaded
 from components.core.errors import UserError, ui_errors
 from components.core.session import Session, current_model
+from components.core.wiring import LOCAL, Page
 from components.views import text
 from components.views.tables import describe, examples_html
 
@@ -108,3 +109,16 @@ def build_examples_panel() -> SimpleNamespace:
     forget_df = gr.HTML(elem_id="forget-examples")
     retain_df = gr.HTML(elem_id="retain-examples")
     return SimpleNamespace(forget_df=forget_df, retain_df=retain_df)
+
+
+def wire(b: SimpleNamespace, page: Page) -> None:
+    """Load benchmark (public `load_benchmark`; sets `page.data_loaded`), then the Data tab; a
+    failed load restores the widgets to the session's data; a new model: a preset that fits it."""
+    s, ui = page.session, page.ui
+    b.name.input(on_benchmark_change, b.name, b.split, **LOCAL)  # the user's choice, not a restore
+    bench = b.load.click(on_load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
+                         [b.info, ui.data.forget_df, ui.data.retain_df, ui.edit.preset], api_name="load_benchmark")
+    bench.success(lambda: gr.Tabs(selected="data"), None, page.tabs, **LOCAL)
+    bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)
+    page.model_loaded.success(on_model_loaded, s, [b.info, ui.edit.preset], **LOCAL)  # a preset that fits it
+    page.data_loaded = bench

@@ -22,7 +22,8 @@ from components.core.downloads import report_files
 from components.core.errors import UserError, ui_errors
 from components.core.limits import limit
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
-                                     resident)
+                                     in_turn, resident)
+from components.core.wiring import LOCAL, Page, device_queue
 from components.views import text
 from components.views.card import (card_html, classes_line, counts, headline, pending, probe_line, retain_advice,
                                    wrong_values)
@@ -306,3 +307,31 @@ def build_answers_panel() -> SimpleNamespace:
     prompt_html = gr.HTML()
     return SimpleNamespace(forget_html=forget_html, retain_html=retain_html, prompt=prompt, ask=ask,
                            prompt_html=prompt_html)
+
+
+def wire_compare(c: SimpleNamespace, page: Page) -> None:
+    """After an edit (`page.edit_done`): its first card, then the comparison and the whole card
+    (private; sets `page.edit_compared`); Compare (public `compare`; sets `page.compared`) and the
+    attack suite change the card too; the comparison's files under its table."""
+    s, e, a = page.session, page.ui.edit, page.ui.answers
+    compare_io = ([c.max_examples, c.full_set, s], [c.summary, c.table, a.forget_html, a.retain_html])
+    card = page.edit_done.success(in_turn(on_card_first), compare_io[0], e.card, api_name="card_after_edit",
+                                  api_visibility="private", show_progress_on=[e.status], scroll_to_output=True,
+                                  **device_queue())
+    page.edit_compared = card.success(in_turn(on_compare), *compare_io, api_name="compare_after_edit",
+                                      api_visibility="private", show_progress_on=[c.summary], **device_queue()) \
+                             .success(result_card, s, e.card, scroll_to_output=True, **LOCAL)
+    page.compared = c.run.click(in_turn(on_compare), *compare_io, api_name="compare", **device_queue())
+    page.compared.success(result_card, s, e.card, **LOCAL)  # a larger evaluation changes the card
+    page.attacked.success(result_card, s, e.card, **LOCAL)  # the card gains the held-out line
+    c.table.change(on_compare_files, s, c.files, **LOCAL)  # the comparison: metrics and every answer
+
+
+def wire_answers(a: SimpleNamespace, page: Page) -> None:
+    """Ask (public `generate`, and Enter in the box); new data or an opened run: an example
+    question of it in the box."""
+    s = page.session
+    a.ask.click(in_turn(on_generate), [a.prompt, s], a.prompt_html, api_name="generate", **device_queue())
+    a.prompt.submit(in_turn(on_generate), [a.prompt, s], a.prompt_html, api_visibility="private", **device_queue())
+    for done in (page.data_loaded, *page.run_opened):
+        done.success(ask_box, s, a.prompt, **LOCAL)

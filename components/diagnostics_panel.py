@@ -16,7 +16,8 @@ from components.core.device import DEVICE_LOCK, kept_cache, on_device
 from components.core.durations import edit_and_report_s, rerun_s
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
-                                     resident)
+                                     in_turn, resident)
+from components.core.wiring import LOCAL, Page, device_queue
 from components.core.validate import whole_number
 from components.views import plots, text
 from components.views.tables import empty_table
@@ -315,3 +316,16 @@ def build_diagnostics_panel() -> SimpleNamespace:
                            infl_btn=infl_btn, infl_plot=infl_plot, infl_table=infl_table, rank=rank,
                            show=show, infl_example=infl_example, quant_btn=quant_btn,
                            quant_table=quant_table, quant_note=quant_note)
+
+
+def wire(d: SimpleNamespace, page: Page) -> None:
+    """PCA (public `pca`), influence (public `influence`, `influence_example`, a row), the 4-bit
+    check (public `quantization`, on the Compare panel's example count)."""
+    s, c = page.session, page.ui.compare
+    d.pca_btn.click(in_turn(on_pca), [d.matrix, s], [d.pca, d.pca_note], api_name="pca", **device_queue())
+    d.infl_btn.click(in_turn(on_influence), [d.matrix, s], [d.infl_plot, d.infl_table, d.infl_example],
+                     api_name="influence", **device_queue())
+    d.show.click(on_influence_example, [d.rank, s], [d.infl_example, d.infl_plot], api_name="influence_example")
+    d.infl_table.select(on_table_select, s, [d.infl_example, d.infl_plot], **LOCAL)
+    d.quant_btn.click(in_turn(on_quant_check), [c.max_examples, c.full_set, s], [d.quant_table, d.quant_note],
+                      api_name="quantization", **device_queue())

@@ -15,13 +15,15 @@ from components.core import form
 from components.core.device import device_progress
 from components.core.edits import compute_edit, scores_key
 from components.core.errors import ui_errors
-from components.core.memory import check_run, device_free_bytes, plan_markdown, plan_run
+from components.core.fit_check import check_run, device_free_bytes, plan_markdown, plan_run
 from components.core.form import (DEFAULT_RETAIN_EXAMPLES, LOG_SLIDERS, MATRICES, RETAIN_EXAMPLES_FOR,
                                   TARGETS, preset_choices)
 from components.core.runs import portable_model_name, run_record
-from components.core.session import SESSIONS, Session, current_benchmark, current_model
+from components.core.session import SESSIONS, Session, current_benchmark, current_model, in_turn
 from components.core.validate import check_examples, check_seed, retain_subset
+from components.core.wiring import LOCAL, Page, device_queue
 from components.views import plots, text
+from components.views.card import SCROLL_TO_CARD
 from components.views.tables import edit_summary, empty_table, layer_table, norms_figure
 from grom import PRESETS
 from grom.arch import num_layers
@@ -106,6 +108,11 @@ def on_preset(preset: str):
     return [gr.skip() if value is None else value for value in form.preset_values(preset)]
 
 
+def on_benchmark_loaded(session: Session) -> str:
+    """The line under Run edit once a benchmark loaded: which data the next edit uses."""
+    return f"Loaded **{session.bench_label}**: press **Run edit** to unlearn its forget set."
+
+
 def beta_label(relative: bool) -> str:
     return "β (relative)" if relative else "β (absolute)"
 
@@ -180,3 +187,41 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
                            batch_size=batch_size, forget_budget=forget_budget,
                            retain_budget=retain_budget, retain_examples=retain_examples, run=run,
                            reset=reset_btn, status=status, card=card, memory_plan=memory_plan)
+
+
+def build_result_view() -> SimpleNamespace:
+    """The last edit's details (under Edit details): its summary, the per-matrix table and the
+    patch norms, which Run edit fills."""
+    text.md(text.EDIT_MATH, elem_classes="math")
+    summary = gr.Markdown("No edit yet.", elem_id="result-summary")
+    table = gr.Dataframe(empty_table("matrices"), label="Per edited matrix", interactive=False, wrap=True)
+    text.md(text.PATCH_RATIO, elem_classes="panel-intro")
+    norms = gr.Plot(plots.empty_figure("Run an edit to see its patch norms.", 260), show_label=False)
+    return SimpleNamespace(summary=summary, table=table, norms=norms)
+
+
+def wire(e: SimpleNamespace, page: Page) -> None:
+    """The form (a preset fills it; any value changed names the preset it is, else "(custom)"),
+    Run edit (public `run_edit`; sets `page.edit_run`) and Reset (public `reset`), the card
+    scrolled into view; new data: the line under Run edit says which."""
+    s, ui = page.session, page.ui
+    ly, r, c, a = ui.layers, ui.result, ui.compare, ui.answers
+    e.preset.change(on_preset, e.preset, form.widgets(e, ly, form.PRESET_FILLED), **LOCAL)
+    # any setting a preset sets, changed (typed, filled or restored): the Preset box names the preset the
+    # values are, else "(custom)"
+    preset_fields = form.widgets(e, ly, form.PRESET_FIELDS)
+    gr.on([w.change for w in preset_fields], on_form_change, [e.preset] + preset_fields, e.preset,
+          trigger_mode="always_last", show_progress="hidden", **LOCAL)
+    e.run.click(on_run_pressed, s, None, show_progress="hidden", **LOCAL)  # the moment: the card says the wait
+    run = e.run.click(in_turn(on_run_edit), form.widgets(e, ly) + [s], [r.summary, r.table, r.norms],
+                      api_name="run_edit", show_progress_on=[e.status, r.summary],  # progress where the user looks
+                      **device_queue())
+    run.then(on_show_plan, s, e.memory_plan, **LOCAL)  # the plan, also of an edit refused as too large
+    # an edit's first card into view, whole, as soon as it is drawn (the first verdict, or
+    # the comparison's card where no verdict comes first), not only its headline
+    e.card.change(None, js=SCROLL_TO_CARD, **LOCAL)
+    e.reset.click(in_turn(on_reset), s, [e.status, r.table, r.norms], api_name="reset", **device_queue()) \
+       .then(lambda msg: (msg, "", None, "", "", "", ""), e.status, [r.summary, c.summary, c.table, a.forget_html,
+                                                                   a.retain_html, a.prompt_html, e.card], **LOCAL)
+    page.data_loaded.success(on_benchmark_loaded, s, e.status, **LOCAL)
+    page.edit_run = run

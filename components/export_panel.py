@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.core import links
+from components.core import form, links
 from components.core.benchmarks import read_benchmark, splits_for
 from components.core.device import device_progress, local_progress
 from components.core.edits import compute_edit
@@ -34,11 +34,12 @@ from components.core.files import (bound_disk, edit_uploads, export_root, load_u
 from components.core.form import BAND_MODES, CUSTOM, RESTORED, restore_values
 from components.core.history import add_run, restore
 from components.core.limits import limit
-from components.core.models import ensure_model, free_choice, model_key
+from components.core.model_choices import ensure_model, free_choice, model_key
 from components.core.runs import check_run, file_verdict, portable_model_name, recompute_verdict, run_record
-from components.core.session import REGISTRY, SESSIONS, Session, current_edit, current_model
-from components.core.sources import DEMO
+from components.core.session import REGISTRY, SESSIONS, Session, current_edit, current_model, in_turn
+from components.core.allowed_sources import DEMO
 from components.core.validate import check_examples, retain_subset
+from components.core.wiring import LINKS, LOCAL, Page, device_queue
 from components.model_panel import status_line
 from components.model_panel import summary as model_summary
 from components.views import text
@@ -443,3 +444,35 @@ def build_export_panel() -> SimpleNamespace:
     return SimpleNamespace(button=button, files=files, note=note, code=code, uploads=uploads, load=load,
                            load_note=load_note, link=link, link_button=link_button, link_note=link_note,
                            link_in=link_in, open=open_button)
+
+
+def link_outputs(ui: SimpleNamespace) -> list:
+    """What opening a link to a run sets (`LINK_OUTPUTS`, in its order): the model, the Edit
+    panel's widgets, the benchmark, the result view, the notes, the tabs."""
+    m, b, r = ui.model, ui.bench, ui.result
+    return ([m.status, m.summary, m.choice, m.device, m.dtype] + form.widgets(ui.edit, ui.layers, RESTORED)
+            + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df, r.summary, r.table, r.norms,
+               ui.edit.status, ui.export.link_note, ui.tabs])
+
+
+def wire(x: SimpleNamespace, page: Page) -> None:
+    """Export (public `export`), Copy link (public `make_link`, then the clipboard), Open the
+    run (public `open_link`; sets `page.link_pasted`), Load the run (public `import_run`; sets
+    `page.run_imported`); the code box follows the session's model and data."""
+    s, ui = page.session, page.ui
+    b, r = ui.bench, ui.result
+    x.button.click(on_export, s, [x.files, x.note, x.code], api_name="export",  # data only: no device
+                   concurrency_id="export", concurrency_limit=1)
+    x.link_button.click(on_make_link, s, [x.link, x.link_note], api_name="make_link",  # written as an export is
+                        concurrency_id="export", concurrency_limit=1) \
+     .success(None, x.link, None, js=COPY_LINK_JS, **LOCAL)  # into the clipboard, where the browser allows it
+    page.link_pasted = x.open.click(in_turn(on_open_link), [x.link_in, s], link_outputs(ui), api_name="open_link",
+                                    show_progress_on=[x.link_note], **LINKS)
+    restored = form.widgets(ui.edit, ui.layers, RESTORED)
+    page.run_imported = x.load.click(in_turn(on_import_run), [x.uploads, s],
+                                     restored + [b.name, b.split, b.source, b.info, ui.data.forget_df,
+                                                 ui.data.retain_df, r.summary, r.table, r.norms, x.load_note],
+                                     api_name="import_run", show_progress_on=x.load_note, **device_queue())
+    # the code for the session's model and a question of its data
+    for done in (page.model_loaded, page.data_loaded, *page.run_opened):
+        done.success(on_show_snippet, s, x.code, **LOCAL)

@@ -16,11 +16,12 @@ import gradio as gr
 import pandas as pd
 
 from components.core.errors import UserError, ui_errors
-from components.core.form import RESTORED
+from components.core.form import RESTORED, widgets
 from components.core.history import (FORGET, KEPT, add_run, attach_report, beta_text, comparator_settings, history,
                                      is_grom, not_restorable, restore, row_index, shown_rows)
 from components.core.runs import band_text
 from components.core.session import Session
+from components.core.wiring import LOCAL, Page, offer_files
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 
@@ -132,3 +133,16 @@ def build_history_panel() -> SimpleNamespace:
         plot = gr.Plot(plots.empty_figure("Run edits: each compared run becomes a point here.", 320),
                        show_label=False, elem_id="history-plot")
     return SimpleNamespace(table=table, note=note, plot=plot, files=files)
+
+
+def wire(h: SimpleNamespace, page: Page) -> None:
+    """A row restoring the Edit panel; the history again after every run that adds or fills a
+    row: an edit (its metrics after the comparison), a comparison, a baseline, a sweep, an
+    opened or imported run."""
+    s, ui = page.session, page.ui
+    shown = [h.table, h.plot]
+    h.table.select(on_history_select, s, widgets(ui.edit, ui.layers, RESTORED) + [h.note], **LOCAL)
+    for done in (page.edit_run, page.edit_compared, page.compared, page.baseline_trained, page.swept,
+                 *page.run_opened, page.run_imported):
+        done.success(on_show_history, s, shown, **LOCAL)
+    offer_files(h.table, h.files, "history")

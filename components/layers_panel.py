@@ -8,10 +8,12 @@ import gradio as gr
 
 from components.core.edits import scores_key
 from components.core.errors import UserError, ui_errors
+from components.core import form
 from components.core.form import BAND_MODES, band_widgets
 from components.core.scores import cached_scores
-from components.core.session import Session, current_benchmark, current_model
+from components.core.session import Session, current_benchmark, current_model, in_turn
 from components.core.validate import check_examples, check_seed, parse_band, retain_subset, whole_number
+from components.core.wiring import LOCAL, Page, device_queue
 from components.views import plots, text
 from grom import EditConfig, best_window
 from grom.arch import num_layers
@@ -102,6 +104,11 @@ def on_redraw(k: int, band_mode: str, band_text: str, show_parts: bool, session:
             band_text_md(session.scores, k, band_mode, band_text))
 
 
+def on_k(k, band_mode, band_text, show_parts, session: Session):
+    """Moving k means: the suggested band of that width."""
+    return ("suggested",) + tuple(on_redraw(k, "suggested", band_text, show_parts, session))
+
+
 def build_layers_panel(start_preset: str = "demo") -> SimpleNamespace:
     mode, band, k_value = band_widgets(start_preset)
     text.md(text.LAYERS, elem_classes="panel-intro")
@@ -120,3 +127,31 @@ def build_layers_panel(start_preset: str = "demo") -> SimpleNamespace:
     text.md(text.LAYERS_MATH, elem_classes="math")
     return SimpleNamespace(plot=plot, band_info=band_info, k=k, band_mode=band_mode,
                            band_text=band_text, show_parts=show_parts, compute=compute)
+
+
+def score_widgets(ui: SimpleNamespace) -> list:
+    """The layer scores' inputs (the `layer_scores` endpoint's parameters, in order, less the
+    session): the Edit panel's matrix and alpha, this panel's band widgets, the retain sample."""
+    e, ly = ui.edit, ui.layers
+    return form.widgets(e, ly, form.SCORE_NAMES) + [ly.show_parts] + form.widgets(e, ly, ("retain_examples", "seed"))
+
+
+def view_widgets(ly: SimpleNamespace, session) -> list:
+    """What a redraw of the plot reads (`on_redraw`'s inputs): k, the band, the lines, the session."""
+    return [ly.k, ly.band_mode, ly.band_text, ly.show_parts, session]
+
+
+def wire(ly: SimpleNamespace, page: Page) -> None:
+    """Compute layer scores (public `layer_scores`); k, the band or the lines changed: the plot
+    again (a burst of changes redraws once, for its last value); a new model, new data or a
+    pasted run: the scores drawn were of the old ones."""
+    view = view_widgets(ly, page.session)
+    ly.compute.click(in_turn(on_layer_scores), score_widgets(page.ui) + [page.session], [ly.plot, ly.band_info],
+                     api_name="layer_scores", **device_queue())
+    # k: typed (each keystroke, Enter included) or dragged; a burst redraws once, for its last value
+    for trigger in (ly.k.input, ly.k.release):
+        trigger(on_k, view, [ly.band_mode, ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
+    for trigger in (ly.band_mode.change, ly.show_parts.change, ly.band_text.change):
+        trigger(on_redraw, view, [ly.plot, ly.band_info], trigger_mode="always_last", **LOCAL)
+    for done in (page.model_loaded, page.data_loaded, page.link_pasted):
+        done.success(on_redraw, view, [ly.plot, ly.band_info], **LOCAL)

@@ -11,10 +11,11 @@ import torch
 from components.core.device import ON_ZEROGPU, local_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
-from components.core.models import DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key, n_layers
+from components.core.model_choices import DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key, n_layers
 from components.core.session import REGISTRY, ModelHandle, Session
 from components.core.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
-from components.core.sources import DEMO, REAL
+from components.core.allowed_sources import DEMO, REAL
+from components.core.wiring import LOCAL, Page
 from components.views import text
 from grom.arch import num_layers
 
@@ -141,3 +142,16 @@ def build_model_panel(start: str = REAL) -> SimpleNamespace:
         info = gr.Markdown("", elem_classes="model-summary")
     return SimpleNamespace(intro=intro, choice=choice, device=device, dtype=dtype, device_map=device_map,
                            max_memory=max_memory, load=load, status=status, summary=info)
+
+
+def wire(m: SimpleNamespace, page: Page) -> None:
+    """Load model (public `load_model`; sets `page.model_loaded`): its own queue, since the
+    download holds no lock and device jobs run beside it; a failed load leaves the old model
+    loaded, and the widgets say so instead of naming the failed one."""
+    s = page.session
+    asked = [m.choice, m.device, m.dtype, m.device_map, m.max_memory]
+    loaded = m.load.click(on_load_model, asked + [s], [m.status, m.summary, page.ui.layers.k],
+                          api_name="load_model", concurrency_id="load_model", concurrency_limit=1)
+    loaded.success(on_model_intro, s, m.intro, **LOCAL)  # the panel's first lines: the model now loaded
+    loaded.failure(on_restore_model, s, asked + [m.status], **LOCAL)
+    page.model_loaded = loaded

@@ -21,7 +21,9 @@ from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import add_row, restore, row_index
 from components.core.runs import band_text
 from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
-                                     resident)
+                                     in_turn, resident)
+from components.core.form import RESTORED, widgets
+from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.core.validate import RANGES, check_range, parse_band
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
@@ -234,3 +236,14 @@ def build_sweep_panel() -> SimpleNamespace:
         files = download_box("the sweep's points")
     return SimpleNamespace(param=param, values=values, button=button, plot=plot, note=note, table=table,
                            files=files)
+
+
+def wire(w: SimpleNamespace, page: Page) -> None:
+    """Sweep (public `sweep`; sets `page.swept`), a row restoring the Edit panel, the sweep's
+    next step after each edit, its files."""
+    s, ui = page.session, page.ui
+    page.edit_run.success(on_edit_made, None, w.plot, **LOCAL)  # the sweep's next step
+    w.table.select(on_sweep_select, s, widgets(ui.edit, ui.layers, RESTORED) + [w.note], **LOCAL)
+    page.swept = w.button.click(in_turn(on_sweep), [w.param, w.values, s], [w.plot, w.table, w.note],
+                                api_name="sweep", **device_queue())
+    offer_files(w.table, w.files, "sweep")

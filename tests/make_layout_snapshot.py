@@ -54,7 +54,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # as tests/conftest.py: the numbers below are computed with one thread
 
 SNAPSHOT_DIR = ROOT / "tests" / "data" / "layout_snapshot"
-REAL_MODEL = "smollm2-135m-instruct"  # components.core.sources.REAL
+REAL_MODEL = "smollm2-135m-instruct"  # components.core.allowed_sources.REAL
 BASELINE_STEPS, BASELINE_LR = 2, 1e-3  # optimizer steps of each trained baseline, at this lr
 EDITOR_STEPS, EDITOR_LR = 5, 0.5  # ROME's value optimisation (the Baselines panel's first values for an editor)
 
@@ -111,7 +111,7 @@ def app_api() -> dict:
     """The events of the app built as `python app.py --model demo` builds it (tests/app_fixtures.py:
     `preload` then `build_app`; not launched)."""
     import app
-    from components.core.sources import DEMO
+    from components.core.allowed_sources import DEMO
 
     assert app.preload(DEMO) == DEMO
     blocks = app.build_app()
@@ -169,12 +169,12 @@ def cli_options() -> dict:
 # ------------------------------------------------------------------------------ 3. and 4. the demo
 
 def studio_defaults(model_name: str, name: str, bench) -> dict:
-    """What the studio starts on for `model_name` (app.start_benchmark, the Edit panel's preset and
+    """What the studio starts on for `model_name` (components.page.start_benchmark, the Edit panel's preset and
     retain sample, the Compare slider's first value)."""
     from components.core.benchmarks import preset_for
     from components.core.comparison import default_examples
     from components.core.form import DEFAULT_RETAIN_EXAMPLES, RETAIN_EXAMPLES_FOR
-    from components.core.sources import DEMO
+    from components.core.allowed_sources import DEMO
 
     preset = preset_for(name, bench.split, model_name)
     return {"preset": preset, "retain_examples": RETAIN_EXAMPLES_FOR.get(preset, DEFAULT_RETAIN_EXAMPLES),
@@ -183,10 +183,10 @@ def studio_defaults(model_name: str, name: str, bench) -> dict:
 
 def start_data(model_name: str) -> dict:
     """The studio's start benchmark and split for `model_name`, loaded, and its defaults."""
-    import app
+    from components.page import start_benchmark
     from grom.data import load_benchmark
 
-    name, split = app.start_benchmark(model_name)
+    name, split = start_benchmark(model_name)
     bench = load_benchmark(name, split)
     d = studio_defaults(model_name, name, bench)
     from components.core.validate import retain_subset
@@ -263,7 +263,7 @@ def _setup(data: dict) -> dict:
 def demo_run() -> dict:
     """The demo model, the studio's start data for it and GROM's edit of it, saved and loaded
     back (computed once per process: both demo parts read it)."""
-    from components.core.sources import DEMO
+    from components.core.allowed_sources import DEMO
     from grom.demo import load_demo_model
 
     t0 = time.perf_counter()

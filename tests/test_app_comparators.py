@@ -23,7 +23,7 @@ from components.core import history as runs_history  # noqa: E402
 from components.core.comparators import check_editor, glossary, unavailable  # noqa: E402
 from components.core.errors import UserError  # noqa: E402
 from components.core.form import RESTORED  # noqa: E402
-from components.core.models import ensure_model, model_key  # noqa: E402
+from components.core.model_choices import ensure_model, model_key  # noqa: E402
 from components.core.session import Session  # noqa: E402
 from grom import EditConfig  # noqa: E402
 from grom.baselines import EDITORS, METHODS  # noqa: E402

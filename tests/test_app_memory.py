@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from components import edit_panel, model_panel
-from components.core import form, memory, session as core_session
+from components.core import fit_check, form, session as core_session
 from components.core.errors import UserError
-from components.core.models import ensure_model, model_key
+from components.core.model_choices import ensure_model, model_key
 from components.core.session import ModelKey, Session
 from components.core.sharded import offload_note, sharded_key
 from grom import PRESETS
@@ -74,7 +74,7 @@ def test_run_edit_refuses_what_will_not_fit_before_any_work(monkeypatch):
     session, v = _demo_session(monkeypatch)
     calls = []
     monkeypatch.setattr(edit_panel, "compute_edit", lambda *a, **k: calls.append(1))
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 1 << 20)  # 1 MiB free
+    monkeypatch.setattr(fit_check, "free_bytes", lambda device: 1 << 20)  # 1 MiB free
     with pytest.raises(UserError) as err:
         _run(v, session)
     msg = str(err.value)
@@ -86,15 +86,15 @@ def test_run_edit_refuses_what_will_not_fit_before_any_work(monkeypatch):
 
 def test_run_edit_shows_the_plan_and_runs_when_it_fits(monkeypatch):
     session, v = _demo_session(monkeypatch)
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 64 << 30)
+    monkeypatch.setattr(fit_check, "free_bytes", lambda device: 64 << 30)
     summary, _, _ = _run(v, session)
     assert session.edit is not None and "edited" in summary.lower()
     shown = edit_panel.on_show_plan(session)
     assert "64.00 GiB free now" in shown and "(peak)" in shown
     # the held weights: the plan less the loaded model's weights is what must be free
     handle = core_session.REGISTRY.get(session.model_key)
-    p = memory.plan_run(handle, session.benchmark.forget, session.benchmark.retain[:20],
+    p = fit_check.plan_run(handle, session.benchmark.forget, session.benchmark.retain[:20],
                         form.edit_config(v, n_layers=6))
-    memory.check_run(handle, p, None, p.peak - p.parts["weights"])  # exactly enough: fine
+    fit_check.check_run(handle, p, None, p.peak - p.parts["weights"])  # exactly enough: fine
     with pytest.raises(UserError, match="will not fit"):
-        memory.check_run(handle, p, None, p.peak - p.parts["weights"] - 1)
+        fit_check.check_run(handle, p, None, p.peak - p.parts["weights"] - 1)

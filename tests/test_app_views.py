@@ -163,7 +163,7 @@ def test_the_4_bit_verdict():
 
 
 def test_a_benchmark_starts_on_its_default_split():
-    from app import start_benchmark
+    from components.page import start_benchmark
     from components.core.benchmarks import default_split
     from components.benchmark_panel import on_benchmark_change
 
@@ -177,7 +177,7 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
     from types import SimpleNamespace
 
     from components import model_panel
-    from components.core import models as core_models, session as core_session
+    from components.core import model_choices as core_models, session as core_session
     from components.benchmark_panel import on_restore_benchmark as restore_benchmark
     from components.core.session import ModelHandle, ModelKey
 
@@ -202,9 +202,8 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
 def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkeypatch):
     """Two apps in one process (or one app after a visitor loaded another model): a new page
     opens on the model its app was built for, loaded again if it was pushed out."""
-    import app
-    from components import model_panel
-    from components.core import models as core_models, session as core_session
+    from components import page
+    from components.core import model_choices as core_models, session as core_session
     from components.core.session import ModelHandle, ModelKey
 
     model_key = core_models.model_key
@@ -214,12 +213,12 @@ def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkey
     monkeypatch.setattr(core_session.REGISTRY, "_handles", {start: real, other.key: other})
     assert core_session.REGISTRY.current is other  # another visitor's model is the latest
     session = Session()
-    out = app.on_page_load(session, start)
+    out = page.on_page_load(session, start)
     assert session.model_key == start and out[2] == start.shown and session.bench_label == "demo/forget10"
 
     monkeypatch.setattr(core_session.REGISTRY, "_handles", {other.key: other})  # pushed out
     session = Session()
-    app.on_page_load(session, start)
+    page.on_page_load(session, start)
     assert session.model_key == start and core_session.REGISTRY.get(start) is not None
 
 
@@ -230,7 +229,7 @@ def test_the_server_precomputes_the_first_page_in_the_background(caplog):
 
     import app
     from components import model_panel
-    from components.core import models as core_models, session as core_session
+    from components.core import model_choices as core_models, session as core_session
 
     handle = core_models.ensure_model(core_models.model_key("demo", "cpu", "float32"))
     handle.scores_cache.clear()

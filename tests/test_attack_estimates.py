@@ -12,7 +12,7 @@ gr = pytest.importorskip("gradio")
 
 from components import attack_panel as ap  # noqa: E402
 from components.core import durations as D  # noqa: E402
-from components.core.models import ensure_model, model_key  # noqa: E402
+from components.core.model_choices import ensure_model, model_key  # noqa: E402
 from components.core.session import Session  # noqa: E402
 from grom.config import PRESETS  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402

@@ -144,11 +144,11 @@ def test_the_wait_runs_from_the_press_to_the_first_card(monkeypatch):
 
 
 def test_run_edit_takes_the_press_once_and_else_its_own_start(monkeypatch):
-    from components.core import memory
+    from components.core import fit_check
     from tests.test_app_memory import _demo_session, _run
 
     session, v = _demo_session(monkeypatch)
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 64 << 30)
+    monkeypatch.setattr(fit_check, "free_bytes", lambda device: 64 << 30)
     session.extra["pressed"] = time.time() - 30  # on_run_pressed, 30 s ago (the queue, say)
     _run(v, session)
     edit, start, pressed = session.extra["clicked"]

@@ -55,8 +55,8 @@ def test_a_page_opens_while_the_device_is_busy(url):  # noqa: F811
     and needs the device only to load a start model pushed out."""
     import threading
 
-    import app
-    from components.core import models as core_models
+    from components import page
+    from components.core import model_choices as core_models
     from components.core.session import Session
 
     start = core_models.model_key("demo", "cpu", "float32")
@@ -70,10 +70,10 @@ def test_a_page_opens_while_the_device_is_busy(url):  # noqa: F811
     threading.Thread(target=hold, daemon=True).start()
     held.wait(10)
     try:
-        out = app.on_page_load(Session(), start)
+        out = page.on_page_load(Session(), start)
         assert out[2] == start.shown and out[7] == "demo"
     finally:
         done.set()
-    source = open(app.__file__).read()
+    source = open(page.__file__).read()
     load = source[source.index("opened = demo.load("):source.index("opened.success(")]
     assert "device_queue()" not in load

@@ -38,7 +38,7 @@ def test_limits_have_defaults_and_refuse_bad_values(monkeypatch):
 
 
 def test_the_model_policy_is_free_unless_the_host_lists_models(monkeypatch):
-    from components.core.models import MODEL_CHOICES, model_choices
+    from components.core.model_choices import MODEL_CHOICES, model_choices
 
     monkeypatch.delenv("GROM_MODELS", raising=False)
     assert limits.ModelPolicy.from_env().permits("anything/at-all")
@@ -90,7 +90,7 @@ def test_a_model_folder_missing_weights_is_refused(tmp_path):
 
 def test_a_folder_model_is_shown_relative_to_its_folder():
     from components.core.errors import REPO_ROOT
-    from components.core.sources import shown_name
+    from components.core.allowed_sources import shown_name
 
     assert shown_name(str(REPO_ROOT / "assets" / "demo-retain")) == "assets/demo-retain"
     assert shown_name(str(REPO_ROOT / "models" / "smollm2-135m-instruct")) == "models/smollm2-135m-instruct"

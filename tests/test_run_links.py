@@ -3,10 +3,10 @@ run"): a run stored under an unguessable token, bounded on disk (count, bytes, a
 oldest dropped first), a token that is a name and never a path, plain messages for a link
 that is not one, unknown or expired, and the page's public address behind a proxy.
 
-With app.py wiring them (`make_link`, `open_link`, `on_page_link` after the page's load):
+With the app wiring them (`make_link`, `open_link`, `on_page_link` after the page's load):
 through the API, an edit's link opened in a fresh session brings back its model, split,
 settings and result, the same patches bit for bit; and in a browser, the link opened in a
-fresh page. Those skip until app.py wires the links.
+fresh page. Those skip until the app wires the links.
 """
 from __future__ import annotations
 
@@ -248,13 +248,13 @@ def test_a_shared_run_repeats_no_free_text_of_its_author(root):
 
 
 def wired() -> bool:
-    """Whether app.py wires the links (make_link, open_link, the page's ?run=)."""
-    import app
+    """Whether the app wires the links (make_link, open_link, the page's ?run=: components/page.py)."""
+    from components import page
 
-    return hasattr(app, "on_page_link")
+    return hasattr(page, "on_page_link")
 
 
-needs_wiring = pytest.mark.skipif(not wired(), reason="app.py does not wire the links yet: make_link, "
+needs_wiring = pytest.mark.skipif(not wired(), reason="the app does not wire the links yet: make_link, "
                                                        "open_link and on_page_link after the page's load")
 
 

@@ -210,7 +210,7 @@ def snippet_question(code: str) -> str:
 
 def test_the_snippet_is_for_the_session_s_model_and_asks_its_question():
     from components.core.session import ModelKey
-    from components.core.sources import DEMO, REAL
+    from components.core.allowed_sources import DEMO, REAL
     from components.export_panel import PENDING, on_show_snippet, session_snippet
     from grom.data.schema import QAExample, TextExample
 

@@ -28,7 +28,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from components.core.sources import REAL
+from components.core.allowed_sources import REAL
 from grom.fetch import registry_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -158,9 +158,9 @@ def test_an_over_long_training_is_refused_naming_the_limits():
 def test_a_worker_forked_before_a_load_loads_the_model_itself(monkeypatch):
     """spaces reuses an idle worker: one forked before the main process loaded a model
     loads it itself; the main process never loads in `resident`."""
-    from components.core import models, session as core_session
+    from components.core import model_choices, session as core_session
 
-    key = models.model_key("demo", "cpu", "float32")
+    key = model_choices.model_key("demo", "cpu", "float32")
     monkeypatch.setattr(core_session.REGISTRY, "_handles", {})
     with pytest.raises(UserError, match="was unloaded"):
         core_session.resident(key)

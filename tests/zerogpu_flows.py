@@ -24,10 +24,11 @@ assert spaces.__file__.replace("\\", "/").endswith("tests/fake_spaces/spaces/__i
 
 import app  # noqa: E402
 from components import (attack_panel, baseline_panel, benchmark_panel, compare_panel, diagnostics_panel, edit_panel,  # noqa: E402
-                        export_panel, sweep_panel)
-from components.core import comparators, comparison, device, durations, form, gpu_time, models  # noqa: E402
+                        export_panel, page, sweep_panel)
+from components.layers_panel import score_widgets  # noqa: E402
+from components.core import comparators, comparison, device, durations, form, gpu_time, model_choices  # noqa: E402
 from components.core.session import REGISTRY, Session  # noqa: E402
-from components.core.sources import DEMO  # noqa: E402
+from components.core.allowed_sources import DEMO  # noqa: E402
 from tests.conftest import weights_hash  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def loads_only_here() -> None:
             return load(*args, **kwargs)
         return wrapped
 
-    models._load = guard(models._load)
+    model_choices._load = guard(model_choices._load)
     comparison._reference_loader = guard(comparison._reference_loader)
 
 
@@ -109,27 +110,27 @@ def main() -> dict:
     seen: dict = {}
 
     # start: the allow-listed models loaded in this process (GROM_MODELS=demo)
-    assert [k.name for k in models.preload_allowed("cpu")] == [DEMO]
+    assert [k.name for k in model_choices.preload_allowed("cpu")] == [DEMO]
     assert app.preload(DEMO, "cpu") == DEMO and not spaces.CALLS
     handle = REGISTRY.current
     start_key = handle.key
     before = weights_hash(handle.model)
-    auto = models.model_key(DEMO, "auto", "auto")  # "auto" is the GPU each call gets, asked of nothing
+    auto = model_choices.model_key(DEMO, "auto", "auto")  # "auto" is the GPU each call gets, asked of nothing
     assert (auto.device, auto.dtype) == ("cuda", "bfloat16"), auto
 
     # page load: the session, the summary (no CUDA here), the first layer scores; no warm-ups
     app.build_app()
     with gr.Blocks():
-        ui = app.build_layout(DEMO, app.start_session(start_key))
+        ui = app.build_layout(DEMO, page.start_session(start_key))
     session = Session()
-    out = app.on_page_load(session, start_key)
+    out = page.on_page_load(session, start_key)
     assert "GPU attached per request (ZeroGPU)" in out[1], out[1]
-    score_values = [c.value for c in app.score_widgets(ui)]
+    score_values = [c.value for c in score_widgets(ui)]
     mark = len(spaces.CALLS)
-    app.on_first_scores(*score_values, session, progress=quiet)
+    page.on_first_scores(*score_values, session, progress=quiet)
     assert calls_since(mark) == ["compute_scores"]
     mark = len(spaces.CALLS)
-    app.on_warm_comparison(20, 3, 300, 0, session)
+    page.on_warm_comparison(20, 3, 300, 0, session)
     assert calls_since(mark) == []  # the warm-ups are skipped: their caches would stay in a worker
 
     # Run edit (a small retain sample, as the API tests use)

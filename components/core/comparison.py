@@ -12,7 +12,7 @@ from components.core.durations import report_s
 from components.core.limits import limit, over
 from components.core.session import (REGISTRY, ModelHandle, ModelKey, Session, current_benchmark,
                                      current_model, resident)
-from components.core.sources import DEMO
+from components.core.allowed_sources import DEMO
 from components.core.validate import whole_number
 from grom.demo import load_demo_model
 from grom.eval import evaluate

@@ -28,7 +28,7 @@ On a public host visitors are hostile:
 - bounded: at most GROM_MAX_LINKS links and GROM_LINKS_MAX_MB on disk, the oldest
   dropped first, each kept GROM_LINK_DAYS; a new link counts among the exports of
   GROM_EXPORTS_PER_MINUTE (export_panel), and a link opens only a model the host's
-  policy allows (GROM_MODELS; components/core/models.py `model_key`).
+  policy allows (GROM_MODELS; components/core/model_choices.py `model_key`).
 
 GROM_LINK_DIR says where links are kept (default `<tmp>/grom-studio-links`; a Space with
 persistent storage: under /data, to outlive a restart); their bounds are host limits

@@ -7,7 +7,7 @@
   sessions on different models do not break each other. Every session shares them; a
   session works with the model it loaded (`current_model`). The registry only loads into
   memory, under DEVICE_LOCK; what a load downloads comes first, without the lock
-  (components/core/models.py `fetch`).
+  (components/core/model_choices.py `fetch`).
 - `Session` is what a browser tab owns (inside a `gr.State`): its benchmark, layer
   scores, Edit (patches as CPU data), last comparison and last gradient baseline (an
   Edit too, kept apart from the GROM edit).
@@ -35,7 +35,7 @@ import torch
 from components.core.device import DEVICE_LOCK, add_cancel_hooks, check_wanted, in_gpu_worker, reporting_waits
 from components.core.errors import UserError, each_step
 from components.core.limits import limit
-from components.core.sources import shown_name
+from components.core.allowed_sources import shown_name
 from grom.eval.prefix import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -303,7 +303,7 @@ def resident(key: ModelKey, what: str = "request") -> ModelHandle:
 
     In a ZeroGPU worker forked before the main process loaded `key` (spaces reuses an idle
     worker for the next call of the same function), the model is loaded there with
-    `REGISTRY.loader` (set by components.core.models): the main process checked it has it
+    `REGISTRY.loader` (set by components.core.model_choices): the main process checked it has it
     just before the call, and the copy lives only as long as that worker."""
     handle = REGISTRY.get(key)
     if handle is None and in_gpu_worker() and REGISTRY.loader is not None:

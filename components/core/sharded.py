@@ -12,7 +12,7 @@ import os
 
 from components.core.errors import UserError
 from components.core.session import REGISTRY, ModelHandle, ModelKey
-from components.core.sources import DEMO, require_hub
+from components.core.allowed_sources import DEMO, require_hub
 from grom.arch import edit_target, num_layers
 from grom.editable import weight_problem
 from grom.fetch import registry_model

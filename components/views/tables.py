@@ -116,6 +116,21 @@ def examples_html(examples, title: str, n: int = 6) -> str:
             f"<tr><th>prompt or text</th><th>answer</th></tr></thead><tbody>{rows}</tbody></table></div>")
 
 
+def title_html(title: str) -> str:
+    """A title line over a table of answers (or alone, where there is no table)."""
+    return f'<div class="gen-title">{html.escape(title)}</div>'
+
+
+def answers_table_html(title: str, columns, rows, width: int | None = None) -> str:
+    """A titled table of text cells (the attacks' questions and answers, the membership
+    AUCs), each escaped and cut to `width` characters where given."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr class='gen-row'>" + "".join(f"<td>{html.escape(c if width is None else c[:width])}</td>"
+                                                    for c in row) + "</tr>" for row in rows)
+    return (f'<div class="gen-table">{title_html(title)}<table><thead><tr>{head}</tr></thead>'
+            f'<tbody>{body}</tbody></table></div>')
+
+
 def describe(bench) -> str:
     sets = ", ".join(f"{k} {len(v)}" for k, v in bench.eval_sets.items())
     return (f"**{bench.name} / {bench.split}**: {bench.description} {len(bench.forget)} forget "

@@ -26,6 +26,11 @@ for a small weight change that steers those answers away and leaves the retain a
 weights come back exactly with **Reset**.
 """
 
+HERO_MATH = r"""
+$$P=\frac{w_f}{s}\,D X_f^{\top} A^{-1},\quad A=\frac{w_r}{r}X_rX_r^{\top}+\frac{w_f}{s}X_fX_f^{\top}+\mu I$$
+<div class="hero-caption">one ridge least-squares solve per edited matrix · no gradients · exact revert</div>
+"""
+
 BENCHMARK = ("**2 · Benchmark.** The *forget* set is what the model should no longer say, the "
              "*retain* set what it must keep saying; both give the keys of the edit.")
 

@@ -23,7 +23,7 @@ from components.core.device import ON_ZEROGPU
 from components.core.errors import UserError, shorten
 from components.core.limits import ModelPolicy, limit, over
 from components.core.session import REGISTRY, ModelHandle, ModelKey
-from components.core.sources import DEMO, REAL, require_hub, resolve_source
+from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
 from grom.arch import num_layers
 from grom.demo import load_demo_model
 from grom.fetch import registry_model
