@@ -40,8 +40,8 @@ from components.core.session import REGISTRY, SESSIONS, Session, current_edit, c
 from components.core.allowed_sources import DEMO
 from components.core.validate import check_examples, retain_subset
 from components.core.wiring import LINKS, LOCAL, Page, device_queue
-from components.model_panel import status_line
-from components.model_panel import summary as model_summary
+from components.core.model_choices import status_line
+from components.core.model_choices import summary as model_summary
 from components.views import text
 from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
 from grom import PRESETS, Edit, EditConfig

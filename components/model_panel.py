@@ -6,41 +6,17 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import gradio as gr
-import torch
 
-from components.core.device import ON_ZEROGPU, local_progress
+from components.core.device import local_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
-from components.core.model_choices import DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key, n_layers
-from components.core.session import REGISTRY, ModelHandle, Session
+from components.core.model_choices import (DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key,
+                                           n_layers, status_line, summary)
+from components.core.session import REGISTRY, Session
 from components.core.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
 from components.core.allowed_sources import DEMO, REAL
 from components.core.wiring import LOCAL, Page
 from components.views import text
-from grom.arch import num_layers
-
-
-def summary(handle: ModelHandle) -> str:
-    """Markdown: architecture, layers, sizes, device and memory of the loaded model (no
-    CUDA query on ZeroGPU, whose main process has no GPU)."""
-    m, cfg = handle.model, handle.model.config
-    n_params = sum(p.numel() for p in m.parameters())
-    n_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
-    name = {DEMO: "bundled demo (assets/demo-full)",
-            REAL: "SmolLM2-135M-Instruct (package index GGUF, float32)"}.get(handle.key.name, handle.key.shown)
-    mem = f"{n_bytes / 2**20:,.1f} MiB of weights"
-    if ON_ZEROGPU:  # this process has no GPU to ask: each compute call gets one
-        mem += "; GPU attached per request (ZeroGPU)"
-    elif handle.key.device.startswith("cuda"):
-        free, total = torch.cuda.mem_get_info()
-        mem += f"; GPU {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
-    rows = [("model", name), ("architecture", f"{type(m).__name__} ({cfg.model_type})"),
-            ("layers", num_layers(m)), ("hidden size", getattr(cfg, "hidden_size", "?")),
-            ("MLP size", getattr(cfg, "intermediate_size", getattr(cfg, "n_inner", "?"))),
-            ("vocabulary", getattr(cfg, "vocab_size", "?")), ("parameters", f"{n_params / 1e6:,.2f} M"),
-            ("device, dtype", f"{handle.key.device}, {handle.key.dtype}"), ("memory", mem),
-            ("load time", f"{handle.seconds:.1f} s")]
-    return "| property | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
 @ui_errors
@@ -107,14 +83,6 @@ def on_model_intro(session: Session) -> str:
     """After a load: the panel's first lines for the session's model (`model_intro`)."""
     handle = REGISTRY.get(session.model_key) if session.model_key is not None else REGISTRY.current
     return model_intro(handle.key.name, handle.key.shown) if handle is not None else gr.skip()
-
-
-def status_line(handle: ModelHandle) -> str:
-    name = {DEMO: "the bundled demo model", REAL: "SmolLM2-135M-Instruct"}.get(handle.key.name,
-                                                                             f"`{handle.key.shown}`")
-    where = f"sharded by device map {handle.key.device_map}" if handle.key.device_map else f"on {handle.key.device}"
-    return (f"Loaded {name}: {type(handle.model).__name__}, {n_layers(handle)} layers, {where} "
-            f"in {handle.key.dtype}.")
 
 
 def build_model_panel(start: str = REAL) -> SimpleNamespace:

@@ -28,7 +28,7 @@ from components.core.wiring import LINKS, LOCAL, Page, device_queue
 from components.diagnostics_panel import matrix_choices
 from components.export_panel import link_outputs, on_page_link
 from components.layers_panel import band_text_md, on_layer_scores, score_widgets, scores_figure, view_widgets
-from components.model_panel import status_line, summary
+from components.core.model_choices import status_line, summary
 from components.views.tables import describe, empty_table, examples_html
 
 log = logging.getLogger("grom.studio")

@@ -185,6 +185,7 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
     handle = ModelHandle(key, SimpleNamespace(config=None), None, 0.0)
     monkeypatch.setattr(core_session.REGISTRY, "_handles", {key: handle})
     monkeypatch.setattr(model_panel, "n_layers", lambda h: 6)
+    monkeypatch.setattr(core_models, "n_layers", lambda h: 6)  # its status line
     session = Session()
     session.model_key = key
     session.extra["model_widgets"] = ("demo", "auto", "auto")

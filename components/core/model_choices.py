@@ -8,6 +8,8 @@ sized from its config.json and refused above GROM_MAX_MODEL_PARAMS; the models t
 chose (GROM_MODELS, a Space's default list, the start model) are not. The app's start
 model is pinned (`pin_start_model`): no visitor's load unloads it.
 
+`status_line` and `summary` say what the loaded model is, in a line and in a table.
+
 Loading is not a compute function: it runs in the process that serves the page, so that
 the shared registry holds the model. On ZeroGPU that is what the platform asks (models
 loaded in the main process, moved to "cuda" there, which `spaces` intercepts; every GPU
@@ -18,6 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+
+import torch
 
 from components.core.device import ON_ZEROGPU
 from components.core.errors import UserError, shorten
@@ -189,3 +193,35 @@ def model_choices(policy: ModelPolicy) -> list[tuple[str, str]]:
     listed += [(name, name) for name in policy.allowed if name not in known]
     shown = {name for _, name in listed}
     return listed + sorted({(k.shown, k.shown) for k in REGISTRY.pinned if not {k.name, k.shown} & shown})
+
+
+def summary(handle: ModelHandle) -> str:
+    """Markdown: architecture, layers, sizes, device and memory of the loaded model (no
+    CUDA query on ZeroGPU, whose main process has no GPU)."""
+    m, cfg = handle.model, handle.model.config
+    n_params = sum(p.numel() for p in m.parameters())
+    n_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
+    name = {DEMO: "bundled demo (assets/demo-full)",
+            REAL: "SmolLM2-135M-Instruct (package index GGUF, float32)"}.get(handle.key.name, handle.key.shown)
+    mem = f"{n_bytes / 2**20:,.1f} MiB of weights"
+    if ON_ZEROGPU:  # this process has no GPU to ask: each compute call gets one
+        mem += "; GPU attached per request (ZeroGPU)"
+    elif handle.key.device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info()
+        mem += f"; GPU {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
+    rows = [("model", name), ("architecture", f"{type(m).__name__} ({cfg.model_type})"),
+            ("layers", num_layers(m)), ("hidden size", getattr(cfg, "hidden_size", "?")),
+            ("MLP size", getattr(cfg, "intermediate_size", getattr(cfg, "n_inner", "?"))),
+            ("vocabulary", getattr(cfg, "vocab_size", "?")), ("parameters", f"{n_params / 1e6:,.2f} M"),
+            ("device, dtype", f"{handle.key.device}, {handle.key.dtype}"), ("memory", mem),
+            ("load time", f"{handle.seconds:.1f} s")]
+    return "| property | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def status_line(handle: ModelHandle) -> str:
+    """One line: which model is loaded, its class and layers, where and in which dtype."""
+    name = {DEMO: "the bundled demo model", REAL: "SmolLM2-135M-Instruct"}.get(handle.key.name,
+                                                                             f"`{handle.key.shown}`")
+    where = f"sharded by device map {handle.key.device_map}" if handle.key.device_map else f"on {handle.key.device}"
+    return (f"Loaded {name}: {type(handle.model).__name__}, {n_layers(handle)} layers, {where} "
+            f"in {handle.key.dtype}.")
