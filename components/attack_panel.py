@@ -38,7 +38,7 @@ from components.core.limits import limit, over
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
-from grom.baselines import get_method
+from grom.methods import get_method
 from grom.data.schema import QAExample
 from grom.memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE

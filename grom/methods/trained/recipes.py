@@ -20,7 +20,7 @@ d3d7cf9e6b3c125d16687d4232680d8d83548f1a (2025-12-24):
 
 Every recipe clips gradients to norm 1.0 (HF's ``max_grad_norm`` default). All run AdamW
 (upstream ``optim: paged_adamw_32bit``: float32 moments) on the weights in the model's own
-dtype (``bf16: True`` on a bfloat16 model: no float32 master copy); see grom.baselines.optim.
+dtype (``bf16: True`` on a bfloat16 model: no float32 master copy); see grom.methods.trained.optimizer.
 """
 from __future__ import annotations
 
