@@ -121,7 +121,7 @@ def deltas(trained_llama, tokenizer):
     f0, r0 = answer_nll(trained_llama, tokenizer, FORGET), answer_nll(trained_llama, tokenizer, RETAIN)
     out = {}
     runs = {m: {} for m in BASELINES}
-    runs.update({f"{m}-noretain": {"alpha": 0.0} for m in ("graddiff", "npo", "simnpo")})
+    runs.update({f"{m}-noretain": {"method_args": {"alpha": 0.0}} for m in ("graddiff", "npo", "simnpo")})
     for name, extra in runs.items():
         edit = run_baseline(name.split("-")[0], trained_llama, tokenizer, FORGET, RETAIN, **LONGER, **extra)
         with edit.applied(trained_llama):
