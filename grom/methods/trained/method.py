@@ -33,7 +33,7 @@ import torch
 from grom.arch import num_layers
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 from grom.methods import registry
-from grom.methods.registry import FamilyView, MethodEntry, Reason, UnknownMethod, where
+from grom.methods.registry import FamilyView, MethodEntry, Reason, UnknownMethod, where  # noqa: F401 (UnknownMethod: get_method raises it)
 from grom.methods.trained.losses import mean_nll
 
 
