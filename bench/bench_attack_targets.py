@@ -10,11 +10,11 @@ benchmark.
 For each target: the benchmark split as the studio loads it on SmolLM2 (the known facts
 only, `known_only`; the app's seeded sample of 128 retain examples), GROM with `--preset`
 (the studio's edit), each baseline of `--methods` at its SmolLM2 starting point
-(`grom.baselines.starting_point`: lr and epochs; the benchmark's recipe for the rest,
+(`grom.methods.starting_point`: lr and epochs; the benchmark's recipe for the rest,
 `recipe_for_task`) or at the lr a spec gives ("rmu@1e-3": a grid's pick; --epochs N for
 the epochs the grid ran: a method with no SmolLM2 starting point otherwise trains the
 recipe's 10), each editor (rome, memit, alphaedit, zerounlearn) as the studio's
-Compare runs it (its defaults, on `grom.baselines.editing.editor_band` of the
+Compare runs it (its defaults, on `grom.methods.editors.locate_then_edit.editor_band` of the
 target's GROM band: layers 4-8 where GROM's ends at the top layer), then
 `grom.robustness.run_attacks` on each edit exactly as the "Is it gone?" panel calls it
 (components/attack_panel.compute_attacks): the held-out probes (eval_sets["probes"], never
@@ -55,8 +55,8 @@ import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.arch import num_layers  # noqa: E402
-from grom.baselines import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
-from grom.baselines.editing import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
+from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
+from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.data.knowledge import FORGET3  # noqa: E402
 from grom.models import load_model  # noqa: E402

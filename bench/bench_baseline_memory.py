@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from grom.baselines import answer_nll, get_method, run_baseline  # noqa: E402
+from grom.methods import answer_nll, get_method, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.memory import release_memory, resident_bytes  # noqa: E402
 from grom.models import load_model  # noqa: E402

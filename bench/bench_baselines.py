@@ -55,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, demo_preset, run_edit  # noqa: E402
-from grom.baselines import BASELINES, EDITORS, METHODS, EditorConfig, run_baseline, run_editor  # noqa: E402
-from grom.baselines.defaults import starting_point  # noqa: E402
+from grom.methods import BASELINES, EDITORS, METHODS, EditorConfig, run_baseline, run_editor  # noqa: E402
+from grom.methods.trained.starting_points import starting_point  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
 from grom.eval import evaluate, quantization_check  # noqa: E402
@@ -134,7 +134,7 @@ class Bench:
         return edit, (time.perf_counter() - t0, time.process_time() - c0)
 
     def editor(self, name: str):
-        """A locate-then-edit editor (grom.baselines.EDITORS) at its defaults, with its own
+        """A locate-then-edit editor (grom.methods.EDITORS) at its defaults, with its own
         value optimisation (so its time includes it); the split must carry subjects."""
         self._sync()
         t0, c0 = time.perf_counter(), time.process_time()

@@ -10,7 +10,7 @@ Model, reference and split as bench/bench_baselines.py (its `Bench`): demo forge
 forget / 3,200 retain QA pairs, OpenUnlearning's TOFU recipe (8 x 4, warm-up then linear
 decay) for the trained methods, GROM's `demo` preset.
 
-lr grid (`lr_grid`): the method's demo starting point (grom.baselines.defaults) divided and
+lr grid (`lr_grid`): the method's demo starting point (grom.methods.trained.starting_points) divided and
 multiplied by 3; a method with no demo row (the recipe's 1e-5 does not move this 1.8M-
 parameter model, BENCHMARKS.md) is centred on 3e-4, the middle of the four measured demo
 picks (1e-4 .. 1e-3). RMU's defaults name layers 5-7 of a 32-layer model; the demo has 6,
@@ -55,10 +55,10 @@ import torch  # noqa: E402
 
 from bench_attack_targets import method_spec  # noqa: E402
 from bench_baselines import Bench, fmt_metric, log, md_table  # noqa: E402
-from grom.baselines import EDITORS, METHODS, get_method  # noqa: E402
-from grom.baselines.defaults import family_of  # noqa: E402
-from grom.baselines.editing import EditorConfig, run_editor  # noqa: E402
-from grom.baselines.values import ValueSettings  # noqa: E402
+from grom.methods import EDITORS, METHODS, get_method  # noqa: E402
+from grom.methods.trained.starting_points import family_of  # noqa: E402
+from grom.methods.editors.locate_then_edit import EditorConfig, run_editor  # noqa: E402
+from grom.methods.editors.value_optimisation import ValueSettings  # noqa: E402
 from grom import PRESETS, demo_preset, run_edit  # noqa: E402
 from grom.robustness import probe_recall, probes_from_examples  # noqa: E402
 from grom.robustness.calibration import calibrate_relearn_lr  # noqa: E402

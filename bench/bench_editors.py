@@ -6,7 +6,7 @@
 One run: the studio's split (`bench_knowledge.Run`: --known-only, the app's seeded 128
 retain examples), GROM's --preset edit, then each editor of --editors at each value
 setting of --values (steps:lr:clamp_norm_factor, the shared per-fact value optimisation,
-grom.baselines.values), each band of --layers ("auto": GROM's automatic band; ROME
+grom.methods.editors.value_optimisation), each band of --layers ("auto": GROM's automatic band; ROME
 edits the band's last layer) and each of --settings (';'-separated sets of EditorConfig
 fields, e.g. "w_r=1500;null_threshold=1e-3,l2=1": the editors' own knobs); every other
 setting the editor's default, `EditorConfig`. Each editor run is timed alone (its own layer scores and value
@@ -29,8 +29,8 @@ import torch  # noqa: E402
 
 from bench_knowledge import COLUMNS, Run, cells, log, md_table  # noqa: E402
 from grom import PRESETS  # noqa: E402
-from grom.baselines.editing import EDITORS, EditorConfig, run_editor  # noqa: E402
-from grom.baselines.values import ValueSettings  # noqa: E402
+from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor  # noqa: E402
+from grom.methods.editors.value_optimisation import ValueSettings  # noqa: E402
 
 
 def value_settings(spec: str) -> list[ValueSettings]:

@@ -48,11 +48,11 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere, not installed
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.baselines import EDITORS, METHODS, EditorConfig, generate_alternates, get_method, run_baseline  # noqa: E402
-from grom.baselines.editing import editor_band, run_editor  # noqa: E402
-from grom.baselines.loop import planned_steps  # noqa: E402
-from grom.baselines.settings import resolve_settings  # noqa: E402
-from grom.baselines.values import ValueSettings, encode_fact, optimise_values  # noqa: E402
+from grom.methods import EDITORS, METHODS, EditorConfig, generate_alternates, get_method, run_baseline  # noqa: E402
+from grom.methods.editors.locate_then_edit import editor_band, run_editor  # noqa: E402
+from grom.methods.trained.training_loop import planned_steps  # noqa: E402
+from grom.methods.trained.settings import resolve_settings  # noqa: E402
+from grom.methods.editors.value_optimisation import ValueSettings, encode_fact, optimise_values  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample  # noqa: E402
 from grom.keys import pad_id  # noqa: E402

@@ -12,7 +12,7 @@ forget facts answered with a refusal, another fluent answer, or degenerate text
 model, kept fact recall and the retain cost; the refusals said on the kept sets (an edit
 that refuses everything would show there); and a few forget answers to read.
 
---idk LR@EPOCHS,...: IDK-NLL (`grom.baselines`, the trained counterpart: NLL of a seeded
+--idk LR@EPOCHS,...: IDK-NLL (`grom.methods`, the trained counterpart: NLL of a seeded
 "I don't know" answer on each forget question plus the retain NLL, OpenUnlearning's
 recipe otherwise: batch 8 x 4, AdamW, linear schedule) at each learning rate and number
 of epochs, evaluated the same way; its "edit s" is the training time.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.baselines import run_baseline  # noqa: E402
+from grom.methods import run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate  # noqa: E402
 from grom.eval.prefix import PrefixCache  # noqa: E402

@@ -39,7 +39,7 @@ from components.core.session import (REGISTRY, ModelKey, Session, current_benchm
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import answers_table_html, download_box, empty_table, title_html
-from grom.baselines import get_method
+from grom.methods import get_method
 from grom.data.schema import QAExample
 from grom.memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE

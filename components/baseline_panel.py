@@ -1,6 +1,6 @@
 """Compare with a baseline: train any method of the library's registry
-(`grom.baselines.METHODS`: GA, GradDiff, NPO, SimNPO, IDK, ... and whatever is registered),
-or run a closed-form editor (`grom.baselines.EDITORS`: ROME, MEMIT, AlphaEdit, ZeroUnlearn,
+(`grom.methods.METHODS`: GA, GradDiff, NPO, SimNPO, IDK, ... and whatever is registered),
+or run a closed-form editor (`grom.methods.EDITORS`: ROME, MEMIT, AlphaEdit, ZeroUnlearn,
 on GROM's band; `components.core.comparators`), on the session's benchmark (a trained
 method with OpenUnlearning's recipe for the benchmark) and put its
 time of update and its metrics beside GROM's. The panel lists, labels and checks the
@@ -35,10 +35,10 @@ from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.core.allowed_sources import DEMO, REAL
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
-from grom.baselines import EDITORS, METHODS, Method
+from grom.methods import EDITORS, METHODS, Method
 from grom.arch import num_layers
-from grom.baselines.defaults import starting_point
-from grom.baselines.editing import editor_band
+from grom.methods.trained.starting_points import starting_point
+from grom.methods.editors.locate_then_edit import editor_band
 from grom.eval.report import BASE, EDITED, REFERENCE
 from grom.memory import release_memory
 
@@ -59,7 +59,7 @@ def _model_name(key: ModelKey | None) -> str:
 
 def default_lr(method: str, key: ModelKey | None = None) -> float:
     """The learning rate a run starts from on the model: its family's measured value
-    (grom.baselines.defaults: the demo, SmolLM2), else the recipe's."""
+    (grom.methods.trained.starting_points: the demo, SmolLM2), else the recipe's."""
     return starting_point(_model_name(key), method).lr
 
 

@@ -154,13 +154,18 @@ def edit_or_scores(args: argparse.Namespace) -> int:
     from grom.arch import unembedding
     from grom.distributed import rank
     from grom.editable import NotEditable
+    from grom.methods import get
     from grom.models import load_model
-    from grom.pipeline import compute_scores, prepare, run_edit
+    from grom.pipeline import compute_scores, prepare
 
     config = config_from_args(args)
     if args.command == "edit" and not args.plan and not args.out:
         raise SystemExit("error: give --out FOLDER (where the edit is written), or --plan")
     forget, retain, fmt = load_sets(args)
+    grom = get("grom")  # the method registry's row of GROM: what it can run on, its runner
+    why = grom.can_run(None, argparse.Namespace(forget=forget, retain=retain))
+    if why is not None:
+        raise SystemExit(f"error: {why}")
     if fmt is not None and config.prompt_format is None:
         config = config.replace(prompt_format=fmt)
     if args.command == "edit" and plan_before_loading(args, config, forget, retain):
@@ -179,7 +184,7 @@ def edit_or_scores(args: argparse.Namespace) -> int:
         print(f"band (k={config.k}): {list(scores.band)}")
         return 0
     try:
-        edit = run_edit(model, tokenizer, forget, retain, config)
+        edit = grom.run(model, tokenizer, forget, retain, config)
     except NotEditable as err:  # quantized or offloaded band weights: refused before any forward pass
         raise SystemExit(f"error: {err}") from None
     if rank() != 0:

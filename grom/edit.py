@@ -107,7 +107,7 @@ class Edit:
     unties_lm_head: bool = False
     model_name: str | None = None
     keys: dict[str, LayerKeys] = field(default_factory=dict)  # by param name, if kept
-    method: str = "grom"  # what made it: "grom" or a grom.baselines method ("ga", "npo", ...)
+    method: str = "grom"  # what made it: "grom" or a grom.methods method ("ga", "npo", ...)
     info: dict = field(default_factory=dict)  # method-specific, JSON-able (baselines: settings, losses)
     # How to reproduce it beyond the config, JSON-able (the studio: the model by name, the
     # benchmark, split, retain sample size and seed, the band mode and preset)

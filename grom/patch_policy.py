@@ -1,8 +1,8 @@
 """What a patch.safetensors may hold for a given model, by the method that made it (an
 import's check, from the file's header and edit.json alone, before any tensor is read).
 
-It sits above `grom.edit` and `grom.baselines` (it asks the method registries which
-methods exist and what each edits), so that `grom.edit` need not reach up into them.
+It sits above `grom.edit` and `grom.methods` (it asks the method registry which methods
+exist and of which family each is: what each edits), so that `grom.edit` need not reach up into them.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from grom.arch import edit_target
-from grom.baselines import EDITORS, METHODS
+from grom.methods import ALL, names
 from grom.config import EditConfig
 from grom.edit import META_FILE, PATCH_FILE, StoredPatch
 
@@ -40,17 +40,19 @@ def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, me
             raise ValueError(f"{PATCH_FILE} does not fit the loaded model: {name} {why}.")
         if not W.is_floating_point():
             raise ValueError(f"{PATCH_FILE} patches {name}, which is not a floating weight.")
-    if method == "grom" or method in EDITORS:
+    entry = ALL.get(method)
+    closed_form = entry is not None and entry.family == "closed-form"  # GROM
+    if entry is not None and entry.family != "trained":
         config = EditConfig.from_dict(meta["config"])
-        kind = config.matrix if method == "grom" else "down_proj"
-        label = "GROM" if method == "grom" else EDITORS[method].label
+        kind = config.matrix if closed_form else "down_proj"
+        label = entry.label
         rows = {r["param_name"]: r for r in meta.get("layers") or []}
         for name, stored in layout.items():
             if name not in rows:
                 raise ValueError(f"{PATCH_FILE} patches {name}, which {META_FILE} has no row for in its "
                                  f"\"layers\": a {label} edit patches only the matrices its rows name.")
             layer, keys = rows[name].get("layer"), rows[name]["n_forget_keys"]
-            if method == "grom" and stored.rank is not None and stored.rank > keys:
+            if closed_form and stored.rank is not None and stored.rank > keys:
                 raise ValueError(f"{PATCH_FILE} stores {name} as factors of rank {stored.rank}, and GROM's patch "
                                  f"of {keys} forget keys has rank {keys} at most (its row in {META_FILE}).")
             try:
@@ -63,9 +65,10 @@ def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, me
                                  + (f"; its config's layers are {list(config.layers)}" if config.layers else "")
                                  + ").")
         return
-    if method not in METHODS:
-        raise ValueError(f"{META_FILE}: the method {method!r} is none this server knows (grom, "
-                         f"the editors {', '.join(EDITORS)}, the trained methods {', '.join(METHODS)}).")
+    if entry is None:
+        raise ValueError(f"{META_FILE}: the method {method!r} is none this server knows "
+                         f"({', '.join(names('closed-form'))}, the editors {', '.join(names('editor'))}, "
+                         f"the trained methods {', '.join(names('trained'))}).")
     wanted = (meta.get("info") or {}).get("params")
     if isinstance(wanted, list) and wanted and all(isinstance(w, str) for w in wanted):
         stray = [name for name in layout if not any(w in name for w in wanted)]
@@ -76,4 +79,4 @@ def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, me
     own = sum(p.numel() for p in model.parameters())
     if total > own:
         raise ValueError(f"{PATCH_FILE}'s patches expand to {total:,} numbers, more than the loaded model's own "
-                         f"{own:,} parameters: a {METHODS[method].label} edit changes each weight once.")
+                         f"{own:,} parameters: a {entry.label} edit changes each weight once.")

@@ -279,7 +279,7 @@ def demo_baseline(method: str) -> dict:
     """A trained baseline's patches on the demo run's data: `BASELINE_STEPS` optimizer steps of
     the TOFU recipe's batches (8 x 4) at lr 1e-3 without warm-up (the recipe's warm-up would
     start at lr 0, its patches then at the weights' float32 rounding: noise, not a result)."""
-    from grom.baselines import run_baseline
+    from grom.methods import run_baseline
 
     run = demo_run()
     data = run["data"]
@@ -295,8 +295,8 @@ def demo_editor(name: str = "rome") -> dict:
     (components.core.comparators.run_comparator: GROM's band, unless it ends at the model's last
     layer, as the demo's 3-5 does, where a value vector cannot move a fact: then layers 1-3)."""
     from grom.arch import num_layers
-    from grom.baselines import EditorConfig, ValueSettings, run_editor
-    from grom.baselines.editing import editor_band
+    from grom.methods import EditorConfig, ValueSettings, run_editor
+    from grom.methods.editors.locate_then_edit import editor_band
 
     run = demo_run()
     model, data = run["model"], run["data"]

@@ -26,7 +26,7 @@ from components.core.form import RESTORED  # noqa: E402
 from components.core.model_choices import ensure_model, model_key  # noqa: E402
 from components.core.session import Session  # noqa: E402
 from grom import EditConfig  # noqa: E402
-from grom.baselines import EDITORS, METHODS  # noqa: E402
+from grom.methods import EDITORS, METHODS  # noqa: E402
 from grom.data.loaders import load_benchmark  # noqa: E402
 from grom.data.schema import Benchmark, QAExample  # noqa: E402
 
@@ -150,7 +150,7 @@ def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_ses
     and the summary says why; a band below the top is GROM's, as the paper compares."""
     from grom import run_edit
     from components.core.comparators import band_note
-    from grom.baselines.editing import editor_band
+    from grom.methods.editors.locate_then_edit import editor_band
 
     assert editor_band((25, 26, 27, 28, 29), 30) == (4, 5, 6, 7, 8) == editor_band(None, 30)
     assert editor_band((3, 4, 5), 6) == (1, 2, 3) and editor_band((10, 12), 30) == (10, 12)

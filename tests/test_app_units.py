@@ -285,7 +285,7 @@ def test_baseline_settings_defaults_and_data_checks():
     mine.model_key = ModelKey("org/model", "cpu", "float32")
     lr, epochs = bp.on_method_change("npo", mine)  # the session's model, whatever was loaded last
     assert (lr["value"], epochs["value"]) == (1e-5, 10)
-    from grom.baselines.defaults import MODEL_DEFAULTS
+    from grom.methods.trained.starting_points import MODEL_DEFAULTS
     smol = ModelKey("smollm2-135m-instruct", "cpu", "float32")
     row = next(r for r in MODEL_DEFAULTS if r.family == "smollm2").methods["simnpo"]
     assert (bp.default_lr("simnpo", smol), bp.default_epochs("simnpo", smol)) == (row.lr, row.epochs)
@@ -312,7 +312,7 @@ def test_a_registered_method_is_offered_and_checked_with_no_ui_change():
     import torch
 
     from components import baseline_panel as bp
-    from grom.baselines import LossInputs, Method, register_method, unregister_method
+    from grom.methods import LossInputs, Method, register_method, unregister_method
     from grom.data.schema import Benchmark, QAExample
 
     def random_label(x: LossInputs):

@@ -1,4 +1,4 @@
-"""AltPO and RKLD (grom.baselines.methods_more, grom.baselines.alternates): each loss against
+"""AltPO and RKLD (grom.methods.trained, grom.methods.trained.alternates): each loss against
 values computed by hand with loops on tiny tensors, AltPO's alternate answers on the tiny
 model (seeded, never the gold answer), and the settings each refuses before any work. Their
 end-to-end runs through run_baseline are in tests/test_baseline_methods_more.py."""
@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from grom.baselines import METHODS, answer_nll, generate_alternates, run_baseline
-from grom.baselines import alternates as alt_module
-from grom.baselines.alternates import LEAD, clean_alternate
-from grom.baselines.defaults import starting_point
-from grom.baselines.methods import LossInputs
-from grom.baselines.token_losses import rkld_loss
+from grom.methods import METHODS, answer_nll, generate_alternates, run_baseline
+from grom.methods.trained import alternates as alt_module
+from grom.methods.trained.alternates import LEAD, clean_alternate
+from grom.methods.trained.starting_points import starting_point
+from grom.methods.trained.method import LossInputs
+from grom.methods.trained.token_losses import rkld_loss
 from grom.data.schema import QAExample, TextExample
 from tests.conftest import FORGET, RETAIN
 from tests.test_baseline_methods_more import LABELS, LOGITS, REF, VALID, softmax
@@ -175,7 +175,7 @@ def test_altpo_takes_the_callers_alternates_without_generating(monkeypatch, trai
     (dict(method_args={"temperature": 0.0}), "temperature = 0.0; use > 0 to sample 5 answers"),
     (dict(method_args={"temperature": -1.0}), "temperature = -1.0"),
     (dict(method_args={"max_new_tokens": 0}), "max_new_tokens = 0.0; it must be a finite number > 0"),
-    (dict(beta=0.0), "beta = 0.0; it must be a finite number > 0"),
+    (dict(method_args={"beta": 0.0}), "beta = 0.0; it must be a finite number > 0"),
     (dict(alternates=["one"]), "one non-empty answer per forget example"),
 ])
 def test_altpo_refuses_bad_settings_before_any_work(kw, match):
@@ -192,7 +192,7 @@ def test_altpo_and_rkld_refuse_what_the_split_lacks(tokenizer):
         with pytest.raises(ValueError, match="needs retain examples"):
             run_baseline(method, None, tokenizer, FORGET, [])
     with pytest.raises(ValueError, match="RKLD: beta = -1.0"):
-        run_baseline("rkld", None, None, FORGET, RETAIN, beta=-1.0)
+        run_baseline("rkld", None, None, FORGET, RETAIN, method_args={"beta": -1.0})
 
 
 def test_rows_defaults_and_starting_points():

@@ -1,4 +1,4 @@
-"""The paper's other trained comparators (grom.baselines.methods_more): each loss against
+"""The paper's other trained comparators (grom.methods.trained): each loss against
 values computed by hand with loops on tiny tensors, and each method end to end through
 run_baseline on the tiny model (model unchanged, an Edit, finite losses)."""
 from __future__ import annotations
@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from grom import Edit
-from grom.baselines import METHODS, REFUSALS, answer_nll, get_method, idk_alternates, run_baseline
-from grom.baselines.losses import dpo_loss, npo_loss
-from grom.baselines.methods import LossInputs
-from grom.baselines.methods_more import pdu
-from grom.baselines.settings import resolve_settings
-from grom.baselines.token_losses import (ceu_loss, pdu_forget_loss, rmu_activation_loss, satimp_loss,
-                                        undial_loss, wga_loss)
+from grom.methods import METHODS, REFUSALS, answer_nll, get_method, idk_alternates, run_baseline
+from grom.methods.trained.losses import dpo_loss, npo_loss
+from grom.methods.trained.method import LossInputs
+from grom.methods.trained.pdu import pdu
+from grom.methods.trained.settings import resolve_settings
+from grom.methods.trained.token_losses import (ceu_loss, pdu_forget_loss, rmu_activation_loss, satimp_loss,
+                                               undial_loss, wga_loss)
 from grom.data.schema import QAExample, TextExample
 from tests.conftest import FORGET, RETAIN
 from tests.test_baselines import assert_same, snapshot
@@ -161,7 +161,7 @@ def test_every_new_method_is_registered_with_a_row():
     assert get_method("IDKDPO").label == "IDK-DPO" and METHODS["idkdpo"].needs_answers
     assert METHODS["undial"].needs_reference_logits and not METHODS["undial"].uses_retain(METHODS["undial"].defaults)
     with pytest.raises(ValueError, match="beta = 0.0; it must be a finite number > 0"):
-        run_baseline("idkdpo", None, None, FORGET, RETAIN, beta=0.0)
+        run_baseline("idkdpo", None, None, FORGET, RETAIN, method_args={"beta": 0.0})
 
 
 @pytest.mark.parametrize("method", NEW)

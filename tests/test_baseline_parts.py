@@ -1,4 +1,4 @@
-"""A baseline's training split into parts (grom.baselines.checkpoint): each part resumes from
+"""A baseline's training split into parts (grom.methods.trained.checkpoint): each part resumes from
 the checkpoint file the previous one wrote, and the parts together give the uninterrupted
 run's Edit.
 
@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
-from grom.baselines import run_baseline
-from grom.baselines.checkpoint import Part, Paused, load_state, save_state
+from grom.methods import run_baseline
+from grom.methods.trained.checkpoint import Part, Paused, load_state, save_state
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, weights_hash
 
 # 4 forget sequences, 1 per micro-batch, 2 per step: 2 steps an epoch, 3 epochs = 6 steps, a

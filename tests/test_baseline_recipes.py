@@ -1,4 +1,4 @@
-"""OpenUnlearning's recipes for the baselines (grom.baselines.recipes): the settings against
+"""OpenUnlearning's recipes for the baselines (grom.methods.trained.recipes): the settings against
 upstream's configs, the chunking of a joined corpus, the constant schedule, the KL retain
 term against a hand computation, and bf16 weights trained in their own dtype."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ import torch
 from tokenizers import processors
 from torch import nn
 
-from grom.baselines import run_baseline, train_in_place
-from grom.baselines.losses import kl_to_reference
-from grom.baselines.optim import adamw, optimizer_step, updated_tensors
-from grom.baselines.recipes import RECIPES, chunk_corpus, chunk_texts, recipe_for_task
-from grom.baselines.sequences import batch_logits, collate, encode_chunk, encode_sequences
-from grom.baselines.settings import resolve_settings
+from grom.methods import run_baseline, train_in_place
+from grom.methods.trained.losses import kl_to_reference
+from grom.methods.trained.optimizer import adamw, optimizer_step, updated_tensors
+from grom.methods.trained.recipes import RECIPES, chunk_corpus, chunk_texts, recipe_for_task
+from grom.methods.trained.sequences import batch_logits, collate, encode_chunk, encode_sequences
+from grom.methods.trained.settings import resolve_settings
 from grom.data.schema import TextExample
 from grom.keys import pad_id
 from tests.conftest import FORGET, RETAIN, make_tokenizer, tiny_llama
@@ -203,7 +203,7 @@ def test_a_bf16_model_trains_in_bf16_by_default(tokenizer):
 
 
 def test_starting_points_per_model_family():
-    from grom.baselines.defaults import MODEL_DEFAULTS, starting_point
+    from grom.methods.trained.starting_points import MODEL_DEFAULTS, starting_point
 
     rows = {r.family: r for r in MODEL_DEFAULTS}
     smol = starting_point("HuggingFaceTB/SmolLM2-135M-Instruct", "NPO")

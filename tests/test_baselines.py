@@ -1,4 +1,4 @@
-"""The gradient unlearning baselines (grom.baselines): losses, training, the model left as found."""
+"""The gradient unlearning baselines (grom.methods): losses, training, the model left as found."""
 from __future__ import annotations
 
 import copy
@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from grom import Edit
-from grom.baselines import (BASELINES, METHODS, LossInputs, Method, UnknownMethod, answer_nll,
-                            encode_sequences, get_method, npo_loss, register_method, run_baseline,
-                            sequence_nll, simnpo_loss, train_in_place, unregister_method)
-from grom.baselines.losses import ga_loss, mean_nll
-from grom.baselines.optim import linear_schedule
-from grom.baselines.sequences import collate
+from grom.methods import (BASELINES, METHODS, LossInputs, Method, RunSettings, UnknownMethod, answer_nll,
+                          encode_sequences, get_method, npo_loss, register_method, run_baseline,
+                          sequence_nll, simnpo_loss, train_in_place, unregister_method)
+from grom.methods.trained.losses import ga_loss, mean_nll
+from grom.methods.trained.optimizer import linear_schedule
+from grom.methods.trained.sequences import collate
 from grom.data.schema import ChoiceExample, QAExample, TextExample
 from grom.keys import answer_letter, pad_id
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama
@@ -121,7 +121,7 @@ def deltas(trained_llama, tokenizer):
     f0, r0 = answer_nll(trained_llama, tokenizer, FORGET), answer_nll(trained_llama, tokenizer, RETAIN)
     out = {}
     runs = {m: {} for m in BASELINES}
-    runs.update({f"{m}-noretain": {"alpha": 0.0} for m in ("graddiff", "npo", "simnpo")})
+    runs.update({f"{m}-noretain": {"method_args": {"alpha": 0.0}} for m in ("graddiff", "npo", "simnpo")})
     for name, extra in runs.items():
         edit = run_baseline(name.split("-")[0], trained_llama, tokenizer, FORGET, RETAIN, **LONGER, **extra)
         with edit.applied(trained_llama):
@@ -356,12 +356,14 @@ def test_unregistered_method_is_gone(trained_llama, tokenizer):
         run_baseline("ga2", trained_llama, tokenizer, FORGET, [])
 
 
-def test_shorthands_and_method_args_agree(trained_llama, tokenizer):
-    a = run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, beta=0.5, **FAST)
+def test_settings_value_and_keywords_agree(trained_llama, tokenizer):
+    """One settings value is the interface (keywords change its fields); a method's
+    hyperparameter is a method_args entry, not a keyword of its own."""
+    a = run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, RunSettings(method_args={"beta": 0.5}, **FAST))
     b = run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, method_args={"beta": 0.5}, **FAST)
     assert a.info["history"] == b.info["history"] and a.info["beta"] == 0.5
-    with pytest.raises(ValueError, match="beta is given twice"):
-        run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, beta=0.5, method_args={"beta": 0.2})
+    with pytest.raises(TypeError, match="'beta' is no run setting .* method_args"):
+        run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, beta=0.5)
 
 
 # ----------------------------------------------------------------------------- memory

@@ -36,7 +36,7 @@ def test_data_imports_neither_the_demo_nor_the_metrics():
         tree = ast.parse(path.read_text())
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-        assert not [m for m in names if m.startswith(("grom.demo", "grom.eval", "grom.baselines"))], path
+        assert not [m for m in names if m.startswith(("grom.demo", "grom.eval", "grom.methods"))], path
 
 
 def test_the_demo_is_registered_when_only_grom_data_is_imported():

@@ -109,7 +109,7 @@ def _two_authors(tmp_path):
 
 
 def test_real_tofu_rows_get_their_author_as_subject(tmp_path):
-    from grom.baselines.values import missing_facts
+    from grom.methods.editors.value_optimisation import missing_facts
 
     bench = load_benchmark("tofu", "forget01", source=_two_authors(tmp_path))
     subjects = [ex.subject for ex in bench.forget]
@@ -123,7 +123,7 @@ def test_real_tofu_rows_get_their_author_as_subject(tmp_path):
 
 
 def test_a_row_keys_on_its_subject_where_the_question_writes_it(tmp_path, tokenizer):
-    from grom.baselines.values import encode_fact
+    from grom.methods.editors.value_optimisation import encode_fact
 
     bench = load_benchmark("tofu", "forget01", source=_two_authors(tmp_path))
     tok = tokenizer

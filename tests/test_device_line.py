@@ -255,7 +255,7 @@ def test_a_training_lends_the_model_out_between_its_steps_with_the_same_result(t
     """`run_baseline(between=)`: between two optimizer steps the model is as it was found
     (its weights, eval mode, grad flags), another job may run on it and draw random
     numbers, and the run ends with the patches and losses it has without the pauses."""
-    from grom.baselines import run_baseline
+    from grom.methods import run_baseline
     from tests.conftest import FORGET, RETAIN, tiny_llama
 
     settings = dict(lr=1e-3, max_steps=4, batch_size=2, grad_accum=1, warmup_epochs=0)

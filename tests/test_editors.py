@@ -1,4 +1,4 @@
-"""The locate-then-edit editors (grom.baselines.editors, values, editing): each update rule
+"""The locate-then-edit editors (grom.methods.editors.update_rules, values, editing): each update rule
 against a direct numerical check, the shared value optimisation, and the whole run on a
 tiny trained model (the model comes back bit for bit)."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grom.baselines import editors as rules
-from grom.baselines.editing import EDITORS, EditorConfig, run_editor
-from grom.baselines.values import ValueSettings, encode_fact, optimise_values
+from grom.methods.editors import update_rules as rules
+from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor
+from grom.methods.editors.value_optimisation import ValueSettings, encode_fact, optimise_values
 from grom.data.schema import FactRecord, QAExample
 from grom.keys import pad_id
 from tests.conftest import FORGET, RETAIN

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from grom.arch import decoder_layers, model_device
-from grom.baselines import editing
-from grom.baselines.editing import EDITORS, EditorConfig, run_editor
-from grom.baselines.upper import capture_upper, head_logits, upper_logits
-from grom.baselines.values import ValueSettings, Values, _object_probs, _pad, encode_fact, optimise_values
+from grom.methods.editors import locate_then_edit as editing
+from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor
+from grom.methods.editors.layers_above import capture_upper, head_logits, upper_logits
+from grom.methods.editors.value_optimisation import ValueSettings, Values, _object_probs, _pad, encode_fact, optimise_values
 from grom.data.schema import QAExample
 from grom.hooks import hooked
 from grom.keys import pad_id
@@ -30,7 +30,7 @@ SETTINGS = ValueSettings(steps=6, lr=0.5, clamp_norm_factor=2.0)
 
 
 def full_model_values(model, facts, layer, pad, settings) -> Values:
-    """The value optimisation as it was before (grom.baselines.values at 94a3e1f): one padded
+    """The value optimisation as it was before (grom.methods.editors.value_optimisation at 94a3e1f): one padded
     batch of facts and essence prompts, the whole model run at every step, delta added to
     layer `layer`'s output by a forward hook, logits at every position."""
     u, dev = len(facts), model_device(model)

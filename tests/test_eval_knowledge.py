@@ -419,7 +419,7 @@ def test_every_idk_answer_of_the_project_reads_as_a_refusal():
     """The refusals IDK-NLL / IDK-DPO train toward and GROM's refusal target aims at are
     counted as refusals (12 of the 36 IDK answers were read as fluent answers before), and
     plain wrong answers are not."""
-    from grom.baselines.idk import REFUSALS as IDK
+    from grom.methods.trained.idk import REFUSALS as IDK
     from grom.refusal import REFUSALS as GROM
 
     assert [r for r in IDK + GROM if not M.is_refusal(r)] == []

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grom import EditConfig, run_edit
-from grom.baselines import answer_nll
+from grom.methods import answer_nll
 from grom.eval.quant import quantized, rtn_quantize
 from grom.robustness import Probe, Recall, probe_recall
 from grom.robustness.calibration import (RELEARN_LR, RELEARN_LRS, calibrate_relearn_lr, relearn_lr)

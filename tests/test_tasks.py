@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grom.baselines.recipes import RECIPES, recipe_for_task
+from grom.methods.trained.recipes import RECIPES, recipe_for_task
 from grom.data import BENCHMARKS, load_benchmark
 from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import Benchmark, QAExample
@@ -31,7 +31,7 @@ def test_every_task_is_complete(name):
     assert task.headline is None or DIRECTION[task.headline] == "up"
     assert task.quant.forget and task.quant.retain
     assert all(DIRECTION.get(m, "down") == "down" for m in task.quant.forget)
-    # the recipe named here is the one grom/baselines/recipes.py runs for the task today
+    # the recipe the trainer runs for the task is the one the task names
     assert task.recipe in RECIPES and recipe_for_task(name).name == task.recipe
     assert set(task.stages) <= set(STAGES) - {"full"}
     assert task.benchmarks

@@ -204,7 +204,7 @@ def test_stop_within_or_between_calls_removes_the_checkpoint(fake_spaces, traine
     way JobCancelled reaches the page and the run's folder (its checkpoint) is gone."""
     from components.core.gpu_time import TrainPlan
     from components.core.train_parts import train_in_calls
-    from grom.baselines import run_baseline
+    from grom.methods import run_baseline
     from tests.conftest import FORGET, RETAIN, weights_hash
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -1,12 +1,12 @@
 """Every method the studio can run beside GROM, by one name: the trained methods of
-`grom.baselines.METHODS` (GA, GradDiff, NPO, SimNPO, IDK-NLL, ...) and the closed-form
-locate-then-edit editors of `grom.baselines.EDITORS` (ROME, MEMIT, AlphaEdit,
+`grom.methods.METHODS` (GA, GradDiff, NPO, SimNPO, IDK-NLL, ...) and the closed-form
+locate-then-edit editors of `grom.methods.EDITORS` (ROME, MEMIT, AlphaEdit,
 ZeroUnlearn). The Compare tab's baseline and the "Is it gone?" tab both train through
 `run_comparator`, so each lists, checks and runs the same methods.
 
 The two kinds share the panel's two number boxes: a trained method reads them as epochs
 and learning rate; an editor as the steps and learning rate of its per-fact value
-optimisation (`grom.baselines.values.ValueSettings`), the only backpropagation it needs.
+optimisation (`grom.methods.editors.value_optimisation.ValueSettings`), the only backpropagation it needs.
 An editor edits GROM's band of the session's edit where there is one (the paper's terms:
 the same keys and retain covariance, only the update rule differs), unless that band ends
 at the model's last layer (`editor_band`): there a value vector at the subject's token
@@ -16,9 +16,10 @@ take the upstream editors' band instead, and the summary says so.
 
 `unavailable(name, bench)` says why a method cannot run on a split (an editor without
 facts that carry a subject, a retain-term method without a retain set) in the words its
-run is refused with (`gap`: also a few words for the box); the method box greys such
-methods out (`comparator_choices` with the split), and `glossary` gives each method's
-line: what it does, what it needs.
+run is refused with (`gap`: also a few words for the box), as the method registry's row
+says it (`grom.methods.can_run`); the method box greys such methods out
+(`comparator_choices` with the split), and `glossary` gives each method's line: what it
+does, what it needs.
 """
 from __future__ import annotations
 
@@ -33,13 +34,10 @@ from components.core.limits import limit, over
 from components.core.session import ModelKey, resident
 from grom.arch import num_layers
 from components.core.train_parts import train_in_calls
-from grom.baselines import EDITORS, METHODS, EditorConfig, get_editor, run_baseline, run_editor
-from grom.baselines.editing import editor_band
-from grom.baselines.checkpoint import Part
-from grom.baselines.methods import Method
-from grom.baselines.recipes import recipe_for_task
-from grom.baselines.values import ValueSettings, missing_facts
-from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
+from grom.methods import (EDITORS, METHODS, EditorConfig, Method, Reason, RunSettings, can_run, editor_band, family_of,
+                          get, recipe_for_task, trainable_reason)
+from grom.methods.editors.value_optimisation import ValueSettings
+from grom.methods.trained.checkpoint import Part
 
 MAX_VALUE_STEPS = 100  # a value optimisation's steps: ROME's 20-25, upstream's longest 50
 
@@ -55,7 +53,7 @@ class Boxes:
 
 
 def is_editor(name: str) -> bool:
-    return str(name or "").strip().lower() in EDITORS
+    return family_of(name) == "editor"
 
 
 def comparator_choices(bench=None) -> list[tuple[str, str]]:
@@ -109,28 +107,13 @@ def check_editor(name: str, bench, steps, lr) -> tuple[int, float]:
         raise UserError(f"Value steps = {steps_f:g}: at most {MAX_VALUE_STEPS} on this server.")
     if not (math.isfinite(lr_f) and 0 < lr_f <= 10):
         raise UserError(f"Value learning rate = {shorten(lr)}: a number above 0 and at most 10 (ROME: 0.1 to 0.5).")
-    missing = editor_gap(label, bench)
+    missing = can_run(name, None, bench)
     if missing:
         raise UserError(missing[1])
     if len(bench.forget) > limit("GROM_MAX_EXAMPLES"):
         raise over(f"{label} optimises a vector per fact, and {bench.name}/{bench.split} has {{n}}",
                    len(bench.forget), "GROM_MAX_EXAMPLES")
     return int(steps_f), lr_f
-
-
-def editor_gap(label: str, bench) -> tuple[str, str] | None:
-    """What an editor lacks on `bench` (None: nothing), as (a few words for the method box,
-    the message its run is refused with): facts with a subject to locate, and a retain set
-    for its covariance."""
-    why = missing_facts(bench.forget)
-    if why:
-        return "no facts with a subject", (f"{label} cannot edit {bench.name}/{bench.split}: {why}. Load "
-                                           "real-knowledge, ZsRE, TOFU or the demo, or upload rows with a "
-                                           "`subject` column.")
-    if not bench.retain:
-        return "no retain set", (f"{label} needs a retain set (its covariance keeps what is not forgotten): "
-                                 f"{bench.name}/{bench.split} has none.")
-    return None
 
 
 def parse_method(method) -> Method:
@@ -143,45 +126,20 @@ def parse_method(method) -> Method:
                     f"{', '.join([row.label for row in METHODS.values()] + [e.label for e in EDITORS.values()])}.")
 
 
-def trainable_gap(bench, method: Method) -> tuple[str, str] | None:
-    """What a trained method lacks on `bench` (None: nothing), as `editor_gap` says it: the
-    baselines train on question/answer, text, multiple-choice or fact examples, every
-    method but GA needs a retain set for its retain term, IDK ones need questions."""
-    usable = (QAExample, TextExample, ChoiceExample, FactRecord)
-    label = method.label
-    if not any(isinstance(ex, usable) for ex in bench.forget):
-        return "no usable rows", (f"{label} cannot train on {bench.name}/{bench.split}: its forget set has no "
-                                  "question/answer or text examples. Load a benchmark (or your own file) with "
-                                  "question/answer or text rows.")
-    if method.uses_retain(method.defaults) and not any(isinstance(ex, usable) for ex in bench.retain):
-        free = [row.label for row in METHODS.values() if not row.needs_retain]
-        return "no retain set", (f"{label} keeps the retain answers likely, and {bench.name}/{bench.split} "
-                                 f"has no retain examples: choose {' or '.join(free) or 'another method'}, or "
-                                 "load a benchmark with a retain set.")
-    if method.needs_answers and not all(isinstance(ex, (QAExample, FactRecord)) for ex in bench.forget):
-        said = ("with an alternate answer the model writes" if method.make_alternates is not None
-                else "with \"I don't know\"")
-        return "needs questions", (f"{label} trains each forget question toward an answer {said}, and "
-                                   f"{bench.name}/{bench.split} has forget rows that are not questions: choose "
-                                   "another method.")
-    return None
-
-
 def check_trainable(bench, method: Method | str) -> None:
     """A `UserError` saying what the split lacks for the trained method, before any work."""
-    missing = trainable_gap(bench, method if isinstance(method, Method) else parse_method(method))
+    missing = trainable_reason(method if isinstance(method, Method) else parse_method(method), None, bench)
     if missing:
         raise UserError(missing[1])
 
 
-def gap(name: str, bench) -> tuple[str, str] | None:
-    """What the method `name` lacks on `bench`, whatever its settings (None: nothing, or no
-    benchmark is loaded): (a few words, the message its run would be refused with)."""
+def gap(name: str, bench) -> Reason | None:
+    """What the method `name` lacks on `bench` at its defaults (None: nothing, or no
+    benchmark is loaded): the registry's `Reason` (a few words, the message its run would be
+    refused with)."""
     if bench is None:
         return None
-    if is_editor(name):
-        return editor_gap(comparator_label(name), bench)
-    return trainable_gap(bench, parse_method(name))
+    return can_run(name if is_editor(name) else parse_method(name).name, None, bench)
 
 
 def unavailable(name: str, bench) -> str | None:
@@ -220,14 +178,15 @@ def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float
     end), an editor with `count` value steps at lr `rate` on `editor_band(band)` (GROM's
     band, `band`, where an editor can move facts there). `between`: `run_baseline`'s (a
     trained method lends the model out between its optimizer steps)."""
-    if is_editor(name):
+    method = get(name)
+    if method.family == "editor":
         config = EditorConfig(layers=editor_band(band, num_layers(model)), prompt_format=bench.prompt_format,
                               values=ValueSettings(steps=int(count), lr=float(rate)))
-        return run_editor(get_editor(name).name, model, tokenizer, bench.forget, bench.retain, config,
-                          progress=progress)
-    return run_baseline(name, model, tokenizer, bench.forget, bench.retain, recipe=recipe_for_task(bench.task).name,
-                        epochs=count, lr=rate, prompt_format=bench.prompt_format, progress=progress, part=part,
-                        between=between)
+        return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress)
+    settings = RunSettings(recipe=recipe_for_task(bench.task).name, epochs=count, lr=rate,
+                           prompt_format=bench.prompt_format)
+    return method.run(model, tokenizer, bench.forget, bench.retain, settings, progress=progress, part=part,
+                      between=between)
 
 
 @on_device(duration=train_call_s)

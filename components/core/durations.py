@@ -23,11 +23,9 @@ from components.core.gpu_time import (RATE, Shape, TrainPlan, edit_flops, eval_s
 from components.core.limits import limit
 from components.core.session import REGISTRY, ModelKey
 from grom.arch import decoder_layers, model_device
-from grom.baselines import EDITORS, get_method
-from grom.baselines.loop import planned_steps
-from grom.baselines.optim import select_parameters
-from grom.baselines.recipes import recipe_for_task
-from grom.baselines.settings import resolve_settings
+from grom.methods import family_of, get_method, recipe_for_task, resolve_settings
+from grom.methods.trained.optimizer import select_parameters
+from grom.methods.trained.training_loop import planned_steps
 from grom.data.prompts import encode_prompt
 from grom.tasks.knowledge import knowledge_budget
 from grom.robustness.calibration import RELEARN_BATCH, RELEARN_STEPS
@@ -134,7 +132,7 @@ def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
     handle, shape = REGISTRY.get(key), shape_of(key)
     if handle is None or shape is None or not bench.forget:
         return None
-    s = resolve_settings(method, recipe=recipe_for_task(bench.task).name, epochs=float(epochs))
+    s = resolve_settings(method, recipe=recipe_for_task(bench.task).name, epochs=float(epochs), model=handle.model)
     row = get_method(s.method)
     tokens = example_tokens(bench.forget)
     if s.chunk_corpus:
@@ -152,7 +150,7 @@ def train_call_s(key: ModelKey, bench, method, epochs, rate=None, band=None, par
     """`train_call(key, bench, method, epochs, lr, band, part)`'s: an editor's value
     optimisation; a trained method's whole run (`part` None) or one part of the plan's
     steps per call, with its checkpoint."""
-    if str(method).strip().lower() in EDITORS:
+    if family_of(method) == "editor":
         return train_s(key, bench, method, epochs)
     plan = train_plan(key, bench, method, epochs)
     if plan is None:

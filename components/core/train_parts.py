@@ -3,7 +3,7 @@ driven from the main process (`train_in_calls`).
 
 Each call runs in a worker forked for it (components.core.device): it resumes the training
 from a checkpoint file, trains up to its step and writes the checkpoint again
-(grom.baselines.checkpoint); only the path and a small `Paused` record cross the process
+(grom.methods.trained.checkpoint); only the path and a small `Paused` record cross the process
 boundary. The file lives in a folder this process makes for the run (`tempfile.mkdtemp`,
 readable by this user only) and removes at the end, on an error and on a cancel.
 
@@ -34,7 +34,7 @@ from typing import Callable
 from components.core.device import CANCEL_CHECK_S, job_cancelled
 from components.core.errors import JobCancelled
 from components.core.gpu_time import TrainPlan
-from grom.baselines.checkpoint import Part, Paused
+from grom.methods.trained.checkpoint import Part, Paused
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 from torch import nn
 
 from grom.arch import loaded_from
-from grom.baselines.defaults import family_of
+from grom.methods.trained.starting_points import family_of
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
 from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, relearn_curve

@@ -13,11 +13,11 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.baselines.losses import mean_nll
-from grom.baselines.optim import adamw, constant_schedule, optimizer_step, select_parameters, updated_tensors
-from grom.baselines.sequences import batch_nll, collate, encode_sequences
-from grom.baselines.settings import Settings
-from grom.baselines.train import ModelState
+from grom.methods.trained.losses import mean_nll
+from grom.methods.trained.optimizer import adamw, constant_schedule, optimizer_step, select_parameters, updated_tensors
+from grom.methods.trained.sequences import batch_nll, collate, encode_sequences
+from grom.methods.trained.settings import Settings
+from grom.methods.trained.trained_edit import ModelState
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
 from grom.keys import pad_id

@@ -46,7 +46,7 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
                    batch_size: int = RELEARN_BATCH, progress: Progress | None = None,
                    relearn_base: bool = True, fmt: PromptFormat | None = None, seed: int = 0) -> AttackResult:
     """Name "relearn": fine-tune the edited model on `train` (question -> answer, the loss
-    on the answer tokens and EOS, prompts formatted as `grom.baselines.sequences` and
+    on the answer tokens and EOS, prompts formatted as `grom.methods.trained.sequences` and
     `grom.eval.runner.encode_pair` do) and call `score` after each count of optimizer
     steps in `steps` (0, the edited model before relearning, is always scored).
 

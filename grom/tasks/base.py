@@ -68,7 +68,7 @@ class Task:
     quant: what a 4-bit verdict reads. quant_sets: the sets a 4-bit check with the retain
     side keeps (None: the forget sets and the first of `QUANT_RETAIN_SETS` it has).
     recipe: the name of the training recipe OpenUnlearning runs for it
-    (grom/baselines/recipes.py RECIPES).
+    (grom/methods/trained/recipes.py RECIPES).
     stages: the `evaluate(stage=)` values it takes besides "full".
     """
 

@@ -1,5 +1,5 @@
-"""The training loop of the baselines (`train`), which `grom.baselines.train` runs: one run
-from its first step, or a part of it resumed from a checkpoint (grom.baselines.checkpoint)
+"""The training loop of the baselines (`train`; was grom/baselines/loop.py), which `grom.methods.trained.trained_edit` runs: one run
+from its first step, or a part of it resumed from a checkpoint (grom.methods.trained.checkpoint)
 up to a given step. Both make the same steps: the loop's state between two optimizer
 steps is all in `_Loop`, which a checkpoint saves and restores whole.
 """
@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from grom.arch import model_device
-from grom.baselines.checkpoint import FORMAT, Part, rng_state, save_state, set_rng_state, tensors_to
-from grom.baselines.methods import Method
-from grom.baselines.micro import RunData, micro_loss, reference_nll
-from grom.baselines.optim import Updated, adamw, lr_factor, optimizer_step, updated_tensors
-from grom.baselines.prepare import Encodings
-from grom.baselines.settings import Settings
+from grom.methods.trained.checkpoint import FORMAT, Part, rng_state, save_state, set_rng_state, tensors_to
+from grom.methods.trained.method import Method
+from grom.methods.trained.micro_batch import RunData, micro_loss, reference_nll
+from grom.methods.trained.optimizer import Updated, adamw, lr_factor, optimizer_step, updated_tensors
+from grom.methods.trained.prepare import Encodings
+from grom.methods.trained.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def train(model: nn.Module, s: Settings, row: Method, data: Encodings,
     mode and requires_grad; the caller restores them. With `part`: from the checkpoint
     `saved` (where given) up to `part.until` steps; a run stopped before its end writes
     its checkpoint to `part.path`. `after_step` is called after every optimizer step but
-    the last (where the caller may lend the model out: `grom.baselines.train`)."""
+    the last (where the caller may lend the model out: `grom.methods.trained.trained_edit`)."""
     t0 = time.perf_counter()
     loop = _start(model, s, row, data, slots, pad, progress, saved)
     result, run, total = loop.result, loop.run, loop.result.total_steps

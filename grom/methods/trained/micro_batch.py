@@ -1,4 +1,4 @@
-"""One micro-batch of a baseline run: its loss from the method's row, with what the row
+"""One micro-batch of a trained run (was grom/baselines/micro.py): its loss from the method's row, with what the row
 needs computed here (the reference NLL of the forget answers under the unedited model, the
 retain batch's NLL or its KL to the unedited model)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from grom.baselines.losses import kl_to_reference, mean_nll, sequence_nll
-from grom.baselines.methods import LossInputs, Method
-from grom.baselines.sequences import batch_forward, batch_logits, batch_nll, collate
-from grom.baselines.settings import Settings
+from grom.methods.trained.losses import kl_to_reference, mean_nll, sequence_nll
+from grom.methods.trained.method import LossInputs, Method
+from grom.methods.trained.sequences import batch_forward, batch_logits, batch_nll, collate
+from grom.methods.trained.settings import Settings
 from grom.keys import Encoded
 
 

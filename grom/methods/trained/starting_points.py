@@ -1,4 +1,4 @@
-"""Per-model starting points for the baselines: the learning rate and epochs a run starts
+"""Per-model starting points for the trained methods (was grom/baselines/defaults.py): the learning rate and epochs a run starts
 from on a model, where the recipe's own (lr 1e-5, tuned by OpenUnlearning for 1-8B models)
 does not unlearn. One row per model family, like grom.config.PRESETS; a model no row
 matches gets its recipe's values.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from grom.baselines.recipes import DEFAULT_RECIPE, get_recipe
+from grom.methods.trained.recipes import DEFAULT_RECIPE, get_recipe
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 CE-U, PDU) and of RKLD: pure functions of the logits and HF-style labels.
 
 ``logits`` (B, T, V) and ``labels`` (B, T) unshifted, -100 where there is no loss, as in
-grom.baselines.losses: the logits at position t - 1 predict ``labels[b, t]``. Each is taken
+grom.methods.trained.losses: the logits at position t - 1 predict ``labels[b, t]``. Each is taken
 in float32. Transcribed from github.com/locuslab/open-unlearning at commit
 d3d7cf9e6b3c125d16687d4232680d8d83548f1a: src/trainer/utils.py (``compute_undial_loss``,
 ``compute_wga_loss``, ``compute_satimp_loss``), src/trainer/unlearn/ceu.py
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grom.baselines.losses import IGNORE_INDEX
+from grom.methods.trained.losses import IGNORE_INDEX
 
 
 def _shift(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,10 +1,13 @@
-"""The unlearning methods `run_baseline` trains with, as one registry: a method is a loss
-function and a row.
+"""The trained methods' row (`Method`: a loss function and what it needs), their family of
+the method registry (`METHODS`, `register_method`), what a trained method can run on
+(`trainable_reason`) and the retain term they share (`with_retain`) (was
+grom/baselines/methods.py). Each built-in method is a file of grom/methods/trained/ that
+registers its row.
 
 A row (`Method`) names the method, says what its loss needs (a retain batch, the unedited
 model's log-probabilities of the forget answers, an alternate answer set) and gives its
 hyperparameters with OpenUnlearning's defaults (``configs/trainer/<Method>.yaml``,
-``method_args``). The trainer (grom.baselines.train) reads only the row: it computes what
+``method_args``). The trainer (grom.methods.trained.trained_edit) reads only the row: it computes what
 the row needs, hands it to the row's loss as a `LossInputs`, and never asks which method it
 runs. Adding a method is writing its loss and calling `register_method` with its row:
 
@@ -14,19 +17,24 @@ runs. Adding a method is writing its loss and calling `register_method` with its
 
     register_method(Method("mine", "Mine", my_loss, "Gradient ascent, renamed."))
 
-The losses themselves are the pure functions of grom.baselines.losses; `with_retain` adds
+The losses themselves are the pure functions of grom.methods.trained.losses; `with_retain` adds
 the shared retain term to a method's forget loss.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 import torch
 
-from grom.baselines.losses import ga_loss, mean_nll, npo_loss, simnpo_loss
+from grom.arch import num_layers
+from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
+from grom.methods import registry
+from grom.methods.registry import FamilyView, MethodEntry, Reason, UnknownMethod, where  # noqa: F401 (UnknownMethod: get_method raises it)
+from grom.methods.trained.losses import mean_nll
 
 
 @dataclass(frozen=True)
@@ -35,12 +43,12 @@ class LossInputs:
     trained unless said otherwise; tensors carry the autograd graph.
 
     forget_nll, forget_counts: (B,) the summed NLL of each forget sequence's answer tokens
-    and their number (`grom.baselines.losses.sequence_nll`). retain_nll, retain_counts: the
+    and their number (`grom.methods.trained.losses.sequence_nll`). retain_nll, retain_counts: the
     same for B retain sequences drawn at random, None when the run has no retain term
     (`Method.uses_retain`). reference_nll: (B,) the forget NLL under the model as it was
     before training (no graph), None unless the method `needs_reference`. args: the
     method's hyperparameters, resolved (its row's defaults, overridden by the caller's).
-    retain_kl: () the KL retain term (`grom.baselines.losses.kl_to_reference`) when the
+    retain_kl: () the KL retain term (`grom.methods.trained.losses.kl_to_reference`) when the
     run asks for it (``retain_loss="kl"``), else None; a method's retain term is then this
     instead of the retain NLL.
 
@@ -100,7 +108,7 @@ class Method:
     model's forget NLL (computed once, before training, one number per sequence; also the
     alternate answers' when it `needs_answers`). needs_answers: the loss trains toward an
     alternate answer per forget question: `run_baseline` pairs each with a seeded "I don't
-    know" (grom.baselines.idk), or takes the caller's `alternates`; the forget set must then
+    know" (grom.methods.trained.idk), or takes the caller's `alternates`; the forget set must then
     be question/answer examples. needs_reference_logits: the loss reads the unedited
     model's logits on each forget batch (run with a copy of the trained weights only, no
     second model). needs_hidden: the loss reads the activations of decoder layer
@@ -116,7 +124,9 @@ class Method:
     alternate answers when the caller gives none (`MakeAlternates`; AltPO generates them
     with the model), instead of a seeded "I don't know". check: None, or a function of the
     resolved args that raises ValueError on a combination out of range (run before any
-    work, after the finite / positive checks).
+    work, after the finite / positive checks). fit: None, or a function (the row, the
+    model's number of decoder layers) -> the row with its defaults and recipe fitted to such
+    a model (RMU's steering layer and trained layers); `fitted(model)` applies it.
     """
 
     name: str
@@ -134,6 +144,7 @@ class Method:
     recipe: Mapping[str, object] = field(default_factory=dict)
     make_alternates: MakeAlternates | None = None
     check: Callable[[Mapping[str, float]], None] | None = None
+    fit: Callable[["Method", int], "Method"] | None = None
 
     def __post_init__(self):
         if not self.name or self.name != self.name.strip().lower():
@@ -147,6 +158,19 @@ class Method:
             raise ValueError(f"method {self.name}: positive names {unknown}, which are not in its defaults")
         if self.make_alternates is not None and not self.needs_answers:
             raise ValueError(f"method {self.name}: make_alternates is for a method that needs_answers")
+
+    def fitted(self, model) -> "Method":
+        """This row with its defaults and recipe fitted to `model` (itself where the method
+        has no `fit` or there is no model)."""
+        if self.fit is None or model is None:
+            return self
+        return self.fit(self, num_layers(model))
+
+    def defaults_for(self, model=None) -> dict:
+        """The run's defaults on `model`: the row's own training settings (its `recipe`) and
+        its hyperparameters as ``method_args``, fitted to the model."""
+        row = self.fitted(model)
+        return {**dict(row.recipe), "method_args": dict(row.defaults)}
 
     def check_args(self, args: Mapping[str, float]) -> None:
         """Refuse hyperparameters out of range, naming the first one: every one finite,
@@ -164,40 +188,67 @@ class Method:
         return self.needs_retain and args.get("alpha", 1.0) != 0
 
 
-class UnknownMethod(ValueError):
-    """No method of that name is registered in `METHODS`."""
-
-
-_REGISTRY: dict[str, Method] = {}
-# Every registered method, in registration order (a UI lists them so); read-only: change it
-# with register_method / unregister_method.
-METHODS: Mapping[str, Method] = MappingProxyType(_REGISTRY)
+METHODS: Mapping[str, Method] = FamilyView("trained")
+"""Every registered trained method, in registration order: the trained family of the one
+registry (grom.methods.registry), read-only (change it with register_method /
+unregister_method)."""
 
 
 def get_method(name: str) -> Method:
-    """The registered method `name` (case and surrounding spaces ignored)."""
-    row = METHODS.get(str(name).strip().lower())
-    if row is None:
-        raise UnknownMethod(f"unknown unlearning method {name!r}; use one of {', '.join(METHODS)}")
-    return row
+    """The registered trained method `name` (case and surrounding spaces ignored)."""
+    return registry.get(name, "trained").detail
 
 
 def register_method(row: Method) -> Method:
-    """Add `row` to `METHODS`; a name already registered is refused (unregister it first)."""
-    if row.name in _REGISTRY:
-        raise ValueError(f"a method named {row.name!r} ({_REGISTRY[row.name].label}) is already "
-                         "registered; unregister_method it first or choose another name")
-    _REGISTRY[row.name] = row
+    """Add `row` to the registry as a trained method; a name already registered is refused
+    (unregister_method it first)."""
+    registry.register(MethodEntry(row.name, row.label, "trained", row.description,
+                                  can_run=lambda model, data: trainable_reason(row, model, data),
+                                  defaults=row.defaults_for, run=partial(_run, row.name), detail=row))
     return row
 
 
 def unregister_method(name: str) -> Method:
-    """Remove the method `name` from `METHODS` and return its row."""
-    return _REGISTRY.pop(get_method(name).name)
+    """Remove the trained method `name` from the registry and return its row."""
+    return registry.unregister(name, "trained").detail
 
 
-# ---------------------------------------------------------------------------------------
-# the built-in methods (BUILT_IN, registered at import): OpenUnlearning's src/trainer/unlearn/{grad_ascent,grad_diff,npo,simnpo}.py
+def _run(name, model, tokenizer, forget, retain, settings=None, **kw):
+    """The registry's runner of the trained method `name`: `run_baseline`
+    (grom.methods.trained.trained_edit, which imports this module)."""
+    from grom.methods.trained.trained_edit import run_baseline
+    return run_baseline(name, model, tokenizer, forget, retain, settings, **kw)
+
+
+USABLE = (QAExample, TextExample, ChoiceExample, FactRecord)  # the example types the trainer encodes
+
+
+def trainable_reason(row: Method, model, data) -> Reason | None:
+    """What the trained method `row` lacks on `data` at its defaults (None: nothing): the
+    trainer trains on question/answer, text, multiple-choice or fact examples; a method
+    with a retain term needs a retain set, one that trains toward alternate answers needs
+    questions; one that reads a decoder layer's activations a model with two layers or more."""
+    at = where(data)
+    label = row.label
+    forget, retain = getattr(data, "forget", ()) or (), getattr(data, "retain", ()) or ()
+    if not any(isinstance(ex, USABLE) for ex in forget):
+        return Reason("no usable rows", f"{label} cannot train on {at}: its forget set has no question/answer "
+                      "or text examples. Load a benchmark (or your own file) with question/answer or text rows.")
+    if row.uses_retain(row.defaults) and not any(isinstance(ex, USABLE) for ex in retain):
+        free = [r.label for r in METHODS.values() if not r.needs_retain]
+        return Reason("no retain set", f"{label} keeps the retain answers likely, and {at} has no retain "
+                      f"examples: choose {' or '.join(free) or 'another method'}, or load a benchmark with a "
+                      "retain set.")
+    if row.needs_answers and not all(isinstance(ex, (QAExample, FactRecord)) for ex in forget):
+        said = ("with an alternate answer the model writes" if row.make_alternates is not None
+                else "with \"I don't know\"")
+        return Reason("needs questions", f"{label} trains each forget question toward an answer {said}, and "
+                      f"{at} has forget rows that are not questions: choose another method.")
+    if model is not None and row.needs_hidden and num_layers(model) < 2:
+        return Reason("too few layers", f"{label} steers one decoder layer's activations below the last, and "
+                      "this model has one layer: choose another method.")
+    return None
+
 
 def with_retain(forget: torch.Tensor, x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``gamma * forget + alpha * retain``, the combination GradDiff, NPO and SimNPO share:
@@ -212,40 +263,3 @@ def with_retain(forget: torch.Tensor, x: LossInputs) -> tuple[torch.Tensor, dict
             terms["retain_nll"] = nll.detach()
         loss = loss + x.args["alpha"] * terms["retain"]
     return loss, terms
-
-
-def ga(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    forget = ga_loss(x.forget_nll, x.forget_counts)
-    return forget, {"forget": forget}
-
-
-def graddiff(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return with_retain(ga_loss(x.forget_nll, x.forget_counts), x)
-
-
-def npo(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return with_retain(npo_loss(x.forget_nll, x.reference_nll, x.args["beta"]), x)
-
-
-def simnpo(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    return with_retain(simnpo_loss(x.forget_nll, x.forget_counts, x.args["beta"], x.args["delta"]), x)
-
-
-BUILT_IN = (
-    Method("ga", "GA", ga, "Gradient ascent: makes the forget answers unlikely, with nothing to "
-           "hold the rest in place; needs only the forget set."),
-    Method("graddiff", "GradDiff", graddiff, "Gradient difference: gradient ascent on the forget "
-           "answers plus ordinary training on the retain answers; needs a retain set.",
-           needs_retain=True, defaults={"gamma": 1.0, "alpha": 1.0}),
-    Method("npo", "NPO", npo, "Negative preference optimisation: pushes each forget answer below the "
-           "unedited model's likelihood of it, with a bounded loss, plus a retain term; needs a "
-           "retain set and one reference pass.",
-           needs_retain=True, needs_reference=True, defaults={"beta": 0.1, "gamma": 1.0, "alpha": 1.0},
-           positive=("beta",)),
-    Method("simnpo", "SimNPO", simnpo, "Simple NPO: NPO's bounded loss on the length-normalised forget "
-           "likelihood, with no reference model, plus a retain term; needs a retain set.",
-           needs_retain=True, defaults={"beta": 4.5, "delta": 0.0, "gamma": 0.125, "alpha": 1.0},
-           positive=("beta",)),
-)
-for _row in BUILT_IN:
-    register_method(_row)

@@ -1,9 +1,10 @@
-"""The update rules of the four locate-then-edit editors, as pure tensor functions.
+"""The update rules of the four locate-then-edit editors, as pure tensor functions
+(was grom/baselines/editors.py).
 
 Every rule edits one matrix W (m, n) in the math layout (out, in) from
 - K (n, u): the forget keys, one per fact (W's input at the fact's key token);
 - R (m, u): the residual each fact's output should move by at this layer (from the shared
-  value optimisation, grom.baselines.values; spread over a band as MEMIT does);
+  value optimisation, grom.methods.editors.value_optimisation; spread over a band as MEMIT does);
 - C0 (n, n): the retain covariance, ``Xr Xr^T / r`` of GROM's own retain keys
   (`retain_covariance`), the statistic the upstream editors take from Wikipedia.
 Each returns the additive patch P (m, n) in float64; the caller casts it to W's dtype.

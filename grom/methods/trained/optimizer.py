@@ -1,4 +1,4 @@
-"""The optimiser of the baselines, as OpenUnlearning runs it under the HF Trainer: which
+"""The optimiser of the trained methods (was grom/baselines/optim.py), as OpenUnlearning runs it under the HF Trainer: which
 parameters train, AdamW with HF's weight-decay grouping, gradient clipping, the linear
 schedule with warm-up or the constant one, and the precision of the weights.
 
@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import nn
 
-from grom.baselines.settings import Settings
+from grom.methods.trained.settings import Settings
 
 # HF Trainer.get_decay_parameter_names: no weight decay on these (and on nn.LayerNorm).
 _NO_DECAY = [re.compile(p) for p in (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)",

@@ -1,26 +1,31 @@
-"""`run_editor`: ROME, MEMIT, AlphaEdit or ZeroUnlearn as an unlearning edit, on GROM's terms.
+"""The locate-then-edit editors' shared run: `run_editor` (ROME, MEMIT, AlphaEdit or
+ZeroUnlearn as an unlearning edit, on GROM's terms), their settings (`EditorConfig`), their
+row (`EditorMethod`) and family of the method registry (`EDITORS`, `register_editor`), what
+an editor can run on (`editor_reason`) and its band (`editor_band`) (was
+grom/baselines/editing.py). Each editor is a file of grom/methods/editors/ that registers
+its row.
 
 The paper's comparison (section "Baselines"): the four locate-then-edit editors get the
 same per-fact value optimisation and the same retain covariance as GROM, so they differ
 only in the update rule. Here:
 1. GROM's own preparation (grom.pipeline.prepare) gives the retain key batches (and, where
    no layers are given, the band from GROM's layer scores);
-2. each forget example becomes a fact (grom.baselines.values.encode_fact; a split without
+2. each forget example becomes a fact (grom.methods.editors.value_optimisation.encode_fact; a split without
    subjects is refused before any work) whose key token is read, as GROM's keys are, from a
    residual stream through the band (grom.collect.LayerStream), retain keys likewise, at
    every edited layer;
-3. one value optimisation at the band's last layer L (grom.baselines.values) gives each
+3. one value optimisation at the band's last layer L (grom.methods.editors.value_optimisation) gives each
    fact the residual delta that makes its answer improbable;
 4. each layer of the band, in order, on the model as the earlier layers left it: the
    residual still missing at L's output, divided by the layers left (MEMIT's spread; the
    whole of it for ROME, which edits L alone), goes through the editor's rule
-   (grom.baselines.editors) with C0 = Xr Xr^T / r of that layer's retain keys.
+   (grom.methods.editors.update_rules) with C0 = Xr Xr^T / r of that layer's retain keys.
 The result is a `grom.Edit` (down_proj patches by parameter name, `method` the editor's
 name, `info` its settings and the facts' answer probabilities), applied and reverted like
 GROM's; the model is left as it was found.
 
-The editors are not rows of grom.baselines.methods (those are trained losses): they have
-their own small registry, `EDITORS`.
+The editors are the "editor" family of the one method registry (grom.methods.registry):
+`EDITORS` is its view, rows of `EditorMethod` (an update rule), not the trained `Method`.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from functools import partial
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -37,9 +42,10 @@ from torch import nn
 from grom.arch import (decoder_layers, edit_target, layer_kinds, loaded_from, num_layers, residual_gain,
                        unembedding)
 from grom.attribution import LayerScores
-from grom.baselines import editors as rules
-from grom.baselines.values import (Values, ValueSettings, encode_fact, missing_facts, object_probabilities,
-                                  optimise_values, unreachable_facts)
+from grom.methods import registry
+from grom.methods.editors import update_rules as rules
+from grom.methods.editors.value_optimisation import (Values, ValueSettings, encode_fact, missing_facts, object_probabilities,
+                                                     optimise_values, unreachable_facts)
 from grom.collect import HIDDEN_CACHE_BYTES, Keys, LayerStream, forward
 from grom.config import EditConfig
 from grom.data.prompts import PromptFormat
@@ -47,6 +53,7 @@ from grom.data.schema import as_examples
 from grom.edit import Edit, LayerRecord
 from grom.hooks import capture_outputs, stop_after
 from grom.keys import Encoded, make_batches, pad_id
+from grom.methods.registry import FamilyView, MethodEntry, Reason, where
 from grom.pipeline import compute_scores, prepare
 
 log = logging.getLogger(__name__)
@@ -105,7 +112,7 @@ Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, EditorC
 
 
 @dataclass(frozen=True)
-class Editor:
+class EditorMethod:
     """One editor: its registry name, label, update rule, whether it spreads over the band,
     and a sentence on what it does and needs (for a UI)."""
 
@@ -116,24 +123,50 @@ class Editor:
     spreads: bool = True  # False: edits only the band's last layer (ROME)
 
 
-_EDITORS = {e.name: e for e in (
-    Editor("rome", "ROME", lambda W, K, R, C0, c: rules.rome_update(W, K, R, rules.ridge(C0, c.rho)),
-           "Rank-one edit of one MLP layer per fact, mapping the fact's subject key to a value that makes "
-           "its answer improbable, weighted by the retain covariance; needs facts with a subject and a "
-           "retain set.", spreads=False),
-    Editor("memit", "MEMIT", lambda W, K, R, C0, c: rules.memit_update(K, R, C0, c.w_r, c.rho),
-           "Least-squares edit of all facts at once, spread over a band of MLP layers, held to the retain "
-           "covariance; needs facts with a subject and a retain set."),
-    Editor("alphaedit", "AlphaEdit",
-           lambda W, K, R, C0, c: rules.alphaedit_update(K, R, rules.null_space_projector(C0, c.null_threshold), c.l2),
-           "MEMIT's edit confined to the null space of the retain keys, so kept inputs are (nearly) "
-           "untouched; needs facts with a subject and a retain set."),
-    Editor("zerounlearn", "ZeroUnlearn",
-           lambda W, K, R, C0, c: rules.zerounlearn_update(W, K, R, C0, w_r=c.w_r, w_f=c.w_f, lam=c.lam, eps=c.eps),
-           "Multiplicative edit of each band layer that removes the facts' original outputs from its "
-           "range and maps the facts elsewhere; needs facts with a subject and a retain set."),
-)}
-EDITORS: Mapping[str, Editor] = MappingProxyType(_EDITORS)
+EDITORS: Mapping[str, EditorMethod] = FamilyView("editor")
+"""Every registered editor, in registration order: the editor family of the one registry
+(grom.methods.registry), read-only (change it with register_editor)."""
+
+
+def register_editor(editor: EditorMethod) -> EditorMethod:
+    """Add `editor` to the registry; a name already registered is refused."""
+    registry.register(MethodEntry(editor.name, editor.label, "editor", editor.description,
+                                  can_run=lambda model, data: editor_reason(editor, model, data),
+                                  defaults=editor_defaults, run=partial(_run, editor.name), detail=editor))
+    return editor
+
+
+def editor_defaults(model=None) -> dict:
+    """An editor's settings by default (`EditorConfig()`: the band GROM's automatic one,
+    which `editor_band` moves below the model's last layer where it ends there)."""
+    return EditorConfig().to_dict()
+
+
+def _run(name, model, tokenizer, forget, retain, settings=None, **kw) -> Edit:
+    """The registry's runner of the editor `name`: `run_editor` with `settings` (an
+    `EditorConfig`; None: the defaults)."""
+    return run_editor(name, model, tokenizer, forget, retain, settings or EditorConfig(), **kw)
+
+
+def editor_reason(editor: EditorMethod, model, data) -> Reason | None:
+    """What an editor lacks on `data` (None: nothing): facts with a subject to locate, and a
+    retain set for its covariance; with a `model`, an MLP output that reaches the residual
+    stream linearly."""
+    label, at = editor.label, where(data)
+    why = missing_facts(getattr(data, "forget", ()) or ())
+    if why:
+        return Reason("no facts with a subject", f"{label} cannot edit {at}: {why}. Load real-knowledge, ZsRE, "
+                      "TOFU or the demo, or upload rows with a `subject` column.")
+    if not getattr(data, "retain", None):
+        return Reason("no retain set", f"{label} needs a retain set (its covariance keeps what is not "
+                      f"forgotten): {at} has none.")
+    if model is not None and residual_gain(model, "down_proj") is None:
+        return Reason("MLP output normalised", NORMALISED.format(label=label))
+    return None
+
+
+NORMALISED = ("{label} edits the MLP output (down_proj) of a model whose MLP output reaches the residual "
+              "stream linearly; this model normalises it first")
 
 
 UPSTREAM_EDITOR_BAND = (4, 5, 6, 7, 8)
@@ -152,11 +185,9 @@ def editor_band(band, n_layers: int) -> tuple[int, ...]:
     return tuple(range(max(0, n_layers - 5), max(1, n_layers - 2)))
 
 
-def get_editor(name: str) -> Editor:
-    row = EDITORS.get(str(name).strip().lower())
-    if row is None:
-        raise ValueError(f"unknown editor {name!r}; use one of {', '.join(EDITORS)}")
-    return row
+def get_editor(name: str) -> EditorMethod:
+    """The registered editor `name` (case and surrounding spaces ignored)."""
+    return registry.get(name, "editor").detail
 
 
 def _layer_outputs(model: nn.Module, batches, layer: int) -> torch.Tensor:
@@ -183,7 +214,7 @@ def _band(model, config: EditorConfig, prep, scores: LayerScores | None) -> tupl
     return band, scores
 
 
-def _check(editor: Editor, model, forget, retain) -> float:
+def _check(editor: EditorMethod, model, forget, retain) -> float:
     """What the run needs, before any work; returns the down_proj residual gain."""
     if not forget:
         raise ValueError(f"{editor.label} needs a forget set: it is empty")
@@ -194,8 +225,7 @@ def _check(editor: Editor, model, forget, retain) -> float:
         raise ValueError(f"{editor.label} needs a retain set (its retain covariance): it is empty")
     gain = residual_gain(model, "down_proj")
     if gain is None:
-        raise ValueError(f"{editor.label} edits the MLP output (down_proj) of a model whose MLP output "
-                         "reaches the residual stream linearly; this model normalises it first")
+        raise ValueError(NORMALISED.format(label=editor.label))
     return gain
 
 
@@ -271,7 +301,7 @@ def _keys(stream: LayerStream, module, dev) -> torch.Tensor:
     return Keys.concat(parts, stream.batches, dev).X
 
 
-def _edit_layers(editor: Editor, model, config: EditorConfig, layers: list[int], fact_batches, retain_batches,
+def _edit_layers(editor: EditorMethod, model, config: EditorConfig, layers: list[int], fact_batches, retain_batches,
                  z: torch.Tensor, gain: float, saved: dict, progress, timings: dict):
     """Solve and apply each layer in order (in place, originals kept in `saved`). The keys
     of each layer are read from residual streams that advance through the band as it is

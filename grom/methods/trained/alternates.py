@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from grom.arch import model_device
-from grom.baselines.idk import question_of
-from grom.baselines.micro import eval_mode
+from grom.methods.trained.idk import question_of
+from grom.methods.trained.micro_batch import eval_mode
 from grom.data.prompts import PromptFormat, format_prompt, uses_chat_template
 from grom.data.schema import FactRecord
 from grom.keys import pad_id

@@ -1,6 +1,7 @@
-"""The model from one decoder layer up: what the value optimisation runs at each step.
+"""The model from one decoder layer up: what the value optimisation runs at each step
+(was grom/baselines/upper.py).
 
-The editors' value optimisation (grom.baselines.values) adds a vector to the output of
+The editors' value optimisation (grom.methods.editors.value_optimisation) adds a vector to the output of
 decoder layer L at one position per sequence. Nothing below it changes between steps, so
 the residual stream leaving L, and the arguments the model passes each layer above it
 (attention mask, position embeddings), are captured once (`capture_upper`); each step then

@@ -15,14 +15,14 @@ import torch
 from torch import nn
 
 from grom.arch import model_device
-from grom.baselines.losses import IGNORE_INDEX, sequence_nll
+from grom.methods.trained.losses import IGNORE_INDEX, sequence_nll
 from grom.data.prompts import PromptFormat
 from grom.data.schema import TextExample, as_examples
 from grom.keys import Encoded, encode_example, pad_id
 
 
 def encode_chunk(tokenizer, text: str, max_length: int, i: int) -> list[Encoded]:
-    """A corpus chunk (grom.baselines.recipes.chunk_texts) as one LM sequence, as
+    """A corpus chunk (grom.methods.trained.recipes.chunk_texts) as one LM sequence, as
     OpenUnlearning's ``preprocess_pretraining_instance(tokenizer, "", chunk, max_length)``:
     tokenized with the special tokens, cut at ``len(tokenizer("")) + max_length`` tokens
     (the chunk's max_length after the BOS, if any), a loss on every token but the first.

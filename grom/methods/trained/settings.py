@@ -1,18 +1,69 @@
-"""`Settings`: every setting of one baseline run, resolved and validated from what the
-caller gave (`resolve_settings`): the training settings the caller left out from the run's
-recipe (grom.baselines.recipes, OpenUnlearning's per benchmark), the method's
-hyperparameters from its registry row."""
+"""The settings of a trained method's run: what the caller asks for (`RunSettings`, every
+field optional) and every setting resolved and validated from it (`Settings`,
+`resolve_settings`): the training settings the caller left out from the method's own recipe
+and then the run's recipe (grom.methods.trained.recipes, OpenUnlearning's per benchmark),
+the method's hyperparameters from its registry row fitted to the model."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, fields
-from typing import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Mapping, Sequence
 
-from grom.baselines.methods import Method, get_method
-from grom.baselines.recipes import DEFAULT_RECIPE, SCHEDULES, get_recipe
+from grom.methods.trained.method import Method, get_method
+from grom.methods.trained.recipes import DEFAULT_RECIPE, SCHEDULES, get_recipe
 from grom.data.prompts import PromptFormat
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a caller asks of a trained run (`run_baseline`'s settings); None takes the
+    method's own recipe, then the benchmark's recipe (`recipe`: "tofu" (None), "muse",
+    "wmdp"). method_args: the method's hyperparameters by name (beta, alpha, gamma, ...);
+    its row's defaults, fitted to the model, fill the rest. `epochs` over the forget set, or
+    `max_steps` optimizer steps (overrides epochs, as in HF). params: None trains the
+    method's default parameters (every one, RMU's few layers), else those whose name
+    contains one of the substrings (e.g. ["mlp"]). master_weights, retain_loss: as
+    `Settings`. alternates: for a method that trains toward alternate answers (IDK-NLL,
+    IDK-DPO, AltPO), one answer per forget example, or a list of answers each; None: the
+    method's own (a seeded "I don't know", AltPO's written by the model)."""
+
+    recipe: str | None = None
+    epochs: float | None = None
+    seed: int = 0
+    lr: float | None = None
+    batch_size: int | None = None
+    prompt_format: PromptFormat | None = None
+    method_args: Mapping[str, float] | None = None
+    params: Sequence[str] | None = None
+    max_steps: int | None = None
+    grad_accum: int | None = None
+    warmup_epochs: float | None = None
+    weight_decay: float | None = None
+    max_grad_norm: float | None = None
+    max_length: int | None = None
+    schedule: str | None = None
+    chunk_corpus: bool | None = None
+    master_weights: bool = False
+    retain_loss: str = "nll"
+    alternates: Sequence[str | Sequence[str]] | None = None
+
+    def replace(self, **kw) -> "RunSettings":
+        """A copy with `kw` changed; a name that is no setting is refused, naming the settings
+        (a method's hyperparameter goes in method_args)."""
+        return with_settings(self, kw)
+
+
+def with_settings(base: RunSettings | None, kw: Mapping[str, object]) -> RunSettings:
+    """`base` (None: the defaults) with the settings `kw` changed; a TypeError names a key
+    that is no setting."""
+    names = [f.name for f in fields(RunSettings)]
+    unknown = sorted(set(kw) - set(names))
+    if unknown:
+        raise TypeError(f"{unknown[0]!r} is no run setting (a method's hyperparameter goes in "
+                        f"method_args={{{unknown[0]!r}: ...}}); the settings: {', '.join(names)}")
+    return replace(base or RunSettings(), **kw)
 
 
 @dataclass(frozen=True)
@@ -88,25 +139,21 @@ def _from_recipe(recipe: str, kw: dict, own: Mapping[str, object] | None = None)
     return out
 
 
-def resolve_settings(method: str, *, recipe: str | None = None,
-                     method_args: Mapping[str, float] | None = None,
-                     beta: float | None = None, alpha: float | None = None,
-                     gamma: float | None = None, delta: float | None = None, **kw) -> Settings:
-    """Validate `method` and the settings. Training settings absent or None take the
-    `recipe`'s (grom.baselines.recipes.RECIPES; None: TOFU's). beta / alpha / gamma /
-    delta are shorthands for `method_args` entries; None (or absent) takes the method's
-    default."""
-    row = get_method(method)
+def resolve_settings(method: str, settings: RunSettings | None = None, *, model=None, **kw) -> Settings:
+    """Validate `method` and the settings (`settings` with `kw` changed; `alternates` is not
+    read here). Training settings absent or None take the method's own recipe, then the
+    `recipe`'s (grom.methods.trained.recipes.RECIPES; None: TOFU's); method_args the
+    method's defaults, fitted to `model` where given (`Method.fitted`)."""
+    given_settings = with_settings(settings, kw)
+    kw = {f.name: getattr(given_settings, f.name) for f in fields(RunSettings)}
+    recipe, method_args = kw.pop("recipe"), kw.pop("method_args")
+    kw.pop("alternates")
+    row = get_method(method).fitted(model)
     bad = sorted(set(row.recipe) - set(RECIPE_FIELDS) - {"params"})
     if bad:
         raise ValueError(f"{row.name}: its recipe sets {bad[0]!r}, which is no training setting")
     kw = _from_recipe(recipe or DEFAULT_RECIPE, kw, row.recipe)
-    given = dict(method_args or {})
-    for key, value in (("beta", beta), ("alpha", alpha), ("gamma", gamma), ("delta", delta)):
-        if value is not None and given.get(key) is not None:
-            raise ValueError(f"{row.name}: {key} is given twice, as {key}= and in method_args")
-        given.setdefault(key, value)
-    args = _method_args(row, given)
+    args = _method_args(row, dict(method_args or {}))
     row.check_args(args)
     clash = sorted(set(args) & {f.name for f in fields(Settings)})
     if clash:

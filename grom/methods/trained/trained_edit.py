@@ -1,14 +1,14 @@
-"""`run_baseline`: fine-tuning unlearning methods (GA, GradDiff, NPO, SimNPO, and any other
-registered in grom.baselines.methods) as an `Edit`.
+"""`run_baseline`: a trained method's run (GA, GradDiff, NPO, SimNPO, and any other
+registered in grom.methods.trained.method) as an `Edit` (was grom/baselines/train.py).
 
 The trainer knows no method: it computes what the method's row asks for (a retain batch, the
 reference NLL of the forget answers, the KL retain term) and minimises the row's loss. The
-training settings a caller leaves out come from a recipe (grom.baselines.recipes: TOFU's by
+training settings a caller leaves out come from a recipe (grom.methods.trained.recipes: TOFU's by
 default, MUSE's and WMDP's by name); TOFU's is OpenUnlearning's TOFU unlearning setup
 (configs/trainer/finetune.yaml, configs/experiment/unlearn/tofu/default.yaml, the HF Trainer
 defaults it runs under):
 
-- data (grom.baselines.sequences): each forget sequence is visited once per epoch in a
+- data (grom.methods.trained.sequences): each forget sequence is visited once per epoch in a
   seeded random order; each gets a retain sequence drawn uniformly at random (seeded), as
   ``ForgetRetainDataset`` with ``anchor="forget"``; the loss is on the answer tokens.
 - optimiser: ``torch.optim.AdamW`` (betas 0.9/0.999, eps 1e-8), weight decay 0.01 except on
@@ -17,7 +17,7 @@ defaults it runs under):
   default "linear" schedule), lr 1e-5, 10 epochs, an effective batch of 32 (8 per step x 4
   accumulation steps). MUSE's and WMDP's: a constant lr, no weight decay, corpora joined
   and cut into 2048- / 512-token chunks; WMDP's runs 80 steps.
-- precision (grom.baselines.optim): weights are trained in the model's own dtype, as
+- precision (grom.methods.trained.optimizer): weights are trained in the model's own dtype, as
   OpenUnlearning does (bf16 weights, every step rounded to bf16, float32 moments);
   ``master_weights=True`` trains low-precision weights through float32 masters instead
   (the weights get the rounded masters; the patch is ``master - W0``, cast to the
@@ -28,8 +28,8 @@ defaults it runs under):
 
 Parts: a host that grants a process minutes at a time (a ZeroGPU call) runs the training
 as parts (`run_baseline(..., part=Part(path, until))`): each trains up to `until` steps,
-resumes from and writes a checkpoint file (grom.baselines.checkpoint; the loop itself is
-grom.baselines.loop), and the last returns the Edit one uninterrupted run returns, bit for
+resumes from and writes a checkpoint file (grom.methods.trained.checkpoint; the loop itself is
+grom.methods.trained.training_loop), and the last returns the Edit one uninterrupted run returns, bit for
 bit (tests/test_baseline_parts.py).
 
 The model comes back exactly as it was found (weights bit for bit, train/eval mode,
@@ -52,28 +52,24 @@ import torch
 from torch import nn
 
 from grom.arch import loaded_from
-from grom.baselines.checkpoint import Part, Paused, load_state
-from grom.baselines.loop import Progress, Trained, rng_devices as _rng_devices, train as _train
-from grom.baselines.methods import BUILT_IN, Method
-from grom.baselines.optim import select_parameters
-from grom.baselines.prepare import Encodings, prepare_run
-from grom.baselines.settings import Settings
+from grom.methods.trained.checkpoint import Part, Paused, load_state
+from grom.methods.trained.training_loop import Progress, Trained, rng_devices as _rng_devices, train as _train
+from grom.methods.trained.method import Method
+from grom.methods.trained.optimizer import select_parameters
+from grom.methods.trained.prepare import Encodings, prepare_run
+from grom.methods.trained.settings import RunSettings, Settings, with_settings
 from grom.config import EditConfig
-from grom.data.prompts import PromptFormat
 from grom.edit import Edit
 from grom.keys import pad_id
 from grom.memory import releasing
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BASELINES", "ModelState", "Part", "Paused", "Settings", "Trained", "run_baseline", "train_in_place"]
+__all__ = ["ModelState", "Part", "Paused", "RunSettings", "Settings", "Trained", "run_baseline", "train_in_place"]
 
 Between = Callable[[Callable[[], ContextManager]], None]
 """`between(as_found)`, called between two optimizer steps: `with as_found(): ...` runs its
 block on the model as it was found (a host sharing one model lends it to other jobs there)."""
-
-BASELINES = tuple(row.name for row in BUILT_IN)  # the built-in methods; METHODS has every registered one
-
 
 # ---------------------------------------------------------------------------------------
 # model state
@@ -159,12 +155,12 @@ def _trained_patches(model: nn.Module, s: Settings, row: Method, data: Encodings
 
 
 @releasing()
-def train_in_place(method: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, *,
-                   progress: Progress | None = None, **kw) -> Trained:
+def train_in_place(method: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence,
+                   settings: RunSettings | None = None, *, progress: Progress | None = None, **kw) -> Trained:
     """Train `model` with the method and leave it trained (mode, requires_grad flags and
     .grad are restored; the weights are not). Same arguments as `run_baseline`; for tests
     and for whoever wants the trained model itself."""
-    s, row, data = prepare_run(method, tokenizer, forget, retain, kw, model, progress)
+    s, row, data = prepare_run(method, tokenizer, forget, retain, with_settings(settings, kw), model, progress)
     slots = select_parameters(model, s.params)
     state = ModelState(model)
     try:
@@ -176,30 +172,22 @@ def train_in_place(method: str, model: nn.Module, tokenizer, forget: Sequence, r
 
 
 @releasing()
-def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, *,
-                 recipe: str | None = None, epochs: float | None = None, seed: int = 0,
-                 progress: Progress | None = None, lr: float | None = None, batch_size: int | None = None,
-                 prompt_format: PromptFormat | None = None,
-                 beta: float | None = None, alpha: float | None = None, gamma: float | None = None,
-                 delta: float | None = None, method_args: Mapping[str, float] | None = None,
-                 params: Sequence[str] | None = None, max_steps: int | None = None,
-                 grad_accum: int | None = None, warmup_epochs: float | None = None,
-                 weight_decay: float | None = None, max_grad_norm: float | None = None,
-                 max_length: int | None = None, schedule: str | None = None,
-                 chunk_corpus: bool | None = None, master_weights: bool = False,
-                 retain_loss: str = "nll", alternates: Sequence[str | Sequence[str]] | None = None,
-                 part: Part | None = None, between: Between | None = None) -> Edit | Paused:
-    """Unlearn by fine-tuning with `method` (a name in grom.baselines.METHODS) and return
+def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence,
+                 settings: RunSettings | None = None, *, progress: Progress | None = None,
+                 part: Part | None = None, between: Between | None = None, **kw) -> Edit | Paused:
+    """Unlearn by fine-tuning with `method` (a name in grom.methods.METHODS) and return
     the weight change as an `Edit`; the model is returned exactly as it was found (also on
     failure), and what the run allocated is freed.
 
-    forget / retain: sequences of benchmark examples (grom.data.schema). recipe: "tofu"
-    (None), "muse" or "wmdp" (grom.baselines.recipes; `recipe_for_task` picks one for a
-    benchmark): every training setting left None takes the recipe's (TOFU's: 10 epochs,
-    lr 1e-5, batch 8 x 4 accumulation, weight decay 0.01, one epoch of linear warm-up,
-    then linear decay). method_args: the method's hyperparameters by name (its row's
-    `defaults` fill the rest); beta / alpha / gamma / delta are shorthands for them. The
-    built-in defaults are OpenUnlearning's: GradDiff gamma 1, alpha 1; NPO beta 0.1,
+    forget / retain: sequences of benchmark examples (grom.data.schema). settings: a
+    `RunSettings` (None: its defaults); `kw` change its fields by name (a name that is no
+    setting is a TypeError). Its recipe: "tofu" (None), "muse" or "wmdp"
+    (grom.methods.trained.recipes; `recipe_for_task` picks one for a benchmark): every
+    training setting left None takes the method's own recipe, then the benchmark's (TOFU's:
+    10 epochs, lr 1e-5, batch 8 x 4 accumulation, weight decay 0.01, one epoch of linear
+    warm-up, then linear decay). method_args: the method's hyperparameters by name (its
+    row's `defaults`, fitted to the model (`Method.fitted`: RMU's layers), fill the rest).
+    The built-in defaults are OpenUnlearning's: GradDiff gamma 1, alpha 1; NPO beta 0.1,
     gamma 1, alpha 1; SimNPO beta 4.5, delta 0, gamma 0.125, alpha 1 (GA takes none).
     `epochs` over the forget set, or `max_steps` optimizer steps (overrides epochs, as in
     HF). `params`: None trains every parameter, else those whose name contains one of the
@@ -209,8 +197,8 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     alternates: for a method that `needs_answers` (IDK-NLL, IDK-DPO, AltPO), one answer per
     forget example to train toward, or a list of answers each (the example is then trained
     once per answer, as upstream's AltPO data holds one row per alternate); None: AltPO has
-    the model write them (grom.baselines.alternates), the others pair each question with a
-    seeded "I don't know" (grom.baselines.idk). `info["alternates"]` holds the ones used.
+    the model write them (grom.methods.trained.alternates), the others pair each question with a
+    seeded "I don't know" (grom.methods.trained.idk). `info["alternates"]` holds the ones used.
     `progress(fraction, message)` is called after every optimizer step and every
     micro-batch of an accumulated one, with the time left at the pace so far; an exception
     from it cancels the run.
@@ -238,15 +226,10 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
     progress = progress or (lambda *_: None)
     saved = load_state(part.path) if part is not None and os.path.exists(part.path) else None
     progress(0.0 if saved is None else saved["steps"] / saved["total_steps"], "tokenizing")
-    kw = dict(recipe=recipe, epochs=epochs, seed=seed, lr=lr, batch_size=batch_size,
-              prompt_format=prompt_format, beta=beta, alpha=alpha, gamma=gamma, delta=delta,
-              method_args=method_args, params=params, max_steps=max_steps, grad_accum=grad_accum,
-              warmup_epochs=warmup_epochs, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-              max_length=max_length, schedule=schedule, chunk_corpus=chunk_corpus,
-              master_weights=master_weights, retain_loss=retain_loss, alternates=alternates)
+    given = with_settings(settings, kw)
     if saved is not None and saved["alternates"] is not None:  # written once, by the first part (AltPO's: the model)
-        kw["alternates"] = saved["alternates"]
-    s, row, data = prepare_run(method, tokenizer, forget, retain, kw, model, progress)
+        given = given.replace(alternates=saved["alternates"])
+    s, row, data = prepare_run(method, tokenizer, forget, retain, given, model, progress)
     slots = select_parameters(model, s.params)
     patches, run = _trained_patches(model, s, row, data, slots, pad_id(tokenizer), progress, part, saved, between)
     if patches is None:

@@ -1,4 +1,5 @@
-"""The facts the editors edit, and the one per-fact value optimisation all four share.
+"""The facts the editors edit, and the one per-fact value optimisation all four share
+(was grom/baselines/values.py).
 
 A fact is (subject, relation, object): a ZsRE `FactRecord` (its prompt, subject, answer)
 or a `QAExample` with a `subject` (the real-knowledge set: the question, the target it is
@@ -39,7 +40,7 @@ import torch
 from torch import nn
 
 from grom.arch import model_device
-from grom.baselines.upper import capture_upper, upper_logits
+from grom.methods.editors.layers_above import capture_upper, upper_logits
 from grom.data.prompts import PromptFormat, encode_qa, format_prompt, uses_chat_template
 from grom.data.schema import FactRecord, QAExample
 
@@ -173,7 +174,7 @@ def optimise_values(model: nn.Module, facts: Sequence[Fact], layer: int, pad_id:
     """Optimise one delta per fact at decoder layer `layer`'s output (see the module
     docstring); the model's weights are not touched and its gradients are left as found.
 
-    Each step runs only what delta changes (grom.baselines.upper): the layers above
+    Each step runs only what delta changes (grom.methods.editors.layers_above): the layers above
     `layer` on the stream captured once below it, the LM head at the object and essence
     positions alone; the facts and their short "{subject} is a" prompts are two batches, so
     the prompts are not padded to the facts' length. The loss, its gradient and the steps

@@ -1,5 +1,5 @@
 """The checks and encodings of a baseline run, done before any work (`prepare_run`): the
-settings resolved (grom.baselines.settings), the forget and retain examples checked and
+settings resolved (grom.methods.trained.settings), the forget and retain examples checked and
 encoded (chunked first under MUSE's and WMDP's recipes), and for a method that trains
 toward an alternate answer (IDK-NLL, IDK-DPO, AltPO) the alternates of each forget question:
 the caller's, a seeded "I don't know", or (AltPO) answers the model writes itself."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from grom.baselines.idk import idk_alternates, question_of
-from grom.baselines.methods import METHODS, Method, get_method
-from grom.baselines.recipes import chunk_corpus
-from grom.baselines.sequences import encode_sequences
-from grom.baselines.settings import Settings, resolve_settings
+from grom.methods.trained.idk import idk_alternates, question_of
+from grom.methods.trained.method import METHODS, Method, get_method
+from grom.methods.trained.recipes import chunk_corpus
+from grom.methods.trained.sequences import encode_sequences
+from grom.methods.trained.settings import RunSettings, Settings, resolve_settings
 from grom.data.schema import FactRecord, QAExample, as_examples
 from grom.keys import Encoded
 
@@ -78,17 +78,17 @@ def _alternates(row: Method, model, tokenizer, forget, s: Settings, given, progr
     return tuple((a.answer,) for a in idk_alternates(forget, s.seed))
 
 
-def prepare_run(method, tokenizer, forget, retain, kw: dict, model=None,
+def prepare_run(method, tokenizer, forget, retain, given: RunSettings, model=None,
                 progress=None) -> tuple[Settings, Method, Encodings]:
     """Validate everything and encode the sequences, before any work: (settings, the
-    method's row, the encoded forget / retain / alternate sequences). `kw` are
-    run_baseline's keyword arguments (`alternates` among them). Then, for a method that
+    method's row, the encoded forget / retain / alternate sequences). `given`: the
+    caller's settings (`alternates` among them); the method's row and defaults are fitted
+    to `model` where given. Then, for a method that
     writes its alternate answers with the model (AltPO), the one piece of work done here:
     `model` writes them (`progress(fraction, message)` as it goes)."""
-    kw = dict(kw)
-    alternates = kw.pop("alternates", None)
-    s = resolve_settings(method, **kw)
-    row = get_method(s.method)
+    alternates = given.alternates
+    s = resolve_settings(method, given, model=model)
+    row = get_method(s.method).fitted(model)
     if alternates is not None and not row.needs_answers:
         raise ValueError(f"{row.label} trains toward no alternate answer; alternates apply to the "
                          f"methods that do ({', '.join(r.label for r in METHODS.values() if r.needs_answers)})")

@@ -20,7 +20,7 @@ d3d7cf9e6b3c125d16687d4232680d8d83548f1a (2025-12-24):
 
 Every recipe clips gradients to norm 1.0 (HF's ``max_grad_norm`` default). All run AdamW
 (upstream ``optim: paged_adamw_32bit``: float32 moments) on the weights in the model's own
-dtype (``bf16: True`` on a bfloat16 model: no float32 master copy); see grom.baselines.optim.
+dtype (``bf16: True`` on a bfloat16 model: no float32 master copy); see grom.methods.trained.optimizer.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from grom.data.schema import TextExample
+from grom.tasks import TASKS
 
 UPSTREAM = "locuslab/open-unlearning@d3d7cf9e6b3c125d16687d4232680d8d83548f1a"
 SCHEDULES = ("linear", "constant")
@@ -77,7 +78,6 @@ RECIPES: dict[str, Recipe] = {
                    source="configs/experiment/unlearn/wmdp/default.yaml"),
 }
 DEFAULT_RECIPE = "tofu"
-_BY_TASK = {"muse": "muse", "wmdp": "wmdp"}  # every other task (tofu, knowledge, zsre, custom): QA, TOFU's
 
 
 def get_recipe(name: str) -> Recipe:
@@ -90,8 +90,10 @@ def get_recipe(name: str) -> Recipe:
 
 def recipe_for_task(task: str) -> Recipe:
     """The recipe OpenUnlearning runs for a benchmark of this task (grom.data.schema
-    Benchmark.task): MUSE's and WMDP's for theirs, TOFU's for question/answer ones."""
-    return RECIPES[_BY_TASK.get(str(task).lower(), DEFAULT_RECIPE)]
+    Benchmark.task), as the task names it (`grom.tasks.Task.recipe`: MUSE's and WMDP's for
+    theirs, TOFU's for question/answer ones); TOFU's for a task not registered."""
+    found = TASKS.get(str(task).lower())
+    return RECIPES[found.recipe if found is not None else DEFAULT_RECIPE]
 
 
 def chunk_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[str]:
