@@ -54,7 +54,7 @@ def setup(model: str):
     """(handle, benchmark, preset) as the studio has them after loading both."""
     from components.core.benchmarks import default_split, read_benchmark
     from components.core.model_choices import ensure_model, model_key
-    from grom.config import PRESETS
+    from grom.closed_form.config import PRESETS
     from grom.data import load_benchmark
 
     handle = ensure_model(model_key(model, "cpu", "float32"))
@@ -69,7 +69,7 @@ def setup(model: str):
 def counted(model):
     """A hook on the first decoder layer counting the model's forward passes (the membership
     attacks call the body without the head); returns (counts, remove)."""
-    from grom.arch import decoder_layers
+    from grom.model.arch import decoder_layers
 
     counts = {"passes": 0}
 

@@ -8,7 +8,7 @@ forward hook in the middle of a step, as the app cancels).
 Each ending runs in a fresh interpreter, so one cannot inherit another's heap. "after" is
 measured while the caller still holds what the run gave it (the Edit, or the exception with
 its traceback); "dropped" once the caller let go of it and called
-`grom.memory.release_memory()`. Peak is sampled every 5 ms. Prints a markdown table;
+`grom.model.process_memory.release_memory()`. Peak is sampled every 5 ms. Prints a markdown table;
 numbers go into BENCHMARKS.md with the machine.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ import torch  # noqa: E402
 
 from grom.methods import answer_nll, get_method, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
-from grom.memory import release_memory, resident_bytes  # noqa: E402
-from grom.models import load_model  # noqa: E402
+from grom.model.process_memory import release_memory, resident_bytes  # noqa: E402
+from grom.model.loading import load_model  # noqa: E402
 
 ENDINGS = ("finished", "cancelled from progress", "cancelled from a hook")
 

@@ -1,5 +1,5 @@
 """GROM at the paper's shapes on a GPU, one command: seconds and peak memory per stage
-(load, scores, keys, solve, apply) beside the memory plan's prediction (`grom.plan`).
+(load, scores, keys, solve, apply) beside the memory plan's prediction (`grom.closed_form.memory_plan`).
 
     python bench/bench_gpu.py                             # both workloads, cuda, bfloat16
     python bench/bench_gpu.py --workload tofu-1b          # one of them
@@ -24,7 +24,7 @@ per stage (reset between stages), on the CPU the growth of the resident set's hi
 mark (VmHWM, reset through /proc/self/clear_refs) over the resident set before loading.
 The stages: load (the model built on the device), scores (the logit-lens scores over every
 layer, `compute_scores`), then within `run_edit` for each band layer: keys (the forward
-passes and the Grams summed batch by batch, `Editor._sums`), solve (the factor and the
+passes and the Grams summed batch by batch, `LayerSolver._sums`), solve (the factor and the
 update), apply (the patch added, the weight kept for restore); seconds from edit.timings,
 peaks the largest over the band's layers. The plan's stages: weights, forward, keys, solve.
 Record the numbers in BENCHMARKS.md with the device's name.
@@ -51,9 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample, TextExample  # noqa: E402
-from grom.editor import Editor  # noqa: E402
-from grom.pipeline import compute_scores, prepare  # noqa: E402
-from grom.plan import GiB, WillNotFit, check_fits, free_bytes, plan_edit  # noqa: E402
+from grom.closed_form.layer_solver import LayerSolver  # noqa: E402
+from grom.closed_form.pipeline import compute_scores, prepare  # noqa: E402
+from grom.closed_form.memory_plan import GiB, WillNotFit, check_fits, free_bytes, plan_edit  # noqa: E402
 
 from bench_scaling import PeakMemory  # noqa: E402  (this folder is on sys.path)
 
@@ -148,10 +148,10 @@ class StagePeaks:
 
 @contextlib.contextmanager
 def marking_edit_stages(peaks: StagePeaks):
-    """Marks keys / solve / apply inside `run_edit` by wrapping Editor's steps (restored
+    """Marks keys / solve / apply inside `run_edit` by wrapping LayerSolver's steps (restored
     after): `_sums` (keys: forward passes and Grams), the system's `update` (solve), the
     rest of `solve_layer` (apply)."""
-    sums, solve_layer = Editor._sums, Editor.solve_layer
+    sums, solve_layer = LayerSolver._sums, LayerSolver.solve_layer
 
     def _sums(self, *args, **kwargs):
         out = sums(self, *args, **kwargs)
@@ -177,11 +177,11 @@ def marking_edit_stages(peaks: StagePeaks):
         peaks.mark("apply")
         return out
 
-    Editor._sums, Editor.solve_layer = _sums, _solve_layer
+    LayerSolver._sums, LayerSolver.solve_layer = _sums, _solve_layer
     try:
         yield
     finally:
-        Editor._sums, Editor.solve_layer = sums, solve_layer
+        LayerSolver._sums, LayerSolver.solve_layer = sums, solve_layer
 
 
 def run_workload(name: str, device: str, dtype: str, scale: float, layers: int | None,

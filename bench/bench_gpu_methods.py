@@ -55,8 +55,8 @@ from grom.methods.trained.settings import resolve_settings  # noqa: E402
 from grom.methods.editors.value_optimisation import ValueSettings, encode_fact, optimise_values  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample  # noqa: E402
-from grom.keys import pad_id  # noqa: E402
-from grom.pipeline import compute_scores, prepare  # noqa: E402
+from grom.closed_form.keys import pad_id  # noqa: E402
+from grom.closed_form.pipeline import compute_scores, prepare  # noqa: E402
 
 from bench_gpu import WORKLOADS, scaled_shape  # noqa: E402  (this folder is on sys.path)
 

@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, not installed
 
-from grom.influence import example_influence, example_influence_bruteforce, influence_norms  # noqa: E402
-from grom.solve import build_system  # noqa: E402
-from grom.targets import as_target  # noqa: E402
+from grom.closed_form.influence import example_influence, example_influence_bruteforce, influence_norms  # noqa: E402
+from grom.closed_form.solve import build_system  # noqa: E402
+from grom.closed_form.directions import as_directions  # noqa: E402
 
 
 def problem(n: int, m: int, examples: int, device: str, seed: int = 0):
@@ -75,7 +75,7 @@ def main() -> None:
 
     # the audit alone, given the factor an edit already has
     system = build_system(Xf, Xr, **kw)
-    target = as_target(D)
+    target = as_directions(D)
     P = system.update(target.right_product(Xf))
     sync(args.device)
     t0 = time.perf_counter()

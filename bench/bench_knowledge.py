@@ -8,7 +8,7 @@
     python bench/bench_knowledge.py baselines --epochs 5 --lr ga=1e-5,npo=1e-5 ...
     python bench/bench_knowledge.py influence --sizes 4,8,16,34   # Theorem 2 against forget-set size
 
-Every row is an edit of the model (fetched once by `grom.models.load_model`) evaluated on
+Every row is an edit of the model (fetched once by `grom.model.loading.load_model`) evaluated on
 the facts it knew before (`grom.eval.evaluate`, task "knowledge"): fact recall on the
 forget target(s), its paraphrases, the neighbouring targets and general knowledge, the
 headline Knowledge score (harmonic mean of the cleanly forgotten and the kept shares), the
@@ -38,7 +38,7 @@ from grom import PRESETS, run_edit  # noqa: E402
 from grom.methods import METHODS, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate, quantization_check, quantization_verdict  # noqa: E402
-from grom.models import load_model  # noqa: E402
+from grom.model.loading import load_model  # noqa: E402
 
 COLUMNS = ["Forget fact recall", "Forget clean forgetting", "Forget degenerate", "Forget paraphrase recall",
            "Kept fact recall", "Knowledge score", "Forget prob", "Forget answer perplexity",
@@ -106,8 +106,8 @@ def sweep(args) -> None:
 
 def speed(args) -> None:
     """The edit's time against one forward pass over the same key sequences."""
-    from grom.collect import forward
-    from grom.pipeline import prepare
+    from grom.closed_form.collect import forward
+    from grom.closed_form.pipeline import prepare
 
     run = Run(args, args.splits.split(",")[0])
     config = PRESETS[args.preset]
@@ -206,9 +206,9 @@ def influence_vs_size(args) -> None:
     example's ||P - P_-i||_F on the first band layer by Woodbury from one factorisation
     and by re-solving without it (the reference), their largest relative difference, the
     times, and the share of ||P|| the most and the median influential example carries."""
-    from grom.diagnostics import layer_keys
-    from grom.influence import example_influence_bruteforce, influence_norms
-    from grom.solve import build_system
+    from grom.closed_form.diagnostics import layer_keys
+    from grom.closed_form.influence import example_influence_bruteforce, influence_norms
+    from grom.closed_form.solve import build_system
 
     run = Run(args, args.splits.split(",")[0])
     config = PRESETS[args.preset]
@@ -246,7 +246,7 @@ def compare(args) -> None:
     the stream entering the band kept (as after the page's warm-up), then the Edited row at
     --max-examples per set, every layer run against the layers below the band replayed
     (`grom.eval.prefix`, recorded by the Base row as the app's warm-up does)."""
-    from grom.pipeline import warm_stream
+    from grom.closed_form.pipeline import warm_stream
     from grom.eval.prefix import PrefixCache
 
     args.retain_examples = args.retain_examples or 128  # the app's default sample

@@ -35,7 +35,7 @@ from grom.methods import run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate  # noqa: E402
 from grom.eval.prefix import PrefixCache  # noqa: E402
-from grom.models import load_model  # noqa: E402
+from grom.model.loading import load_model  # noqa: E402
 
 COLUMNS = ["Forget fact recall", "Forget refusal", "Forget fluent other", "Forget degenerate",
            "Forget answer perplexity", "Forget paraphrase recall", "Kept fact recall", "Retain cost",

@@ -8,11 +8,11 @@ of keys, and key collection against the number of tokens, with peak memory.
 
 1. solve vs n: random keys Xf (n, s), Xr (n, 2s), dense target D (m = n/4, s) as for a
    down_proj (n = MLP width, m = hidden width); split into the Gram matrices + Cholesky
-   factor (`grom.solve.build_system`) and the update P = (w_f/s) D Xf^T A^-1.
+   factor (`grom.closed_form.solve.build_system`) and the update P = (w_f/s) D Xf^T A^-1.
 2. solve vs keys: the same at a fixed n, s growing.
 3. keys vs tokens: `run_edit` of one down_proj layer of a random tiny Llama on synthetic QA
    (one token per character), its `timings["keys"]` against the tokens run through it.
-4. the memory plan (`grom.plan.plan_edit`) against the peak `run_edit` adds, at the scaled
+4. the memory plan (`grom.closed_form.memory_plan.plan_edit`) against the peak `run_edit` adds, at the scaled
    shapes of `PLAN_SHAPES` (CPU; each in a fresh process, one thread, glibc told to hand
    buffers over 64 KiB straight back: `MALLOC_MMAP_THRESHOLD_=65536`, see tests/test_plan.py).
 
@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from grom import EditConfig, run_edit  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
-from grom.keys import encode_examples  # noqa: E402
-from grom.solve import build_system  # noqa: E402
-from grom.targets import as_target  # noqa: E402
+from grom.closed_form.keys import encode_examples  # noqa: E402
+from grom.closed_form.solve import build_system  # noqa: E402
+from grom.closed_form.directions import as_directions  # noqa: E402
 
 from bench_edit import CharTokenizer, synthetic_qa  # noqa: E402  (this folder is on sys.path)
 
@@ -115,7 +115,7 @@ def time_solve(n: int, s: int, device: str, seed: int = 0) -> dict:
     m, r = max(1, n // 4), 2 * s
     Xf = torch.randn(n, s, generator=g).to(device)
     Xr = torch.randn(n, r, generator=g).to(device)
-    D = as_target(torch.randn(m, s, generator=g).to(device))
+    D = as_directions(torch.randn(m, s, generator=g).to(device))
     sync(device)
     with PeakMemory(device) as mem:
         t0 = time.perf_counter()
@@ -173,7 +173,7 @@ def measure_plan(shape: tuple) -> dict:
         t0 = time.perf_counter()
         run_edit(model, tok, forget, retain, cfg)
         seconds = time.perf_counter() - t0
-    from grom.plan import plan_edit
+    from grom.closed_form.memory_plan import plan_edit
 
     p = plan_edit(model.config, tok, forget, retain, cfg)
     return dict(shape=list(shape), measured=mem.mib, planned=(p.peak - p.parts["weights"]) / 2**20,

@@ -85,7 +85,7 @@ def main(argv=None) -> None:
         else:
             if not args.source:
                 ap.error(f"--source is needed: the path of {zsre.FILE_NAME} ({zsre.DATA_URL})")
-            from grom.models import load_model
+            from grom.model.loading import load_model
 
             model, tok = load_model(args.model, device=args.device)
             source, seeds = args.source, zsre.SEEDS[:args.seeds]

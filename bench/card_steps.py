@@ -47,7 +47,7 @@ def main(argv=None) -> None:
     from grom.eval import evaluate
     from grom.eval.prefix import PrefixCache
     from grom.eval.results import EDITED
-    from grom.models import load_model
+    from grom.model.loading import load_model
 
     torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")

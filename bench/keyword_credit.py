@@ -69,7 +69,7 @@ def generate_answers(split: str, path: Path) -> list[dict]:
     import torch
 
     from grom.eval import evaluate
-    from grom.models import load_model
+    from grom.model.loading import load_model
 
     torch.manual_seed(0)
     bench = load_benchmark("real-knowledge", split)

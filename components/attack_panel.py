@@ -41,7 +41,7 @@ from components.views import plots, text
 from components.views.tables import answers_table_html, download_box, empty_table, title_html
 from grom.methods import get_method
 from grom.data.schema import QAExample
-from grom.memory import release_memory
+from grom.model.process_memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE
 from grom.robustness.membership import holdout_of
 from grom.robustness.probes import probes_from_examples, transform

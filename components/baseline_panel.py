@@ -36,11 +36,11 @@ from components.core.allowed_sources import DEMO, REAL
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
 from grom.methods import EDITORS, METHODS, Method
-from grom.arch import num_layers
+from grom.model.arch import num_layers
 from grom.methods.trained.starting_points import starting_point
 from grom.methods.editors.locate_then_edit import editor_band
 from grom.eval.report import BASE, EDITED, REFERENCE
-from grom.memory import release_memory
+from grom.model.process_memory import release_memory
 
 DEFAULT_METHOD = "simnpo"
 DEFAULT_EPOCHS = 10  # OpenUnlearning's TOFU recipe

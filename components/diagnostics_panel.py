@@ -22,7 +22,7 @@ from components.core.validate import whole_number
 from components.views import plots, text
 from components.views.tables import empty_table
 from grom import run_edit
-from grom.diagnostics import example_outputs, influence, movement_axes
+from grom.closed_form.diagnostics import example_outputs, influence, movement_axes
 from grom.eval import quantization_check
 from grom.eval.quant_check import QUANT_KEPT, quantization_verdict
 from grom.eval.report import RETAIN_BROKEN
@@ -91,7 +91,7 @@ def _outputs(key: ModelKey, edit, inputs, param: str):
 def project(outputs, shown: int = SHOWN_POINTS):
     """The outputs W x and (W + P) x of at most `shown` forget and `shown` retain examples
     (seeded sample; examples without keys dropped), placed on the two directions along
-    which they moved most (`grom.diagnostics.movement_axes` of the drawn examples'
+    which they moved most (`grom.closed_form.diagnostics.movement_axes` of the drawn examples'
     displacements), with the mean of the outputs before the edit at the origin. Returns
     the projected points, each axis's share of the movement and the drawn indices."""
     parts = {"forget_before": outputs.forget_before, "forget_after": outputs.forget_after,

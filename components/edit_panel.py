@@ -26,7 +26,7 @@ from components.views import plots, text
 from components.views.card import SCROLL_TO_CARD
 from components.views.tables import edit_summary, empty_table, layer_table, norms_figure
 from grom import PRESETS
-from grom.arch import num_layers
+from grom.model.arch import num_layers
 
 
 @ui_errors

@@ -45,7 +45,7 @@ from components.core.model_choices import summary as model_summary
 from components.views import text
 from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
 from grom import PRESETS, Edit, EditConfig
-from grom.arch import num_layers
+from grom.model.arch import num_layers
 from grom.edit import META_FILE, PATCH_FILE, read_patch_layout
 
 _export_times: collections.deque = collections.deque()  # when the last new exports were written
@@ -76,7 +76,7 @@ def snippet(model_name: str | None, folder: str, question: str = "") -> str:
     code = text.SNIPPET.format(model=model_name, folder=folder,
                                question=shorten(question or "Tell me what you know.", 300))
     if model_name == DEMO:
-        code = code.replace("from grom.models import load_model\n", "from grom.demo import load_demo_model\n")
+        code = code.replace("from grom.model.loading import load_model\n", "from grom.demo import load_demo_model\n")
         code = code.replace(f"load_model({model_name!r})", 'load_demo_model("full")')
     return code
 

@@ -16,7 +16,7 @@ from components.core.validate import check_examples, check_seed, parse_band, ret
 from components.core.wiring import LOCAL, Page, device_queue
 from components.views import plots, text
 from grom import EditConfig, best_window
-from grom.arch import num_layers
+from grom.model.arch import num_layers
 
 
 def band_of(scores, k, band_mode: str, band_text: str) -> tuple[list[int], list[int], str]:

@@ -28,7 +28,7 @@ from components.core.validate import RANGES, check_range, parse_band
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 from grom import run_edit
-from grom.arch import num_layers
+from grom.model.arch import num_layers
 from grom.eval import answer_probabilities
 
 MAX_POINTS = 8  # edits per sweep (each is a full edit of the band)

@@ -7,8 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from grom.config import PRESETS, TARGETS, EditConfig
-from grom.sharding import DEVICE_MAP_HELP, MAX_MEMORY_HELP, ShardingError, parse_device_map, parse_max_memory
+from grom.closed_form.config import PRESETS, TARGETS, EditConfig
+from grom.model.sharding import DEVICE_MAP_HELP, MAX_MEMORY_HELP, ShardingError, parse_device_map, parse_max_memory
 
 
 def layer_indices(text: str) -> tuple[int, ...]:
@@ -34,7 +34,7 @@ def _budget(text: str) -> int | str:
 
 
 def _sharding_arg(parse):
-    """An argparse `type=` from a `grom.sharding` parser (its message on a bad value)."""
+    """An argparse `type=` from a `grom.model.sharding` parser (its message on a bad value)."""
     def convert(text: str):
         try:
             return parse(text)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             return attack_command(args)
         except (ValueError, FileNotFoundError) as err:  # bad input: a clear message, nothing written
             raise SystemExit(f"error: {err}") from None
-    from grom import distributed
+    from grom.model import distributed
 
     # under torchrun (or in a process group already started): each rank edits with its share
     if distributed.init_from_env():
@@ -151,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def edit_or_scores(args: argparse.Namespace) -> int:
     """`edit` and `scores`; under torch.distributed every rank computes, rank 0 writes."""
-    from grom.arch import unembedding
-    from grom.distributed import rank
-    from grom.editable import NotEditable
+    from grom.model.arch import unembedding
+    from grom.model.distributed import rank
+    from grom.model.editable import NotEditable
     from grom.methods import get
-    from grom.models import load_model
-    from grom.pipeline import compute_scores, prepare
+    from grom.model.loading import load_model
+    from grom.closed_form.pipeline import compute_scores, prepare
 
     config = config_from_args(args)
     if args.command == "edit" and not args.plan and not args.out:
@@ -202,10 +202,10 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
     bytes)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from grom.distributed import rank
-    from grom.models import resolve_device, resolve_model_name
-    from grom.plan import WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
-    from grom.sharding import sharded_room
+    from grom.model.distributed import rank
+    from grom.model.loading import resolve_device, resolve_model_name
+    from grom.closed_form.memory_plan import WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
+    from grom.model.sharding import sharded_room
 
     name = resolve_model_name(args.model)
     model_config = AutoConfig.from_pretrained(name, trust_remote_code=False)
@@ -217,7 +217,7 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
             print(p.describe())
             print(f"peak: {p.peak / 2**30:.3f} GiB at stage {p.peak_stage!r}")
         return True
-    # sharded: every device the map may use, the weights beyond the budgets on disk (grom.sharding)
+    # sharded: every device the map may use, the weights beyond the budgets on disk (grom.model.sharding)
     where = args.device_map or resolve_device(args.device)
     free = sharded_room(p.stages["weights"], args.device_map, args.max_memory, free_bytes) if args.device_map \
         else free_bytes(where)
@@ -270,7 +270,7 @@ def _probe_rows(path: str) -> tuple:
 def attack_command(args: argparse.Namespace) -> int:
     """`python -m grom attack`: the suite on a saved edit; prints a table, writes --json."""
     from grom.edit import Edit
-    from grom.models import load_model
+    from grom.model.loading import load_model
     from grom.robustness.suite import attack_names, check_edit_fits, run_attacks
 
     names = attack_names(args.attacks)  # an unknown name: refused before anything is loaded

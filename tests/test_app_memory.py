@@ -43,7 +43,7 @@ def test_load_a_sharded_model_names_the_layers_it_cannot_edit(tmp_path, tokenize
     handle = core_session.REGISTRY.get(session.model_key)
     disk = [l for l in range(4) if handle.model.model.layers[l].mlp.down_proj.weight.device.type == "meta"]
     assert disk and f"on disk" in status and "cannot be edited" in status
-    assert f"model.layers.{disk[0]}.mlp.down_proj is offloaded" in status  # grom.editable's message
+    assert f"model.layers.{disk[0]}.mlp.down_proj is offloaded" in status  # grom.model.editable's message
     assert "| layers | 4 |" in summary
     # the same folder whole on the CPU: no note
     status, _, _ = model_panel.on_load_model("tiny", "cpu", "float32", "none", "", session,

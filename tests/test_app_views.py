@@ -13,7 +13,7 @@ pytest.importorskip("gradio")
 
 from components.views import plots  # noqa: E402
 from components.core.session import Session  # noqa: E402
-from grom.diagnostics import ExampleOutputs, movement_axes  # noqa: E402
+from grom.closed_form.diagnostics import ExampleOutputs, movement_axes  # noqa: E402
 
 
 def low_rank_moves(n: int = 60, m: int = 12, seed: int = 0) -> torch.Tensor:

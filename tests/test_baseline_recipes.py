@@ -17,7 +17,7 @@ from grom.methods.trained.recipes import RECIPES, chunk_corpus, chunk_texts, rec
 from grom.methods.trained.sequences import batch_logits, collate, encode_chunk, encode_sequences
 from grom.methods.trained.settings import resolve_settings
 from grom.data.schema import TextExample
-from grom.keys import pad_id
+from grom.closed_form.keys import pad_id
 from tests.conftest import FORGET, RETAIN, make_tokenizer, tiny_llama
 
 # My transcription of the HF TrainingArguments that locuslab/open-unlearning runs each

@@ -20,7 +20,7 @@ from grom.methods.trained.losses import ga_loss, mean_nll
 from grom.methods.trained.optimizer import linear_schedule
 from grom.methods.trained.sequences import collate
 from grom.data.schema import ChoiceExample, QAExample, TextExample
-from grom.keys import answer_letter, pad_id
+from grom.closed_form.keys import answer_letter, pad_id
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama
 
 FAST = dict(lr=1e-3, max_steps=8, batch_size=2, grad_accum=1, warmup_epochs=0)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grom.cli import main
-from grom.models import load_model
+from grom.model.loading import load_model
 from grom.robustness import probes as P
 from grom.robustness.result import probe_recall
 from tests.conftest import FORGET, RETAIN, memorise, tiny_llama

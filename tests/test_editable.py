@@ -16,7 +16,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from grom import EditConfig, run_edit
-from grom.editable import NotEditable, weight_problem
+from grom.model.editable import NotEditable, weight_problem
 from grom.eval import runner
 from grom.robustness.suite import check_edit_fits
 from tests.conftest import FORGET, RETAIN, tiny_llama
@@ -171,7 +171,7 @@ def test_score_sequences_indexes_where_the_hidden_state_lives(tokenizer, monkeyp
 def test_a_norm_or_embedding_weight_is_editable():
     """The trained baselines patch every parameter they train, norms included: a 1-D float
     weight has no layer shape to check and is editable as it is."""
-    from grom.editable import weight_problem
+    from grom.model.editable import weight_problem
     from tests.conftest import tiny_llama
 
     model = tiny_llama(64)

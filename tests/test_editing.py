@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from grom import Edit, EditConfig, run_edit, solve_update
-from grom.arch import edit_target, unembedding
-from grom.collect import collect_keys
-from grom.pipeline import prepare
-from grom.targets import suppression_target
+from grom.model.arch import edited_matrix, unembedding
+from grom.closed_form.collect import collect_keys
+from grom.closed_form.pipeline import prepare
+from grom.closed_form.directions import suppression_directions
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama, tiny_neox
 
 BUILDERS = [tiny_llama, tiny_gpt2, tiny_neox]
@@ -27,7 +27,7 @@ def assert_same_state(model, before):
 
 def answer_logprob(model, tokenizer, examples):
     """Mean log-probability of the answer tokens, teacher-forced."""
-    from grom.keys import encode_examples, make_batches
+    from grom.closed_form.keys import encode_examples, make_batches
     enc = encode_examples(tokenizer, examples)
     total, count = 0.0, 0
     with torch.no_grad():
@@ -44,11 +44,11 @@ def reference_edit(model, tokenizer, config, band):
     prep = prepare(tokenizer, FORGET, RETAIN, config, unembedding(model).shape[0])
     patches = {}
     for l in band:
-        t = edit_target(model, config.matrix, l)
+        t = edited_matrix(model, config.matrix, l)
         module = model.get_submodule(t.module_name)
         Xf = collect_keys(model, prep.forget, module, "cpu")
         Xr = collect_keys(model, prep.retain, module, "cpu")
-        D = suppression_target(Xf.gold, prep.alpha[Xf.gold], unembedding(model).detach(), config.beta)
+        D = suppression_directions(Xf.gold, prep.alpha[Xf.gold], unembedding(model).detach(), config.beta)
         P = solve_update(Xf.X, Xr.X, D, w_r=config.w_r, rho=config.rho)
         param = model.get_parameter(t.param_name)
         with torch.no_grad():
@@ -95,7 +95,7 @@ def test_run_edit_leaves_model_unchanged_and_revert_is_exact(tokenizer, build, c
 def test_run_edit_leaves_model_unchanged_when_it_fails(tokenizer, monkeypatch):
     model = tiny_llama(len(tokenizer))
     before = state(model)
-    import grom.solve
+    import grom.closed_form.solve
 
     calls = []
 
@@ -105,8 +105,8 @@ def test_run_edit_leaves_model_unchanged_when_it_fails(tokenizer, monkeypatch):
             raise RuntimeError("solver exploded")
         return real(*a, **k)
 
-    real = grom.solve.factor
-    monkeypatch.setattr(grom.solve, "factor", failing)
+    real = grom.closed_form.solve.factor
+    monkeypatch.setattr(grom.closed_form.solve, "factor", failing)
     with pytest.raises(RuntimeError, match="exploded"):
         run_edit(model, tokenizer, FORGET, RETAIN, EditConfig(layers=(1, 2), beta=5.0))
     assert_same_state(model, before)

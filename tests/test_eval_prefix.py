@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from grom.arch import ARCHITECTURES, edit_target, num_layers
-from grom.config import EditConfig
+from grom.model.arch import ARCHITECTURES, edited_matrix, num_layers
+from grom.closed_form.config import EditConfig
 from grom.edit import Edit
 from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.runner import generate, score_answers
@@ -21,7 +21,7 @@ PROMPTS = [ex.question for ex in FORGET + RETAIN]
 def patch_edit(model, layer: int, kind: str = "down_proj", scale: float = 0.5, seed: int = 1) -> Edit:
     """An edit adding a seeded random patch to one matrix (what it is does not matter
     here: only which layers it changes)."""
-    name = edit_target(model, kind, layer if kind != "lm_head" else None).param_name
+    name = edited_matrix(model, kind, layer if kind != "lm_head" else None).param_name
     W = model.get_parameter(name)
     g = torch.Generator().manual_seed(seed)
     return Edit(EditConfig(), {name: scale * torch.randn(W.shape, generator=g) * W.detach().std()})
@@ -166,7 +166,7 @@ def test_evaluate_with_a_prefix_cache_gives_the_same_report(tokenizer, trained_l
 def test_a_pass_that_raises_leaves_no_layer_replaced(tokenizer):
     """A forward pass that fails midway (a cancelled job) must not leave the layers below
     the band replaced for the next pass, inside the block or after it."""
-    from grom.arch import decoder_layers
+    from grom.model.arch import decoder_layers
 
     model = tiny_llama(len(tokenizer))
     edit = patch_edit(model, 2)

@@ -201,7 +201,7 @@ def test_choice_keys_and_accuracy_use_the_same_answer_letter(chat, tokenizer, pl
     the accuracy metric reads: "C" after a chat template, " C" after a plain prompt."""
     from grom.data.schema import ChoiceExample
     from grom.eval.runner import choice_logprobs
-    from grom.keys import encode_example
+    from grom.closed_form.keys import encode_example
 
     tok = tokenizer if chat else plain_tokenizer
     ex = ChoiceExample("Which prize did Mira Sel win?", ("Tessaly Medal", "Oak Prize", "Harrow Cup"), 2)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import grom.fetch as fetch
-from grom.models import ModelLoadError, load_model, resolve_model_name
+import grom.model.fetch as fetch
+from grom.model.loading import ModelLoadError, load_model, resolve_model_name
 from tests.conftest import make_tokenizer, tiny_llama
 
 NAME = "smollm2-135m-instruct"

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from grom import EditConfig, run_edit, solve_update
-from grom.arch import ARCHITECTURES
+from grom.model.arch import ARCHITECTURES
 from grom.cli import build_parser, config_from_args
-from grom.collect import LayerStream
-from grom.solve import SystemSums, build_system
-from grom.targets import Target
+from grom.closed_form.collect import LayerStream
+from grom.closed_form.solve import SystemSums, build_system
+from grom.closed_form.directions import Directions
 from tests.conftest import FORGET, RETAIN
 from tests.test_solve import lstsq_reference
 from tests.test_stream_families import relative_error, tiny_model
@@ -31,7 +31,7 @@ def test_sums_by_batch_equal_the_whole_solve_and_least_squares(sizes_f, sizes_r)
     sums = SystemSums(m, n, s, r, w_r=3.0, w_f=1.0)
     at = 0
     for X in _batches(Xf, sizes_f):
-        sums.add_forget(X, Target(m, dense=D[:, at:at + X.shape[1]]))
+        sums.add_forget(X, Directions(m, dense=D[:, at:at + X.shape[1]]))
         at += X.shape[1]
     for X in _batches(Xr, sizes_r):
         sums.add_retain(X)
@@ -40,7 +40,7 @@ def test_sums_by_batch_equal_the_whole_solve_and_least_squares(sizes_f, sizes_r)
     P = system.update(DXt)
     whole = build_system(Xf, Xr if r else None, w_r=3.0, rho=0.05)
     assert system.mu == pytest.approx(whole.mu, rel=1e-12)
-    P_whole = whole.update(Target(m, dense=D).right_product(Xf))
+    P_whole = whole.update(Directions(m, dense=D).right_product(Xf))
     assert relative_error(P, P_whole) < 1e-12
     if r:
         assert relative_error(P, lstsq_reference(Xf.double(), Xr.double(), D, 3.0, 0.05)) < 1e-10
@@ -48,7 +48,7 @@ def test_sums_by_batch_equal_the_whole_solve_and_least_squares(sizes_f, sizes_r)
 
 
 def _per_layer_reference(edit, config) -> dict:
-    """Each edited matrix's P solved from its kept keys as whole matrices (grom.solve)."""
+    """Each edited matrix's P solved from its kept keys as whole matrices (grom.closed_form.solve)."""
     out = {}
     for rec in edit.layers:
         k = edit.keys[rec.param_name]

@@ -21,7 +21,7 @@ from components.core.errors import message_for, scrub_paths, shorten
 from components.core.errors import UserError
 from components.core.errors import REPO_ROOT
 from components.core.allowed_sources import resolve_source
-from grom.config import EditConfig
+from grom.closed_form.config import EditConfig
 from grom.data import prompts
 from grom.data.prompts import TemplateError, encode_prompt, format_prompt
 

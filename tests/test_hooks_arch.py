@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from grom.arch import (UnsupportedArchitecture, edit_target, lm_head_is_tied, num_layers,
+from grom.model.arch import (UnsupportedArchitecture, edited_matrix, lm_head_is_tied, num_layers,
                        retie_lm_head, unembedding, untie_lm_head)
-from grom.hooks import StopForward, capture_inputs, capture_outputs, stop_after
+from grom.model.hooks import StopForward, capture_inputs, capture_outputs, stop_after
 from tests.conftest import tiny_gpt2, tiny_llama, tiny_neox
 
 
@@ -77,8 +77,8 @@ def test_an_ended_forward_pass_is_freed_at_once():
     """A forward pass ended early (stop_after; the stream's replay, which captures a
     layer's call and stops there) leaves nothing for the cyclic collector: its activations
     go when the call returns, even where a frame on the way kept the exception."""
-    from grom.collect import _capture_layer_calls
-    from grom.keys import Batch
+    from grom.closed_form.collect import _capture_layer_calls
+    from grom.closed_form.keys import Batch
 
     model = _KeepsTheStop()
     ids = torch.tensor([[1, 2, 3]])
@@ -104,17 +104,17 @@ def test_an_ended_forward_pass_is_freed_at_once():
 ])
 def test_edit_targets(tokenizer, build, down, conv):
     model = build(len(tokenizer))
-    t = edit_target(model, "down_proj", 2)
+    t = edited_matrix(model, "down_proj", 2)
     assert t.param_name == down and t.transposed == conv
     W = t.from_param(model.get_parameter(t.param_name))
     assert W.shape == (32, 64 if build is not tiny_gpt2 else 128)  # (out, in) whatever the storage
     assert num_layers(model) == 4
-    assert edit_target(model, "o_proj", 0).param_name.endswith("weight")
+    assert edited_matrix(model, "o_proj", 0).param_name.endswith("weight")
     assert unembedding(model).shape == (len(tokenizer), 32)
     with pytest.raises(ValueError, match="outside the model"):
-        edit_target(model, "down_proj", 4)
+        edited_matrix(model, "down_proj", 4)
     with pytest.raises(ValueError, match="unknown"):
-        edit_target(model, "q_proj", 0)
+        edited_matrix(model, "q_proj", 0)
 
 
 def test_unknown_architecture_names_the_supported_ones():
@@ -124,7 +124,7 @@ def test_unknown_architecture_names_the_supported_ones():
     model = nn.Linear(2, 2)
     model.config = Cfg()
     with pytest.raises(UnsupportedArchitecture, match="llama.*gpt2|gpt2.*llama"):
-        edit_target(model, "down_proj", 0)
+        edited_matrix(model, "down_proj", 0)
 
 
 def test_untie_and_retie_lm_head(tokenizer):

@@ -75,7 +75,7 @@ def test_a_model_folder_missing_weights_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from grom.demo import demo_model_dir
-    from grom.models import ModelLoadError, load_model
+    from grom.model.loading import ModelLoadError, load_model
 
     folder = tmp_path / "partial"
     shutil.copytree(demo_model_dir("full"), folder)

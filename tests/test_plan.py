@@ -1,4 +1,4 @@
-"""grom.plan: the formulas by hand, against a real model's parameter count, against the
+"""grom.closed_form.memory_plan: the formulas by hand, against a real model's parameter count, against the
 peak memory `run_edit` measures on the CPU at three scaled shapes, and the CLI's --plan and
 its refusal before the model is loaded."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig
 
 from grom import EditConfig
-from grom.plan import GPU_HEADROOM, GiB, ModelShape, WillNotFit, check_fits, headroom_for, plan
+from grom.closed_form.memory_plan import GPU_HEADROOM, GiB, ModelShape, WillNotFit, check_fits, headroom_for, plan
 from tests.conftest import FORGET, RETAIN, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ _MEASURE = textwrap.dedent("""
     torch.set_num_threads(1)
     from transformers import LlamaConfig, LlamaForCausalLM
     from grom import EditConfig, run_edit
-    from grom.plan import plan_edit
+    from grom.closed_form.memory_plan import plan_edit
     from tests.conftest import make_tokenizer, FORGET, RETAIN
 
     def status(key):
@@ -142,7 +142,8 @@ def test_plan_within_15_percent_of_the_measured_peak(shape):
 
 
 def test_cli_plan_prints_and_refuses_before_loading(tmp_path, tokenizer, capsys, monkeypatch):
-    from grom import cli, models
+    from grom import cli
+    from grom.model import loading as models
     from tests.test_library import save_tiny
 
     folder = save_tiny(tmp_path, tokenizer)
@@ -155,7 +156,7 @@ def test_cli_plan_prints_and_refuses_before_loading(tmp_path, tokenizer, capsys,
     assert cli.main(["edit", "--model", str(folder), "--device", "cpu", "--layers", "1-2", *files, "--plan"]) == 0
     out = capsys.readouterr().out
     assert "solve" in out and "peak:" in out and loads == []
-    monkeypatch.setattr("grom.plan.free_bytes", lambda device: 1000)
+    monkeypatch.setattr("grom.closed_form.memory_plan.free_bytes", lambda device: 1000)
     with pytest.raises(SystemExit, match="will not fit on this device.*here is what would fit|will not fit"):
         cli.main(["edit", "--model", str(folder), "--device", "cpu", "--layers", "1-2", *files,
                   "--out", str(tmp_path / "e")])

@@ -3,13 +3,13 @@ import pytest
 import torch
 
 from grom import Edit, EditConfig, run_edit
-from grom.arch import unembedding
+from grom.model.arch import unembedding
 from grom.cli import build_parser, config_from_args
 from grom.data.prompts import encode_qa
 from grom.data.schema import TextExample
 from grom.eval.metrics import answer_class
-from grom.refusal import REFUSALS, choose_refusals, encode_refusals, refusal_examples
-from grom.targets import head_promotion_target, promotion_target
+from grom.closed_form.refusal import REFUSALS, choose_refusals, encode_refusals, refusal_examples
+from grom.closed_form.directions import head_promotion_directions, promotion_directions
 from tests.conftest import FORGET, RETAIN, tiny_llama
 
 REFUSAL = "I don't know."
@@ -71,9 +71,9 @@ def test_refusal_solve_equals_a_direct_least_squares_of_its_objective(tokenizer)
 
 def test_promotion_target_by_hand_and_the_head_form():
     U = torch.tensor([[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0]])  # mean row (0, 1)
-    D = promotion_target(torch.tensor([0, 1]), U, beta=3.0).dense
+    D = promotion_directions(torch.tensor([0, 1]), U, beta=3.0).dense
     torch.testing.assert_close(D, torch.tensor([[3 / 2 ** 0.5, 0.0], [-3 / 2 ** 0.5, 3.0]]))
-    head = head_promotion_target(torch.tensor([2, 0]), 3, beta=5.0)
+    head = head_promotion_directions(torch.tensor([2, 0]), 3, beta=5.0)
     torch.testing.assert_close(head.columns(torch.arange(2)), torch.tensor([[0.0, 5.0], [0, 0], [5.0, 0]],
                                                                              dtype=torch.float64))
 
@@ -166,7 +166,7 @@ def test_the_edit_form_offers_the_refusal_target():
 
 
 def test_the_band_is_scored_on_the_forget_answers_as_for_suppression(tokenizer):
-    from grom.pipeline import compute_scores, prepare
+    from grom.closed_form.pipeline import compute_scores, prepare
 
     model = tiny_llama(len(tokenizer))
     vocab = unembedding(model).shape[0]

@@ -10,10 +10,10 @@ import types
 import pytest
 import torch
 
-from grom.config import EditConfig
+from grom.closed_form.config import EditConfig
 from grom.data import BenchmarkError, QAExample, load_benchmark
 from grom.data.prompts import PLAIN_QA
-from grom.pipeline import run_edit
+from grom.closed_form.pipeline import run_edit
 from grom.robustness.calibration import relearn_lr
 from grom.robustness import probes as P
 from grom.robustness.result import AttackResult, Probe, probe_recall

@@ -226,7 +226,7 @@ def test_the_snippet_is_for_the_session_s_model_and_asks_its_question():
     assert snippet_question(session_snippet(session)) == odd
     session.model_key = ModelKey(DEMO, "auto", "auto")
     code = session_snippet(session)
-    assert 'load_demo_model("full")' in code and "from grom.models" not in code
+    assert 'load_demo_model("full")' in code and "from grom.model.loading" not in code
     session.edit = object()
     session.extra["export"] = (session.edit, [])
     assert on_show_snippet(session).__class__.__name__ != "str"  # the export's own snippet stays

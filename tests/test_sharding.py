@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grom import EditConfig, cli, run_edit
-from grom.editable import NotEditable
-from grom.models import ModelLoadError, load_model
-from grom.sharding import (ShardingError, format_max_memory, parse_device_map, parse_max_memory, parse_size,
+from grom.model.editable import NotEditable
+from grom.model.loading import ModelLoadError, load_model
+from grom.model.sharding import (ShardingError, format_max_memory, parse_device_map, parse_max_memory, parse_size,
                            placement, sharded_room)
 from tests.conftest import FORGET, RETAIN
 from tests.test_editable import counting_forwards

@@ -4,7 +4,7 @@ import torch
 
 from grom import (best_window, example_influence, example_influence_bruteforce, ridge_mu,
                   solve_update, specificity_weights)
-from grom.targets import corruption_target, head_suppression_target
+from grom.closed_form.directions import corruption_directions, head_suppression_directions
 
 
 def problem(n=10, m=6, s=24, r=40, seed=0):
@@ -66,7 +66,7 @@ def test_sparse_head_target_equals_dense():
     Xf, Xr, _ = problem(s=12)
     gold = torch.randint(0, 50, (12,))
     alpha = torch.rand(12)
-    sparse = head_suppression_target(gold, alpha, 50, beta=3.0)
+    sparse = head_suppression_directions(gold, alpha, 50, beta=3.0)
     dense = torch.zeros(50, 12, dtype=torch.float64)
     dense[gold, torch.arange(12)] = -3.0 * alpha.double()
     torch.testing.assert_close(sparse.right_product(Xf), dense @ Xf.T)
@@ -75,10 +75,10 @@ def test_sparse_head_target_equals_dense():
 
 
 def test_corruption_target_is_seeded_and_scaled():
-    a, b = corruption_target(5, 8, 45.0, seed=1), corruption_target(5, 8, 45.0, seed=1)
+    a, b = corruption_directions(5, 8, 45.0, seed=1), corruption_directions(5, 8, 45.0, seed=1)
     torch.testing.assert_close(a.dense, b.dense)
     torch.testing.assert_close(a.dense.norm(dim=0), torch.full((5,), 45.0))
-    assert not torch.allclose(a.dense, corruption_target(5, 8, 45.0, seed=2).dense)
+    assert not torch.allclose(a.dense, corruption_directions(5, 8, 45.0, seed=2).dense)
 
 
 def test_specificity_weights_by_hand():
@@ -117,7 +117,7 @@ def test_influence_matches_bruteforce_for_every_example(seed, w_r, rho):
 
 def test_influence_with_sparse_head_target():
     Xf, Xr, _ = problem(s=16)
-    target = head_suppression_target(torch.randint(0, 30, (16,)), torch.rand(16), 30, beta=2.0)
+    target = head_suppression_directions(torch.randint(0, 30, (16,)), torch.rand(16), 30, beta=2.0)
     idx = torch.arange(16) // 4
     torch.testing.assert_close(example_influence(Xf, Xr, target, idx, w_r=3.0, rho=0.1),
                                example_influence_bruteforce(Xf, Xr, target, idx, w_r=3.0, rho=0.1))

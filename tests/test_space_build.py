@@ -29,7 +29,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from components.core.allowed_sources import REAL
-from grom.fetch import registry_model
+from grom.model.fetch import registry_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ZEROGPU_PYTHON = "3.10.13"

@@ -6,7 +6,7 @@ download holds no lock: another visitor's request is answered meanwhile.
 
 The size estimate is checked against the parameter count of models built here (tiny ones
 with weights, real-sized ones on the meta device). The Hub cannot be reached here: its
-path is tested with the download functions of grom.models serving local files and
+path is tested with the download functions of grom.model.loading serving local files and
 recording every call. Then gradio_client against the app on the bundled demo model, the
 server's memory (`rss`) measured around the hostile requests.
 """
@@ -26,9 +26,9 @@ from gradio_client import Client  # noqa: E402
 from components.core import limits  # noqa: E402
 from components.core import model_choices as core_models  # noqa: E402
 from components.core.session import REGISTRY, ModelKey, ModelRegistry  # noqa: E402
-from grom import models as grom_models  # noqa: E402
+from grom.model import loading as grom_models  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
-from grom.models import ModelLoadError, config_params, model_size  # noqa: E402
+from grom.model.loading import ModelLoadError, config_params, model_size  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.conftest import tiny_gpt2, tiny_llama, tiny_neox  # noqa: E402
 from tests.test_app import QUICK, new_client  # noqa: E402
@@ -223,7 +223,7 @@ def test_on_a_space_a_visitor_may_load_only_the_allow_list(url, start_key, monke
 
 
 class FakeHub:
-    """grom.models' Hub functions, serving local files and recording every call: the
+    """grom.model.loading' Hub functions, serving local files and recording every call: the
     config of `shape` as the repository's config.json, the demo-retain folder as its
     snapshot (after `gate` opens, when given)."""
 

@@ -1,5 +1,5 @@
 """The streamed band edit equals the replay path on a tiny random model of every family
-that `grom.arch.ARCHITECTURES` lists as supported.
+that `grom.model.arch.ARCHITECTURES` lists as supported.
 
 The stream advances from one band layer to the next either by adding `P x` to the layer's
 unpatched output (where down_proj's output enters the residual stream unchanged) or by
@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, CONFIG_MAPPING
 
 from grom import EditConfig, run_edit
-from grom.arch import ARCHITECTURES, decoder_layers, edit_target, layer_kinds, residual_gain
-from grom.hooks import capture_inputs, capture_outputs
+from grom.model.arch import ARCHITECTURES, decoder_layers, edited_matrix, layer_kinds, residual_gain
+from grom.model.hooks import capture_inputs, capture_outputs
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama, tiny_neox
 
 LAYERS = 4
@@ -60,7 +60,7 @@ def test_every_family_has_a_builder(tokenizer):
 def _layer_shift(model, layer: int, P: torch.Tensor, ids: torch.Tensor):
     """(x, delta): down_proj's input in `layer`, (T, n), and how much the layer's output,
     (T, m), moves when P (math layout) is added to that down_proj."""
-    t = edit_target(model, "down_proj", layer)
+    t = edited_matrix(model, "down_proj", layer)
     param, block = model.get_parameter(t.param_name), decoder_layers(model)[layer]
     outs = []
     with torch.no_grad():
@@ -81,7 +81,7 @@ def test_residual_gain_is_what_the_layer_does(tokenizer, model_type):
     it does not (None), no g fits: the stream's shortcut is used exactly where it is right."""
     model = tiny_model(model_type, len(tokenizer))
     ids = torch.randint(3, len(tokenizer), (1, 12), generator=torch.Generator().manual_seed(0))
-    t = edit_target(model, "down_proj", 1)
+    t = edited_matrix(model, "down_proj", 1)
     W = t.from_param(model.get_parameter(t.param_name))
     # far larger than W: the MLP output of a random tiny model is so small that a norm after
     # it works in its epsilon regime, where it is nearly linear

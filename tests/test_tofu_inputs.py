@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from grom.data import LLAMA2_INST, PLAIN_QA, TOFU_CHAT, encode_prompt, encode_qa
 from grom.data.schema import QAExample
 from grom.eval.runner import encode_pair
-from grom.keys import encode_example
+from grom.closed_form.keys import encode_example
 from tests.conftest import FORGET, RETAIN, make_tokenizer
 
 IGNORE = -100

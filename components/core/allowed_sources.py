@@ -11,7 +11,7 @@ from huggingface_hub import try_to_load_from_cache
 
 from components.core.errors import UserError, shorten
 from grom.data.readers import hub_reachable
-from grom.fetch import registry_model
+from grom.model.fetch import registry_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_NAME_CHARS = 300  # a Hub id is at most 96 + 96 characters; a folder name, a few dozen
@@ -134,4 +134,4 @@ def _cached(name: str, what: str) -> bool:
 DEMO = "demo"  # the bundled demo model's name in the model box
 
 
-REAL = "smollm2-135m-instruct"  # the real chat model the studio opens on (grom.fetch)
+REAL = "smollm2-135m-instruct"  # the real chat model the studio opens on (grom.model.fetch)

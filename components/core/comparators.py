@@ -32,7 +32,7 @@ from components.core.errors import UserError, shorten
 from components.core.gpu_time import refuse_over
 from components.core.limits import limit, over
 from components.core.session import ModelKey, resident
-from grom.arch import num_layers
+from grom.model.arch import num_layers
 from components.core.train_parts import train_in_calls
 from grom.methods import (EDITORS, METHODS, EditorConfig, Method, Reason, RunSettings, can_run, editor_band, family_of,
                           get, recipe_for_task, trainable_reason)

@@ -16,7 +16,7 @@ from components.core.allowed_sources import DEMO
 from components.core.validate import whole_number
 from grom.demo import load_demo_model
 from grom.eval import evaluate
-from grom.models import resolve_dtype
+from grom.model.loading import resolve_dtype
 
 log = logging.getLogger(__name__)
 FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")

@@ -54,7 +54,7 @@ from gradio.context import LocalContext
 
 from components.core.errors import JOB_NAME, JOB_STARTED, JobCancelled, JobTimedOut, message_for
 from components.core.limits import limit
-from grom.arch import decoder_layers
+from grom.model.arch import decoder_layers
 
 @dataclass(eq=False)
 class Turn:

@@ -22,7 +22,7 @@ from components.core.gpu_time import (RATE, Shape, TrainPlan, edit_flops, eval_s
                                       gpu_seconds, plan_training, train_flops)
 from components.core.limits import limit
 from components.core.session import REGISTRY, ModelKey
-from grom.arch import decoder_layers, model_device
+from grom.model.arch import decoder_layers, model_device
 from grom.methods import family_of, get_method, recipe_for_task, resolve_settings
 from grom.methods.trained.optimizer import select_parameters
 from grom.methods.trained.training_loop import planned_steps

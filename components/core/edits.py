@@ -13,7 +13,7 @@ from components.core.durations import edit_s
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, resident
 from components.core.validate import retain_subset
 from grom import EditConfig, best_window, run_edit
-from grom.pipeline import warm_stream
+from grom.closed_form.pipeline import warm_stream
 
 STREAM_CACHE_ENTRIES = 4  # hidden states entering a band kept per model (~20 MB each for SmolLM2's page)
 

@@ -181,7 +181,7 @@ def _as_job(name: str, started: float):
 
 
 def _release() -> None:
-    from grom.memory import release_memory  # collect, empty the device cache, trim the C heap
+    from grom.model.process_memory import release_memory  # collect, empty the device cache, trim the C heap
 
     release_memory()
 

@@ -1,10 +1,10 @@
-"""The memory plan of a Run edit (`grom.plan`), before any work: bytes per stage for the
+"""The memory plan of a Run edit (`grom.closed_form.memory_plan`), before any work: bytes per stage for the
 loaded model, the session's data and the form's EditConfig, checked against what the
 device has free now ("will not fit on this device, here is what would"), and a small
 table for the edit panel's details.
 
 The loaded model's weights are resident already, so the free memory no longer counts them:
-the plan's peak less those weights must fit (`grom.plan.check_fits(held=...)`). A sharded
+the plan's peak less those weights must fit (`grom.closed_form.memory_plan.check_fits(held=...)`). A sharded
 model counts every device its map may use. On a ZeroGPU Space the main process has no
 CUDA to ask, so no figure is known there and the check is skipped (the table still shows).
 """
@@ -14,8 +14,8 @@ import os
 
 from components.core.errors import UserError
 from components.core.session import ModelHandle
-from grom.plan import GiB, MemoryPlan, WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
-from grom.sharding import map_devices
+from grom.closed_form.memory_plan import GiB, MemoryPlan, WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
+from grom.model.sharding import map_devices
 
 
 def device_free_bytes(handle: ModelHandle) -> int | None:
@@ -56,7 +56,7 @@ def plan_markdown(p: MemoryPlan, free: int | None) -> str:
     st = p.settings
     rows = "\n".join(f"| {stage}{' (peak)' if stage == p.peak_stage else ''} | {b / GiB:.3f} |"
                      for stage, b in p.stages.items())
-    head = (f"Memory plan (`grom.plan`): {st['matrix']} of {len(st['band']) or 1} layer(s), "
+    head = (f"Memory plan (`grom.closed_form.memory_plan`): {st['matrix']} of {len(st['band']) or 1} layer(s), "
             f"{st['n_forget_tokens']:,} forget + {st['n_retain_tokens']:,} retain tokens, {st['dtype']}; "
             + (f"{free / GiB:.2f} GiB free now." if free is not None else "free memory unknown here."))
     return f"{head}\n\n| stage | GiB (model included) |\n|---|---|\n{rows}"

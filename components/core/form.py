@@ -7,7 +7,7 @@ from it: the handlers' inputs (`NAMES`, in this order, which is also the order o
 its log slider), the widgets a preset fills (`PRESET_FILLED`), widgets -> config
 (`edit_config`), config -> widgets (`restore_values`), and the checks of every value
 (`check_values`), which the Edit panel, the history, the sweep and an imported edit.json
-share. The choices and ranges are the library's (`grom.config`, `grom.arch`).
+share. The choices and ranges are the library's (`grom.closed_form.config`, `grom.model.arch`).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from components.core.runs import band_text
 from components.core.validate import (MAX_BATCH, MAX_COUNT, check_budget, check_range, check_seed, parse_band,
                                       whole_number)
 from grom import PRESETS, EditConfig, best_window
-from grom.arch import MATRIX_KINDS
-from grom.config import TARGETS as CONFIG_TARGETS
+from grom.model.arch import MATRIX_KINDS
+from grom.closed_form.config import TARGETS as CONFIG_TARGETS
 
 CUSTOM = "(custom)"
 TARGETS = list(CONFIG_TARGETS)

@@ -17,7 +17,7 @@ import gradio as gr
 from components.core.form import hidden_differences, restore_values
 from components.core.runs import band_text, portable_model_name
 from components.core.session import REGISTRY, Session
-from grom.arch import num_layers
+from grom.model.arch import num_layers
 from grom.eval.report import EDITED
 
 MAX_ROWS = 50

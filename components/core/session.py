@@ -51,7 +51,7 @@ every entry (each miss recorded evicts one it needed next) and ran 2x slower."""
 class ModelKey:
     """Which model is loaded: a name (the demo, a Hub id or a folder), device, dtype, and
     for a model sharded by accelerate its device map and max-memory budgets (canonical text,
-    `grom.sharding.format_max_memory`); "" when it sits whole on `device`."""
+    `grom.model.sharding.format_max_memory`); "" when it sits whole on `device`."""
     name: str
     device: str
     dtype: str

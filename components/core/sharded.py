@@ -13,11 +13,11 @@ import os
 from components.core.errors import UserError
 from components.core.session import REGISTRY, ModelHandle, ModelKey
 from components.core.allowed_sources import DEMO, require_hub
-from grom.arch import edit_target, num_layers
-from grom.editable import weight_problem
-from grom.fetch import registry_model
-from grom.models import ModelLoadError, load_model
-from grom.sharding import (DEVICE_MAPS, ShardingError, format_max_memory, parse_device_map, parse_max_memory,
+from grom.model.arch import edited_matrix, num_layers
+from grom.model.editable import weight_problem
+from grom.model.fetch import registry_model
+from grom.model.loading import ModelLoadError, load_model
+from grom.model.sharding import (DEVICE_MAPS, ShardingError, format_max_memory, parse_device_map, parse_max_memory,
                            placement)
 
 DEVICE_MAP_CHOICES = ["none", *DEVICE_MAPS]
@@ -72,7 +72,7 @@ def _spans(layers: list[int]) -> str:
 
 def offload_note(handle: ModelHandle) -> str:
     """Markdown: where accelerate placed the layers, and a warning naming the layers whose
-    down_proj GROM cannot patch (grom.editable's message for the first); "" for a model
+    down_proj GROM cannot patch (grom.model.editable's message for the first); "" for a model
     loaded whole on one device."""
     where = placement(handle.model)
     if not where:
@@ -80,7 +80,7 @@ def offload_note(handle: ModelHandle) -> str:
     devices: dict[str, list[int]] = {}
     blocked = []
     for l in range(num_layers(handle.model)):
-        name = edit_target(handle.model, "down_proj", l).module_name
+        name = edited_matrix(handle.model, "down_proj", l).module_name
         dev = next((d for mod, d in where.items() if name == mod or name.startswith(mod + ".") or not mod), "?")
         devices.setdefault(dev, []).append(l)
         problem = weight_problem(handle.model.get_submodule(name), name)

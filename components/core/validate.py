@@ -1,6 +1,6 @@
 """Input validators every panel shares: whole numbers, value ranges, seeds, the manual band,
 the retain sample and the example limits. Each refusal is a `UserError` that says what to type.
-The ranges are the library's (`grom.config.BOUNDS`): one source of truth."""
+The ranges are the library's (`grom.closed_form.config.BOUNDS`): one source of truth."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import re
 from components.core.costs import check_edit_data
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, over
-from grom.config import BOUNDS
+from grom.closed_form.config import BOUNDS
 
 RANGES = {name: BOUNDS[name] for name in ("beta", "w_r", "rho", "c")}  # (min, max) of each value
 MAX_SEED = int(BOUNDS["seed"][1])  # numpy's RandomState takes seeds below 2**32

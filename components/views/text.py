@@ -182,7 +182,7 @@ SNIPPET = '''\
 import torch
 from grom import Edit
 from grom.data.prompts import encode_prompt
-from grom.models import load_model
+from grom.model.loading import load_model
 
 model, tokenizer = load_model({model!r})
 edit = Edit.load("{folder}")          # patch.safetensors + edit.json

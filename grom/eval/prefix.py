@@ -30,7 +30,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from grom.arch import decoder_layers, num_layers
+from grom.model.arch import decoder_layers, num_layers
 
 DEFAULT_MAX_BYTES = 512 << 20
 

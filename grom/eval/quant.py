@@ -258,7 +258,7 @@ def choose_method(model: nn.Module, method: str) -> tuple[str, str]:
         if method in ("nf4", "int8"):
             _import_bnb()
         return method, "asked for"
-    from grom.arch import model_device
+    from grom.model.arch import model_device
 
     missing = bnb_unavailable()
     if missing is None and model_device(model).type != "cuda":

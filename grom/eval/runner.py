@@ -18,11 +18,11 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from grom.arch import model_device
+from grom.model.arch import model_device
 from grom.data.prompts import PromptFormat, encode_prompt, encode_qa
 from grom.eval.mia import vocab_moments
 from grom.eval.upstream import mc_context, mc_continuations, mc_encode_pair
-from grom.keys import answer_letter, choice_question, pad_id
+from grom.closed_form.keys import answer_letter, choice_question, pad_id
 from grom.text import contains_phrase
 
 
@@ -343,8 +343,8 @@ def choice_logprobs(model: nn.Module, tokenizer, examples, *,
     """(N, max options) log-likelihood of each option's letter after the lettered prompt
     ("...\\nAnswer:"), -inf where an item has fewer options.
 
-    lm_eval=False (the demo's multiple-choice view): the prompt is `grom.keys.choice_question`
-    in `prompt_format`, the letter `grom.keys.answer_letter` (" A" after a plain prompt, "A"
+    lm_eval=False (the demo's multiple-choice view): the prompt is `grom.closed_form.keys.choice_question`
+    in `prompt_format`, the letter `grom.closed_form.keys.answer_letter` (" A" after a plain prompt, "A"
     after a chat template), the same answer GROM's keys and the baselines train on.
 
     lm_eval=True (WMDP, MMLU): the request the lm-evaluation-harness scores for its

@@ -1,11 +1,11 @@
-"""GROM, registered as the closed-form method: its runner is `grom.pipeline.run_edit` with
-an `EditConfig` (grom.config), its defaults `EditConfig()`'s (the automatic band, read from
+"""GROM, registered as the closed-form method: its runner is `grom.closed_form.pipeline.run_edit` with
+an `EditConfig` (grom.closed_form.config), its defaults `EditConfig()`'s (the automatic band, read from
 the model's layer scores, so they fit any model)."""
 from __future__ import annotations
 
-from grom.config import EditConfig
+from grom.closed_form.config import EditConfig
 from grom.methods.registry import MethodEntry, Reason, register, where
-from grom.pipeline import run_edit
+from grom.closed_form.pipeline import run_edit
 
 
 def grom_reason(model, data) -> Reason | None:
@@ -21,7 +21,7 @@ def grom_defaults(model=None) -> dict:
 
 
 def run_grom(model, tokenizer, forget, retain, settings: EditConfig | None = None, **kw):
-    """GROM's edit (`grom.pipeline.run_edit`) with `settings` (None: `EditConfig()`)."""
+    """GROM's edit (`grom.closed_form.pipeline.run_edit`) with `settings` (None: `EditConfig()`)."""
     return run_edit(model, tokenizer, forget, retain, settings or EditConfig(), **kw)
 
 

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 from torch import nn
 
-from grom.arch import loaded_from
+from grom.model.arch import loaded_from
 from grom.methods.trained.starting_points import family_of
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample

@@ -20,7 +20,7 @@ from grom.methods.trained.settings import Settings
 from grom.methods.trained.trained_edit import ModelState
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
-from grom.keys import pad_id
+from grom.closed_form.keys import pad_id
 from grom.robustness.result import Recall, ScoreFn
 
 RELEARN_STEPS = (0, 5, 10)

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from torch import nn
 
-from grom.arch import loaded_from
+from grom.model.arch import loaded_from
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
 from grom.edit import check_patchable
@@ -121,7 +121,7 @@ def _short_name(name: str) -> str:
 def check_edit_fits(model: nn.Module, edit) -> None:
     """That `edit` was made for `model`: the model name its edit.json records (when it
     records one) names the same model, every patch has a weight of its shape, and that
-    weight can take it (`grom.editable`: not quantized, not offloaded). A ValueError that
+    weight can take it (`grom.model.editable`: not quantized, not offloaded). A ValueError that
     says which, before anything is run."""
     loaded = loaded_from(model)
     if edit.model_name and loaded and _short_name(edit.model_name) != _short_name(loaded):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grom.arch import model_device
+from grom.model.arch import model_device
 from grom.data import knowledge as knowledge_data
 from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import QAExample, TextExample

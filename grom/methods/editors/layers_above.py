@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grom.arch import decoder_layers, final_norm, finish_logits, layer_kinds, num_layers
-from grom.collect import LayerStream
-from grom.hooks import capture_outputs, stop_after
-from grom.keys import Batch
+from grom.model.arch import decoder_layers, final_norm, finish_logits, layer_kinds, num_layers
+from grom.closed_form.collect import LayerStream
+from grom.model.hooks import capture_outputs, stop_after
+from grom.closed_form.keys import Batch
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def _batch(ids: torch.Tensor, mask: torch.Tensor) -> Batch:
 
 def capture_upper(model: nn.Module, layer: int, ids: torch.Tensor, mask: torch.Tensor) -> Upper:
     """One forward pass of ids (B, T) / mask (B, T), stopped before layer+1 runs: the
-    `Upper` of the batch (the model's own call arguments, so any family grom.arch knows)."""
+    `Upper` of the batch (the model's own call arguments, so any family grom.model.arch knows)."""
     layers, n = decoder_layers(model), num_layers(model)
     batch = _batch(ids, mask)
     if layer + 1 < n:
@@ -58,7 +58,7 @@ def _first(x):
 
 def head_logits(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """The model's logits (k, V) from final-layer hidden states h (k, d): final norm, LM
-    head, and the logit transforms the family applies after it (`grom.arch.finish_logits`)."""
+    head, and the logit transforms the family applies after it (`grom.model.arch.finish_logits`)."""
     return finish_logits(model, model.get_output_embeddings()(final_norm(model)(h)))
 
 

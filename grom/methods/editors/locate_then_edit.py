@@ -8,11 +8,11 @@ its row.
 The paper's comparison (section "Baselines"): the four locate-then-edit editors get the
 same per-fact value optimisation and the same retain covariance as GROM, so they differ
 only in the update rule. Here:
-1. GROM's own preparation (grom.pipeline.prepare) gives the retain key batches (and, where
+1. GROM's own preparation (grom.closed_form.pipeline.prepare) gives the retain key batches (and, where
    no layers are given, the band from GROM's layer scores);
 2. each forget example becomes a fact (grom.methods.editors.value_optimisation.encode_fact; a split without
    subjects is refused before any work) whose key token is read, as GROM's keys are, from a
-   residual stream through the band (grom.collect.LayerStream), retain keys likewise, at
+   residual stream through the band (grom.closed_form.collect.LayerStream), retain keys likewise, at
    every edited layer;
 3. one value optimisation at the band's last layer L (grom.methods.editors.value_optimisation) gives each
    fact the residual delta that makes its answer improbable;
@@ -39,22 +39,22 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from grom.arch import (decoder_layers, edit_target, layer_kinds, loaded_from, num_layers, residual_gain,
+from grom.model.arch import (decoder_layers, edited_matrix, layer_kinds, loaded_from, num_layers, residual_gain,
                        unembedding)
-from grom.attribution import LayerScores
+from grom.closed_form.layer_scores import LayerScores
 from grom.methods import registry
 from grom.methods.editors import update_rules as rules
 from grom.methods.editors.value_optimisation import (Values, ValueSettings, encode_fact, missing_facts, object_probabilities,
                                                      optimise_values, unreachable_facts)
-from grom.collect import HIDDEN_CACHE_BYTES, Keys, LayerStream, forward
-from grom.config import EditConfig
+from grom.closed_form.collect import HIDDEN_CACHE_BYTES, Keys, LayerStream, forward
+from grom.closed_form.config import EditConfig
 from grom.data.prompts import PromptFormat
 from grom.data.schema import as_examples
 from grom.edit import Edit, LayerRecord
-from grom.hooks import capture_outputs, stop_after
-from grom.keys import Encoded, make_batches, pad_id
+from grom.model.hooks import capture_outputs, stop_after
+from grom.closed_form.keys import Encoded, make_batches, pad_id
 from grom.methods.registry import FamilyView, MethodEntry, Reason, where
-from grom.pipeline import compute_scores, prepare
+from grom.closed_form.pipeline import compute_scores, prepare
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
 
 def _streams(model, layers: list[int], *batch_sets) -> list[LayerStream]:
     """One residual stream per batch set, entering layers[0] (one forward pass up to it);
-    at most HIDDEN_CACHE_BYTES of hidden states each, the rest replayed (grom.collect)."""
+    at most HIDDEN_CACHE_BYTES of hidden states each, the rest replayed (grom.closed_form.collect)."""
     return [LayerStream(model, decoder_layers(model), layers[0], batches, last=layers[-1], kinds=layer_kinds(model),
                         budget=HIDDEN_CACHE_BYTES) for batches in batch_sets]
 
@@ -314,7 +314,7 @@ def _edit_layers(editor: EditorMethod, model, config: EditorConfig, layers: list
     timings["keys"] += time.perf_counter() - t0
     for i, l in enumerate(layers):
         progress(0.3 + 0.65 * i / len(layers), f"layer {l}: keys, rule, apply")
-        t = edit_target(model, "down_proj", l)
+        t = edited_matrix(model, "down_proj", l)
         param = model.get_parameter(t.param_name)
         module = model.get_submodule(t.module_name)
         dev = param.device if param.device.type == "cuda" else torch.device("cpu")

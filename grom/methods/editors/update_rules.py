@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from grom.solve import factor, gram
+from grom.closed_form.solve import factor, gram
 
 
 def retain_covariance(Xr: torch.Tensor) -> torch.Tensor:
@@ -37,7 +37,7 @@ def retain_covariance(Xr: torch.Tensor) -> torch.Tensor:
 
 
 def ridge(C: torch.Tensor, rho: float) -> torch.Tensor:
-    """C + mu I with GROM's ridge mu = rho * mean(diag(C)) (grom.solve.mu_of)."""
+    """C + mu I with GROM's ridge mu = rho * mean(diag(C)) (grom.closed_form.solve.mu_of)."""
     mu = rho * float(torch.diagonal(C).mean())
     return C + mu * torch.eye(C.shape[0], dtype=C.dtype, device=C.device)
 
@@ -66,7 +66,7 @@ def memit_update(K: torch.Tensor, R: torch.Tensor, C0: torch.Tensor, w_r: float,
     """MEMIT's batch update of one layer, ``R K^T (w_r C0 + K K^T + mu I)^-1`` (m, n).
 
     K (n, u), R (m, u) the residual this layer takes, C0 (n, n) the retain covariance,
-    w_r MEMIT's ``mom2_update_weight``. It is GROM's solve (grom.solve.factor) with
+    w_r MEMIT's ``mom2_update_weight``. It is GROM's solve (grom.closed_form.solve.factor) with
     w_f / s = 1 and the target R: the same system, only the target and weights differ.
     mu = rho * mean diag of the data part, GROM's ridge (upstream has none: its Wikipedia
     covariance is full rank, a few hundred retain keys are not).

@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from grom.arch import num_layers
+from grom.model.arch import num_layers
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 from grom.methods import registry
 from grom.methods.registry import FamilyView, MethodEntry, Reason, UnknownMethod, where  # noqa: F401 (UnknownMethod: get_method raises it)

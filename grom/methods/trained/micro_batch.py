@@ -14,7 +14,7 @@ from grom.methods.trained.losses import kl_to_reference, mean_nll, sequence_nll
 from grom.methods.trained.method import LossInputs, Method
 from grom.methods.trained.sequences import batch_forward, batch_logits, batch_nll, collate
 from grom.methods.trained.settings import Settings
-from grom.keys import Encoded
+from grom.closed_form.keys import Encoded
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from grom.methods.trained.recipes import chunk_corpus
 from grom.methods.trained.sequences import encode_sequences
 from grom.methods.trained.settings import RunSettings, Settings, resolve_settings
 from grom.data.schema import FactRecord, QAExample, as_examples
-from grom.keys import Encoded
+from grom.closed_form.keys import Encoded
 
 
 class Encodings(NamedTuple):

@@ -36,7 +36,7 @@ The model comes back exactly as it was found (weights bit for bit, train/eval mo
 requires_grad flags, .grad), also when training fails or `progress` raises. What a run
 allocates (AdamW's moments, the masters, gradients, reference NLLs, batches, the autograd
 graph: several times the trained weights) is dropped when it ends, fails or is cancelled,
-and given back to the system (`grom.memory.releasing`): a cancel arrives as an exception
+and given back to the system (`grom.model.process_memory.releasing`): a cancel arrives as an exception
 from `progress` or from a forward hook, and its traceback keeps its lines but not the run's
 locals.
 """
@@ -51,17 +51,17 @@ from typing import Callable, ContextManager, Mapping, Sequence
 import torch
 from torch import nn
 
-from grom.arch import loaded_from
+from grom.model.arch import loaded_from
 from grom.methods.trained.checkpoint import Part, Paused, load_state
 from grom.methods.trained.training_loop import Progress, Trained, rng_devices as _rng_devices, train as _train
 from grom.methods.trained.method import Method
 from grom.methods.trained.optimizer import select_parameters
 from grom.methods.trained.prepare import Encodings, prepare_run
 from grom.methods.trained.settings import RunSettings, Settings, with_settings
-from grom.config import EditConfig
+from grom.closed_form.config import EditConfig
 from grom.edit import Edit
-from grom.keys import pad_id
-from grom.memory import releasing
+from grom.closed_form.keys import pad_id
+from grom.model.process_memory import releasing
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from grom.arch import model_device
+from grom.model.arch import model_device
 from grom.methods.trained.checkpoint import FORMAT, Part, rng_state, save_state, set_rng_state, tensors_to
 from grom.methods.trained.method import Method
 from grom.methods.trained.micro_batch import RunData, micro_loss, reference_nll

@@ -1,6 +1,6 @@
-"""`Editor`: one band edit's layers, each summed batch by batch, solved and applied.
+"""`LayerSolver`: one band edit's layers, each summed batch by batch, solved and applied.
 
-Each layer's system is summed from this rank's key batches (`grom.solve.SystemSums`:
+Each layer's system is summed from this rank's key batches (`grom.closed_form.solve.SystemSums`:
 n^2 + m n float64, whatever the number of keys) and reduced over the ranks under
 torch.distributed; the keys themselves are kept (float32, on the CPU) only with
 `EditConfig.keep_keys`, for the diagnostics. The model is edited in place layer by layer
@@ -14,29 +14,29 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from grom.arch import EditTarget, unembedding
-from grom.config import EditConfig
-from grom.distributed import gather_by_index, share, world_size
+from grom.model.arch import EditedMatrix, unembedding
+from grom.closed_form.config import EditConfig
+from grom.model.distributed import gather_by_index, share, world_size
 from grom.edit import LayerKeys, LayerRecord
-from grom.solve import SystemSums
-from grom.targets import (Target, corruption_target, head_promotion_target, head_suppression_target,
-                          mean_row, promotion_target, suppression_target)
+from grom.closed_form.solve import SystemSums
+from grom.closed_form.directions import (Directions, corruption_directions, head_promotion_directions, head_suppression_directions,
+                          mean_row, promotion_directions, suppression_directions)
 
 
 def _target(model, gold: torch.Tensor, alpha, config: EditConfig, m: int, beta: float,
-            w_bar: torch.Tensor | None = None) -> Target:
+            w_bar: torch.Tensor | None = None) -> Directions:
     """The target D (m, k) of forget key columns with gold tokens `gold` (k,); w_bar (m,) the
     mean LM-head row the refusal target centres on (computed once per edit by the caller)."""
     if config.target == "corruption":
-        return corruption_target(gold.numel(), m, config.c, config.seed)
-    if config.target == "refusal":  # gold: the refusal's next tokens (grom.refusal)
+        return corruption_directions(gold.numel(), m, config.c, config.seed)
+    if config.target == "refusal":  # gold: the refusal's next tokens (grom.closed_form.refusal)
         if config.matrix == "lm_head":
-            return head_promotion_target(gold, m, beta)
-        return promotion_target(gold, unembedding(model).detach(), beta, w_bar)
+            return head_promotion_directions(gold, m, beta)
+        return promotion_directions(gold, unembedding(model).detach(), beta, w_bar)
     a = alpha[gold]
     if config.matrix == "lm_head":
-        return head_suppression_target(gold, a, m, beta)
-    return suppression_target(gold, a, unembedding(model).detach(), beta)
+        return head_suppression_directions(gold, a, m, beta)
+    return suppression_directions(gold, a, unembedding(model).detach(), beta)
 
 
 def _solve_device(W: torch.Tensor) -> torch.device:
@@ -50,15 +50,15 @@ KeySource = Callable[[Sequence[int] | None], Iterator[tuple[int, torch.Tensor]]]
 
 def local_batches(prep) -> tuple[list[int], list]:
     """(global indices, batches) of the forget-then-retain batches this rank handles (all
-    of them in one process; `grom.distributed.share` under torch.distributed)."""
+    of them in one process; `grom.model.distributed.share` under torch.distributed)."""
     batches = prep.forget + prep.retain
     mine = share(batches)
     return mine, [batches[i] for i in mine]
 
 
-class Editor:
+class LayerSolver:
     """Solves and applies one layer at a time; reverts everything in `restore`. prep: a
-    `grom.pipeline.Prepared` (batches, alpha, example counts)."""
+    `grom.closed_form.pipeline.Prepared` (batches, alpha, example counts)."""
 
     def __init__(self, model: nn.Module, prep, config: EditConfig):
         if config.keep_keys and world_size() > 1:
@@ -132,7 +132,7 @@ class Editor:
         self.keys[name] = LayerKeys(Xf, f_ex, Xr, r_ex, target, self.prep.n_forget_examples,
                                     self.prep.n_retain_examples)
 
-    def solve_layer(self, t: EditTarget, keys: KeySource) -> torch.Tensor:
+    def solve_layer(self, t: EditedMatrix, keys: KeySource) -> torch.Tensor:
         """P for one matrix (math layout, weight dtype), applied to the model in place."""
         t0, keys_before = time.perf_counter(), self.timings["keys"]
         param = self.model.get_parameter(t.param_name)

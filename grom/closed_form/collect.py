@@ -8,7 +8,7 @@ Two ways to get a layer's keys:
   states entering it (and the arguments the model passes the band's layers: one call per
   layer kind, since sliding-window and full-attention layers get different masks), then
   advance one decoder layer at a time. Where a matrix's output reaches the residual
-  stream linearly (`grom.arch.residual_gain`: down_proj in most families), a layer's
+  stream linearly (`grom.model.arch.residual_gain`: down_proj in most families), a layer's
   patch moves the next layer's input by exactly ``g P x``, so the stream advances without
   re-running the layer; elsewhere it re-runs the layer as patched.
 """
@@ -21,9 +21,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from grom.arch import model_device
-from grom.hooks import StopForward, capture_inputs, drop_frames, hooked, stop_after
-from grom.keys import Batch
+from grom.model.arch import model_device
+from grom.model.hooks import StopForward, capture_inputs, drop_frames, hooked, stop_after
+from grom.closed_form.keys import Batch
 
 # Above this many bytes of cached matrix inputs, the stream re-runs layers instead.
 MAX_INPUT_CACHE_BYTES = 4 << 30
@@ -136,7 +136,7 @@ class LayerStream:
     """The residual stream of every batch, entering one decoder layer at a time, from
     layer `first` up to `last`.
 
-    kinds: per decoder layer, a label (`grom.arch.layer_kinds`; None: one for all); the
+    kinds: per decoder layer, a label (`grom.model.arch.layer_kinds`; None: one for all); the
     model's call arguments are captured once per label met in first..last and reused for
     every layer with that label.
 
@@ -225,7 +225,7 @@ class LayerStream:
     def advance_linear(self, P: torch.Tensor, gain: float = 1.0) -> None:
         """Next layer's input = unpatched output + gain * P x, for a matrix whose output
         reaches the residual stream scaled by `gain` and nothing else
-        (`grom.arch.residual_gain`); P is (m, n) in the math layout. Replayed batches
+        (`grom.model.arch.residual_gain`); P is (m, n) in the math layout. Replayed batches
         need nothing: their next pass runs the patched model."""
         gP = P * gain
         for i, h in enumerate(self.hidden):  # batch by batch, each batch's old state freed as it goes

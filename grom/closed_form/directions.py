@@ -5,8 +5,8 @@
   a vocab x s matrix is never built);
 - representation corruption, ``d_j = c * u`` for one seeded random unit vector `u`;
 - refusal (token promotion), ``d_j = +beta * v_j`` with `v_j` the unit vector along
-  ``w_{g_j} - mean_v w_v``, `g_j` the refusal's next token (`grom.refusal`), or the one-hot
-  ``+e_{g_j}`` at the LM head (`promotion_target`, `head_promotion_target`).
+  ``w_{g_j} - mean_v w_v``, `g_j` the refusal's next token (`grom.closed_form.refusal`), or the one-hot
+  ``+e_{g_j}`` at the LM head (`promotion_directions`, `head_promotion_directions`).
 
 `alpha` is the specificity weight: tokens as frequent in the retain answers as in the
 forget answers get little push, so shared words ("the", "was") are left alone.
@@ -35,7 +35,7 @@ def specificity_weights(forget_tokens: torch.Tensor, retain_tokens: torch.Tensor
 
 
 @dataclass(frozen=True)
-class Target:
+class Directions:
     """The target D (m, s), dense or as scaled one-hot columns.
 
     Exactly one of `dense` (m, s) or the pair `rows` (s,) / `coef` (s,) is set; in the
@@ -74,23 +74,23 @@ class Target:
         out[self.rows[idx], ar] = self.coef[idx].double()
         return out
 
-    def subset(self, idx: torch.Tensor) -> "Target":
+    def subset(self, idx: torch.Tensor) -> "Directions":
         if self.dense is not None:
-            return Target(self.m, dense=self.dense[:, idx])
-        return Target(self.m, rows=self.rows[idx], coef=self.coef[idx])
+            return Directions(self.m, dense=self.dense[:, idx])
+        return Directions(self.m, rows=self.rows[idx], coef=self.coef[idx])
 
-    def to(self, device) -> "Target":
+    def to(self, device) -> "Directions":
         f = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Target(self.m, f(self.dense), f(self.rows), f(self.coef))
+        return Directions(self.m, f(self.dense), f(self.rows), f(self.coef))
 
 
-def as_target(D) -> Target:
-    """Accept a dense (m, s) tensor or a Target."""
-    return D if isinstance(D, Target) else Target(D.shape[0], dense=D)
+def as_directions(D) -> Directions:
+    """Accept a dense (m, s) tensor or a Directions."""
+    return D if isinstance(D, Directions) else Directions(D.shape[0], dense=D)
 
 
-def suppression_target(gold: torch.Tensor, alpha: torch.Tensor, unembed: torch.Tensor,
-                       beta: float) -> Target:
+def suppression_directions(gold: torch.Tensor, alpha: torch.Tensor, unembed: torch.Tensor,
+                       beta: float) -> Directions:
     """Token suppression for down_proj / o_proj: d_j = -beta alpha_j u_j, (m, s).
 
     gold (s,) gold token ids; alpha (s,) their weights; unembed (vocab, m) LM head.
@@ -98,13 +98,13 @@ def suppression_target(gold: torch.Tensor, alpha: torch.Tensor, unembed: torch.T
     rows = unembed[gold.to(unembed.device)].double()
     u = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
     d = -beta * alpha.to(u.device, torch.float64)[:, None] * u
-    return Target(unembed.shape[1], dense=d.T.float().contiguous())
+    return Directions(unembed.shape[1], dense=d.T.float().contiguous())
 
 
-def head_suppression_target(gold: torch.Tensor, alpha: torch.Tensor, vocab_size: int,
-                            beta: float) -> Target:
+def head_suppression_directions(gold: torch.Tensor, alpha: torch.Tensor, vocab_size: int,
+                            beta: float) -> Directions:
     """Token suppression for the LM head: d_j = -beta alpha_j e_{g_j}, kept sparse."""
-    return Target(vocab_size, rows=gold.long(), coef=(-beta * alpha.double()).float())
+    return Directions(vocab_size, rows=gold.long(), coef=(-beta * alpha.double()).float())
 
 
 def corruption_direction(m: int, seed: int) -> torch.Tensor:
@@ -114,14 +114,14 @@ def corruption_direction(m: int, seed: int) -> torch.Tensor:
     return (u / u.norm()).float()
 
 
-def corruption_target(s: int, m: int, c: float, seed: int) -> Target:
+def corruption_directions(s: int, m: int, c: float, seed: int) -> Directions:
     """Representation corruption: every column is c * u, (m, s)."""
     u = corruption_direction(m, seed)
-    return Target(m, dense=(c * u)[:, None].expand(m, s).contiguous())
+    return Directions(m, dense=(c * u)[:, None].expand(m, s).contiguous())
 
 
-def promotion_target(gold: torch.Tensor, unembed: torch.Tensor, beta: float,
-                     w_bar: torch.Tensor | None = None) -> Target:
+def promotion_directions(gold: torch.Tensor, unembed: torch.Tensor, beta: float,
+                     w_bar: torch.Tensor | None = None) -> Directions:
     """Token promotion (the refusal target) for down_proj / o_proj: d_j = beta v_j, (m, s),
     with v_j the unit vector along ``w_{g_j} - w_bar``, w_bar the mean LM-head row.
 
@@ -140,7 +140,7 @@ def promotion_target(gold: torch.Tensor, unembed: torch.Tensor, beta: float,
     w_bar = mean_row(unembed) if w_bar is None else w_bar
     v = unembed[gold.to(unembed.device)].double() - w_bar.to(unembed.device, torch.float64)
     v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    return Target(unembed.shape[1], dense=(beta * v).T.float().contiguous())
+    return Directions(unembed.shape[1], dense=(beta * v).T.float().contiguous())
 
 
 def mean_row(unembed: torch.Tensor) -> torch.Tensor:
@@ -148,7 +148,7 @@ def mean_row(unembed: torch.Tensor) -> torch.Tensor:
     return unembed.sum(0, dtype=torch.float64) / unembed.shape[0]
 
 
-def head_promotion_target(gold: torch.Tensor, vocab_size: int, beta: float) -> Target:
+def head_promotion_directions(gold: torch.Tensor, vocab_size: int, beta: float) -> Directions:
     """Token promotion for the LM head: d_j = +beta e_{g_j}, kept sparse. (The centred
     ``e_g - 1/V`` differs by a shift of every logit, which no softmax sees.)"""
-    return Target(vocab_size, rows=gold.long(), coef=torch.full((gold.numel(),), float(beta)))
+    return Directions(vocab_size, rows=gold.long(), coef=torch.full((gold.numel(),), float(beta)))

@@ -2,7 +2,7 @@
 
 1. tokenize forget and retain examples into key positions; specificity weights alpha;
    seeded subsampling to the key budgets (the refusal target: forget keys after each
-   question followed by a refusal, `grom.refusal`; its band scored on the answers);
+   question followed by a refusal, `grom.closed_form.refusal`; its band scored on the answers);
 2. pick the band by the layer scores S_l (unless layers are given);
 3. edit the band's layers in order, each layer's keys taken on the model as already
    edited by the earlier ones: the hidden states entering the band are computed once,
@@ -20,19 +20,19 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.arch import EditTarget, decoder_layers, edit_target, layer_kinds, lm_head_is_tied, num_layers
-from grom.arch import loaded_from, residual_gain, retie_lm_head, unembedding, untie_lm_head
-from grom.attribution import LayerScores, score_layers
-from grom.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES, LayerStream, iter_keys
-from grom.config import EditConfig
+from grom.model.arch import EditedMatrix, decoder_layers, edited_matrix, layer_kinds, lm_head_is_tied, num_layers
+from grom.model.arch import loaded_from, residual_gain, retie_lm_head, unembedding, untie_lm_head
+from grom.closed_form.layer_scores import LayerScores, score_layers
+from grom.closed_form.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES, LayerStream, iter_keys
+from grom.closed_form.config import EditConfig
 from grom.data.schema import as_examples
-from grom.distributed import world_size
+from grom.model.distributed import world_size
 from grom.edit import Edit
-from grom.editable import check_edit_inputs
-from grom.editor import Editor, local_batches
-from grom.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
-from grom.refusal import encode_refusals
-from grom.targets import specificity_weights
+from grom.model.editable import check_edit_inputs
+from grom.closed_form.layer_solver import LayerSolver, local_batches
+from grom.closed_form.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
+from grom.closed_form.refusal import encode_refusals
+from grom.closed_form.directions import specificity_weights
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def warm_stream(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence,
         _open_stream(model, sorted(band), local_batches(prep)[1], cache, budget)
 
 
-def _edit_band(editor: Editor, band: list[int], progress: Progress, cache: dict | None = None,
+def _edit_band(editor: LayerSolver, band: list[int], progress: Progress, cache: dict | None = None,
                budget: int | None = HIDDEN_CACHE_BYTES) -> float:
     """Edit the band's layers in order on one residual stream; returns the seconds spent
     opening and advancing the stream (the keys' own are in editor.timings["keys"])."""
@@ -162,7 +162,7 @@ def _edit_band(editor: Editor, band: list[int], progress: Progress, cache: dict 
             stream.advance()
             continue
         progress(0.3 + 0.65 * step / (band[-1] - band[0] + 1), f"layer {l}: keys, solve, apply")
-        t = edit_target(model, cfg.matrix, l)
+        t = edited_matrix(model, cfg.matrix, l)
         matrix = model.get_submodule(t.module_name)
         width = t.from_param(matrix.weight).shape[1]
         linear = gain is not None and stream.input_cache_bytes(width) <= MAX_INPUT_CACHE_BYTES
@@ -175,7 +175,7 @@ def _edit_band(editor: Editor, band: list[int], progress: Progress, cache: dict 
     return key_s
 
 
-def _edit_by_replay(editor: Editor, targets: list[EditTarget], progress: Progress) -> float:
+def _edit_by_replay(editor: LayerSolver, targets: list[EditedMatrix], progress: Progress) -> float:
     """Edit each matrix in order, taking its keys by full forward passes (stopping right
     after the matrix) on the model as already edited."""
     model = editor.model
@@ -199,7 +199,7 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     `hidden_budget`: bytes of hidden states entering the band kept between layers (None:
     no bound); the batches beyond it are replayed from the embeddings at each layer.
     `progress(fraction, message)` is called as the stages go. A matrix it may patch that
-    cannot take a float patch in place (quantized, offloaded: `grom.editable`) is a
+    cannot take a float patch in place (quantized, offloaded: `grom.model.editable`) is a
     `NotEditable` error before any forward pass.
 
     Memory grows with the model, not the data: each layer's system is summed batch by
@@ -220,13 +220,13 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
         scores = compute_scores(model, prep, config, lambda p: progress(0.05 + 0.25 * p, "layer scores"))
         timings["scores"] = time.perf_counter() - t0
     band = _band(model, config, scores)
-    editor = Editor(model, prep, config)
+    editor = LayerSolver(model, prep, config)
     untied = config.matrix == "lm_head" and lm_head_is_tied(model) and untie_lm_head(model)
     was_training = model.training
     model.eval()
     try:
         if config.matrix == "lm_head" or not config.stream:
-            targets = [edit_target(model, config.matrix, l) for l in (band or [None])]
+            targets = [edited_matrix(model, config.matrix, l) for l in (band or [None])]
             key_s = _edit_by_replay(editor, targets, progress)
         else:
             key_s = _edit_band(editor, band, progress, stream_cache, hidden_budget)

@@ -5,10 +5,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from grom.arch import MATRIX_KINDS
+from grom.model.arch import MATRIX_KINDS
 from grom.data.prompts import PromptFormat
-from grom.keys import KEY_MODES
-from grom.refusal import refusal_problem
+from grom.closed_form.keys import KEY_MODES
+from grom.closed_form.refusal import refusal_problem
 
 TARGETS = ("suppression", "corruption", "refusal")
 # The range of every numeric setting, one source of truth for the library, the CLI and the
@@ -53,7 +53,7 @@ class EditConfig:
     target: str = "suppression"
     """"suppression" (push away from the gold tokens), "corruption" (toward c * u) or
     "refusal" (toward a refusal's tokens, keys teacher-forced on prompt + refusal:
-    `grom.refusal`; the band is still scored on the forget answers)."""
+    `grom.closed_form.refusal`; the band is still scored on the forget answers)."""
     beta: float = 65.0
     """Suppression strength (the refusal target's promotion strength too)."""
     beta_relative: bool = False
@@ -74,7 +74,7 @@ class EditConfig:
     suppression, which promotion does not do); the band's scores still use it."""
     refusal: str | None = None
     """Target "refusal": the one answer every forget question is taught (None: one of
-    `grom.refusal.REFUSALS` per question, drawn with `seed`)."""
+    `grom.closed_form.refusal.REFUSALS` per question, drawn with `seed`)."""
     forget_budget: int | None = 20000
     """At most this many forget key columns (seeded subsample); None: all."""
     retain_budget: int | None = 40000

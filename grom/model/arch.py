@@ -63,7 +63,7 @@ class UnsupportedArchitecture(ValueError):
 
 
 @dataclass(frozen=True)
-class EditTarget:
+class EditedMatrix:
     """One editable matrix: its parameter name and how its weight is laid out.
 
     The math uses W as (m, n) = (out, in). `transposed` is True where the parameter
@@ -124,18 +124,18 @@ def unembedding(model: nn.Module) -> torch.Tensor:
     return model.get_submodule(arch_spec(model).lm_head).weight
 
 
-def edit_target(model: nn.Module, kind: str, layer: int | None = None) -> EditTarget:
+def edited_matrix(model: nn.Module, kind: str, layer: int | None = None) -> EditedMatrix:
     """The editable matrix of `kind` in `layer` (ignored for the LM head)."""
     spec = arch_spec(model)
     if kind == "lm_head":
-        return EditTarget(kind, None, spec.lm_head, spec.lm_head + ".weight", transposed=False)
+        return EditedMatrix(kind, None, spec.lm_head, spec.lm_head + ".weight", transposed=False)
     if kind not in MATRIX_KINDS:
         raise ValueError(f"matrix kind {kind!r} is unknown; use one of {', '.join(MATRIX_KINDS)}")
     n = num_layers(model)
     if layer is None or not 0 <= layer < n:
         raise ValueError(f"layer {layer} is outside the model: it has layers 0..{n - 1}")
     name = f"{spec.layers}.{layer}.{getattr(spec, kind)}"
-    return EditTarget(kind, layer, name, name + ".weight", transposed=spec.conv1d)
+    return EditedMatrix(kind, layer, name, name + ".weight", transposed=spec.conv1d)
 
 
 def residual_gain(model: nn.Module, kind: str) -> float | None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grom.distributed import all_reduce_
-from grom.targets import Target, as_target
+from grom.model.distributed import all_reduce_
+from grom.closed_form.directions import Directions, as_directions
 
 
 def gram(X: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
@@ -105,7 +105,7 @@ class SystemSums:
         self.DXt = torch.zeros(m, n, dtype=torch.float64, device=device)
         self.wf_s, self.wr_r = w_f / s, (w_r / r if r > 0 else 0.0)
 
-    def add_forget(self, X: torch.Tensor, target: Target) -> None:
+    def add_forget(self, X: torch.Tensor, target: Directions) -> None:
         """Forget keys X (n, k) of one batch with their target columns D_b (m, k)."""
         Xd = X.to(self.A.device, torch.float64)
         self.A.addmm_(Xd, Xd.T, alpha=self.wf_s)
@@ -150,9 +150,9 @@ def solve_update(Xf: torch.Tensor, Xr: torch.Tensor | None, D, *, w_r: float, rh
     """The GROM update P (m, n) in Xf's dtype.
 
     Xf (n, s) forget keys, Xr (n, r) retain keys (may have r = 0), D (m, s) the target
-    (a tensor or a `grom.targets.Target`).
+    (a tensor or a `grom.closed_form.directions.Directions`).
     """
-    target: Target = as_target(D)
+    target: Directions = as_directions(D)
     if target.s != Xf.shape[1]:
         raise ValueError(f"D has {target.s} columns but Xf has {Xf.shape[1]} keys")
     system = build_system(Xf, Xr, w_r=w_r, rho=rho, w_f=w_f)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from grom.solve import RidgeSystem, build_system, data_matrix, factor, gram, mu_of
-from grom.targets import Target, as_target
+from grom.closed_form.solve import RidgeSystem, build_system, data_matrix, factor, gram, mu_of
+from grom.closed_form.directions import Directions, as_directions
 
 
 def example_columns(example_index: torch.Tensor, N: int | None = None) -> list[torch.Tensor]:
@@ -32,7 +32,7 @@ def _lowrank_fro(L: torch.Tensor, R: torch.Tensor) -> float:
     return float(((L.T @ L) * (R.T @ R)).sum().clamp_min(0).sqrt())
 
 
-def influence_factors(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, target: Target,
+def influence_factors(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, target: Directions,
                       cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(L_i, R_i) with dP_i = L_i R_i^T for the example whose columns are `cols`."""
     dev = system.chol.device
@@ -46,7 +46,7 @@ def influence_factors(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, ta
     return L, R
 
 
-def influence_norms(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, target: Target,
+def influence_norms(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, target: Directions,
                     example_index: torch.Tensor, n_examples: int | None = None) -> torch.Tensor:
     """||dP_i||_F for every example, (N,) float64, from the factored system."""
     norms = []
@@ -62,9 +62,9 @@ def example_influence(Xf: torch.Tensor, Xr: torch.Tensor | None, D, example_inde
                       *, w_r: float, rho: float, w_f: float = 1.0) -> torch.Tensor:
     """Frobenius norm of dP_i = P - P_{-i} for each forget example i, (N,).
 
-    Xf (n, s), Xr (n, r), D (m, s) or a Target, example_index (s,) in 0..N-1.
+    Xf (n, s), Xr (n, r), D (m, s) or a Directions, example_index (s,) in 0..N-1.
     """
-    target = as_target(D)
+    target = as_directions(D)
     system = build_system(Xf, Xr, w_r=w_r, rho=rho, w_f=w_f)
     P = system.update(target.right_product(Xf))
     return influence_norms(system, P, Xf, target, example_index)
@@ -77,7 +77,7 @@ def example_influence_bruteforce(Xf: torch.Tensor, Xr: torch.Tensor | None, D,
 
     w_f/s and mu stay those of the full problem, as Theorem 2 states.
     """
-    target = as_target(D)
+    target = as_directions(D)
     s, r = Xf.shape[1], (0 if Xr is None else Xr.shape[1])
     Gr = None if r == 0 else gram(Xr)
     full = data_matrix(gram(Xf), s, Gr, r, w_r=w_r, w_f=w_f)

@@ -5,7 +5,7 @@ it fits on a device, before anything is loaded or run.
              n_forget_tokens=200_000, n_retain_tokens=400_000, dtype="bfloat16")
     check_fits(p, torch.cuda.mem_get_info()[0], headroom=headroom_for("cuda"))   # or a number of bytes
 
-What is held, as `run_edit` holds it (grom.pipeline, grom.editor, grom.collect, grom.solve):
+What is held, as `run_edit` holds it (grom.closed_form.pipeline, grom.closed_form.layer_solver, grom.closed_form.collect, grom.closed_form.solve):
 
 - weights: every parameter in `dtype` (an untied copy of a tied LM head when it is edited);
 - hidden cache: the states entering the band and the call arguments of its layers (the
@@ -14,14 +14,14 @@ What is held, as `run_edit` holds it (grom.pipeline, grom.editor, grom.collect, 
 - system: the layer's A_data (n, n) and D Xf^T (m, n) in float64, summed per batch; each
   batch of k keys adds three (n, k) float64 copies of its keys and its (m, k) target while
   it is summed (`SystemSums.add_forget`);
-- solve: A factored in its own memory (`grom.solve.factor`), then P = (w_f/s) (A^-1
+- solve: A factored in its own memory (`grom.closed_form.solve.factor`), then P = (w_f/s) (A^-1
   (D Xf^T)^T)^T: three (m, n) float64 results (the two triangular solves, the scaling)
   beside D Xf^T, and P in the weight's dtype;
 - keys: with keep_keys, every band layer's keys, float32 (n, s + r), on the CPU;
 - patches: per edited layer the patch and the original weight kept for `restore`;
 - key pass: for every band layer but the last, the matrix inputs and layer outputs of the
   cached batches, T (n + h) e, kept to advance the stream linearly (at most
-  `grom.collect.MAX_INPUT_CACHE_BYTES`, else the layer is re-run);
+  `grom.closed_form.collect.MAX_INPUT_CACHE_BYTES`, else the layer is re-run);
 - forward / evaluation: one batch's activations, B L (4 h + 3 I) e plus the attention
   scores B H L^2 e; evaluation adds float32 logits and log-probabilities of the scored
   positions, 2 B L V 4.
@@ -43,9 +43,9 @@ import os
 
 import torch
 
-from grom.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES
-from grom.config import EditConfig
-from grom.pipeline import prepare
+from grom.closed_form.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES
+from grom.closed_form.config import EditConfig
+from grom.closed_form.pipeline import prepare
 
 GiB = 1 << 30
 _BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
@@ -168,7 +168,7 @@ def plan(model_config, band: Sequence[int], n_forget_tokens: int, n_retain_token
         "forward": weights + cache + parts["forward"],
         "keys": base + system + transient + max(before_last, k * keys_layer),
         # the solve, then (keep_keys) the layer's keys concatenated beside the factor; before the
-        # band's last layer the stream's pass cache stays through the solve (grom.pipeline._edit_band
+        # band's last layer the stream's pass cache stays through the solve (grom.closed_form.pipeline._edit_band
         # advances the stream with P once it is solved)
         "solve": base + max(before_last, k * keys_layer) + max(system + parts["solve_extra"], 8 * n * n + keys_layer),
         "evaluation": weights + parts["forward"] + parts["eval_logits"],

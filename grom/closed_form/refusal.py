@@ -6,7 +6,7 @@ the question's prompt followed by a refusal answer (`refusal_examples`), with a 
 every position that predicts a refusal token (the last prompt token predicts the first
 one) and, where the tokenizer has one, the end-of-sequence token after the refusal, so the
 edited model stops once it has declined instead of going on to the fact. The gold token of
-each key is then the refusal's next token, and `grom.targets.promotion_target` moves the
+each key is then the refusal's next token, and `grom.closed_form.directions.promotion_directions` moves the
 key's output toward it.
 
 The refusals are our own wording: a small fixed set (`REFUSALS`), one chosen per question
@@ -20,7 +20,7 @@ import torch
 
 from grom.data.prompts import PromptFormat
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample, as_examples
-from grom.keys import Encoded, choice_question, encode_examples
+from grom.closed_form.keys import Encoded, choice_question, encode_examples
 
 # Short, first-person refusals: `grom.eval.metrics.answer_class` reads each one as a
 # refusal (not as degenerate: "I'm afraid I don't know" has too many one-letter words for

@@ -4,7 +4,7 @@
 accelerate places the model's modules over the devices within the budgets, and what does
 not fit goes to "disk" (its weights on the meta device, loaded per forward pass by a hook).
 GROM edits weights in place, so a band layer placed on disk is refused before any forward
-pass by `grom.editable.check_edit_inputs`, with a message naming the layer; the other
+pass by `grom.model.editable.check_edit_inputs`, with a message naming the layer; the other
 layers may live anywhere.
 """
 from __future__ import annotations
@@ -96,7 +96,7 @@ def map_devices(device_map: str | None) -> list[str]:
 
 
 def sharded_room(weights: int, device_map: str | None, max_memory: dict | None, free_of) -> int:
-    """The memory to hold a plan (`grom.plan`, weights included) against, for a model
+    """The memory to hold a plan (`grom.closed_form.memory_plan`, weights included) against, for a model
     sharded by `device_map` within `max_memory`: the free memory `free_of(device)` of every
     device the map may use, plus the weights that do not fit in the budgets (accelerate
     puts them on disk, which holds nothing else). So the plan fits when its working memory

@@ -1,6 +1,6 @@
 """Can this weight be edited in place? Checked before any forward pass.
 
-GROM adds a float patch P to a weight W (`grom.edit.Edit.apply`, `grom.editor.Editor`).
+GROM adds a float patch P to a weight W (`grom.edit.Edit.apply`, `grom.closed_form.layer_solver.LayerSolver`).
 That needs W to be a floating-point tensor of the shape its layer computes with, held on
 a real device. Two ways of loading a large model break this, and both used to fail only
 after all the key work, or not at all:
@@ -22,7 +22,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from grom.arch import arch_spec, edit_target, num_layers
+from grom.model.arch import arch_spec, edited_matrix, num_layers
 
 # Class names of bitsandbytes' quantized layers and parameters (matched by name, so this
 # works without bitsandbytes installed, and on stand-ins in tests).
@@ -90,7 +90,7 @@ def edited_modules(model: nn.Module, matrix: str, layers: Iterable[int] | None) 
     if matrix == "lm_head":
         return [arch_spec(model).lm_head]
     chosen = range(num_layers(model)) if layers is None else layers
-    return [edit_target(model, matrix, l).module_name for l in chosen]
+    return [edited_matrix(model, matrix, l).module_name for l in chosen]
 
 
 def check_edit_inputs(model: nn.Module, matrix: str, layers: Iterable[int] | None,

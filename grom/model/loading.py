@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 
-from grom.arch import arch_spec
+from grom.model.arch import arch_spec
 from grom.data.readers import hub_reachable
-from grom.fetch import ModelFetchError, fetch_model, is_fetched, model_folder, registry_model
+from grom.model.fetch import ModelFetchError, fetch_model, is_fetched, model_folder, registry_model
 
 log = logging.getLogger(__name__)
 
@@ -237,10 +237,10 @@ def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="f
                offload_folder: str | Path | None = None, local_files_only: bool = False,
                progress=None):
     """(model, tokenizer) from a local folder, a Hub id or a registry model's name
-    (`grom.fetch.KNOWN_MODELS`, fetched when needed), in eval mode, gradients off.
+    (`grom.model.fetch.KNOWN_MODELS`, fetched when needed), in eval mode, gradients off.
 
     `device_map` ("auto", "balanced", "sequential", a device, or an accelerate map; see
-    `grom.sharding`) spreads a large model over devices within `max_memory` (bytes or "20GiB"
+    `grom.model.sharding`) spreads a large model over devices within `max_memory` (bytes or "20GiB"
     per device: {0: ..., "cpu": ...}); then `device` is ignored. Modules that do not fit go
     to disk, under `offload_folder` (default: a temporary folder, removed when nothing went
     there); an edit refuses a band layer placed there before any forward pass.

@@ -17,11 +17,11 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.arch import decoder_layers, edit_target, unembedding
-from grom.collect import forward
-from grom.distributed import all_reduce_, share
-from grom.hooks import capture_outputs, stop_after
-from grom.keys import Batch
+from grom.model.arch import decoder_layers, edited_matrix, unembedding
+from grom.closed_form.collect import forward
+from grom.model.distributed import all_reduce_, share
+from grom.model.hooks import capture_outputs, stop_after
+from grom.closed_form.keys import Batch
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def score_layers(model: nn.Module, forget: Sequence[Batch], retain: Sequence[Bat
     if matrix == "lm_head":
         raise ValueError("layer scores apply to down_proj / o_proj edits, not the LM head")
     n = len(decoder_layers(model))
-    modules = [model.get_submodule(edit_target(model, matrix, l).module_name) for l in range(n)]
+    modules = [model.get_submodule(edited_matrix(model, matrix, l).module_name) for l in range(n)]
     unembed = unembedding(model).detach()
     fw = lambda b: alpha[b.gold].double()  # noqa: E731
     mine = lambda batches: [batches[i] for i in share(batches)]  # noqa: E731
