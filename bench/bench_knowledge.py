@@ -222,11 +222,11 @@ def influence_vs_size(args) -> None:
         cfg = edit.config
         t0 = time.perf_counter()
         system = build_system(k.Xf, k.Xr, w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
-        P = system.update(k.target.right_product(k.Xf))
-        wood = influence_norms(system, P, k.Xf, k.target, k.forget_example, k.n_forget)
+        P = system.update(k.directions.right_product(k.Xf))
+        wood = influence_norms(system, P, k.Xf, k.directions, k.forget_example, k.n_forget)
         tw = time.perf_counter() - t0
         t0 = time.perf_counter()
-        brute = example_influence_bruteforce(k.Xf, k.Xr, k.target, k.forget_example,
+        brute = example_influence_bruteforce(k.Xf, k.Xr, k.directions, k.forget_example,
                                              w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
         tb = time.perf_counter() - t0
         share = wood / float(torch.linalg.matrix_norm(P))

@@ -69,10 +69,10 @@ class Page:
 def changes(k, cfg) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """P and every dP_i = L_i R_i^T as whole (m, n) float64 matrices."""
     system = build_system(k.Xf, k.Xr, w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
-    P = system.update(k.target.right_product(k.Xf))
+    P = system.update(k.directions.right_product(k.Xf))
     dP = []
     for cols in example_columns(k.forget_example, k.n_forget):
-        L, R = influence_factors(system, P, k.Xf, k.target, cols)
+        L, R = influence_factors(system, P, k.Xf, k.directions, cols)
         dP.append(L @ R.T)
     return P, dP
 
@@ -85,7 +85,7 @@ def without(k, cfg, drop: list[int]) -> torch.Tensor:
     keep = ~torch.isin(k.forget_example.long(), torch.tensor(drop))
     Xk = k.Xf[:, keep]
     A_data = (cfg.w_f / s) * gram(Xk) + (cfg.w_r / r) * Gr
-    target = k.target.subset(keep.nonzero().flatten())
+    target = k.directions.subset(keep.nonzero().flatten())
     return factor(A_data, mu, cfg.w_f / s).update(target.right_product(Xk))
 
 

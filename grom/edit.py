@@ -60,14 +60,14 @@ class LayerKeys:
     """What the diagnostics need of one edited matrix, on the CPU.
 
     Xf (n, s) forget keys with `forget_example` (s,) in 0..n_forget-1; Xr (n, r) retain
-    keys with `retain_example` (r,); `target` the D used (a grom.closed_form.directions.Directions).
+    keys with `retain_example` (r,); `directions` the D used (a grom.closed_form.directions.Directions).
     """
 
     Xf: torch.Tensor
     forget_example: torch.Tensor
     Xr: torch.Tensor
     retain_example: torch.Tensor
-    target: object
+    directions: object
     n_forget: int
     n_retain: int
 

@@ -114,7 +114,7 @@ def test_run_edit_leaves_model_unchanged_when_it_fails(tokenizer, monkeypatch):
 
 def _movement(edit, name):
     keys, P = edit.keys[name], edit.patches[name]
-    moved, D = P @ keys.Xf, keys.target.dense  # forget outputs go W Xf -> W Xf + P Xf
+    moved, D = P @ keys.Xf, keys.directions.dense  # forget outputs go W Xf -> W Xf + P Xf
     fit = float((moved - D).norm() / D.norm())  # 1.0 for P = 0
     cos = float((moved * D).sum() / (moved.norm() * D.norm()))
     rms = lambda M: float(M.norm() / M.shape[1] ** 0.5)  # noqa: E731

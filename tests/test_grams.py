@@ -52,7 +52,7 @@ def _per_layer_reference(edit, config) -> dict:
     out = {}
     for rec in edit.layers:
         k = edit.keys[rec.param_name]
-        P = solve_update(k.Xf.double(), k.Xr.double(), k.target, w_r=config.w_r, rho=config.rho)
+        P = solve_update(k.Xf.double(), k.Xr.double(), k.directions, w_r=config.w_r, rho=config.rho)
         out[rec.param_name] = P.T if rec.transposed else P
     return out
 

@@ -91,7 +91,7 @@ def test_diagnostics_influence_matches_bruteforce_and_outputs(tokenizer):
     name = "transformer.h.1.mlp.c_proj.weight"
     k = edit.keys[name]
     fast = influence(edit, name)
-    slow = example_influence_bruteforce(k.Xf, k.Xr, k.target, k.forget_example, w_r=10.0, rho=0.03)
+    slow = example_influence_bruteforce(k.Xf, k.Xr, k.directions, k.forget_example, w_r=10.0, rho=0.03)
     assert fast.shape == (len(FORGET),)
     torch.testing.assert_close(fast, slow, rtol=1e-6, atol=1e-9)
     out = example_outputs(edit, model, name)

@@ -11,6 +11,8 @@ Two ways to get a layer's keys:
   stream linearly (`grom.model.arch.residual_gain`: down_proj in most families), a layer's
   patch moves the next layer's input by exactly ``g P x``, so the stream advances without
   re-running the layer; elsewhere it re-runs the layer as patched.
+
+(Was `grom/collect.py`.)
 """
 from __future__ import annotations
 

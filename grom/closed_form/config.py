@@ -1,4 +1,7 @@
-"""`EditConfig`: every setting of one GROM edit, frozen, with the paper's presets."""
+"""`EditConfig`: every setting of one GROM edit, frozen, with the paper's presets.
+
+(Was `grom/config.py`.)
+"""
 from __future__ import annotations
 
 import dataclasses

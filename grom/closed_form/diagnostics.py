@@ -1,5 +1,8 @@
 """Diagnostics of an `Edit` from the keys it kept: per-example influence, the per-example
-outputs of the edited matrix before and after, and the directions along which they moved."""
+outputs of the edited matrix before and after, and the directions along which they moved.
+
+(Was `grom/diagnostics.py`.)
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +31,8 @@ def influence(edit: Edit, param_name: str | None = None) -> torch.Tensor:
     _, k = layer_keys(edit, param_name)
     cfg = edit.config
     system = build_system(k.Xf, k.Xr, w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
-    P = system.update(k.target.right_product(k.Xf))
-    return influence_norms(system, P, k.Xf, k.target, k.forget_example, k.n_forget)
+    P = system.update(k.directions.right_product(k.Xf))
+    return influence_norms(system, P, k.Xf, k.directions, k.forget_example, k.n_forget)
 
 
 def _example_means(X: torch.Tensor, example: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Targets `D` (m, s): what each forget key's output should move by.
+"""The directions `D` (m, s): what each forget key's output should move by.
 
 - token suppression, ``d_j = -beta * alpha_j * u_j`` with `u_j` the unit LM-head row of
   the gold token (down_proj / o_proj), or the one-hot `e_{g_j}` (LM head, kept sparse:
@@ -10,6 +10,10 @@
 
 `alpha` is the specificity weight: tokens as frequent in the retain answers as in the
 forget answers get little push, so shared words ("the", "was") are left alone.
+
+(Was `grom/targets.py`. Its `Target`, `as_target` and `*_target` builders are now `Directions`,
+`as_directions` and `*_directions`: "target" names the objective (suppression, corruption,
+refusal) only.)
 """
 from __future__ import annotations
 
@@ -90,7 +94,7 @@ def as_directions(D) -> Directions:
 
 
 def suppression_directions(gold: torch.Tensor, alpha: torch.Tensor, unembed: torch.Tensor,
-                       beta: float) -> Directions:
+                           beta: float) -> Directions:
     """Token suppression for down_proj / o_proj: d_j = -beta alpha_j u_j, (m, s).
 
     gold (s,) gold token ids; alpha (s,) their weights; unembed (vocab, m) LM head.
@@ -102,7 +106,7 @@ def suppression_directions(gold: torch.Tensor, alpha: torch.Tensor, unembed: tor
 
 
 def head_suppression_directions(gold: torch.Tensor, alpha: torch.Tensor, vocab_size: int,
-                            beta: float) -> Directions:
+                                beta: float) -> Directions:
     """Token suppression for the LM head: d_j = -beta alpha_j e_{g_j}, kept sparse."""
     return Directions(vocab_size, rows=gold.long(), coef=(-beta * alpha.double()).float())
 
@@ -121,7 +125,7 @@ def corruption_directions(s: int, m: int, c: float, seed: int) -> Directions:
 
 
 def promotion_directions(gold: torch.Tensor, unembed: torch.Tensor, beta: float,
-                     w_bar: torch.Tensor | None = None) -> Directions:
+                         w_bar: torch.Tensor | None = None) -> Directions:
     """Token promotion (the refusal target) for down_proj / o_proj: d_j = beta v_j, (m, s),
     with v_j the unit vector along ``w_{g_j} - w_bar``, w_bar the mean LM-head row.
 

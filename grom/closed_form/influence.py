@@ -1,6 +1,6 @@
 """The influence audit (Theorem 2): how much each forget example contributes to P.
 
-Removing example i (its key block C_i, n x c_i, and target block D_i, m x c_i) with
+Removing example i (its key block C_i, n x c_i, and block D_i of D, m x c_i) with
 w = w_f/s and mu held fixed gives, by the Woodbury identity,
 
     dP_i = P - P_{-i} = L_i R_i^T,   R_i = A^-1 C_i,
@@ -8,6 +8,8 @@ w = w_f/s and mu held fixed gives, by the Woodbury identity,
 
 so each example costs one c_i x c_i solve against the factor of A already computed.
 `example_influence_bruteforce` re-solves without the example, as the reference.
+
+(Was `grom/influence.py`.)
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def _lowrank_fro(L: torch.Tensor, R: torch.Tensor) -> float:
     return float(((L.T @ L) * (R.T @ R)).sum().clamp_min(0).sqrt())
 
 
-def influence_factors(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, target: Directions,
+def influence_factors(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, directions: Directions,
                       cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(L_i, R_i) with dP_i = L_i R_i^T for the example whose columns are `cols`."""
     dev = system.chol.device
@@ -41,12 +43,12 @@ def influence_factors(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, ta
     K = C.T @ R  # (c, c)
     c = C.shape[1]
     M_inv = torch.eye(c, dtype=torch.float64, device=dev) / system.wf_s - K
-    resid = target.columns(cols).to(dev) - P.to(dev, torch.float64) @ C  # (m, c)
+    resid = directions.columns(cols).to(dev) - P.to(dev, torch.float64) @ C  # (m, c)
     L = torch.linalg.solve(M_inv, resid.T).T  # M_inv is symmetric
     return L, R
 
 
-def influence_norms(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, target: Directions,
+def influence_norms(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, directions: Directions,
                     example_index: torch.Tensor, n_examples: int | None = None) -> torch.Tensor:
     """||dP_i||_F for every example, (N,) float64, from the factored system."""
     norms = []
@@ -54,7 +56,7 @@ def influence_norms(system: RidgeSystem, P: torch.Tensor, Xf: torch.Tensor, targ
         if cols.numel() == 0:
             norms.append(0.0)
             continue
-        norms.append(_lowrank_fro(*influence_factors(system, P, Xf, target, cols)))
+        norms.append(_lowrank_fro(*influence_factors(system, P, Xf, directions, cols)))
     return torch.tensor(norms, dtype=torch.float64)
 
 
@@ -64,10 +66,10 @@ def example_influence(Xf: torch.Tensor, Xr: torch.Tensor | None, D, example_inde
 
     Xf (n, s), Xr (n, r), D (m, s) or a Directions, example_index (s,) in 0..N-1.
     """
-    target = as_directions(D)
+    directions = as_directions(D)
     system = build_system(Xf, Xr, w_r=w_r, rho=rho, w_f=w_f)
-    P = system.update(target.right_product(Xf))
-    return influence_norms(system, P, Xf, target, example_index)
+    P = system.update(directions.right_product(Xf))
+    return influence_norms(system, P, Xf, directions, example_index)
 
 
 def example_influence_bruteforce(Xf: torch.Tensor, Xr: torch.Tensor | None, D,
@@ -77,18 +79,18 @@ def example_influence_bruteforce(Xf: torch.Tensor, Xr: torch.Tensor | None, D,
 
     w_f/s and mu stay those of the full problem, as Theorem 2 states.
     """
-    target = as_directions(D)
+    directions = as_directions(D)
     s, r = Xf.shape[1], (0 if Xr is None else Xr.shape[1])
     Gr = None if r == 0 else gram(Xr)
     full = data_matrix(gram(Xf), s, Gr, r, w_r=w_r, w_f=w_f)
     mu, wf_s = mu_of(full, rho), w_f / s
-    P = factor(full, mu, wf_s).update(target.right_product(Xf))
+    P = factor(full, mu, wf_s).update(directions.right_product(Xf))
     norms = []
     for cols in example_columns(example_index):
         keep = torch.ones(s, dtype=torch.bool)
         keep[cols] = False
         Xk = Xf[:, keep]
         A_data = wf_s * gram(Xk) + (0 if r == 0 else (w_r / r) * Gr)
-        P_minus = factor(A_data, mu, wf_s).update(target.subset(keep.nonzero().flatten()).right_product(Xk))
+        P_minus = factor(A_data, mu, wf_s).update(directions.subset(keep.nonzero().flatten()).right_product(Xk))
         norms.append(float(torch.linalg.matrix_norm(P - P_minus)))
     return torch.tensor(norms, dtype=torch.float64)

@@ -11,6 +11,8 @@ An example is tokenized into ids plus the positions whose NEXT token is a target
 
 Keys stay grouped by example (`example` of each position) for the influence audit, and
 are subsampled to a budget with a seeded generator before any forward pass.
+
+(Was `grom/keys.py`.)
 """
 from __future__ import annotations
 

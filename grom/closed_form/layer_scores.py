@@ -7,6 +7,8 @@ with o_l the output of layer l's edited matrix (down_proj by default) at a key p
 and w_g the LM-head row of its gold token: how much layer l writes the forget answers'
 tokens directly into the logits, beyond what it does for the retain answers. The band is
 the contiguous window of width k with the largest mean S_l.
+
+(Was `grom/attribution.py`.)
 """
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ n^2 + m n float64, whatever the number of keys) and reduced over the ranks under
 torch.distributed; the keys themselves are kept (float32, on the CPU) only with
 `EditConfig.keep_keys`, for the diagnostics. The model is edited in place layer by layer
 (later layers' keys are taken on it) and `restore` puts every weight back bit for bit.
+
+(Was `grom/editor.py`. Its class `Editor` is now `LayerSolver` (`Editor` was also a ROME/MEMIT
+row).)
 """
 from __future__ import annotations
 
@@ -23,9 +26,9 @@ from grom.closed_form.directions import (Directions, corruption_directions, head
                           mean_row, promotion_directions, suppression_directions)
 
 
-def _target(model, gold: torch.Tensor, alpha, config: EditConfig, m: int, beta: float,
-            w_bar: torch.Tensor | None = None) -> Directions:
-    """The target D (m, k) of forget key columns with gold tokens `gold` (k,); w_bar (m,) the
+def _directions(model, gold: torch.Tensor, alpha, config: EditConfig, m: int, beta: float,
+                w_bar: torch.Tensor | None = None) -> Directions:
+    """The directions D (m, k) of forget key columns with gold tokens `gold` (k,); w_bar (m,) the
     mean LM-head row the refusal target centres on (computed once per edit by the caller)."""
     if config.target == "corruption":
         return corruption_directions(gold.numel(), m, config.c, config.seed)
@@ -113,7 +116,7 @@ class LayerSolver:
         for i, x in self._timed(keys(None)):
             X, b = x.to(dev, torch.float32).T, self.batches[i]  # (n, k)
             if self.is_forget[i]:
-                sums.add_forget(X, _target(self.model, b.gold, self.prep.alpha, cfg, m, beta, self.w_bar))
+                sums.add_forget(X, _directions(self.model, b.gold, self.prep.alpha, cfg, m, beta, self.w_bar))
             else:
                 sums.add_retain(X)
             if cfg.keep_keys:
@@ -128,8 +131,8 @@ class LayerSolver:
 
         (Xf, f_ex), (Xr, r_ex) = cat(kept[True]), cat(kept[False])
         gold = torch.cat([b.gold for _, b in kept[True]])
-        target = _target(self.model, gold, self.prep.alpha, self.config, W.shape[0], beta, self.w_bar).to("cpu")
-        self.keys[name] = LayerKeys(Xf, f_ex, Xr, r_ex, target, self.prep.n_forget_examples,
+        directions = _directions(self.model, gold, self.prep.alpha, self.config, W.shape[0], beta, self.w_bar).to("cpu")
+        self.keys[name] = LayerKeys(Xf, f_ex, Xr, r_ex, directions, self.prep.n_forget_examples,
                                     self.prep.n_retain_examples)
 
     def solve_layer(self, t: EditedMatrix, keys: KeySource) -> torch.Tensor:

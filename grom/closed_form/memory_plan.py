@@ -33,6 +33,8 @@ compares them with the measured peak on the CPU, where the plan stays above it).
 H100 the key stage measured 1.13-1.26x the plan (BENCHMARKS.md, "The paper's shapes on a
 GPU": some 5 GiB of the key pass's transients on an 8B model are not counted yet), so a
 GPU edit wants a quarter of headroom over it.
+
+(Was `grom/plan.py`.)
 """
 from __future__ import annotations
 

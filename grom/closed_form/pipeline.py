@@ -8,6 +8,8 @@
    edited by the earlier ones: the hidden states entering the band are computed once,
    then the stream advances one layer at a time;
 4. return the patches as data, with the model as it was found (also on failure).
+
+(Was `grom/pipeline.py`.)
 """
 from __future__ import annotations
 
@@ -175,12 +177,12 @@ def _edit_band(editor: LayerSolver, band: list[int], progress: Progress, cache: 
     return key_s
 
 
-def _edit_by_replay(editor: LayerSolver, targets: list[EditedMatrix], progress: Progress) -> float:
+def _edit_by_replay(editor: LayerSolver, matrices: list[EditedMatrix], progress: Progress) -> float:
     """Edit each matrix in order, taking its keys by full forward passes (stopping right
     after the matrix) on the model as already edited."""
     model = editor.model
-    for i, t in enumerate(targets):
-        progress(0.3 + 0.65 * i / len(targets), f"{t.module_name}: keys, solve, apply")
+    for i, t in enumerate(matrices):
+        progress(0.3 + 0.65 * i / len(matrices), f"{t.module_name}: keys, solve, apply")
         module = model.get_submodule(t.module_name)
         editor.solve_layer(t, lambda only: iter_keys(model, editor.batches, module, only))
     return 0.0
@@ -226,8 +228,8 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     model.eval()
     try:
         if config.matrix == "lm_head" or not config.stream:
-            targets = [edited_matrix(model, config.matrix, l) for l in (band or [None])]
-            key_s = _edit_by_replay(editor, targets, progress)
+            matrices = [edited_matrix(model, config.matrix, l) for l in (band or [None])]
+            key_s = _edit_by_replay(editor, matrices, progress)
         else:
             key_s = _edit_band(editor, band, progress, stream_cache, hidden_budget)
     finally:

@@ -11,6 +11,8 @@ key's output toward it.
 
 The refusals are our own wording: a small fixed set (`REFUSALS`), one chosen per question
 with a seeded generator (`choose_refusals`), or one refusal given in the config.
+
+(Was `grom/refusal.py`.)
 """
 from __future__ import annotations
 

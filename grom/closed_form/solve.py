@@ -8,6 +8,8 @@ Only the ratio w_r / w_f matters: scaling both scales A, mu and D Xf^T alike.
 `SystemSums` builds A_data and D Xf^T batch by batch (memory n^2 + m n float64 whatever
 the number of keys) and factors A in place; `build_system` / `solve_update` take whole key
 matrices (the reference, and the diagnostics that keep the keys).
+
+(Was `grom/solve.py`.)
 """
 from __future__ import annotations
 
@@ -105,11 +107,11 @@ class SystemSums:
         self.DXt = torch.zeros(m, n, dtype=torch.float64, device=device)
         self.wf_s, self.wr_r = w_f / s, (w_r / r if r > 0 else 0.0)
 
-    def add_forget(self, X: torch.Tensor, target: Directions) -> None:
-        """Forget keys X (n, k) of one batch with their target columns D_b (m, k)."""
+    def add_forget(self, X: torch.Tensor, directions: Directions) -> None:
+        """Forget keys X (n, k) of one batch with their columns of D, D_b (m, k)."""
         Xd = X.to(self.A.device, torch.float64)
         self.A.addmm_(Xd, Xd.T, alpha=self.wf_s)
-        target.right_product(X.to(self.A.device), out=self.DXt)
+        directions.right_product(X.to(self.A.device), out=self.DXt)
 
     def add_retain(self, X: torch.Tensor) -> None:
         """Retain keys X (n, k) of one batch."""
@@ -152,8 +154,8 @@ def solve_update(Xf: torch.Tensor, Xr: torch.Tensor | None, D, *, w_r: float, rh
     Xf (n, s) forget keys, Xr (n, r) retain keys (may have r = 0), D (m, s) the target
     (a tensor or a `grom.closed_form.directions.Directions`).
     """
-    target: Directions = as_directions(D)
-    if target.s != Xf.shape[1]:
-        raise ValueError(f"D has {target.s} columns but Xf has {Xf.shape[1]} keys")
+    directions: Directions = as_directions(D)
+    if directions.s != Xf.shape[1]:
+        raise ValueError(f"D has {directions.s} columns but Xf has {Xf.shape[1]} keys")
     system = build_system(Xf, Xr, w_r=w_r, rho=rho, w_f=w_f)
-    return system.update(target.right_product(Xf)).to(Xf.dtype)
+    return system.update(directions.right_product(Xf)).to(Xf.dtype)

@@ -3,6 +3,9 @@ final norm, its unembedding matrix and the matrices GROM may edit.
 
 A model family is one `ArchSpec` row in `ARCHITECTURES`; adding a family is adding a row.
 Everything else in the library asks this module, never the model's attribute names.
+
+(Was `grom/arch.py`. Its `EditTarget` / `edit_target` are now `EditedMatrix` /
+`edited_matrix`.)
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ the tensors reduced live where the solve does (the weight's device for CUDA, els
 
 Launch: ``torchrun --nproc_per_node N -m grom edit ...``; `grom.cli` initialises the
 process group from torchrun's environment (`init_from_env`).
+
+(Was `grom/distributed.py`.)
 """
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ after all the key work, or not at all:
 
 `weight_problem` says what is wrong with one layer (None: editable); `check_editable`
 raises `NotEditable` for the first of a list of layers, naming it and what to do.
+
+(Was `grom/editable.py`.)
 """
 from __future__ import annotations
 

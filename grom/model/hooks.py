@@ -4,6 +4,8 @@
 `capture_outputs` records its output; `stop_after` ends the forward pass once a module
 has run, so layers past the last one needed cost nothing; `capture_call` records the
 arguments a module was called with (used to re-run a decoder layer on cached states).
+
+(Was `grom/hooks.py`.)
 """
 from __future__ import annotations
 

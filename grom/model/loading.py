@@ -7,6 +7,8 @@
   config, tokenizer and safetensors weights, nothing else), apart from the load itself,
   so that a server downloads without holding the lock its other jobs wait on.
 - `load_model`: (model, tokenizer), in eval mode.
+
+(Was `grom/models.py`.)
 """
 from __future__ import annotations
 

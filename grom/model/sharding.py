@@ -6,6 +6,8 @@ not fit goes to "disk" (its weights on the meta device, loaded per forward pass 
 GROM edits weights in place, so a band layer placed on disk is refused before any forward
 pass by `grom.model.editable.check_edit_inputs`, with a message naming the layer; the other
 layers may live anywhere.
+
+(Was `grom/sharding.py`.)
 """
 from __future__ import annotations
 
