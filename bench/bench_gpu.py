@@ -24,7 +24,7 @@ per stage (reset between stages), on the CPU the growth of the resident set's hi
 mark (VmHWM, reset through /proc/self/clear_refs) over the resident set before loading.
 The stages: load (the model built on the device), scores (the logit-lens scores over every
 layer, `compute_scores`), then within `run_edit` for each band layer: keys (the forward
-passes and the Grams summed batch by batch, `LayerSolver._sums`), solve (the factor and the
+passes and the Grams summed batch by batch, `LayerSolver.sum_keys`), solve (the factor and the
 update), apply (the patch added, the weight kept for restore); seconds from edit.timings,
 peaks the largest over the band's layers. The plan's stages: weights, forward, keys, solve.
 Record the numbers in BENCHMARKS.md with the device's name.
@@ -149,9 +149,9 @@ class StagePeaks:
 @contextlib.contextmanager
 def marking_edit_stages(peaks: StagePeaks):
     """Marks keys / solve / apply inside `run_edit` by wrapping LayerSolver's steps (restored
-    after): `_sums` (keys: forward passes and Grams), the system's `update` (solve), the
+    after): `sum_keys` (keys: forward passes and Grams), the system's `update` (solve), the
     rest of `solve_layer` (apply)."""
-    sums, solve_layer = LayerSolver._sums, LayerSolver.solve_layer
+    sums, solve_layer = LayerSolver.sum_keys, LayerSolver.solve_layer
 
     def _sums(self, *args, **kwargs):
         out = sums(self, *args, **kwargs)
@@ -177,11 +177,11 @@ def marking_edit_stages(peaks: StagePeaks):
         peaks.mark("apply")
         return out
 
-    LayerSolver._sums, LayerSolver.solve_layer = _sums, _solve_layer
+    LayerSolver.sum_keys, LayerSolver.solve_layer = _sums, _solve_layer
     try:
         yield
     finally:
-        LayerSolver._sums, LayerSolver.solve_layer = sums, solve_layer
+        LayerSolver.sum_keys, LayerSolver.solve_layer = sums, solve_layer
 
 
 def run_workload(name: str, device: str, dtype: str, scale: float, layers: int | None,

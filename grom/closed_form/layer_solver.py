@@ -108,7 +108,7 @@ class LayerSolver:
                  for i, x in self._timed(keys(only))}
         return cfg.beta * float(torch.cat(gather_by_index(norms)).mean())
 
-    def _sums(self, W: torch.Tensor, keys: KeySource, beta: float, dev) -> tuple[SystemSums, dict]:
+    def sum_keys(self, W: torch.Tensor, keys: KeySource, beta: float, dev) -> tuple[SystemSums, dict]:
         """The layer's system summed over this rank's batches; the keys kept if asked."""
         cfg, m = self.config, W.shape[0]
         sums = SystemSums(m, W.shape[1], self.s, self.r, w_r=cfg.w_r, w_f=cfg.w_f, device=dev)
@@ -142,7 +142,7 @@ class LayerSolver:
         W = t.from_param(param.detach())
         dev, cfg = _solve_device(param), self.config
         beta = self._beta(W, keys, dev)
-        sums, kept = self._sums(W, keys, beta, dev)
+        sums, kept = self.sum_keys(W, keys, beta, dev)
         sums.reduce()
         DXt, system = sums.DXt, sums.system(cfg.rho)
         P = system.update(DXt).to(param.dtype)
