@@ -4,7 +4,6 @@ direct scoring, names are checked before any work, the model is left unedited.""
 from __future__ import annotations
 
 import json
-import sys
 import types
 
 import pytest
@@ -16,6 +15,7 @@ from grom.data.prompts import PLAIN_QA
 from grom.closed_form.pipeline import run_edit
 from grom.robustness.calibration import relearn_lr
 from grom.robustness import probes as P
+from grom.robustness import suite
 from grom.robustness.result import AttackResult, Probe, probe_recall
 from grom.robustness.suite import ATTACKS, attack_names, check_edit_fits, run_attacks
 from tests.conftest import FORGET, RETAIN, tiny_llama
@@ -179,7 +179,7 @@ def test_the_suite_scores_each_probe_type_as_a_direct_scoring_does(edited):
 def test_names_are_checked_before_any_work(monkeypatch):
     with pytest.raises(ValueError, match=r"unknown attack 'jailbreak'; the attacks: all, heldout, paraphrase"):
         run_attacks(None, None, None, PROBES, attacks="heldout,jailbreak")
-    monkeypatch.setitem(sys.modules, "grom.robustness.weights", _fake_weights([]))
+    monkeypatch.setattr(suite, "weights", _fake_weights([]))
     assert attack_names("all") == tuple(ATTACKS) and attack_names(["cloze", "heldout"]) == ("heldout", "cloze")
     assert set(ATTACKS) >= {"heldout", "paraphrase", "cloze", "format", "incontext", "prefix_injection",
                             "affirmative_suffix", "role_play", "relearn", "quant4", "quant8", "logit_lens"}
@@ -212,7 +212,7 @@ def _fake_weights(calls: list, fail: str | None = None):
 def test_weight_attacks_are_called_by_name_with_their_signatures(edited, monkeypatch):
     model, tok, edit = edited
     calls: list = []
-    monkeypatch.setitem(sys.modules, "grom.robustness.weights", _fake_weights(calls))
+    monkeypatch.setattr(suite, "weights", _fake_weights(calls))
     out = run_attacks(model, tok, edit, PROBES, fitted=FORGET, attacks=["quant8", "relearn", "logit_lens"])
     assert list(out) == ["relearn", "quant8", "logit_lens"]
     assert calls[0][:2] == ("relearn", 4) and calls[1:] == [("quant8", 8), ("logit_lens", 4)]
@@ -227,19 +227,11 @@ def test_weight_attacks_are_called_by_name_with_their_signatures(edited, monkeyp
 def test_the_model_is_left_unedited_when_an_attack_fails(edited, monkeypatch):
     model, tok, edit = edited
     before = _weights(model)
-    monkeypatch.setitem(sys.modules, "grom.robustness.weights", _fake_weights([], fail="quant4"))
+    monkeypatch.setattr(suite, "weights", _fake_weights([], fail="quant4"))
     with pytest.raises(RuntimeError, match="boom"):
         run_attacks(model, tok, edit, PROBES, attacks="heldout,quant4")
     assert not edit.is_applied
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-
-
-def test_a_weight_attack_without_its_module_is_refused_up_front(monkeypatch):
-    monkeypatch.setitem(sys.modules, "grom.robustness.weights", None)  # import fails
-    with pytest.raises(ValueError, match=r"attacks on the weights .* need grom.robustness.weights"):
-        attack_names("heldout,quant4")
-    assert attack_names("heldout") == ("heldout",)
-    assert attack_names("all") == (*P.PROBE_TYPES, "mia")  # "all" is what there is
 
 
 def test_an_edit_for_another_model_is_refused(edited, tokenizer):

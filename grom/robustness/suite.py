@@ -14,7 +14,6 @@ reverts it.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import time
@@ -31,11 +30,10 @@ from grom.edit import check_patchable
 from grom.robustness.calibration import relearn_lr
 from grom.robustness.membership import membership_attack
 from grom.robustness.probes import PROBE_TYPES, transform
+from grom.robustness import weights
 from grom.robustness.result import AttackResult, Probe, Recall, probe_recall
 
 log = logging.getLogger(__name__)
-
-WEIGHTS_MODULE = "grom.robustness.weights"
 
 
 @dataclass(frozen=True)
@@ -72,9 +70,9 @@ def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
 
 
 def _weights(fn: str):
-    """The function `fn` of grom.robustness.weights (read at call time, so a test can put
-    a stand-in module of the same signatures in its place)."""
-    return getattr(importlib.import_module(WEIGHTS_MODULE), fn)
+    """The function `fn` of grom.robustness.weights, read at call time (a test puts a
+    stand-in module of the same signatures in `weights`' place)."""
+    return getattr(weights, fn)
 
 
 def _relearn(ctx: Context) -> AttackResult:
@@ -139,20 +137,9 @@ def check_edit_fits(model: nn.Module, edit) -> None:
                              f"{tuple(W.shape)}: it was made for another model")
 
 
-def _weights_available() -> str | None:
-    """None if grom.robustness.weights imports, else why not."""
-    try:
-        importlib.import_module(WEIGHTS_MODULE)
-    except ImportError as err:
-        return str(err)
-    return None
-
-
 def attack_names(attacks: str | Sequence[str] = "all") -> tuple[str, ...]:
     """The attacks to run, in the suite's order: "all", or names (a comma list or a
-    sequence); an unknown name is a ValueError that lists the names. While
-    grom.robustness.weights is missing, "all" is the probe attacks (with a warning) and a
-    weight attack by name is a ValueError that says so."""
+    sequence); an unknown name is a ValueError that lists the names."""
     if isinstance(attacks, str):
         attacks = [a.strip() for a in attacks.split(",") if a.strip()]
     everything = list(attacks) in (["all"], [])
@@ -160,13 +147,6 @@ def attack_names(attacks: str | Sequence[str] = "all") -> tuple[str, ...]:
     unknown = [a for a in wanted if a not in ATTACKS]
     if unknown:
         raise ValueError(f"unknown attack {unknown[0]!r}; the attacks: all, {', '.join(ATTACKS)}")
-    missing = _weights_available() if any(a in WEIGHT_ATTACKS for a in wanted) else None
-    if missing and everything:
-        log.warning("%s is not available (%s): running the other attacks only", WEIGHTS_MODULE, missing)
-        wanted = [a for a in wanted if a not in WEIGHT_ATTACKS]
-    elif missing:
-        raise ValueError(f"the attacks on the weights ({', '.join(WEIGHT_ATTACKS)}) need {WEIGHTS_MODULE}, "
-                         f"which is not available ({missing}); ask for the probe attacks only")
     return tuple(a for a in ATTACKS if a in wanted)
 
 
