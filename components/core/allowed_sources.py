@@ -10,7 +10,7 @@ from pathlib import Path
 from huggingface_hub import try_to_load_from_cache
 
 from components.core.errors import UserError, shorten
-from grom.data.readers import hub_reachable
+from grom.model.hub import hub_reachable
 from grom.model.fetch import registry_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -21,21 +21,19 @@ import logging
 import operator
 import os
 import re
-import socket
-import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, Union
-from urllib.parse import urlparse
+
+from grom.model.hub import hub_offline
 
 logger = logging.getLogger(__name__)
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # largest file read, local or uploaded
 DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
 MAX_JSON_DEPTH = 64  # nesting of [ and { in a JSON document; no real data file comes near it
-_TRUE = {"1", "ON", "YES", "TRUE"}
 
 PathLike = Union[str, "os.PathLike[str]"]
 ColumnCheck = Callable[[Sequence[str]], None]  # raises BenchmarkError for columns it cannot use
@@ -386,33 +384,6 @@ def require_rows(rows: Sequence, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the Hub
-
-
-def hub_offline() -> bool:
-    """Whether offline mode is asked for now (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, ...)."""
-    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
-    return any(os.environ.get(n, "").upper() in _TRUE for n in names)
-
-
-_probe: dict[str, tuple[float, bool]] = {}
-
-
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """Whether the Hugging Face Hub answers a TCP connection (cached for a minute), so that
-    no network fails in a second instead of after retries."""
-    if hub_offline():
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    now = time.monotonic()
-    if host in _probe and now - _probe[host][0] < 60:
-        return _probe[host][1]
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        ok = True
-    except OSError:
-        ok = False
-    _probe[host] = (now, ok)
-    return ok
 
 
 @contextmanager
