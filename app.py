@@ -32,8 +32,20 @@ import gradio as gr
 import torch
 from starlette.middleware import Middleware
 
-from components import (attack_panel, baseline_panel, benchmark_panel, compare_panel, diagnostics_panel, edit_panel,
-                        export_panel, history_panel, layers_panel, model_panel, page as page_wiring, sweep_panel)
+from components import (
+    attack_panel,
+    baseline_panel,
+    benchmark_panel,
+    compare_panel,
+    diagnostics_panel,
+    edit_panel,
+    export_panel,
+    history_panel,
+    layers_panel,
+    model_panel,
+    sweep_panel,
+)
+from components import page as page_wiring
 from components.core.allowed_sources import DEMO, REAL
 from components.core.benchmarks import preset_for
 from components.core.comparison import default_examples

@@ -54,17 +54,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.model.arch import num_layers  # noqa: E402
-from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
-from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.data.knowledge import FORGET3  # noqa: E402
+from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
+from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
+from grom.model.arch import num_layers  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 from grom.robustness import attack_names, probe_recall, probes_from_examples, run_attacks  # noqa: E402
 from grom.robustness.calibration import RELEARN_STEPS, calibrate_relearn_lr, relearn_lr  # noqa: E402
 from grom.robustness.membership import holdout_of  # noqa: E402
-from grom.robustness.weights import relearn_curve  # noqa: E402
 from grom.robustness.suite import AUC_ATTACKS  # noqa: E402
+from grom.robustness.weights import relearn_curve  # noqa: E402
 
 GROM = "grom"
 

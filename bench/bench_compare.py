@@ -52,14 +52,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-
 from bench_attack_targets import method_spec  # noqa: E402
 from bench_baselines import Bench, fmt_metric, log, md_table  # noqa: E402
+
+from grom import PRESETS, demo_preset, run_edit  # noqa: E402
 from grom.methods import EDITORS, METHODS, get_method  # noqa: E402
-from grom.methods.trained.starting_points import family_of  # noqa: E402
 from grom.methods.editors.locate_then_edit import EditorConfig, run_editor  # noqa: E402
 from grom.methods.editors.value_optimisation import ValueSettings  # noqa: E402
-from grom import PRESETS, demo_preset, run_edit  # noqa: E402
+from grom.methods.trained.starting_points import family_of  # noqa: E402
 from grom.robustness import probe_recall, probes_from_examples  # noqa: E402
 from grom.robustness.calibration import calibrate_relearn_lr  # noqa: E402
 from grom.robustness.weights import relearn_curve  # noqa: E402

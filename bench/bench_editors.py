@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from bench_knowledge import COLUMNS, Run, cells, log, md_table  # noqa: E402
+
 from grom import PRESETS  # noqa: E402
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor  # noqa: E402
 from grom.methods.editors.value_optimisation import ValueSettings  # noqa: E402

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.methods import METHODS, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate, quantization_check, quantization_verdict  # noqa: E402
+from grom.methods import METHODS, run_baseline  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 
 COLUMNS = ["Forget fact recall", "Forget clean forgetting", "Forget degenerate", "Forget paraphrase recall",

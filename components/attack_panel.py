@@ -34,13 +34,12 @@ from components.core.device import DEVICE_LOCK, device_progress, local_progress,
 from components.core.durations import attack_inputs, attack_s, attack_seconds, wall_rate
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
-from components.core.session import (REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model,
-                                     in_turn)
+from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model, in_turn
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import answers_table_html, download_box, empty_table, title_html
-from grom.methods import get_method
 from grom.data.schema import QAExample
+from grom.methods import get_method
 from grom.model.process_memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE
 from grom.robustness.membership import holdout_of

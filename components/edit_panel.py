@@ -16,8 +16,14 @@ from components.core.device import device_progress
 from components.core.edits import compute_edit, scores_key
 from components.core.errors import ui_errors
 from components.core.fit_check import check_run, device_free_bytes, plan_markdown, plan_run
-from components.core.form import (DEFAULT_RETAIN_EXAMPLES, LOG_SLIDERS, MATRICES, RETAIN_EXAMPLES_FOR,
-                                  TARGETS, preset_choices)
+from components.core.form import (
+    DEFAULT_RETAIN_EXAMPLES,
+    LOG_SLIDERS,
+    MATRICES,
+    RETAIN_EXAMPLES_FOR,
+    TARGETS,
+    preset_choices,
+)
 from components.core.runs import portable_model_name, run_record
 from components.core.session import SESSIONS, Session, current_benchmark, current_model, in_turn
 from components.core.validate import check_examples, check_seed, retain_subset

@@ -7,14 +7,24 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from components.core.allowed_sources import DEMO, REAL
 from components.core.device import local_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
-from components.core.model_choices import (DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key,
-                                           n_layers, status_line, summary)
+from components.core.model_choices import (
+    DEVICES,
+    DTYPES,
+    ensure_model,
+    fetch,
+    free_choice,
+    model_choices,
+    model_key,
+    n_layers,
+    status_line,
+    summary,
+)
 from components.core.session import REGISTRY, Session
 from components.core.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
-from components.core.allowed_sources import DEMO, REAL
 from components.core.wiring import LOCAL, Page
 from components.views import text
 

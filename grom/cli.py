@@ -151,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def edit_or_scores(args: argparse.Namespace) -> int:
     """`edit` and `scores`; under torch.distributed every rank computes, rank 0 writes."""
+    from grom.closed_form.pipeline import compute_scores, prepare
+    from grom.methods import get
     from grom.model.arch import unembedding
     from grom.model.distributed import rank
     from grom.model.editable import NotEditable
-    from grom.methods import get
     from grom.model.loading import load_model
-    from grom.closed_form.pipeline import compute_scores, prepare
 
     config = config_from_args(args)
     if args.command == "edit" and not args.plan and not args.out:
@@ -202,9 +202,9 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
     bytes)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from grom.closed_form.memory_plan import WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
     from grom.model.distributed import rank
     from grom.model.loading import resolve_device, resolve_model_name
-    from grom.closed_form.memory_plan import WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
     from grom.model.sharding import sharded_room
 
     name = resolve_model_name(args.model)

@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
+from grom.data.schema import QAExample, TextExample
 from grom.methods import METHODS, answer_nll, generate_alternates, run_baseline
 from grom.methods.trained import alternates as alt_module
 from grom.methods.trained.alternates import LEAD, clean_alternate
-from grom.methods.trained.starting_points import starting_point
 from grom.methods.trained.method import LossInputs
+from grom.methods.trained.starting_points import starting_point
 from grom.methods.trained.token_losses import rkld_loss
-from grom.data.schema import QAExample, TextExample
 from tests.conftest import FORGET, RETAIN
 from tests.test_baseline_methods_more import LABELS, LOGITS, REF, VALID, softmax
 from tests.test_baselines import assert_same, snapshot

@@ -10,14 +10,20 @@ import torch
 import torch.nn.functional as F
 
 from grom import Edit
+from grom.data.schema import QAExample, TextExample
 from grom.methods import METHODS, REFUSALS, answer_nll, get_method, idk_alternates, run_baseline
 from grom.methods.trained.losses import dpo_loss, npo_loss
 from grom.methods.trained.method import LossInputs
 from grom.methods.trained.pdu import pdu
 from grom.methods.trained.settings import resolve_settings
-from grom.methods.trained.token_losses import (ceu_loss, pdu_forget_loss, rmu_activation_loss, satimp_loss,
-                                               undial_loss, wga_loss)
-from grom.data.schema import QAExample, TextExample
+from grom.methods.trained.token_losses import (
+    ceu_loss,
+    pdu_forget_loss,
+    rmu_activation_loss,
+    satimp_loss,
+    undial_loss,
+    wga_loss,
+)
 from tests.conftest import FORGET, RETAIN
 from tests.test_baselines import assert_same, snapshot
 

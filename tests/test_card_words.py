@@ -14,8 +14,15 @@ pytest.importorskip("gradio")
 
 from components.compare_panel import remember, result_card, summary_md  # noqa: E402
 from components.core.session import Session  # noqa: E402
-from components.views.card import (SCROLL_TO_CARD, card_html, doubtful_credit, pick_examples,  # noqa: E402
-                                   retain_advice, times_line, wrong_values)
+from components.views.card import (  # noqa: E402
+    SCROLL_TO_CARD,
+    card_html,
+    doubtful_credit,
+    pick_examples,
+    retain_advice,
+    times_line,
+    wrong_values,
+)
 from grom.data.schema import QAExample  # noqa: E402
 from grom.eval.report import Report, Row  # noqa: E402
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grom.closed_form.keys import pad_id
+from grom.data.schema import FactRecord, QAExample
 from grom.methods.editors import update_rules as rules
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor
 from grom.methods.editors.value_optimisation import ValueSettings, encode_fact, optimise_values
-from grom.data.schema import FactRecord, QAExample
-from grom.closed_form.keys import pad_id
 from tests.conftest import FORGET, RETAIN
 
 torch.set_default_dtype(torch.float32)

@@ -13,14 +13,21 @@ import copy
 import pytest
 import torch
 
-from grom.model.arch import decoder_layers, model_device
-from grom.methods.editors import locate_then_edit as editing
-from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor
-from grom.methods.editors.layers_above import capture_upper, head_logits, upper_logits
-from grom.methods.editors.value_optimisation import ValueSettings, Values, _object_probs, _pad, encode_fact, optimise_values
-from grom.data.schema import QAExample
-from grom.model.hooks import hooked
 from grom.closed_form.keys import pad_id
+from grom.data.schema import QAExample
+from grom.methods.editors import locate_then_edit as editing
+from grom.methods.editors.layers_above import capture_upper, head_logits, upper_logits
+from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor
+from grom.methods.editors.value_optimisation import (
+    Values,
+    ValueSettings,
+    _object_probs,
+    _pad,
+    encode_fact,
+    optimise_values,
+)
+from grom.model.arch import decoder_layers, model_device
+from grom.model.hooks import hooked
 from tests.conftest import FORGET, RETAIN, memorise, tiny_gpt2, tiny_llama, tiny_neox
 
 FACTS = [QAExample(e.question, e.answer, subject=s, fact=f) for e, s, f in zip(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -89,8 +88,8 @@ def test_a_model_folder_missing_weights_is_refused(tmp_path):
 
 
 def test_a_folder_model_is_shown_relative_to_its_folder():
-    from components.core.errors import REPO_ROOT
     from components.core.allowed_sources import shown_name
+    from components.core.errors import REPO_ROOT
 
     assert shown_name(str(REPO_ROOT / "assets" / "demo-retain")) == "assets/demo-retain"
     assert shown_name(str(REPO_ROOT / "models" / "smollm2-135m-instruct")) == "models/smollm2-135m-instruct"
@@ -100,7 +99,7 @@ def test_a_folder_model_is_shown_relative_to_its_folder():
 # ---------------------------------------------------------------- through the API
 
 gradio_client = pytest.importorskip("gradio_client")
-from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client import handle_file  # noqa: E402
 
 from components.core.device import DEVICE_LOCK  # noqa: E402
 from components.core.session import REGISTRY, SESSIONS  # noqa: E402

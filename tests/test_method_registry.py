@@ -11,8 +11,19 @@ import pytest
 from grom.data import load_benchmark
 from grom.data.schema import QAExample, TextExample
 from grom.demo import load_demo_model
-from grom.methods import (ALL, EDITORS, FAMILIES, METHODS, Reason, can_run, family_of, get, names, run_baseline,
-                          resolve_settings)
+from grom.methods import (
+    ALL,
+    EDITORS,
+    FAMILIES,
+    METHODS,
+    Reason,
+    can_run,
+    family_of,
+    get,
+    names,
+    resolve_settings,
+    run_baseline,
+)
 
 
 @pytest.fixture(scope="module")

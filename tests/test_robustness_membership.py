@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grom.closed_form.config import EditConfig
+from grom.closed_form.pipeline import run_edit
 from grom.data import QAExample
 from grom.eval.runner import encode_pair
-from grom.closed_form.pipeline import run_edit
 from grom.robustness.membership import holdout_of, membership_attack
 from grom.robustness.result import Probe
 from grom.robustness.suite import run_attacks

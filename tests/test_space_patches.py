@@ -23,8 +23,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grom import Edit, EditConfig
-from grom.edit import (FACTORS_KEY, META_FILE, PATCH_FILE, Factors, Patches, StoredPatch, expand_factors,
-                       read_patch_layout)
+from grom.edit import (
+    FACTORS_KEY,
+    META_FILE,
+    PATCH_FILE,
+    Factors,
+    Patches,
+    StoredPatch,
+    expand_factors,
+    read_patch_layout,
+)
 from grom.patch_policy import check_stored_patches
 from tests.conftest import tiny_llama, weights_hash
 

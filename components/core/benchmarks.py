@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, upload_bytes
-from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
 from grom import demo_preset
 from grom.data import BENCHMARKS, load_benchmark
 from grom.data.readers import TooManyRows

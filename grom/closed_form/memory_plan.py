@@ -38,10 +38,9 @@ GPU edit wants a quarter of headroom over it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
-
-import os
 
 import torch
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 
-from grom.model.arch import arch_spec
 from grom.data.readers import hub_reachable
+from grom.model.arch import arch_spec
 from grom.model.fetch import ModelFetchError, fetch_model, is_fetched, model_folder, registry_model
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ from typing import Callable, Mapping, Sequence
 
 from torch import nn
 
-from grom.model.arch import loaded_from
-from grom.methods.trained.starting_points import family_of
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
+from grom.methods.trained.starting_points import family_of
+from grom.model.arch import loaded_from
 from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, relearn_curve
 from grom.robustness.result import ScoreFn
 

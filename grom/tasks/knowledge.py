@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grom.model.arch import model_device
 from grom.data import knowledge as knowledge_data
 from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import QAExample, TextExample
@@ -23,6 +22,7 @@ from grom.eval.runner import (
     score_sequences,
     score_texts,
 )
+from grom.model.arch import model_device
 from grom.tasks.base import QuantMetrics, Task, register_task
 
 KNOWLEDGE_SETS = {"forget": "Forget", "probes": "Probe", "neighbours": "Neighbour", "general": "General"}

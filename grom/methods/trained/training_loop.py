@@ -14,13 +14,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from grom.model.arch import model_device
 from grom.methods.trained.checkpoint import FORMAT, Part, rng_state, save_state, set_rng_state, tensors_to
 from grom.methods.trained.method import Method
 from grom.methods.trained.micro_batch import RunData, micro_loss, reference_nll
 from grom.methods.trained.optimizer import Updated, adamw, lr_factor, optimizer_step, updated_tensors
 from grom.methods.trained.prepare import Encodings
 from grom.methods.trained.settings import Settings
+from grom.model.arch import model_device
 
 log = logging.getLogger(__name__)
 
