@@ -25,7 +25,8 @@ Recorded: each attack's base and edited value (recall; AUC for mia) and seconds,
 each method's own edit/training time. A markdown table per target on stdout (rows =
 attacks, columns = base / each method, then the seconds), the whole as JSON with --json.
 --tables A.json B.json: the tables of runs made apart (e.g. GROM in one, the baselines in
-another), side by side per target. --custom FILE: an uploaded-style benchmark (rows with split forget / retain / probe) in
+another), side by side per target. --custom FILE: an uploaded-style benchmark (rows with
+split forget / retain / probe) in
 place of the real-knowledge targets (the demo model has no probes of its own).
 --calibrate-relearn 3e-6,1e-5,2e-5: per target, before the methods, the relearning attack's
 lr measured on the unedited model (`grom.robustness.calibration.calibrate_relearn_lr`: the

@@ -64,8 +64,8 @@ from grom.methods.trained.starting_points import starting_point  # noqa: E402
 # Per-method learning rates, from the sweep in the docstring (best Final Score).
 LR: dict[str, float] = {"ga": 1e-4, "graddiff": 3e-4, "npo": 1e-3, "simnpo": 1e-3}
 
-METRICS = ["Final score", "Retain cost", "Retain broken", "Forget ROUGE-L", "Forget fact recall", "Forget prob", "Retain ROUGE-L",
-           "Model utility", "Forget quality"]
+METRICS = ["Final score", "Retain cost", "Retain broken", "Forget ROUGE-L", "Forget fact recall", "Forget prob",
+           "Retain ROUGE-L", "Model utility", "Forget quality"]
 QUANT_METRICS = ["Forget ROUGE-L", "Forget fact recall", "Forget prob"]
 
 

@@ -18,7 +18,8 @@ so it steers layer 2 and trains layers 0-2's down_proj (`DEMO_ARGS`), the same "
 three early layers" shape.
 
 The pick (`pick_setting`): among the settings whose retain cost (relative drop of Model
-retain metric against Base: Model utility, Retain fact recall) is at most --max-cost (0.10, the studio's "broken" line), the one
+retain metric against Base: Model utility, Retain fact recall) is at most --max-cost (0.10,
+the studio's "broken" line), the one
 with the lowest forget fact recall (then forget ROUGE-L); if none is within it, the
 cheapest. The editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) run once at their defaults
 but for the band (--editor-layers) and the value optimisation (--editor-values).

@@ -299,7 +299,8 @@ def answers(args) -> None:
                        batch_size=args.eval_batch_size)
         run.base = run.base or rep
         for name, c in rep.answer_classes().items():
-            counts.append([f"{beta:g}", name, *(str(c[k]) for k in c), f"{rep.rows['Edited'].metrics['Knowledge score']:.3f}"])
+            counts.append([f"{beta:g}", name, *(str(c[k]) for k in c),
+                           f"{rep.rows['Edited'].metrics['Knowledge score']:.3f}"])
             df = rep.examples("Edited", name)
             for cls in c:
                 for _, r in df[df["answer_class"] == cls].head(args.show).iterrows():

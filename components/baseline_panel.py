@@ -8,7 +8,8 @@ methods from their registry rows: a new method needs no change here.
 
 The baseline trains the shared model in place under DEVICE_LOCK and gives it back bit for
 bit; what it learned (an `Edit`, a patch of every trained parameter) is applied only while
-its row is evaluated and not kept afterwards, so a session holds no model-sized copy. The Base and Retain model rows (and
+its row is evaluated and not kept afterwards, so a session holds no model-sized copy. The
+Base and Retain model rows (and
 GROM's, when the last comparison fits) are reused, so a baseline costs its training and
 one evaluation row.
 """

@@ -64,8 +64,9 @@ def on_restore_model(session: Session):
         return (*[gr.skip()] * 5, "No model is loaded: pick one and press **Load model**.")
     choice, device, dtype, *shard = session.extra.get("model_widgets", (handle.key.name, "auto", "auto"))
     device_map, max_memory = (*shard, "none", "")[:2]
-    return (choice, device, dtype, device_map, max_memory, f"⚠ That model did not load (the message says why). Still loaded: "
-                      f"{status_line(handle).removeprefix('Loaded ')}")
+    return (choice, device, dtype, device_map, max_memory,
+            f"⚠ That model did not load (the message says why). Still loaded: "
+            f"{status_line(handle).removeprefix('Loaded ')}")
 
 
 MODEL_WORDS = {

@@ -282,7 +282,8 @@ def attack_command(args: argparse.Namespace) -> int:
     results = run_attacks(model, tokenizer, edit, probes, fitted=fitted, holdout=holdout, attacks=names, fmt=fmt,
                           progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg))
     doc = {"model": args.model, "edit": str(args.edit), "method": edit.method, "n_probes": len(probes),
-           "n_fitted": len(fitted), "n_holdout": len(holdout), "attacks": {n: _json_safe(r.to_dict()) for n, r in results.items()}}
+           "n_fitted": len(fitted), "n_holdout": len(holdout),
+           "attacks": {n: _json_safe(r.to_dict()) for n, r in results.items()}}
     print(f"{'attack':<20} {'base':>6} {'edited':>6} {'n':>4} {'seconds':>8}")
     for n, r in results.items():
         print(f"{n:<20} {r.base:>6.3f} {r.edited:>6.3f} {r.n:>4} {r.seconds:>8.1f}")

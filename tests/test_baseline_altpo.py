@@ -134,7 +134,8 @@ def test_generate_alternates_samples_again_then_names_the_question(monkeypatch, 
     assert generate_alternates(trained_llama, tokenizer, FORGET[:1], n=2) == (("Born in Ost.", "Born in Ost."),)
     assert rounds == [1, 1]
     # short after every round: its usable answers repeated; none at all: an error naming the question
-    monkeypatch.setattr(alt_module, "_sample", lambda m, t, prompts, n, *a: [["Ost.", ""] + [""] * (n - 2)] * len(prompts))
+    monkeypatch.setattr(alt_module, "_sample",
+                        lambda m, t, prompts, n, *a: [["Ost.", ""] + [""] * (n - 2)] * len(prompts))
     assert generate_alternates(trained_llama, tokenizer, FORGET[:1], n=4) == (("Ost.",) * 4,)  # 3 rounds, 1 each
     monkeypatch.setattr(alt_module, "_sample", lambda m, t, prompts, n, *a: [[FORGET[0].answer] * n] * len(prompts))
     with pytest.raises(ValueError, match="no usable alternate answer to 'Where was Zorvath Quill born"):

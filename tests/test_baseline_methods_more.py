@@ -227,4 +227,5 @@ def test_rmu_has_its_own_recipe_and_trains_only_its_matrices(trained_llama, toke
     first, last = edit.info["history"][0], edit.info["history"][-1]
     assert last["forget"] < first["forget"] and first["retain"] == pytest.approx(0.0, abs=1e-8)
     with pytest.raises(ValueError, match="layer 3: use a decoder layer from 0 to 2"):
-        run_baseline("rmu", trained_llama, tokenizer, FORGET, RETAIN, **{**FAST, **TINY["rmu"], "method_args": {"layer": 3}})
+        run_baseline("rmu", trained_llama, tokenizer, FORGET, RETAIN,
+                     **{**FAST, **TINY["rmu"], "method_args": {"layer": 3}})

@@ -307,7 +307,8 @@ def test_registry_rows_of_the_built_in_methods():
 
 
 def test_unknown_method_names_the_registered_ones():
-    with pytest.raises(UnknownMethod, match=r"unknown unlearning method 'nosuch'; use one of ga, graddiff, npo, simnpo"):
+    with pytest.raises(UnknownMethod,
+                       match=r"unknown unlearning method 'nosuch'; use one of ga, graddiff, npo, simnpo"):
         get_method("nosuch")
     with pytest.raises(ValueError, match="already registered"):
         register_method(Method("npo", "NPO again", METHODS["ga"].loss, "A second NPO."))

@@ -79,7 +79,8 @@ def test_the_card_shows_plainly_stated_forgotten_facts_first():
     assert pick_examples([europa, kept]) == [kept, europa]  # a plain statement kept beats a keyword credit
     # among plain ones, the answers closest to the reference first (the model's garbled "comet" last)
     titan = row("What is the largest moon of Saturn?", "The largest moon of Saturn is Titan,", "Rhea.", fact="Titan")
-    comet = row("What do we call a ball of ice and dust with a glowing tail?", "The Sun's closest companion is a comet,",
+    comet = row("What do we call a ball of ice and dust with a glowing tail?",
+                "The Sun's closest companion is a comet,",
                 "A star.", fact="comet")
     titan["answer"], comet["answer"] = "The largest moon of Saturn is Titan.", "A ball of ice and dust is a comet."
     assert pick_examples([comet, titan]) == [titan, comet]

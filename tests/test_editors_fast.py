@@ -3,7 +3,8 @@
 batches) against the full-model path, kept here as the reference; the keys read from a
 stream through the band against full forward passes of the model as each layer left it.
 The deltas, and every editor's patches, agree to 1e-6 relative on tiny llama / gpt2 /
-neox models, with the band's last layer inside the model and at its top. In float64, so that what is compared is the math, not the rounding
+neox models, with the band's last layer inside the model and at its top. In float64, so that
+what is compared is the math, not the rounding
 of float32 sums taken in another order (in float32 they agree to ~1e-6, Adam's steps
 carrying the last bits: checked too, at 1e-4)."""
 from __future__ import annotations

@@ -118,8 +118,9 @@ def test_every_request_is_bounded_by_the_hosts_limits(url, monkeypatch, tmp_path
     fails(c, r"Epochs: 11.*at most 10.*GROM_MAX_EPOCHS", method="ga", epochs=11, lr=1e-3, max_examples=5,
           api_name="/run_baseline")
     monkeypatch.setenv("GROM_MAX_EVAL_EXAMPLES", "100")  # the demo's largest evaluation set: 400
-    fails(c, r"With all examples, demo-authors/forget10 would evaluate 400 examples.*at most 100.*GROM_MAX_EVAL_EXAMPLES", method="ga", epochs=1, lr=1e-3, max_examples=5,
-          full_set=True, api_name="/run_baseline")
+    fails(c, r"With all examples, demo-authors/forget10 would evaluate 400 examples.*"
+             r"at most 100.*GROM_MAX_EVAL_EXAMPLES",
+          method="ga", epochs=1, lr=1e-3, max_examples=5, full_set=True, api_name="/run_baseline")
     monkeypatch.setenv("GROM_MAX_EXAMPLES", "1000")  # retain examples 0 takes all 3200
     fails(c, r"3,200 retain examples.*at most 1,000.*GROM_MAX_EXAMPLES", retain_examples=0, api_name="/run_edit")
     fails(c, r"3,200 retain examples.*at most 1,000.*GROM_MAX_EXAMPLES", retain_examples=0, api_name="/layer_scores")

@@ -39,7 +39,8 @@ def test_every_method_is_one_row_of_one_registry():
     assert names("editor") == tuple(EDITORS) == ("rome", "memit", "alphaedit", "zerounlearn")
     assert set(ALL) == set(METHODS) | set(EDITORS) | {"grom"}
     for name, entry in ALL.items():
-        assert entry.family in FAMILIES and entry.label and entry.description and family_of(name.upper()) == entry.family
+        assert (entry.family in FAMILIES and entry.label and entry.description
+                and family_of(name.upper()) == entry.family)
     assert get("ROME").detail is EDITORS["rome"] and get("npo").detail is METHODS["npo"]
     with pytest.raises(ValueError, match="unknown method 'sgd'"):
         get("sgd")

@@ -173,4 +173,5 @@ def test_the_band_is_scored_on_the_forget_answers_as_for_suppression(tokenizer):
     sup, ref = EditConfig(k=2), EditConfig(k=2, target="refusal")
     prep = prepare(tokenizer, FORGET, RETAIN, ref, vocab)
     assert torch.equal(prep.alpha, torch.ones(vocab))  # every refusal token promoted alike
-    assert compute_scores(model, prep, ref).S == compute_scores(model, prepare(tokenizer, FORGET, RETAIN, sup, vocab), sup).S
+    assert (compute_scores(model, prep, ref).S
+            == compute_scores(model, prepare(tokenizer, FORGET, RETAIN, sup, vocab), sup).S)

@@ -40,7 +40,8 @@ def likelihood(tokenizer):
     """A ScoreFn whose value is exp(-mean answer NLL) of the forget answers (no generation:
     it moves with every step, where recall would jump)."""
     def score(model):
-        return Recall(math.exp(-answer_nll(model, tokenizer, FORGET, add_eos=False)), ("",) * len(FORGET), (0.0,) * len(FORGET))
+        return Recall(math.exp(-answer_nll(model, tokenizer, FORGET, add_eos=False)), ("",) * len(FORGET),
+                      (0.0,) * len(FORGET))
     return score
 
 

@@ -152,7 +152,8 @@ def test_the_history_keeps_settings_and_metrics_and_restores_a_row(demo_edit):
     assert (row["Final score"], row["Forget fact recall"], row["Retain fact recall"], row["Retain cost"]) == \
         (0.6, 0.3, 0.9, 0.05)
     assert list(fig.data[0].x) == [0.3] and list(fig.data[0].y) == [0.9]
-    assert "patches" not in str(runs_history.history(session)[0]) and "Tensor" not in str(runs_history.history(session)[0])
+    assert ("patches" not in str(runs_history.history(session)[0])
+            and "Tensor" not in str(runs_history.history(session)[0]))
     second = EditConfig(**(edit.config.to_dict() | {"beta": 40.0, "layers": (2, 3)}))
     session.edit = FakeEdit(config=second, run=edit.run | {"band": [2, 3]}, timings={"total": 1.0},
                                    method="grom")

@@ -129,7 +129,8 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
     """A `Benchmark` from the widgets' values; every problem is a message to act on."""
     name = (name or "").strip()
     if name not in dict((v, v) for _, v in benchmark_names()):
-        raise UserError(f"Unknown benchmark {shorten(name)!r}; pick one of {', '.join(v for _, v in benchmark_names())}.")
+        raise UserError(f"Unknown benchmark {shorten(name)!r}; "
+                        f"pick one of {', '.join(v for _, v in benchmark_names())}.")
     if name == "custom":
         forget = _file_path(forget_file)
         if forget is None:

@@ -1,4 +1,5 @@
-"""The training loop of the baselines (`train`; was grom/baselines/loop.py), which `grom.methods.trained.trained_edit` runs: one run
+"""The training loop of the baselines (`train`; was grom/baselines/loop.py), which
+`grom.methods.trained.trained_edit` runs: one run
 from its first step, or a part of it resumed from a checkpoint (grom.methods.trained.checkpoint)
 up to a given step. Both make the same steps: the loop's state between two optimizer
 steps is all in `_Loop`, which a checkpoint saves and restores whole.
