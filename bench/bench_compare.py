@@ -295,8 +295,9 @@ def main(argv=None) -> None:
     print(md_table(["method", "setting", "update s", *COLS], rows))
     base = rep.rows["Base"].metrics
     steps = relearn_steps(b)
-    best = (lambda r: [f"{r['best'][0]:.2f} ({r['best'][1]:g}, {r['best'][2]}; unedited {r['best'][3]:.2f})"]
-            if args.relearn_best else [])
+    def best(r):
+        return ([f"{r['best'][0]:.2f} ({r['best'][1]:g}, {r['best'][2]}; unedited {r['best'][3]:.2f})"]
+                if args.relearn_best else [])
     out = [["Base", "-", "-", *[fmt_metric(base.get(k), k) for k in COLS], *[f"{v:.2f}" for v in b.relearn_base],
             *(["-"] if args.relearn_best else [])]]
     for name, p in picks.items():

@@ -113,7 +113,8 @@ def calibrate_relearn_lr(model: nn.Module, tokenizer, train: Sequence[QAExample]
     steps = tuple(sorted({0, *(int(k) for k in steps)}))
     curves: dict[float, tuple[float, ...]] = {}
     for i, lr in enumerate(lrs):
-        at = (lambda f, m, i=i: tell((i + f) / len(lrs), f"lr {lr:g}: {m}"))
+        def at(f, m, i=i):
+            return tell((i + f) / len(lrs), f"lr {lr:g}: {m}")
         curve, _ = relearn_curve(model, tokenizer, None, train, score, steps, lr=lr, batch_size=batch_size,
                                  fmt=fmt, seed=seed, progress=at)
         curves[lr] = tuple(r.value for r in curve)
