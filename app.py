@@ -4,7 +4,8 @@
     python app.py --host 0.0.0.0 --port 7860 --share
 
 The page is built from the panels in `components/`; this file lays them out, has each
-panel wire its own events (`wire_panels`) and launches. Every event that touches the model runs in one queue (`DEVICE_QUEUE`) and
+panel wire its own events (`wire_panels`) and launches. Every event that touches the model
+runs in one queue (`DEVICE_QUEUE`) and
 under `DEVICE_LOCK`, which hands the device out in the order asked (a long job between its
 steps); each browser session keeps its own edit in a `gr.State` and the shared base weights
 are never left edited between requests.
@@ -32,8 +33,20 @@ import gradio as gr
 import torch
 from starlette.middleware import Middleware
 
-from components import (attack_panel, baseline_panel, benchmark_panel, compare_panel, diagnostics_panel, edit_panel,
-                        export_panel, history_panel, layers_panel, model_panel, page as page_wiring, sweep_panel)
+from components import (
+    attack_panel,
+    baseline_panel,
+    benchmark_panel,
+    compare_panel,
+    diagnostics_panel,
+    edit_panel,
+    export_panel,
+    history_panel,
+    layers_panel,
+    model_panel,
+    sweep_panel,
+)
+from components import page as page_wiring
 from components.core.allowed_sources import DEMO, REAL
 from components.core.benchmarks import preset_for
 from components.core.comparison import default_examples
@@ -173,7 +186,8 @@ def launch_kwargs() -> dict:
     server in front of this one (GRADIO_SSR_MODE), one more proxy between the visitor and the
     gates below, which read the client's address a fixed number of hops from the end of
     X-Forwarded-For (GROM_PROXY_HOPS)."""
-    return dict(theme=theme(), css_paths=[str(CSS_PATH)], max_file_size=f"{max(limit('GROM_MAX_UPLOAD_MB'), limit('GROM_MAX_PATCH_MB'))}mb",
+    return dict(theme=theme(), css_paths=[str(CSS_PATH)],
+                max_file_size=f"{max(limit('GROM_MAX_UPLOAD_MB'), limit('GROM_MAX_PATCH_MB'))}mb",
                 footer_links=["api", "gradio"], ssr_mode=False,
                 app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadGuard), Middleware(QueueGuard),
                                            Middleware(NoDeepLinks)]})

@@ -81,7 +81,7 @@ def counted(model):
 
 def estimates(handle, bench) -> tuple[dict, dict, float]:
     """({attack: seconds}, {attack: forward passes}) estimated, and the seconds it took."""
-    from components.attack_panel import attack_estimates, ESTIMATES
+    from components.attack_panel import ESTIMATES, attack_estimates
     from components.core.durations import attack_work
 
     t0 = time.perf_counter()

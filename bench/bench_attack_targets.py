@@ -25,7 +25,8 @@ Recorded: each attack's base and edited value (recall; AUC for mia) and seconds,
 each method's own edit/training time. A markdown table per target on stdout (rows =
 attacks, columns = base / each method, then the seconds), the whole as JSON with --json.
 --tables A.json B.json: the tables of runs made apart (e.g. GROM in one, the baselines in
-another), side by side per target. --custom FILE: an uploaded-style benchmark (rows with split forget / retain / probe) in
+another), side by side per target. --custom FILE: an uploaded-style benchmark (rows with
+split forget / retain / probe) in
 place of the real-knowledge targets (the demo model has no probes of its own).
 --calibrate-relearn 3e-6,1e-5,2e-5: per target, before the methods, the relearning attack's
 lr measured on the unedited model (`grom.robustness.calibration.calibrate_relearn_lr`: the
@@ -54,17 +55,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.model.arch import num_layers  # noqa: E402
-from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
-from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.data.knowledge import FORGET3  # noqa: E402
+from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
+from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
+from grom.model.arch import num_layers  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 from grom.robustness import attack_names, probe_recall, probes_from_examples, run_attacks  # noqa: E402
 from grom.robustness.calibration import RELEARN_STEPS, calibrate_relearn_lr, relearn_lr  # noqa: E402
 from grom.robustness.membership import holdout_of  # noqa: E402
-from grom.robustness.weights import relearn_curve  # noqa: E402
 from grom.robustness.suite import AUC_ATTACKS  # noqa: E402
+from grom.robustness.weights import relearn_curve  # noqa: E402
 
 GROM = "grom"
 

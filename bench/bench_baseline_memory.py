@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from grom.methods import answer_nll, get_method, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
-from grom.model.process_memory import release_memory, resident_bytes  # noqa: E402
+from grom.methods import answer_nll, get_method, run_baseline  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
+from grom.model.process_memory import release_memory, resident_bytes  # noqa: E402
 
 ENDINGS = ("finished", "cancelled from progress", "cancelled from a hook")
 

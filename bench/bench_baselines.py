@@ -55,17 +55,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, demo_preset, run_edit  # noqa: E402
-from grom.methods import BASELINES, EDITORS, METHODS, EditorConfig, run_baseline, run_editor  # noqa: E402
-from grom.methods.trained.starting_points import starting_point  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
 from grom.eval import evaluate, quantization_check  # noqa: E402
+from grom.methods import BASELINES, EDITORS, METHODS, EditorConfig, run_baseline, run_editor  # noqa: E402
+from grom.methods.trained.starting_points import starting_point  # noqa: E402
 
 # Per-method learning rates, from the sweep in the docstring (best Final Score).
 LR: dict[str, float] = {"ga": 1e-4, "graddiff": 3e-4, "npo": 1e-3, "simnpo": 1e-3}
 
-METRICS = ["Final score", "Retain cost", "Retain broken", "Forget ROUGE-L", "Forget fact recall", "Forget prob", "Retain ROUGE-L",
-           "Model utility", "Forget quality"]
+METRICS = ["Final score", "Retain cost", "Retain broken", "Forget ROUGE-L", "Forget fact recall", "Forget prob",
+           "Retain ROUGE-L", "Model utility", "Forget quality"]
 QUANT_METRICS = ["Forget ROUGE-L", "Forget fact recall", "Forget prob"]
 
 

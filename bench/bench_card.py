@@ -119,7 +119,8 @@ def main(argv=None) -> None:
             before = page.evaluate("document.querySelector('#compare-summary')?.innerText || ''")
             page.evaluate("window.__card = {gone: false}")
             t = time.perf_counter()
-            page.evaluate("() => { window.__card.t0 = performance.now(); document.querySelector('#run-edit').click(); }")
+            page.evaluate("() => { window.__card.t0 = performance.now(); "
+                          "document.querySelector('#run-edit').click(); }")
             page.wait_for_function("window.__card.whole !== undefined", timeout=600_000)
             page.wait_for_function("(s) => { const x = document.querySelector('#compare-summary')?.innerText || '';"
                                    " return x !== s && x.startsWith('Compared'); }", arg=before, timeout=600_000)

@@ -18,7 +18,8 @@ so it steers layer 2 and trains layers 0-2's down_proj (`DEMO_ARGS`), the same "
 three early layers" shape.
 
 The pick (`pick_setting`): among the settings whose retain cost (relative drop of Model
-retain metric against Base: Model utility, Retain fact recall) is at most --max-cost (0.10, the studio's "broken" line), the one
+retain metric against Base: Model utility, Retain fact recall) is at most --max-cost (0.10,
+the studio's "broken" line), the one
 with the lowest forget fact recall (then forget ROUGE-L); if none is within it, the
 cheapest. The editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) run once at their defaults
 but for the band (--editor-layers) and the value optimisation (--editor-values).
@@ -52,14 +53,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-
 from bench_attack_targets import method_spec  # noqa: E402
 from bench_baselines import Bench, fmt_metric, log, md_table  # noqa: E402
+
+from grom import PRESETS, demo_preset, run_edit  # noqa: E402
 from grom.methods import EDITORS, METHODS, get_method  # noqa: E402
-from grom.methods.trained.starting_points import family_of  # noqa: E402
 from grom.methods.editors.locate_then_edit import EditorConfig, run_editor  # noqa: E402
 from grom.methods.editors.value_optimisation import ValueSettings  # noqa: E402
-from grom import PRESETS, demo_preset, run_edit  # noqa: E402
+from grom.methods.trained.starting_points import family_of  # noqa: E402
 from grom.robustness import probe_recall, probes_from_examples  # noqa: E402
 from grom.robustness.calibration import calibrate_relearn_lr  # noqa: E402
 from grom.robustness.weights import relearn_curve  # noqa: E402
@@ -294,8 +295,9 @@ def main(argv=None) -> None:
     print(md_table(["method", "setting", "update s", *COLS], rows))
     base = rep.rows["Base"].metrics
     steps = relearn_steps(b)
-    best = (lambda r: [f"{r['best'][0]:.2f} ({r['best'][1]:g}, {r['best'][2]}; unedited {r['best'][3]:.2f})"]
-            if args.relearn_best else [])
+    def best(r):
+        return ([f"{r['best'][0]:.2f} ({r['best'][1]:g}, {r['best'][2]}; unedited {r['best'][3]:.2f})"]
+                if args.relearn_best else [])
     out = [["Base", "-", "-", *[fmt_metric(base.get(k), k) for k in COLS], *[f"{v:.2f}" for v in b.relearn_base],
             *(["-"] if args.relearn_best else [])]]
     for name, p in picks.items():

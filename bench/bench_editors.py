@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from bench_knowledge import COLUMNS, Run, cells, log, md_table  # noqa: E402
+
 from grom import PRESETS  # noqa: E402
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor  # noqa: E402
 from grom.methods.editors.value_optimisation import ValueSettings  # noqa: E402
@@ -89,7 +89,8 @@ def main(argv=None) -> None:
     run = Run(args, args.splits.split(",")[0])
     fmt = run.bench.prompt_format
     edit, secs = run.edit(PRESETS[args.preset].replace(prompt_format=fmt, seed=args.seed))
-    rows = [[f"GROM {args.preset}", "-", f"{edit.band[0]}-{edit.band[-1]}", f"{secs:.1f}", "1.0", *cells(run.report(edit))]]
+    rows = [[f"GROM {args.preset}", "-", f"{edit.band[0]}-{edit.band[-1]}", f"{secs:.1f}", "1.0",
+             *cells(run.report(edit))]]
     log("row: " + " | ".join(rows[-1]))
     grom_s = secs
     bands = [None if b.strip() == "auto" else tuple(int(x) for x in b.split(",")) for b in args.layers.split(";")]

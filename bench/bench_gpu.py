@@ -36,8 +36,8 @@ import contextlib
 import logging
 import os
 import platform
-import subprocess
 import random
+import subprocess
 import sys
 import time
 import zlib
@@ -48,14 +48,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, not installed
+from bench_scaling import PeakMemory  # noqa: E402  (this folder is on sys.path)
+
 from grom import PRESETS, run_edit  # noqa: E402
+from grom.closed_form.layer_solver import LayerSolver  # noqa: E402
+from grom.closed_form.memory_plan import GiB, WillNotFit, check_fits, free_bytes, plan_edit  # noqa: E402
+from grom.closed_form.pipeline import compute_scores, prepare  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample, TextExample  # noqa: E402
-from grom.closed_form.layer_solver import LayerSolver  # noqa: E402
-from grom.closed_form.pipeline import compute_scores, prepare  # noqa: E402
-from grom.closed_form.memory_plan import GiB, WillNotFit, check_fits, free_bytes, plan_edit  # noqa: E402
-
-from bench_scaling import PeakMemory  # noqa: E402  (this folder is on sys.path)
 
 log = logging.getLogger("bench_gpu")
 

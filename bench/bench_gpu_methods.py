@@ -47,18 +47,18 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere, not installed
+from bench_gpu import WORKLOADS, scaled_shape  # noqa: E402  (this folder is on sys.path)
+
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.methods import EDITORS, METHODS, EditorConfig, generate_alternates, get_method, run_baseline  # noqa: E402
-from grom.methods.editors.locate_then_edit import editor_band, run_editor  # noqa: E402
-from grom.methods.trained.training_loop import planned_steps  # noqa: E402
-from grom.methods.trained.settings import resolve_settings  # noqa: E402
-from grom.methods.editors.value_optimisation import ValueSettings, encode_fact, optimise_values  # noqa: E402
-from grom.data.prompts import PromptFormat  # noqa: E402
-from grom.data.schema import QAExample  # noqa: E402
 from grom.closed_form.keys import pad_id  # noqa: E402
 from grom.closed_form.pipeline import compute_scores, prepare  # noqa: E402
-
-from bench_gpu import WORKLOADS, scaled_shape  # noqa: E402  (this folder is on sys.path)
+from grom.data.prompts import PromptFormat  # noqa: E402
+from grom.data.schema import QAExample  # noqa: E402
+from grom.methods import EDITORS, METHODS, EditorConfig, generate_alternates, get_method, run_baseline  # noqa: E402
+from grom.methods.editors.locate_then_edit import editor_band, run_editor  # noqa: E402
+from grom.methods.editors.value_optimisation import ValueSettings, encode_fact, optimise_values  # noqa: E402
+from grom.methods.trained.settings import resolve_settings  # noqa: E402
+from grom.methods.trained.training_loop import planned_steps  # noqa: E402
 
 PER_AUTHOR = 20  # TOFU: 20 questions per author, forget splits are whole authors
 ALTERNATES = 5  # AltPO: alternates per question (upstream's)

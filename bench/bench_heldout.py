@@ -36,8 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-
 from bench_knowledge import md_table  # noqa: E402  (bench/ is the script's own folder)
+
 from grom import PRESETS, best_window, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.data.knowledge import FORGET3, knowledge  # noqa: E402

@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, not installed
 
+from grom.closed_form.directions import as_directions  # noqa: E402
 from grom.closed_form.influence import example_influence, example_influence_bruteforce, influence_norms  # noqa: E402
 from grom.closed_form.solve import build_system  # noqa: E402
-from grom.closed_form.directions import as_directions  # noqa: E402
 
 
 def problem(n: int, m: int, examples: int, device: str, seed: int = 0):

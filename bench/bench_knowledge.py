@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.methods import METHODS, run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate, quantization_check, quantization_verdict  # noqa: E402
+from grom.methods import METHODS, run_baseline  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 
 COLUMNS = ["Forget fact recall", "Forget clean forgetting", "Forget degenerate", "Forget paraphrase recall",
@@ -299,7 +299,8 @@ def answers(args) -> None:
                        batch_size=args.eval_batch_size)
         run.base = run.base or rep
         for name, c in rep.answer_classes().items():
-            counts.append([f"{beta:g}", name, *(str(c[k]) for k in c), f"{rep.rows['Edited'].metrics['Knowledge score']:.3f}"])
+            counts.append([f"{beta:g}", name, *(str(c[k]) for k in c),
+                           f"{rep.rows['Edited'].metrics['Knowledge score']:.3f}"])
             df = rep.examples("Edited", name)
             for cls in c:
                 for _, r in df[df["answer_class"] == cls].head(args.show).iterrows():

@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.methods import run_baseline  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate  # noqa: E402
 from grom.eval.prefix import PrefixCache  # noqa: E402
+from grom.methods import run_baseline  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 
 COLUMNS = ["Forget fact recall", "Forget refusal", "Forget fluent other", "Forget degenerate",

@@ -31,8 +31,8 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,14 +42,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, not installed
 
-from grom import EditConfig, run_edit  # noqa: E402
-from grom.data.prompts import PromptFormat  # noqa: E402
-from grom.closed_form.keys import encode_examples  # noqa: E402
-from grom.closed_form.solve import build_system  # noqa: E402
-from grom.closed_form.directions import as_directions  # noqa: E402
-
 from bench_edit import CharTokenizer, synthetic_qa  # noqa: E402  (this folder is on sys.path)
 
+from grom import EditConfig, run_edit  # noqa: E402
+from grom.closed_form.directions import as_directions  # noqa: E402
+from grom.closed_form.keys import encode_examples  # noqa: E402
+from grom.closed_form.solve import build_system  # noqa: E402
+from grom.data.prompts import PromptFormat  # noqa: E402
 
 HOW = {"rss": "VmHWM - VmRSS", "maxrss": "ru_maxrss (a process high-water mark)",
        "cuda": "torch.cuda.max_memory_allocated"}

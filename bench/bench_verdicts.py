@@ -31,15 +31,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-
 from bench_knowledge import md_table  # noqa: E402  (bench/ is the script's own folder)
+
 from grom import PRESETS, best_window, run_edit  # noqa: E402
-from grom.data import load_benchmark  # noqa: E402
 from grom.closed_form.diagnostics import influence  # noqa: E402
-from grom.eval import evaluate  # noqa: E402
 from grom.closed_form.influence import example_columns, influence_factors  # noqa: E402
-from grom.model.loading import load_model  # noqa: E402
 from grom.closed_form.solve import build_system, data_matrix, factor, gram, mu_of  # noqa: E402
+from grom.data import load_benchmark  # noqa: E402
+from grom.eval import evaluate  # noqa: E402
+from grom.model.loading import load_model  # noqa: E402
 
 METRICS = ["Forget fact recall", "Forget paraphrase recall", "Forget degenerate", "Kept fact recall",
            "Knowledge score", "Retain cost"]

@@ -30,8 +30,14 @@ from grom import PRESETS, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 from grom.robustness import Probe, probe_recall  # noqa: E402
-from grom.robustness.weights import (RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, logit_lens_attack,  # noqa: E402
-                                     quantization_attack, relearn_attack)
+from grom.robustness.weights import (  # noqa: E402
+    RELEARN_BATCH,
+    RELEARN_LR,
+    RELEARN_STEPS,
+    logit_lens_attack,
+    quantization_attack,
+    relearn_attack,
+)
 
 
 def main() -> None:

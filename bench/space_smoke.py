@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     print(f"  {summary.splitlines()[0][:160]}\n  second visitor's question answered in {waited.get('s')} s")
     headline, _, _, _ = step("compare", figures, visitor.predict, args.examples, False, api_name="/compare")
     print(f"  {headline.splitlines()[0][:160]}")
-    base_summary, _ = step("baseline", figures, visitor.predict, args.method, args.epochs, args.lr, args.examples, False,
-                           api_name="/run_baseline")
+    base_summary, _ = step("baseline", figures, visitor.predict, args.method, args.epochs, args.lr,
+                           args.examples, False, api_name="/run_baseline")
     print(f"  {base_summary.splitlines()[0][:160]}")
     print(json.dumps(figures))
     return 0

@@ -34,13 +34,12 @@ from components.core.device import DEVICE_LOCK, device_progress, local_progress,
 from components.core.durations import attack_inputs, attack_s, attack_seconds, wall_rate
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
-from components.core.session import (REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model,
-                                     in_turn)
+from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model, in_turn
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import answers_table_html, download_box, empty_table, title_html
-from grom.methods import get_method
 from grom.data.schema import QAExample
+from grom.methods import get_method
 from grom.model.process_memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE
 from grom.robustness.membership import holdout_of
@@ -307,7 +306,8 @@ def answers_html(session: Session, row: int) -> str:
     if name == "mia":
         return membership_html(results)
     if name in TEACHER_FORCED or not grom.edited_answers:
-        return title_html(f'{LABELS.get(name, name)}: {grom.details.get("note", "no answers to show (teacher-forced)")}')
+        return title_html(f'{LABELS.get(name, name)}: '
+                          f'{grom.details.get("note", "no answers to show (teacher-forced)")}')
     methods = list(results)
     rows = []
     for i, probe in enumerate(asked[:len(grom.edited_answers)]):
@@ -514,7 +514,8 @@ def build_attack_panel() -> SimpleNamespace:
         run = gr.Button("Run the attacks", variant="primary", scale=1, min_width=160, elem_id="attack-run")
         stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="attack-stop")
     summary = gr.Markdown(START_SUMMARY, elem_id="attack-summary")
-    table = gr.Dataframe(empty_table("attacks"), label="Fact recall under each attack; the membership row is an AUC (click a row for its answers)",
+    table = gr.Dataframe(empty_table("attacks"), label="Fact recall under each attack; "
+                                                       "the membership row is an AUC (click a row for its answers)",
                          interactive=False, wrap=True, elem_id="attack-table")
     files = download_box("the attack table")
     plot = gr.Plot(plots.empty_figure("Run the attacks to see recall per attack."), show_label=False)

@@ -8,7 +8,8 @@ methods from their registry rows: a new method needs no change here.
 
 The baseline trains the shared model in place under DEVICE_LOCK and gives it back bit for
 bit; what it learned (an `Edit`, a patch of every trained parameter) is applied only while
-its row is evaluated and not kept afterwards, so a session holds no model-sized copy. The Base and Retain model rows (and
+its row is evaluated and not kept afterwards, so a session holds no model-sized copy. The
+Base and Retain model rows (and
 GROM's, when the last comparison fits) are reused, so a baseline costs its training and
 one evaluation row.
 """
@@ -20,11 +21,23 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core.comparators import (band_note, key_note, check_editor, check_gpu_time, check_trainable,
-                                         comparator_choices, comparator_label, editor_boxes,
-                                         glossary, is_editor, parse_method, train_comparator, unavailable)
-from components.core.comparison import (comparison_report, compute_report, examples_per_set, reference_for,
-                                        shared_model)
+from components.core.allowed_sources import DEMO, REAL
+from components.core.comparators import (
+    band_note,
+    check_editor,
+    check_gpu_time,
+    check_trainable,
+    comparator_choices,
+    comparator_label,
+    editor_boxes,
+    glossary,
+    is_editor,
+    key_note,
+    parse_method,
+    train_comparator,
+    unavailable,
+)
+from components.core.comparison import comparison_report, compute_report, examples_per_set, reference_for, shared_model
 from components.core.costs import check_job, evaluation_sets
 from components.core.device import device_progress, local_progress
 from components.core.errors import UserError, shorten, ui_errors
@@ -32,14 +45,13 @@ from components.core.history import FORGET, add_comparator_run
 from components.core.limits import limit, over
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, in_turn
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
-from components.core.allowed_sources import DEMO, REAL
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
-from grom.methods import EDITORS, METHODS, Method
-from grom.model.arch import num_layers
-from grom.methods.trained.starting_points import starting_point
-from grom.methods.editors.locate_then_edit import editor_band
 from grom.eval.report import BASE, EDITED, REFERENCE
+from grom.methods import EDITORS, METHODS, Method
+from grom.methods.editors.locate_then_edit import editor_band
+from grom.methods.trained.starting_points import starting_point
+from grom.model.arch import num_layers
 from grom.model.process_memory import release_memory
 
 DEFAULT_METHOD = "simnpo"

@@ -9,8 +9,16 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.core.benchmarks import (benchmark_names, default_split, fit_note, preset_for, preset_note,
-                                        read_benchmark, retain_warning, splits_for)
+from components.core.benchmarks import (
+    benchmark_names,
+    default_split,
+    fit_note,
+    preset_for,
+    preset_note,
+    read_benchmark,
+    retain_warning,
+    splits_for,
+)
 from components.core.costs import check_loaded
 from components.core.errors import UserError, ui_errors
 from components.core.session import Session, current_model

@@ -17,22 +17,29 @@ import numpy as np
 
 from components.core.comparison import FORGET_SETS, RETAIN_SETS, comparison_report, covers_split, examples_per_set
 from components.core.device import DEVICE_LOCK, device_progress, on_device
-from components.core.durations import generate_s
 from components.core.downloads import report_files
+from components.core.durations import generate_s
 from components.core.errors import UserError, ui_errors
 from components.core.limits import limit
-from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
-                                     in_turn, resident)
+from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model, in_turn, resident
 from components.core.wiring import LOCAL, Page, device_queue
 from components.views import text
-from components.views.card import (card_html, classes_line, counts, headline, pending, probe_line, retain_advice,
-                                   wrong_values)
+from components.views.card import (
+    card_html,
+    classes_line,
+    counts,
+    headline,
+    pending,
+    probe_line,
+    retain_advice,
+    wrong_values,
+)
 from components.views.diff import answer_html, generations_html
-from grom.tasks.knowledge import split_decoding
 from components.views.tables import download_box, empty_table, metrics_frame, styled
 from grom.eval import compare_generations
 from grom.eval.report import BASE, EDITED
 from grom.eval.runner import generate
+from grom.tasks.knowledge import split_decoding
 
 log = logging.getLogger(__name__)
 SHOWN = 5

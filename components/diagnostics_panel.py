@@ -15,10 +15,9 @@ from components.core.costs import check_comparison
 from components.core.device import DEVICE_LOCK, kept_cache, on_device
 from components.core.durations import edit_and_report_s, rerun_s
 from components.core.errors import UserError, shorten, ui_errors
-from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
-                                     in_turn, resident)
-from components.core.wiring import LOCAL, Page, device_queue
+from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model, in_turn, resident
 from components.core.validate import whole_number
+from components.core.wiring import LOCAL, Page, device_queue
 from components.views import plots, text
 from components.views.tables import empty_table
 from grom import run_edit

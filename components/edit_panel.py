@@ -16,8 +16,14 @@ from components.core.device import device_progress
 from components.core.edits import compute_edit, scores_key
 from components.core.errors import ui_errors
 from components.core.fit_check import check_run, device_free_bytes, plan_markdown, plan_run
-from components.core.form import (DEFAULT_RETAIN_EXAMPLES, LOG_SLIDERS, MATRICES, RETAIN_EXAMPLES_FOR,
-                                  TARGETS, preset_choices)
+from components.core.form import (
+    DEFAULT_RETAIN_EXAMPLES,
+    LOG_SLIDERS,
+    MATRICES,
+    RETAIN_EXAMPLES_FOR,
+    TARGETS,
+    preset_choices,
+)
 from components.core.runs import portable_model_name, run_record
 from components.core.session import SESSIONS, Session, current_benchmark, current_model, in_turn
 from components.core.validate import check_examples, check_seed, retain_subset
@@ -153,8 +159,10 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
                                "paper, absolute: 20 to 1000")
     beta_relative = gr.Checkbox(value=demo.beta_relative, label="β relative: in units of the mean ‖W x‖ "
                                 "on the forget keys (off: absolute, as in the paper)")
-    w_r_log, w_r = _log_pair("w_r", "w_r", demo.w_r, "raise it to protect the retain set more (w_f = 1); paper: 10 to 1000")
-    rho_log, rho = _log_pair("rho", "ρ", demo.rho, "raise it for a smoother, smaller edit (ridge μ = ρ · mean diag A); paper: 0.03")
+    w_r_log, w_r = _log_pair("w_r", "w_r", demo.w_r,
+                             "raise it to protect the retain set more (w_f = 1); paper: 10 to 1000")
+    rho_log, rho = _log_pair("rho", "ρ", demo.rho,
+                             "raise it for a smoother, smaller edit (ridge μ = ρ · mean diag A); paper: 0.03")
     c = gr.Slider(0, 200, value=demo.c, step=0.5, label="c (corruption strength; paper 45)",
                   visible=demo.target == "corruption")
     use_alpha = gr.Checkbox(value=demo.use_alpha, label="Specificity weights α (off: the paper's ablation)",

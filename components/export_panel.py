@@ -25,28 +25,34 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components.core import form, links
+from components.core.allowed_sources import DEMO
 from components.core.benchmarks import read_benchmark, splits_for
 from components.core.device import device_progress, local_progress
 from components.core.edits import compute_edit
 from components.core.errors import UserError, shorten, ui_errors
-from components.core.files import (bound_disk, edit_uploads, export_root, load_uploaded_edit, read_edit_json,
-                                   remove_old, storage)
+from components.core.files import (
+    bound_disk,
+    edit_uploads,
+    export_root,
+    load_uploaded_edit,
+    read_edit_json,
+    remove_old,
+    storage,
+)
 from components.core.form import BAND_MODES, CUSTOM, RESTORED, restore_values
 from components.core.history import add_run, restore
 from components.core.limits import limit
-from components.core.model_choices import ensure_model, free_choice, model_key
+from components.core.model_choices import ensure_model, free_choice, model_key, status_line
+from components.core.model_choices import summary as model_summary
 from components.core.runs import check_run, file_verdict, portable_model_name, recompute_verdict, run_record
 from components.core.session import REGISTRY, SESSIONS, Session, current_edit, current_model, in_turn
-from components.core.allowed_sources import DEMO
 from components.core.validate import check_examples, retain_subset
 from components.core.wiring import LINKS, LOCAL, Page, device_queue
-from components.core.model_choices import status_line
-from components.core.model_choices import summary as model_summary
 from components.views import text
 from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
 from grom import PRESETS, Edit, EditConfig
-from grom.model.arch import num_layers
 from grom.edit import META_FILE, PATCH_FILE, read_patch_layout
+from grom.model.arch import num_layers
 
 _export_times: collections.deque = collections.deque()  # when the last new exports were written
 _export_lock = threading.Lock()

@@ -17,8 +17,20 @@ import pandas as pd
 
 from components.core.errors import UserError, ui_errors
 from components.core.form import RESTORED, widgets
-from components.core.history import (FORGET, KEPT, add_run, attach_report, beta_text, comparator_settings, history,
-                                     is_grom, not_restorable, restore, row_index, shown_rows)
+from components.core.history import (
+    FORGET,
+    KEPT,
+    add_run,
+    attach_report,
+    beta_text,
+    comparator_settings,
+    history,
+    is_grom,
+    not_restorable,
+    restore,
+    row_index,
+    shown_rows,
+)
 from components.core.runs import band_text
 from components.core.session import Session
 from components.core.wiring import LOCAL, Page, offer_files

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from components.core import form
 from components.core.edits import scores_key
 from components.core.errors import UserError, ui_errors
-from components.core import form
 from components.core.form import BAND_MODES, band_widgets
 from components.core.scores import cached_scores
 from components.core.session import Session, current_benchmark, current_model, in_turn

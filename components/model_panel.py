@@ -7,14 +7,24 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from components.core.allowed_sources import DEMO, REAL
 from components.core.device import local_progress
 from components.core.errors import ui_errors
 from components.core.limits import ModelPolicy
-from components.core.model_choices import (DEVICES, DTYPES, ensure_model, fetch, free_choice, model_choices, model_key,
-                                           n_layers, status_line, summary)
+from components.core.model_choices import (
+    DEVICES,
+    DTYPES,
+    ensure_model,
+    fetch,
+    free_choice,
+    model_choices,
+    model_key,
+    n_layers,
+    status_line,
+    summary,
+)
 from components.core.session import REGISTRY, Session
 from components.core.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
-from components.core.allowed_sources import DEMO, REAL
 from components.core.wiring import LOCAL, Page
 from components.views import text
 
@@ -54,8 +64,9 @@ def on_restore_model(session: Session):
         return (*[gr.skip()] * 5, "No model is loaded: pick one and press **Load model**.")
     choice, device, dtype, *shard = session.extra.get("model_widgets", (handle.key.name, "auto", "auto"))
     device_map, max_memory = (*shard, "none", "")[:2]
-    return (choice, device, dtype, device_map, max_memory, f"⚠ That model did not load (the message says why). Still loaded: "
-                      f"{status_line(handle).removeprefix('Loaded ')}")
+    return (choice, device, dtype, device_map, max_memory,
+            f"⚠ That model did not load (the message says why). Still loaded: "
+            f"{status_line(handle).removeprefix('Loaded ')}")
 
 
 MODEL_WORDS = {

@@ -22,13 +22,12 @@ from components.core.comparison import warm_base_rows
 from components.core.device import ON_ZEROGPU, gave_way, wait_for_quiet, yielding
 from components.core.edits import warm_edit
 from components.core.errors import ui_errors
-from components.core.model_choices import ensure_model, n_layers
+from components.core.model_choices import ensure_model, n_layers, status_line, summary
 from components.core.session import REGISTRY, Session, in_turn
 from components.core.wiring import LINKS, LOCAL, Page, device_queue
 from components.diagnostics_panel import matrix_choices
 from components.export_panel import link_outputs, on_page_link
 from components.layers_panel import band_text_md, on_layer_scores, score_widgets, scores_figure, view_widgets
-from components.core.model_choices import status_line, summary
 from components.views.tables import describe, empty_table, examples_html
 
 log = logging.getLogger("grom.studio")

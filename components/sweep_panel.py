@@ -18,18 +18,17 @@ from components.core.device import DEVICE_LOCK, device_progress, kept_cache, loc
 from components.core.durations import sweep_point_s
 from components.core.edits import trim_stream_cache
 from components.core.errors import UserError, shorten, ui_errors
+from components.core.form import RESTORED, widgets
 from components.core.history import add_row, restore, row_index
 from components.core.runs import band_text
-from components.core.session import (ModelKey, Session, current_benchmark, current_edit, current_model,
-                                     in_turn, resident)
-from components.core.form import RESTORED, widgets
-from components.core.wiring import LOCAL, Page, device_queue, offer_files
+from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model, in_turn, resident
 from components.core.validate import RANGES, check_range, parse_band
+from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 from grom import run_edit
-from grom.model.arch import num_layers
 from grom.eval import answer_probabilities
+from grom.model.arch import num_layers
 
 MAX_POINTS = 8  # edits per sweep (each is a full edit of the band)
 SWEEP_EXAMPLES = 40  # forget and retain examples scored per point

@@ -151,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def edit_or_scores(args: argparse.Namespace) -> int:
     """`edit` and `scores`; under torch.distributed every rank computes, rank 0 writes."""
+    from grom.closed_form.pipeline import compute_scores, prepare
+    from grom.methods import get
     from grom.model.arch import unembedding
     from grom.model.distributed import rank
     from grom.model.editable import NotEditable
-    from grom.methods import get
     from grom.model.loading import load_model
-    from grom.closed_form.pipeline import compute_scores, prepare
 
     config = config_from_args(args)
     if args.command == "edit" and not args.plan and not args.out:
@@ -202,9 +202,9 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
     bytes)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from grom.closed_form.memory_plan import WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
     from grom.model.distributed import rank
     from grom.model.loading import resolve_device, resolve_model_name
-    from grom.closed_form.memory_plan import WillNotFit, check_fits, free_bytes, headroom_for, plan_edit
     from grom.model.sharding import sharded_room
 
     name = resolve_model_name(args.model)
@@ -282,7 +282,8 @@ def attack_command(args: argparse.Namespace) -> int:
     results = run_attacks(model, tokenizer, edit, probes, fitted=fitted, holdout=holdout, attacks=names, fmt=fmt,
                           progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg))
     doc = {"model": args.model, "edit": str(args.edit), "method": edit.method, "n_probes": len(probes),
-           "n_fitted": len(fitted), "n_holdout": len(holdout), "attacks": {n: _json_safe(r.to_dict()) for n, r in results.items()}}
+           "n_fitted": len(fitted), "n_holdout": len(holdout),
+           "attacks": {n: _json_safe(r.to_dict()) for n, r in results.items()}}
     print(f"{'attack':<20} {'base':>6} {'edited':>6} {'n':>4} {'seconds':>8}")
     for n, r in results.items():
         print(f"{n:<20} {r.base:>6.3f} {r.edited:>6.3f} {r.n:>4} {r.seconds:>8.1f}")

@@ -44,10 +44,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from grom.model.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
-from grom.closed_form.layer_scores import LayerScores
 from grom.closed_form.config import EditConfig
+from grom.closed_form.layer_scores import LayerScores
 from grom.data.readers import MAX_JSON_DEPTH, json_depth
+from grom.model.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
 from grom.model.editable import NotEditable, weight_problem
 
 log = logging.getLogger(__name__)

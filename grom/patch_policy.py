@@ -11,10 +11,10 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from grom.model.arch import edited_matrix
-from grom.methods import ALL, names
 from grom.closed_form.config import EditConfig
 from grom.edit import META_FILE, PATCH_FILE, StoredPatch
+from grom.methods import ALL, names
+from grom.model.arch import edited_matrix
 
 
 def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, meta: dict) -> None:

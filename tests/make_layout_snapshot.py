@@ -171,10 +171,10 @@ def cli_options() -> dict:
 def studio_defaults(model_name: str, name: str, bench) -> dict:
     """What the studio starts on for `model_name` (components.page.start_benchmark, the Edit panel's preset and
     retain sample, the Compare slider's first value)."""
+    from components.core.allowed_sources import DEMO
     from components.core.benchmarks import preset_for
     from components.core.comparison import default_examples
     from components.core.form import DEFAULT_RETAIN_EXAMPLES, RETAIN_EXAMPLES_FOR
-    from components.core.allowed_sources import DEMO
 
     preset = preset_for(name, bench.split, model_name)
     return {"preset": preset, "retain_examples": RETAIN_EXAMPLES_FOR.get(preset, DEFAULT_RETAIN_EXAMPLES),
@@ -294,9 +294,9 @@ def demo_editor(name: str = "rome") -> dict:
     """An editor's patches on the demo run's data, on the studio's band for an editor
     (components.core.comparators.run_comparator: GROM's band, unless it ends at the model's last
     layer, as the demo's 3-5 does, where a value vector cannot move a fact: then layers 1-3)."""
-    from grom.model.arch import num_layers
     from grom.methods import EditorConfig, ValueSettings, run_editor
     from grom.methods.editors.locate_then_edit import editor_band
+    from grom.model.arch import num_layers
 
     run = demo_run()
     model, data = run["model"], run["data"]

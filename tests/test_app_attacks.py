@@ -51,7 +51,8 @@ def test_the_attack_suite_on_an_uploaded_benchmark_with_probes(url, tmp_path):  
     assert "the 8 questions asked" in answers
     mia = rows["Membership inference (Min-K AUC; 0.5 = can't tell)"]  # the upload's retain rows as holdout
     assert 0 <= float(mia[1]) <= 1 and 0 <= float(mia[2]) <= 1
-    assert "Membership inference (Min-K AUC of the 16 fitted forget answers against 24 answers the edit did not aim at" in summary
+    assert ("Membership inference (Min-K AUC of the 16 fitted forget answers against 24 answers "
+            "the edit did not aim at") in summary
 
 
 def test_a_baseline_beside_grom_and_a_benchmark_without_probes(url, tmp_path):  # noqa: F811

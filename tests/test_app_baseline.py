@@ -1,6 +1,7 @@
 """GROM Studio's "Compare with a gradient baseline" through its API: after a GROM edit,
 train SimNPO for one epoch on the demo and get Base / GROM / SimNPO / Retain model side
-by side (the models as columns, as in the comparison) with the time ratio; the base weights are bit-identical afterwards; bad settings
+by side (the models as columns, as in the comparison) with the time ratio; the base weights
+are bit-identical afterwards; bad settings
 are errors and the app keeps serving.
 
 One epoch of SimNPO on the demo's forget10 (400 examples, 13 optimizer steps) takes about
@@ -39,7 +40,8 @@ def test_a_baseline_beside_the_grom_edit(url):  # noqa: F811
     assert re.fullmatch(r"\d+(\.\d)?×", rows["× GROM's time"][3])  # the time ratio
     assert rows["Time of update"][3].endswith(" s") and rows["Time of update"][1] == ""
     # timed against GROM where it forgot; one epoch on the demo may not: then it says so instead
-    assert re.search(r"\*\*SimNPO\*\*, 1 epoch \(13 optimizer steps.*(took \*\*[\d.]+×\*\* as long|did not forget)", text)
+    assert re.search(r"\*\*SimNPO\*\*, 1 epoch \(13 optimizer steps.*"
+                     r"(took \*\*[\d.]+×\*\* as long|did not forget)", text)
     assert "Final score: Base" in text and "SimNPO **" in text
     assert all(rows["Final score"][1:5])  # every model has a Final score
     assert float(rows["Forget prob"][2]) < float(rows["Forget prob"][1])  # GROM forgot

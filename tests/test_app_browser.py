@@ -333,7 +333,8 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     rows = {r[""]: r for r in csv.DictReader(io.StringIO(page.request.get(href).text()))}
     assert known == float(rows["Base"]["Forget facts known"]), (card, rows["Base"])
     recall = float(rows["Edited"]["Forget fact recall"])
-    assert abs((known - forgot - broken) / known - recall) < 0.01, (card, recall)  # the card counts what the table counts
+    # the card counts what the table counts
+    assert abs((known - forgot - broken) / known - recall) < 0.01, (card, recall)
     # forgetting is the fluent kind only (another answer, a refusal), as the Knowledge score counts it
     assert abs(forgot / known - float(rows["Edited"]["Forget clean forgetting"])) < 0.01, (card, rows["Edited"])
     assert abs(kept / kept_known - float(rows["Edited"]["Kept fact recall"])) < 0.01, (card, rows["Edited"])

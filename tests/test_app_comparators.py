@@ -26,9 +26,9 @@ from components.core.form import RESTORED  # noqa: E402
 from components.core.model_choices import ensure_model, model_key  # noqa: E402
 from components.core.session import Session  # noqa: E402
 from grom import EditConfig  # noqa: E402
-from grom.methods import EDITORS, METHODS  # noqa: E402
 from grom.data.loaders import load_benchmark  # noqa: E402
 from grom.data.schema import Benchmark, QAExample  # noqa: E402
+from grom.methods import EDITORS, METHODS  # noqa: E402
 
 N = 5  # examples per evaluation set
 # a TOFU row as the hub gives it (no subject field) that the loader cannot place in a whole
@@ -148,8 +148,8 @@ def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_ses
     """At the model's last layer an editor's value vector reaches no answer token (SmolLM2's
     default band 25-29 of 30; the demo's 3-5 of 6): the editors take the upstream band there
     and the summary says why; a band below the top is GROM's, as the paper compares."""
-    from grom import run_edit
     from components.core.comparators import band_note
+    from grom import run_edit
     from grom.methods.editors.locate_then_edit import editor_band
 
     assert editor_band((25, 26, 27, 28, 29), 30) == (4, 5, 6, 7, 8) == editor_band(None, 30)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from components import edit_panel, model_panel
-from components.core import fit_check, form, session as core_session
+from components.core import fit_check, form
+from components.core import session as core_session
 from components.core.errors import UserError
 from components.core.model_choices import ensure_model, model_key
 from components.core.session import ModelKey, Session
@@ -42,7 +43,7 @@ def test_load_a_sharded_model_names_the_layers_it_cannot_edit(tmp_path, tokenize
     assert session.model_key.device_map == "sequential" and "sharded by device map sequential" in status
     handle = core_session.REGISTRY.get(session.model_key)
     disk = [l for l in range(4) if handle.model.model.layers[l].mlp.down_proj.weight.device.type == "meta"]
-    assert disk and f"on disk" in status and "cannot be edited" in status
+    assert disk and "on disk" in status and "cannot be edited" in status
     assert f"model.layers.{disk[0]}.mlp.down_proj is offloaded" in status  # grom.model.editable's message
     assert "| layers | 4 |" in summary
     # the same folder whole on the CPU: no note

@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("gradio")
 
+from components.core.allowed_sources import resolve_source  # noqa: E402
+from components.core.errors import UserError  # noqa: E402
+from components.core.form import edit_config  # noqa: E402
+from components.core.validate import parse_band, retain_subset  # noqa: E402
+from components.edit_panel import on_preset as fill_preset  # noqa: E402
 from components.views import plots  # noqa: E402
 from components.views.diff import generations_html, word_diff  # noqa: E402
-from components.core.form import edit_config  # noqa: E402
-from components.edit_panel import on_preset as fill_preset  # noqa: E402
-from components.core.validate import parse_band, retain_subset  # noqa: E402
-from components.core.errors import UserError  # noqa: E402
-from components.core.allowed_sources import resolve_source  # noqa: E402
 
 WIDGETS = dict(preset="demo", target="suppression", beta=150.0, beta_relative=True, w_r=100.0, rho=0.03,
                c=45.0, matrix="down_proj", use_alpha=True, band_mode="manual", band_text="3-5", k=3,
@@ -312,8 +312,8 @@ def test_a_registered_method_is_offered_and_checked_with_no_ui_change():
     import torch
 
     from components import baseline_panel as bp
-    from grom.methods import LossInputs, Method, register_method, unregister_method
     from grom.data.schema import Benchmark, QAExample
+    from grom.methods import LossInputs, Method, register_method, unregister_method
 
     def random_label(x: LossInputs):
         loss = torch.log1p(x.forget_nll / x.forget_counts.clamp(min=1)).mean()  # toward any other token
@@ -391,8 +391,8 @@ def test_a_benchmark_split_suggests_its_preset():
 def test_a_preset_or_benchmark_that_does_not_fit_the_model_is_adapted_and_said():
     """The demo benchmark on SmolLM2 takes SmolLM2's preset (not the demo's band 3-5 and
     relative beta 150), and the benchmark line says the model cannot know its facts."""
-    from components.core.benchmarks import fit_note, preset_for
     from components.core.allowed_sources import DEMO, REAL
+    from components.core.benchmarks import fit_note, preset_for
 
     assert preset_for("demo", "forget10", REAL) == "smollm2" and preset_for("demo", "forget01", DEMO) == "demo-forget01"
     assert preset_for("real-knowledge", "the-solar-system", DEMO) == "demo"
@@ -497,8 +497,8 @@ def test_the_relearning_sentence_gives_the_lr_the_control_and_warns_when_the_con
 
 def test_the_model_panel_describes_the_loaded_model_not_the_demo(monkeypatch):
     from components import model_panel as mp
-    from components.core.session import REGISTRY, ModelKey, Session
     from components.core.allowed_sources import DEMO, REAL
+    from components.core.session import REGISTRY, ModelKey, Session
 
     real = mp.model_intro(REAL)
     assert "Loaded: **SmolLM2-135M-Instruct**, a real chat model" in real
@@ -513,8 +513,8 @@ def test_the_model_panel_describes_the_loaded_model_not_the_demo(monkeypatch):
 
 def test_the_baseline_placeholder_quotes_the_loaded_models_time():
     from components import baseline_panel as bp
-    from components.core.session import ModelKey
     from components.core.allowed_sources import DEMO, REAL
+    from components.core.session import ModelKey
 
     assert "SmolLM2 on a CPU: about 20 s per epoch" in bp.placeholder(ModelKey(REAL, "cpu", "float32"))
     assert "the demo on a CPU: about 10 s per epoch" in bp.placeholder(ModelKey(DEMO, "cpu", "float32"))
@@ -526,8 +526,8 @@ def test_the_baseline_placeholder_quotes_the_loaded_models_time():
 
 def test_the_epochs_note_says_default_only_while_the_box_holds_it():
     from components import baseline_panel as bp
-    from components.core.session import ModelKey
     from components.core.allowed_sources import REAL
+    from components.core.session import ModelKey
 
     session = SimpleNamespace(model_key=ModelKey(REAL, "cpu", "float32"))
     lr, epochs = bp.on_method_change("simnpo", session)

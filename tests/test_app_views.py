@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("gradio")
 
-from components.views import plots  # noqa: E402
 from components.core.session import Session  # noqa: E402
+from components.views import plots  # noqa: E402
 from grom.closed_form.diagnostics import ExampleOutputs, movement_axes  # noqa: E402
 
 
@@ -88,7 +88,8 @@ class Scores:
 
 
 def test_a_band_the_model_cannot_take_is_said_inline_and_not_drawn():
-    from components.layers_panel import band_text_md, on_redraw as redraw, scores_figure, stale_figure
+    from components.layers_panel import band_text_md, scores_figure, stale_figure
+    from components.layers_panel import on_redraw as redraw
 
     scores = Scores([0.1, -0.8, -0.2, 0.3, 0.4, 0.2])
     text = band_text_md(scores, 3, "manual", "7-9")
@@ -163,9 +164,9 @@ def test_the_4_bit_verdict():
 
 
 def test_a_benchmark_starts_on_its_default_split():
-    from components.page import start_benchmark
-    from components.core.benchmarks import default_split
     from components.benchmark_panel import on_benchmark_change
+    from components.core.benchmarks import default_split
+    from components.page import start_benchmark
 
     assert default_split("demo") == "forget10" and default_split("tofu") == "forget01"
     assert default_split("real-knowledge") == "the-solar-system" and default_split("nope") is None
@@ -177,8 +178,9 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
     from types import SimpleNamespace
 
     from components import model_panel
-    from components.core import model_choices as core_models, session as core_session
     from components.benchmark_panel import on_restore_benchmark as restore_benchmark
+    from components.core import model_choices as core_models
+    from components.core import session as core_session
     from components.core.session import ModelHandle, ModelKey
 
     key = ModelKey("demo", "cpu", "float32")
@@ -204,7 +206,8 @@ def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkey
     """Two apps in one process (or one app after a visitor loaded another model): a new page
     opens on the model its app was built for, loaded again if it was pushed out."""
     from components import page
-    from components.core import model_choices as core_models, session as core_session
+    from components.core import model_choices as core_models
+    from components.core import session as core_session
     from components.core.session import ModelHandle, ModelKey
 
     model_key = core_models.model_key
@@ -229,8 +232,7 @@ def test_the_server_precomputes_the_first_page_in_the_background(caplog):
     import threading
 
     import app
-    from components import model_panel
-    from components.core import model_choices as core_models, session as core_session
+    from components.core import model_choices as core_models
 
     handle = core_models.ensure_model(core_models.model_key("demo", "cpu", "float32"))
     handle.scores_cache.clear()

@@ -15,8 +15,8 @@ from components.core import durations as D  # noqa: E402
 from components.core.model_choices import ensure_model, model_key  # noqa: E402
 from components.core.session import Session  # noqa: E402
 from grom.closed_form.config import PRESETS  # noqa: E402
-from grom.data import load_benchmark  # noqa: E402
 from grom.closed_form.pipeline import run_edit  # noqa: E402
+from grom.data import load_benchmark  # noqa: E402
 from grom.robustness.result import Probe  # noqa: E402
 from grom.robustness.suite import attack_names  # noqa: E402
 from tests.conftest import FORGET, RETAIN, tiny_llama  # noqa: E402

@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
+from grom.data.schema import QAExample, TextExample
 from grom.methods import METHODS, answer_nll, generate_alternates, run_baseline
 from grom.methods.trained import alternates as alt_module
 from grom.methods.trained.alternates import LEAD, clean_alternate
-from grom.methods.trained.starting_points import starting_point
 from grom.methods.trained.method import LossInputs
+from grom.methods.trained.starting_points import starting_point
 from grom.methods.trained.token_losses import rkld_loss
-from grom.data.schema import QAExample, TextExample
 from tests.conftest import FORGET, RETAIN
 from tests.test_baseline_methods_more import LABELS, LOGITS, REF, VALID, softmax
 from tests.test_baselines import assert_same, snapshot
@@ -134,7 +134,8 @@ def test_generate_alternates_samples_again_then_names_the_question(monkeypatch, 
     assert generate_alternates(trained_llama, tokenizer, FORGET[:1], n=2) == (("Born in Ost.", "Born in Ost."),)
     assert rounds == [1, 1]
     # short after every round: its usable answers repeated; none at all: an error naming the question
-    monkeypatch.setattr(alt_module, "_sample", lambda m, t, prompts, n, *a: [["Ost.", ""] + [""] * (n - 2)] * len(prompts))
+    monkeypatch.setattr(alt_module, "_sample",
+                        lambda m, t, prompts, n, *a: [["Ost.", ""] + [""] * (n - 2)] * len(prompts))
     assert generate_alternates(trained_llama, tokenizer, FORGET[:1], n=4) == (("Ost.",) * 4,)  # 3 rounds, 1 each
     monkeypatch.setattr(alt_module, "_sample", lambda m, t, prompts, n, *a: [[FORGET[0].answer] * n] * len(prompts))
     with pytest.raises(ValueError, match="no usable alternate answer to 'Where was Zorvath Quill born"):

@@ -10,14 +10,20 @@ import torch
 import torch.nn.functional as F
 
 from grom import Edit
+from grom.data.schema import QAExample, TextExample
 from grom.methods import METHODS, REFUSALS, answer_nll, get_method, idk_alternates, run_baseline
 from grom.methods.trained.losses import dpo_loss, npo_loss
 from grom.methods.trained.method import LossInputs
 from grom.methods.trained.pdu import pdu
 from grom.methods.trained.settings import resolve_settings
-from grom.methods.trained.token_losses import (ceu_loss, pdu_forget_loss, rmu_activation_loss, satimp_loss,
-                                               undial_loss, wga_loss)
-from grom.data.schema import QAExample, TextExample
+from grom.methods.trained.token_losses import (
+    ceu_loss,
+    pdu_forget_loss,
+    rmu_activation_loss,
+    satimp_loss,
+    undial_loss,
+    wga_loss,
+)
 from tests.conftest import FORGET, RETAIN
 from tests.test_baselines import assert_same, snapshot
 
@@ -221,4 +227,5 @@ def test_rmu_has_its_own_recipe_and_trains_only_its_matrices(trained_llama, toke
     first, last = edit.info["history"][0], edit.info["history"][-1]
     assert last["forget"] < first["forget"] and first["retain"] == pytest.approx(0.0, abs=1e-8)
     with pytest.raises(ValueError, match="layer 3: use a decoder layer from 0 to 2"):
-        run_baseline("rmu", trained_llama, tokenizer, FORGET, RETAIN, **{**FAST, **TINY["rmu"], "method_args": {"layer": 3}})
+        run_baseline("rmu", trained_llama, tokenizer, FORGET, RETAIN,
+                     **{**FAST, **TINY["rmu"], "method_args": {"layer": 3}})

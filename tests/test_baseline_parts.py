@@ -31,7 +31,8 @@ RUNS = {"ga": SPLIT, "npo": SPLIT, "rkld": SPLIT, "idknll": SPLIT, "pdu": SPLIT,
 
 def in_parts(method, model, tokenizer, path, kw, until=UNTIL):
     """The run as parts ending after each step of `until`, then one to the end: (Paused, the
-    alternates its checkpoint carries) of each pause, and the final Edit; the model is checked to come back unchanged from every part."""
+    alternates its checkpoint carries) of each pause, and the final Edit; the model is
+    checked to come back unchanged from every part."""
     before = weights_hash(model)
     paused = []
     for stop in until:

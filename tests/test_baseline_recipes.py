@@ -10,14 +10,14 @@ import torch
 from tokenizers import processors
 from torch import nn
 
+from grom.closed_form.keys import pad_id
+from grom.data.schema import TextExample
 from grom.methods import run_baseline, train_in_place
 from grom.methods.trained.losses import kl_to_reference
 from grom.methods.trained.optimizer import adamw, optimizer_step, updated_tensors
 from grom.methods.trained.recipes import RECIPES, chunk_corpus, chunk_texts, recipe_for_task
 from grom.methods.trained.sequences import batch_logits, collate, encode_chunk, encode_sequences
 from grom.methods.trained.settings import resolve_settings
-from grom.data.schema import TextExample
-from grom.closed_form.keys import pad_id
 from tests.conftest import FORGET, RETAIN, make_tokenizer, tiny_llama
 
 # My transcription of the HF TrainingArguments that locuslab/open-unlearning runs each

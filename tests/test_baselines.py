@@ -13,14 +13,29 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from grom import Edit
-from grom.methods import (BASELINES, METHODS, LossInputs, Method, RunSettings, UnknownMethod, answer_nll,
-                          encode_sequences, get_method, npo_loss, register_method, run_baseline,
-                          sequence_nll, simnpo_loss, train_in_place, unregister_method)
+from grom.closed_form.keys import answer_letter, pad_id
+from grom.data.schema import ChoiceExample, QAExample, TextExample
+from grom.methods import (
+    BASELINES,
+    METHODS,
+    LossInputs,
+    Method,
+    RunSettings,
+    UnknownMethod,
+    answer_nll,
+    encode_sequences,
+    get_method,
+    npo_loss,
+    register_method,
+    run_baseline,
+    sequence_nll,
+    simnpo_loss,
+    train_in_place,
+    unregister_method,
+)
 from grom.methods.trained.losses import ga_loss, mean_nll
 from grom.methods.trained.optimizer import linear_schedule
 from grom.methods.trained.sequences import collate
-from grom.data.schema import ChoiceExample, QAExample, TextExample
-from grom.closed_form.keys import answer_letter, pad_id
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama
 
 FAST = dict(lr=1e-3, max_steps=8, batch_size=2, grad_accum=1, warmup_epochs=0)
@@ -292,7 +307,8 @@ def test_registry_rows_of_the_built_in_methods():
 
 
 def test_unknown_method_names_the_registered_ones():
-    with pytest.raises(UnknownMethod, match=r"unknown unlearning method 'nosuch'; use one of ga, graddiff, npo, simnpo"):
+    with pytest.raises(UnknownMethod,
+                       match=r"unknown unlearning method 'nosuch'; use one of ga, graddiff, npo, simnpo"):
         get_method("nosuch")
     with pytest.raises(ValueError, match="already registered"):
         register_method(Method("npo", "NPO again", METHODS["ga"].loss, "A second NPO."))

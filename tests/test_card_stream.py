@@ -64,8 +64,8 @@ def test_the_card_comes_in_two_steps_on_a_knowledge_benchmark():
     the comparison after it reads; each step a report of its stage."""
     import app
     from components.compare_panel import on_card_first
-    from components.core.session import REGISTRY
     from components.core.allowed_sources import DEMO
+    from components.core.session import REGISTRY
     from grom import EditConfig, run_edit
     from grom.data import load_benchmark
 

@@ -14,8 +14,15 @@ pytest.importorskip("gradio")
 
 from components.compare_panel import remember, result_card, summary_md  # noqa: E402
 from components.core.session import Session  # noqa: E402
-from components.views.card import (SCROLL_TO_CARD, card_html, doubtful_credit, pick_examples,  # noqa: E402
-                                   retain_advice, times_line, wrong_values)
+from components.views.card import (  # noqa: E402
+    SCROLL_TO_CARD,
+    card_html,
+    doubtful_credit,
+    pick_examples,
+    retain_advice,
+    times_line,
+    wrong_values,
+)
 from grom.data.schema import QAExample  # noqa: E402
 from grom.eval.report import Report, Row  # noqa: E402
 
@@ -72,7 +79,8 @@ def test_the_card_shows_plainly_stated_forgotten_facts_first():
     assert pick_examples([europa, kept]) == [kept, europa]  # a plain statement kept beats a keyword credit
     # among plain ones, the answers closest to the reference first (the model's garbled "comet" last)
     titan = row("What is the largest moon of Saturn?", "The largest moon of Saturn is Titan,", "Rhea.", fact="Titan")
-    comet = row("What do we call a ball of ice and dust with a glowing tail?", "The Sun's closest companion is a comet,",
+    comet = row("What do we call a ball of ice and dust with a glowing tail?",
+                "The Sun's closest companion is a comet,",
                 "A star.", fact="comet")
     titan["answer"], comet["answer"] = "The largest moon of Saturn is Titan.", "A ball of ice and dust is a comet."
     assert pick_examples([comet, titan]) == [titan, comet]

@@ -14,7 +14,12 @@ import pytest
 from grom.data import get_spec, load_benchmark
 from grom.data.custom import load_custom, load_custom_file
 from grom.data.readers import (
-    MAX_JSON_DEPTH, BenchmarkError, TooManyRows, json_depth, parse_rows, read_rows,
+    MAX_JSON_DEPTH,
+    BenchmarkError,
+    TooManyRows,
+    json_depth,
+    parse_rows,
+    read_rows,
 )
 from grom.edit import read_metadata
 from tests.data_fixtures import write_csv, write_json, write_jsonl, write_parquet

@@ -71,7 +71,8 @@ def test_without_a_retain_set_it_says_one_is_needed(tmp_path):
 
 def test_bad_rows_are_named(tmp_path):
     neither = write_jsonl(tmp_path / "n.jsonl", [{"prompt": "?"}])
-    with pytest.raises(BenchmarkError, match=r"n.jsonl line 1: expected 'question' and 'answer' fields, or a 'text' field; found: prompt"):
+    with pytest.raises(BenchmarkError, match=r"n.jsonl line 1: expected 'question' and 'answer' fields, "
+                                             r"or a 'text' field; found: prompt"):
         load_custom_file(neither)
     no_answer = write_csv(tmp_path / "a.csv", [{"question": "Q?", "answer": "A"}, {"question": "Q2?"}])
     with pytest.raises(BenchmarkError, match=r"a.csv line 3: expected a non-empty text field 'answer'"):

@@ -12,8 +12,17 @@ import pytest
 
 from grom.data import BENCHMARKS, BenchmarkError, QAExample, TextExample, load_benchmark
 from grom.data.knowledge import (
-    BUNDLED, FIT_FRACTION, FORGET3, RETAIN_FRACTION, SPLITS, TARGETS, knowledge, load_knowledge,
-    read_knowledge, split_probes, split_retain,
+    BUNDLED,
+    FIT_FRACTION,
+    FORGET3,
+    RETAIN_FRACTION,
+    SPLITS,
+    TARGETS,
+    knowledge,
+    load_knowledge,
+    read_knowledge,
+    split_probes,
+    split_retain,
 )
 from grom.eval.metrics import fact_recall
 from grom.text import contains_phrase, normalise_text

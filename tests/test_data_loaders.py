@@ -49,12 +49,14 @@ def test_the_demo_is_registered_when_only_grom_data_is_imported():
 
 
 def test_an_unknown_benchmark_lists_the_known_ones():
-    with pytest.raises(BenchmarkError, match=r"unknown benchmark 'tofu2'; known: demo, real-knowledge, tofu, muse-news"):
+    with pytest.raises(BenchmarkError,
+                       match=r"unknown benchmark 'tofu2'; known: demo, real-knowledge, tofu, muse-news"):
         load_benchmark("tofu2", "forget10")
 
 
 def test_an_unknown_split_lists_the_valid_ones():
-    with pytest.raises(BenchmarkError, match=r"tofu: unknown split 'forget20'; valid splits: forget01, forget05, forget10"):
+    with pytest.raises(BenchmarkError,
+                       match=r"tofu: unknown split 'forget20'; valid splits: forget01, forget05, forget10"):
         load_benchmark("tofu", "forget20")
 
 

@@ -40,7 +40,8 @@ def test_missing_retain_texts_are_named(tmp_path):
 def test_a_text_row_without_text_is_refused(tmp_path):
     root = muse_folder(tmp_path)
     write_jsonl(root / "raw" / "retain1.jsonl", [{"body": "no text field"}])
-    with pytest.raises(BenchmarkError, match=r"retain1.jsonl line 1: expected a non-empty text field 'text'; found fields: body"):
+    with pytest.raises(BenchmarkError,
+                       match=r"retain1.jsonl line 1: expected a non-empty text field 'text'; found fields: body"):
         load_benchmark("muse-news", source=root)
 
 

@@ -112,7 +112,8 @@ def test_garbage_parquet_is_refused(tmp_path):
 
 def test_record_accessors_say_what_was_expected_and_found():
     rec = Record("f.jsonl line 7", {"question": "Q?", "answer": 3, "choices": '["x", "y"]', "gold": "B"})
-    with pytest.raises(BenchmarkError, match=r"f.jsonl line 7: expected a non-empty text field 'text'; found fields: answer, choices, gold, question"):
+    with pytest.raises(BenchmarkError, match=r"f.jsonl line 7: expected a non-empty text field 'text'; "
+                                             r"found fields: answer, choices, gold, question"):
         rec.text("text")
     with pytest.raises(BenchmarkError, match=r"field 'answer' should be text, found int"):
         rec.text("answer")
@@ -125,7 +126,8 @@ def test_record_accessors_say_what_was_expected_and_found():
 
 
 def test_read_local_lists_the_expected_files(tmp_path):
-    with pytest.raises(BenchmarkError, match=r"no TOFU forget10 file; expected one of: forget10\{.json,.jsonl,.csv,.parquet\}"):
+    with pytest.raises(BenchmarkError,
+                       match=r"no TOFU forget10 file; expected one of: forget10\{.json,.jsonl,.csv,.parquet\}"):
         read_local(tmp_path, ["forget10"], "TOFU forget10")
     assert read_local(tmp_path, ["forget10"], "TOFU forget10", required=False) is None
 

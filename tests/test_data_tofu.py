@@ -57,7 +57,8 @@ def test_a_missing_retain_file_is_named(tmp_path):
 def test_a_missing_field_names_file_and_line(tmp_path):
     root = tofu_folder(tmp_path)
     write_jsonl(root / "forget10.json", [{"question": "Q?", "answer": "A"}, {"question": "Q2?"}])
-    with pytest.raises(BenchmarkError, match=r"forget10.json line 2: expected a non-empty text field 'answer'; found fields: question"):
+    with pytest.raises(BenchmarkError,
+                       match=r"forget10.json line 2: expected a non-empty text field 'answer'; found fields: question"):
         load_benchmark("tofu", "forget10", source=root)
 
 

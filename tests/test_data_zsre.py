@@ -6,8 +6,7 @@ import logging
 
 import pytest
 
-from grom.data import RAW_TEXT, BenchmarkError, FactRecord, QAExample, load_benchmark
-from grom.data import zsre
+from grom.data import RAW_TEXT, BenchmarkError, FactRecord, QAExample, load_benchmark, zsre
 from tests.data_fixtures import write_json, zsre_record
 
 N = zsre.N_FORGET + zsre.N_RETAIN

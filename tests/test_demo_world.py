@@ -131,8 +131,8 @@ def test_tokenizer_is_deterministic(world, tok):
 
 @pytest.mark.parametrize("split", ["forget01", "forget05", "forget10"])
 def test_every_forget_fact_has_its_author_as_a_subject_the_editors_key_on(split, tok):
-    from grom.methods.editors.value_optimisation import encode_fact, missing_facts
     from grom.demo.world import author_subject
+    from grom.methods.editors.value_optimisation import encode_fact, missing_facts
     forget = load_demo_benchmark(split).forget
     assert missing_facts(forget) is None
     assert all(qa.subject and qa.subject in qa.question for qa in forget)

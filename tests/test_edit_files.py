@@ -11,8 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grom import Edit, EditConfig, run_edit
-from grom.edit import (FACTORS_KEY, META_FILE, PATCH_FILE, expand_factors, factor_patch, patch_sha256,
-                       read_patch_layout)
+from grom.edit import FACTORS_KEY, META_FILE, PATCH_FILE, expand_factors, factor_patch, patch_sha256, read_patch_layout
 from tests.conftest import FORGET, RETAIN, tiny_llama
 
 

@@ -16,8 +16,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from grom import EditConfig, run_edit
-from grom.model.editable import NotEditable, weight_problem
 from grom.eval import runner
+from grom.model.editable import NotEditable, weight_problem
 from grom.robustness.suite import check_edit_fits
 from tests.conftest import FORGET, RETAIN, tiny_llama
 

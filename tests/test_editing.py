@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from grom import Edit, EditConfig, run_edit, solve_update
-from grom.model.arch import edited_matrix, unembedding
 from grom.closed_form.collect import collect_keys
-from grom.closed_form.pipeline import prepare
 from grom.closed_form.directions import suppression_directions
+from grom.closed_form.pipeline import prepare
+from grom.model.arch import edited_matrix, unembedding
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama, tiny_neox
 
 BUILDERS = [tiny_llama, tiny_gpt2, tiny_neox]

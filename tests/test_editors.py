@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grom.closed_form.keys import pad_id
+from grom.data.schema import FactRecord, QAExample
 from grom.methods.editors import update_rules as rules
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor
 from grom.methods.editors.value_optimisation import ValueSettings, encode_fact, optimise_values
-from grom.data.schema import FactRecord, QAExample
-from grom.closed_form.keys import pad_id
 from tests.conftest import FORGET, RETAIN
 
 torch.set_default_dtype(torch.float32)
@@ -144,7 +144,8 @@ def test_each_editor_forgets_and_the_model_comes_back_bit_for_bit(name, trained_
     edit = run_editor(name, trained_llama, tokenizer, FACTS, RETAIN, cfg)
     assert all(torch.equal(v, before[k]) for k, v in trained_llama.state_dict().items())
     assert edit.method == name and edit.info["subject_last_keys"] == len(FACTS)
-    assert sorted(edit.patches) == [f"model.layers.{l}.mlp.down_proj.weight" for l in ((2,) if name == "rome" else (1, 2))]
+    assert sorted(edit.patches) == [f"model.layers.{l}.mlp.down_proj.weight"
+                                    for l in ((2,) if name == "rome" else (1, 2))]
     p0, p1 = torch.tensor(edit.info["p_answer_before"]), torch.tensor(edit.info["p_answer_edited"])
     assert p1.mean() < p0.mean(), (p0, p1)
     with edit.applied(trained_llama):

@@ -3,7 +3,8 @@
 batches) against the full-model path, kept here as the reference; the keys read from a
 stream through the band against full forward passes of the model as each layer left it.
 The deltas, and every editor's patches, agree to 1e-6 relative on tiny llama / gpt2 /
-neox models, with the band's last layer inside the model and at its top. In float64, so that what is compared is the math, not the rounding
+neox models, with the band's last layer inside the model and at its top. In float64, so that
+what is compared is the math, not the rounding
 of float32 sums taken in another order (in float32 they agree to ~1e-6, Adam's steps
 carrying the last bits: checked too, at 1e-4)."""
 from __future__ import annotations
@@ -13,14 +14,21 @@ import copy
 import pytest
 import torch
 
-from grom.model.arch import decoder_layers, model_device
-from grom.methods.editors import locate_then_edit as editing
-from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor
-from grom.methods.editors.layers_above import capture_upper, head_logits, upper_logits
-from grom.methods.editors.value_optimisation import ValueSettings, Values, _object_probs, _pad, encode_fact, optimise_values
-from grom.data.schema import QAExample
-from grom.model.hooks import hooked
 from grom.closed_form.keys import pad_id
+from grom.data.schema import QAExample
+from grom.methods.editors import locate_then_edit as editing
+from grom.methods.editors.layers_above import capture_upper, head_logits, upper_logits
+from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor
+from grom.methods.editors.value_optimisation import (
+    Values,
+    ValueSettings,
+    _object_probs,
+    _pad,
+    encode_fact,
+    optimise_values,
+)
+from grom.model.arch import decoder_layers, model_device
+from grom.model.hooks import hooked
 from tests.conftest import FORGET, RETAIN, memorise, tiny_gpt2, tiny_llama, tiny_neox
 
 FACTS = [QAExample(e.question, e.answer, subject=s, fact=f) for e, s, f in zip(

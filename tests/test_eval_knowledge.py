@@ -11,16 +11,15 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
-from grom.data.schema import Benchmark, QAExample, TextExample
-from grom.eval import metrics as M
 import torch
 
 from grom.data.prompts import encode_prompt
+from grom.data.schema import Benchmark, QAExample, TextExample
+from grom.eval import metrics as M
 from grom.eval.quant_check import quantization_check, quantization_verdict
 from grom.eval.report import BASE, EDITED, Report, Row, _retain_cost, evaluate
-from grom.tasks.knowledge import _knowledge_relative, knowledge_budget
 from grom.eval.runner import generate, phrase_settled
+from grom.tasks.knowledge import _knowledge_relative, knowledge_budget
 from tests.conftest import FORGET, RETAIN
 
 
@@ -419,8 +418,8 @@ def test_every_idk_answer_of_the_project_reads_as_a_refusal():
     """The refusals IDK-NLL / IDK-DPO train toward and GROM's refusal target aims at are
     counted as refusals (12 of the 36 IDK answers were read as fluent answers before), and
     plain wrong answers are not."""
-    from grom.methods.trained.idk import REFUSALS as IDK
     from grom.closed_form.refusal import REFUSALS as GROM
+    from grom.methods.trained.idk import REFUSALS as IDK
 
     assert [r for r in IDK + GROM if not M.is_refusal(r)] == []
     for wrong in ("The largest planet is Saturn.", "It has no rings, as far as astronomers know.",

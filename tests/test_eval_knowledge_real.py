@@ -16,8 +16,8 @@ from grom.data import load_benchmark
 from grom.data.prompts import encode_prompt
 from grom.eval import evaluate
 from grom.eval import metrics as M
-from grom.tasks.knowledge import knowledge_budget
 from grom.eval.runner import generate
+from grom.tasks.knowledge import knowledge_budget
 
 
 @pytest.fixture(scope="module")

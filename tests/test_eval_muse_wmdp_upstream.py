@@ -69,7 +69,8 @@ def _ou_knowmem(tok, fs, question, answer, max_length=512):
         wrapped += tags["user_start_tag"] + prompts[i] + tags["user_end_tag"] + tags["asst_start_tag"] \
             + responses[i] + tags["asst_end_tag"]
     wrapped += tags["user_start_tag"] + prompts[-1] + tags["user_end_tag"] + tags["asst_start_tag"]
-    chat_ids = tok(wrapped + responses[-1], add_special_tokens=True, max_length=max_length, truncation=True)["input_ids"]
+    chat_ids = tok(wrapped + responses[-1], add_special_tokens=True, max_length=max_length,
+                   truncation=True)["input_ids"]
     prompt_ids = tok(wrapped, add_special_tokens=True, max_length=max_length, truncation=True)["input_ids"]
     if chat_ids[-1] != tok.eos_token_id:
         chat_ids += [tok.eos_token_id]
@@ -138,7 +139,8 @@ ICL = [("Q1?", " A1 "), ("Who wrote it?", "Ann Lee.")]
 def test_knowmem_prompt_string_ends_with_a_space_and_keeps_the_shots_as_stored(bos_tok):
     icl = tuple(QAExample(q, a) for q, a in ICL)
     text = U.knowmem_prompt(icl, "Who won?")
-    assert text == "Question: Q1?\nAnswer:  A1 \n\nQuestion: Who wrote it?\nAnswer: Ann Lee.\n\nQuestion: Who won?\nAnswer: "
+    assert text == ("Question: Q1?\nAnswer:  A1 \n\nQuestion: Who wrote it?\nAnswer: Ann Lee.\n\n"
+                    "Question: Who won?\nAnswer: ")
     wrapped, prompt_ids, truth = _ou_knowmem(bos_tok, ICL, "Who won?", "Alice")
     assert text == wrapped
     got = U.knowmem_input(bos_tok, icl, "Who won?", "Alice")
@@ -162,7 +164,8 @@ def test_knowmem_prompt_cut_at_512_tokens_as_upstream(bos_tok):
     (" Paris </s> x", "Paris"),
 ])
 def test_stop_strings_cut_where_upstream_cuts(text, cut):
-    assert U.cut_at_stops(text, U.KNOWMEM_STOPS, "</s>") == _ou_cut(text, "</s>", ["\n\n", "\nQuestion", "Question:"]) == cut
+    assert (U.cut_at_stops(text, U.KNOWMEM_STOPS, "</s>")
+            == _ou_cut(text, "</s>", ["\n\n", "\nQuestion", "Question:"]) == cut)
 
 
 def test_verbmem_and_privleak_encodings_truncate_at_2048_tokens(bos_tok, plain_tokenizer):
@@ -303,4 +306,5 @@ def test_mmlu_description_uses_each_row_subject(tmp_path, plain_tokenizer):
     assert U.mc_encode_pair(plain_tokenizer, U.mc_context(ex), " B") == \
         tuple(_lm_encode_pair(plain_tokenizer, _lm_context(doc, "high school mathematics"), " B"))
     # a context ending in whitespace gives it to the continuation, as `_encode_pair` does
-    assert U.mc_encode_pair(plain_tokenizer, "Answer: ", "B") == tuple(_lm_encode_pair(plain_tokenizer, "Answer: ", "B"))
+    assert (U.mc_encode_pair(plain_tokenizer, "Answer: ", "B")
+            == tuple(_lm_encode_pair(plain_tokenizer, "Answer: ", "B")))

@@ -30,14 +30,13 @@ from components.views.text import GLOSSARY
 from grom import EditConfig, run_edit
 from grom.data import load_benchmark
 from grom.data.schema import Benchmark, TextExample
-from grom.eval import evaluate
+from grom.eval import evaluate, mia
 from grom.eval import metrics as M
-from grom.eval import mia
+from grom.eval.metric_sources import IMPLEMENTATIONS, metric_source
 from grom.eval.report import BASE, DIRECTION, REFERENCE, Row
+from grom.eval.runner import TokenScores, encode_pair, score_sequences, tokenwise_logprobs
 from grom.eval.shared_rows import MIA_COLUMNS
 from grom.tasks.tofu import _tofu_relative
-from grom.eval.runner import TokenScores, encode_pair, score_sequences, tokenwise_logprobs
-from grom.eval.metric_sources import IMPLEMENTATIONS, metric_source
 from tests.conftest import FORGET, RETAIN, tiny_llama
 from tests.data_fixtures import muse_folder, wmdp_folder, write_json, zsre_record
 from tests.test_eval_knowledge import _knowledge_bench

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from grom.model.arch import ARCHITECTURES, edited_matrix, num_layers
 from grom.closed_form.config import EditConfig
 from grom.edit import Edit
 from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.runner import generate, score_answers
+from grom.model.arch import ARCHITECTURES, edited_matrix, num_layers
 from tests.conftest import FORGET, RETAIN, tiny_llama
 from tests.test_stream_families import tiny_model
 

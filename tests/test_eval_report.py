@@ -9,8 +9,7 @@ from grom import EditConfig, run_edit
 from grom.data import load_benchmark
 from grom.data.prompts import encode_prompt
 from grom.data.schema import Benchmark, QAExample
-from grom.eval import (answer_probabilities, compare_generations, evaluate, quantization_check,
-                       rouge_l_recall)
+from grom.eval import answer_probabilities, compare_generations, evaluate, quantization_check, rouge_l_recall
 from grom.eval.runner import encode_pair, generate, score_answers
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama
 from tests.data_fixtures import muse_folder, wmdp_folder, write_json, zsre_record
@@ -199,9 +198,9 @@ def test_reuse_takes_unedited_rows_from_an_earlier_report(tokenizer, trained_lla
 def test_choice_keys_and_accuracy_use_the_same_answer_letter(chat, tokenizer, plain_tokenizer):
     """GROM's keys (and the baselines, which share the encoding) push on the very token
     the accuracy metric reads: "C" after a chat template, " C" after a plain prompt."""
+    from grom.closed_form.keys import encode_example
     from grom.data.schema import ChoiceExample
     from grom.eval.runner import choice_logprobs
-    from grom.closed_form.keys import encode_example
 
     tok = tokenizer if chat else plain_tokenizer
     ex = ChoiceExample("Which prize did Mira Sel win?", ("Tessaly Medal", "Oak Prize", "Harrow Cup"), 2)

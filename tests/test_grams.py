@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from grom import EditConfig, run_edit, solve_update
-from grom.model.arch import ARCHITECTURES
 from grom.cli import build_parser, config_from_args
 from grom.closed_form.collect import LayerStream
-from grom.closed_form.solve import SystemSums, build_system
 from grom.closed_form.directions import Directions
+from grom.closed_form.solve import SystemSums, build_system
+from grom.model.arch import ARCHITECTURES
 from tests.conftest import FORGET, RETAIN
 from tests.test_solve import lstsq_reference
 from tests.test_stream_families import relative_error, tiny_model

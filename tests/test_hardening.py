@@ -13,14 +13,11 @@ import time
 
 import pytest
 
-from components import edit_panel
-from components.diagnostics_panel import _matrix
+from components.core.allowed_sources import resolve_source
+from components.core.errors import REPO_ROOT, UserError, message_for, scrub_paths, shorten
 from components.core.form import edit_config
 from components.core.validate import parse_band, retain_subset
-from components.core.errors import message_for, scrub_paths, shorten
-from components.core.errors import UserError
-from components.core.errors import REPO_ROOT
-from components.core.allowed_sources import resolve_source
+from components.diagnostics_panel import _matrix
 from grom.closed_form.config import EditConfig
 from grom.data import prompts
 from grom.data.prompts import TemplateError, encode_prompt, format_prompt

@@ -6,8 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from grom.model.arch import (UnsupportedArchitecture, edited_matrix, lm_head_is_tied, num_layers,
-                       retie_lm_head, unembedding, untie_lm_head)
+from grom.model.arch import (
+    UnsupportedArchitecture,
+    edited_matrix,
+    lm_head_is_tied,
+    num_layers,
+    retie_lm_head,
+    unembedding,
+    untie_lm_head,
+)
 from grom.model.hooks import StopForward, capture_inputs, capture_outputs, stop_after
 from tests.conftest import tiny_gpt2, tiny_llama, tiny_neox
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -89,8 +88,8 @@ def test_a_model_folder_missing_weights_is_refused(tmp_path):
 
 
 def test_a_folder_model_is_shown_relative_to_its_folder():
-    from components.core.errors import REPO_ROOT
     from components.core.allowed_sources import shown_name
+    from components.core.errors import REPO_ROOT
 
     assert shown_name(str(REPO_ROOT / "assets" / "demo-retain")) == "assets/demo-retain"
     assert shown_name(str(REPO_ROOT / "models" / "smollm2-135m-instruct")) == "models/smollm2-135m-instruct"
@@ -100,7 +99,7 @@ def test_a_folder_model_is_shown_relative_to_its_folder():
 # ---------------------------------------------------------------- through the API
 
 gradio_client = pytest.importorskip("gradio_client")
-from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client import handle_file  # noqa: E402
 
 from components.core.device import DEVICE_LOCK  # noqa: E402
 from components.core.session import REGISTRY, SESSIONS  # noqa: E402
@@ -119,8 +118,9 @@ def test_every_request_is_bounded_by_the_hosts_limits(url, monkeypatch, tmp_path
     fails(c, r"Epochs: 11.*at most 10.*GROM_MAX_EPOCHS", method="ga", epochs=11, lr=1e-3, max_examples=5,
           api_name="/run_baseline")
     monkeypatch.setenv("GROM_MAX_EVAL_EXAMPLES", "100")  # the demo's largest evaluation set: 400
-    fails(c, r"With all examples, demo-authors/forget10 would evaluate 400 examples.*at most 100.*GROM_MAX_EVAL_EXAMPLES", method="ga", epochs=1, lr=1e-3, max_examples=5,
-          full_set=True, api_name="/run_baseline")
+    fails(c, r"With all examples, demo-authors/forget10 would evaluate 400 examples.*"
+             r"at most 100.*GROM_MAX_EVAL_EXAMPLES",
+          method="ga", epochs=1, lr=1e-3, max_examples=5, full_set=True, api_name="/run_baseline")
     monkeypatch.setenv("GROM_MAX_EXAMPLES", "1000")  # retain examples 0 takes all 3200
     fails(c, r"3,200 retain examples.*at most 1,000.*GROM_MAX_EXAMPLES", retain_examples=0, api_name="/run_edit")
     fails(c, r"3,200 retain examples.*at most 1,000.*GROM_MAX_EXAMPLES", retain_examples=0, api_name="/layer_scores")

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from grom import EditConfig, example_influence_bruteforce, run_edit
-from grom.data.schema import FactRecord, TextExample
 from grom.closed_form.diagnostics import example_outputs, influence
 from grom.closed_form.keys import encode_example
+from grom.data.schema import FactRecord, TextExample
 from grom.model.loading import ModelLoadError, load_model
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama
 

@@ -11,8 +11,19 @@ import pytest
 from grom.data import load_benchmark
 from grom.data.schema import QAExample, TextExample
 from grom.demo import load_demo_model
-from grom.methods import (ALL, EDITORS, FAMILIES, METHODS, Reason, can_run, family_of, get, names, run_baseline,
-                          resolve_settings)
+from grom.methods import (
+    ALL,
+    EDITORS,
+    FAMILIES,
+    METHODS,
+    Reason,
+    can_run,
+    family_of,
+    get,
+    names,
+    resolve_settings,
+    run_baseline,
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +39,8 @@ def test_every_method_is_one_row_of_one_registry():
     assert names("editor") == tuple(EDITORS) == ("rome", "memit", "alphaedit", "zerounlearn")
     assert set(ALL) == set(METHODS) | set(EDITORS) | {"grom"}
     for name, entry in ALL.items():
-        assert entry.family in FAMILIES and entry.label and entry.description and family_of(name.upper()) == entry.family
+        assert (entry.family in FAMILIES and entry.label and entry.description
+                and family_of(name.upper()) == entry.family)
     assert get("ROME").detail is EDITORS["rome"] and get("npo").detail is METHODS["npo"]
     with pytest.raises(ValueError, match="unknown method 'sgd'"):
         get("sgd")

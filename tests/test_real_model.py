@@ -9,7 +9,6 @@ saying why; in CI (CI=true) a failed fetch fails.
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -3,13 +3,13 @@ import pytest
 import torch
 
 from grom import Edit, EditConfig, run_edit
-from grom.model.arch import unembedding
 from grom.cli import build_parser, config_from_args
+from grom.closed_form.directions import head_promotion_directions, promotion_directions
+from grom.closed_form.refusal import REFUSALS, choose_refusals, encode_refusals, refusal_examples
 from grom.data.prompts import encode_qa
 from grom.data.schema import TextExample
 from grom.eval.metrics import answer_class
-from grom.closed_form.refusal import REFUSALS, choose_refusals, encode_refusals, refusal_examples
-from grom.closed_form.directions import head_promotion_directions, promotion_directions
+from grom.model.arch import unembedding
 from tests.conftest import FORGET, RETAIN, tiny_llama
 
 REFUSAL = "I don't know."
@@ -173,4 +173,5 @@ def test_the_band_is_scored_on_the_forget_answers_as_for_suppression(tokenizer):
     sup, ref = EditConfig(k=2), EditConfig(k=2, target="refusal")
     prep = prepare(tokenizer, FORGET, RETAIN, ref, vocab)
     assert torch.equal(prep.alpha, torch.ones(vocab))  # every refusal token promoted alike
-    assert compute_scores(model, prep, ref).S == compute_scores(model, prepare(tokenizer, FORGET, RETAIN, sup, vocab), sup).S
+    assert (compute_scores(model, prep, ref).S
+            == compute_scores(model, prepare(tokenizer, FORGET, RETAIN, sup, vocab), sup).S)

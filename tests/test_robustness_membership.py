@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grom.closed_form.config import EditConfig
+from grom.closed_form.pipeline import run_edit
 from grom.data import QAExample
 from grom.eval.runner import encode_pair
-from grom.closed_form.pipeline import run_edit
 from grom.robustness.membership import holdout_of, membership_attack
 from grom.robustness.result import Probe
 from grom.robustness.suite import run_attacks
@@ -56,7 +56,8 @@ def test_the_loss_attack_auc_is_the_pairwise_share_from_the_logits(edited):
     with edit.applied(model):
         after = _pairwise_auc(_mean_nll(model, tok, FORGET), _mean_nll(model, tok, HOLDOUT))
     auc = r.details["auc"]
-    assert auc["fitted"]["loss"]["base"] == pytest.approx(base) and auc["fitted"]["loss"]["edited"] == pytest.approx(after)
+    assert (auc["fitted"]["loss"]["base"] == pytest.approx(base)
+            and auc["fitted"]["loss"]["edited"] == pytest.approx(after))
     assert set(auc) == {"fitted", "probes"} and set(auc["fitted"]) == {"loss", "zlib", "min_k", "min_k++"}
     assert (r.base, r.edited) == (auc["fitted"]["min_k"]["base"], auc["fitted"]["min_k"]["edited"])
     assert r.details["leak"]["fitted"]["edited"] == pytest.approx(abs(r.edited - 0.5))

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from grom.closed_form.config import EditConfig
+from grom.closed_form.pipeline import run_edit
 from grom.data import BenchmarkError, QAExample, load_benchmark
 from grom.data.prompts import PLAIN_QA
-from grom.closed_form.pipeline import run_edit
-from grom.robustness.calibration import relearn_lr
 from grom.robustness import probes as P
 from grom.robustness import suite
+from grom.robustness.calibration import relearn_lr
 from grom.robustness.result import AttackResult, Probe, probe_recall
 from grom.robustness.suite import ATTACKS, attack_names, check_edit_fits, run_attacks
 from tests.conftest import FORGET, RETAIN, tiny_llama

@@ -9,12 +9,18 @@ import pytest
 import torch
 
 from grom import EditConfig, run_edit
-from grom.methods import answer_nll
 from grom.eval.quant import quantized, rtn_quantize
+from grom.methods import answer_nll
 from grom.robustness import Probe, Recall, probe_recall
-from grom.robustness.calibration import (RELEARN_LR, RELEARN_LRS, calibrate_relearn_lr, relearn_lr)
-from grom.robustness.weights import (fact_position, lens, logit_lens_attack, quantization_attack,
-                                     relearn_attack, relearn_curve)
+from grom.robustness.calibration import RELEARN_LR, RELEARN_LRS, calibrate_relearn_lr, relearn_lr
+from grom.robustness.weights import (
+    fact_position,
+    lens,
+    logit_lens_attack,
+    quantization_attack,
+    relearn_attack,
+    relearn_curve,
+)
 from tests.conftest import FORGET, RETAIN, assert_bit_exact, snapshot
 
 FACTS = ("Pellmoor", "Glass Orchard", "Tessaly Medal", "1874")
@@ -34,7 +40,8 @@ def likelihood(tokenizer):
     """A ScoreFn whose value is exp(-mean answer NLL) of the forget answers (no generation:
     it moves with every step, where recall would jump)."""
     def score(model):
-        return Recall(math.exp(-answer_nll(model, tokenizer, FORGET, add_eos=False)), ("",) * len(FORGET), (0.0,) * len(FORGET))
+        return Recall(math.exp(-answer_nll(model, tokenizer, FORGET, add_eos=False)), ("",) * len(FORGET),
+                      (0.0,) * len(FORGET))
     return score
 
 

@@ -14,12 +14,16 @@ pytest.importorskip("gradio")
 
 from components import history_panel as H  # noqa: E402
 from components.core import history as runs_history  # noqa: E402
-from components.core.form import edit_config  # noqa: E402
-from components.edit_panel import on_preset as fill_preset  # noqa: E402
-from components.core.form import RESTORED, hidden_differences, restore_values
+from components.core.errors import UserError  # noqa: E402
+from components.core.form import (
+    RESTORED,
+    edit_config,  # noqa: E402
+    hidden_differences,
+    restore_values,
+)
 from components.core.runs import band_text, check_run, portable_model_name, run_record
 from components.core.session import Session  # noqa: E402
-from components.core.errors import UserError  # noqa: E402
+from components.edit_panel import on_preset as fill_preset  # noqa: E402
 from components.sweep_panel import MAX_POINTS, sweep_values  # noqa: E402
 from grom import PRESETS, Edit, EditConfig  # noqa: E402
 
@@ -148,7 +152,8 @@ def test_the_history_keeps_settings_and_metrics_and_restores_a_row(demo_edit):
     assert (row["Final score"], row["Forget fact recall"], row["Retain fact recall"], row["Retain cost"]) == \
         (0.6, 0.3, 0.9, 0.05)
     assert list(fig.data[0].x) == [0.3] and list(fig.data[0].y) == [0.9]
-    assert "patches" not in str(runs_history.history(session)[0]) and "Tensor" not in str(runs_history.history(session)[0])
+    assert ("patches" not in str(runs_history.history(session)[0])
+            and "Tensor" not in str(runs_history.history(session)[0]))
     second = EditConfig(**(edit.config.to_dict() | {"beta": 40.0, "layers": (2, 3)}))
     session.edit = FakeEdit(config=second, run=edit.run | {"band": [2, 3]}, timings={"total": 1.0},
                                    method="grom")
@@ -209,8 +214,8 @@ def snippet_question(code: str) -> str:
 
 
 def test_the_snippet_is_for_the_session_s_model_and_asks_its_question():
-    from components.core.session import ModelKey
     from components.core.allowed_sources import DEMO, REAL
+    from components.core.session import ModelKey
     from components.export_panel import PENDING, on_show_snippet, session_snippet
     from grom.data.schema import QAExample, TextExample
 

@@ -12,8 +12,15 @@ import torch
 from grom import EditConfig, cli, run_edit
 from grom.model.editable import NotEditable
 from grom.model.loading import ModelLoadError, load_model
-from grom.model.sharding import (ShardingError, format_max_memory, parse_device_map, parse_max_memory, parse_size,
-                           placement, sharded_room)
+from grom.model.sharding import (
+    ShardingError,
+    format_max_memory,
+    parse_device_map,
+    parse_max_memory,
+    parse_size,
+    placement,
+    sharded_room,
+)
 from tests.conftest import FORGET, RETAIN
 from tests.test_editable import counting_forwards
 from tests.test_library import save_tiny

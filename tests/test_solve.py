@@ -2,8 +2,14 @@
 import pytest
 import torch
 
-from grom import (best_window, example_influence, example_influence_bruteforce, ridge_mu,
-                  solve_update, specificity_weights)
+from grom import (
+    best_window,
+    example_influence,
+    example_influence_bruteforce,
+    ridge_mu,
+    solve_update,
+    specificity_weights,
+)
 from grom.closed_form.directions import corruption_directions, head_suppression_directions
 
 

@@ -123,7 +123,8 @@ def test_the_app_started_as_a_zerogpu_space_serves_an_edit_a_comparison_and_a_ba
         smoke = subprocess.run([sys.executable, "bench/space_smoke.py", "--url", f"http://127.0.0.1:{port}/",
                                 "--lr", "1e-3"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-3000:] + (tmp_path / "server.log").read_text()[-3000:]
+        assert smoke.returncode == 0, (smoke.stdout[-2000:] + smoke.stderr[-3000:]
+                                       + (tmp_path / "server.log").read_text()[-3000:])
         figures = json.loads(smoke.stdout.strip().splitlines()[-1])
         assert {"edit_s", "compare_s", "baseline_s", "second_visitor_generate_s"} <= figures.keys()
         assert "Edited" in smoke.stdout and "Forgot" in smoke.stdout and "GA" in smoke.stdout, smoke.stdout

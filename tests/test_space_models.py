@@ -26,8 +26,8 @@ from gradio_client import Client  # noqa: E402
 from components.core import limits  # noqa: E402
 from components.core import model_choices as core_models  # noqa: E402
 from components.core.session import REGISTRY, ModelKey, ModelRegistry  # noqa: E402
-from grom.model import loading as grom_models  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
+from grom.model import loading as grom_models  # noqa: E402
 from grom.model.loading import ModelLoadError, config_params, model_size  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.conftest import tiny_gpt2, tiny_llama, tiny_neox  # noqa: E402

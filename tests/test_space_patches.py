@@ -23,8 +23,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grom import Edit, EditConfig
-from grom.edit import (FACTORS_KEY, META_FILE, PATCH_FILE, Factors, Patches, StoredPatch, expand_factors,
-                       read_patch_layout)
+from grom.edit import (
+    FACTORS_KEY,
+    META_FILE,
+    PATCH_FILE,
+    Factors,
+    Patches,
+    StoredPatch,
+    expand_factors,
+    read_patch_layout,
+)
 from grom.patch_policy import check_stored_patches
 from tests.conftest import tiny_llama, weights_hash
 
@@ -213,7 +221,8 @@ def test_an_imported_factored_patch_of_every_weight_costs_its_factors_not_the_we
     assert "after the edit" in asked and weights_hash(model) == before
     exported_files, note, _ = clients[0].predict(api_name="/export")  # written back as the factors it came as
     patch = next(Path(f) for f in exported_files if f.endswith(PATCH_FILE))
-    assert {p.rank for p in read_patch_layout(patch).values()} == {1} and f"{len(held[-1].patches)} as rank-1 factors" in note
+    assert ({p.rank for p in read_patch_layout(patch).values()} == {1}
+            and f"{len(held[-1].patches)} as rank-1 factors" in note)
     assert patch.stat().st_size < 2 * (tmp_path / "h" / PATCH_FILE).stat().st_size
     print(f"\n6 imports: rss +{grew / MB:.1f} MB (model {model_bytes / MB:.1f} MB); held per session "
           f"{held[-1].held.nbytes() / 1024:.0f} kB; another visitor's /generate {max(lat['seconds']):.2f} s at most")

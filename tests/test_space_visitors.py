@@ -11,7 +11,6 @@ takes the same address as the peer, so both rules agree here).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid

@@ -126,8 +126,8 @@ def test_every_job_kind_checks_its_tokens_with_the_model_it_runs_on(url, monkeyp
 
 
 def test_counts_are_cached_per_example_and_tokenizer():
-    from grom.demo import load_demo_model
     from grom.data import load_benchmark
+    from grom.demo import load_demo_model
 
     _, tok = load_demo_model("full")
     bench = load_benchmark("demo", "forget10")

@@ -10,7 +10,7 @@ the first shortcut if the stream does not know about it.
 """
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, CONFIG_MAPPING
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
 from grom import EditConfig, run_edit
 from grom.model.arch import ARCHITECTURES, decoder_layers, edited_matrix, layer_kinds, residual_gain

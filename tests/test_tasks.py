@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grom.methods.trained.recipes import RECIPES, recipe_for_task
 from grom.data import BENCHMARKS, load_benchmark
 from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import Benchmark, QAExample
@@ -13,6 +12,7 @@ from grom.eval import evaluate
 from grom.eval.metric_sources import metric_source
 from grom.eval.report import DIRECTION, STAGES
 from grom.eval.results import Row
+from grom.methods.trained.recipes import RECIPES, recipe_for_task
 from grom.tasks import TASKS, Task, get_task, register_task, unregister_task
 
 

@@ -23,8 +23,17 @@ import torch
 
 from components.core import device
 from components.core.errors import JobCancelled, UserError
-from components.core.gpu_time import (Rate, Shape, edit_flops, eval_work, example_tokens, gpu_seconds, plan_training,
-                                      refuse_over, train_flops)
+from components.core.gpu_time import (
+    Rate,
+    Shape,
+    edit_flops,
+    eval_work,
+    example_tokens,
+    gpu_seconds,
+    plan_training,
+    refuse_over,
+    train_flops,
+)
 from grom.data.schema import QAExample, TextExample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +167,8 @@ def test_an_over_long_training_is_refused_naming_the_limits():
 def test_a_worker_forked_before_a_load_loads_the_model_itself(monkeypatch):
     """spaces reuses an idle worker: one forked before the main process loaded a model
     loads it itself; the main process never loads in `resident`."""
-    from components.core import model_choices, session as core_session
+    from components.core import model_choices
+    from components.core import session as core_session
 
     key = model_choices.model_key("demo", "cpu", "float32")
     monkeypatch.setattr(core_session.REGISTRY, "_handles", {})

@@ -16,19 +16,27 @@ import tempfile
 from pathlib import Path
 
 import gradio as gr
-import torch
-
 import spaces  # the stand-in: imported first, as on a Space
+import torch
 
 assert spaces.__file__.replace("\\", "/").endswith("tests/fake_spaces/spaces/__init__.py"), spaces.__file__
 
 import app  # noqa: E402
-from components import (attack_panel, baseline_panel, benchmark_panel, compare_panel, diagnostics_panel, edit_panel,  # noqa: E402
-                        export_panel, page, sweep_panel)
-from components.layers_panel import score_widgets  # noqa: E402
+from components import (  # noqa: E402
+    attack_panel,
+    baseline_panel,
+    benchmark_panel,
+    compare_panel,
+    diagnostics_panel,
+    edit_panel,
+    export_panel,
+    page,
+    sweep_panel,
+)
 from components.core import comparators, comparison, device, durations, form, gpu_time, model_choices  # noqa: E402
-from components.core.session import REGISTRY, Session  # noqa: E402
 from components.core.allowed_sources import DEMO  # noqa: E402
+from components.core.session import REGISTRY, Session  # noqa: E402
+from components.layers_panel import score_widgets  # noqa: E402
 from tests.conftest import weights_hash  # noqa: E402
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from huggingface_hub import try_to_load_from_cache
 
 from components.core.errors import UserError, shorten
-from grom.model.hub import hub_reachable
 from grom.model.fetch import registry_model
+from grom.model.hub import hub_reachable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_NAME_CHARS = 300  # a Hub id is at most 96 + 96 characters; a folder name, a few dozen

@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, upload_bytes
-from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
 from grom import demo_preset
 from grom.data import BENCHMARKS, load_benchmark
 from grom.data.readers import TooManyRows
@@ -129,7 +129,8 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
     """A `Benchmark` from the widgets' values; every problem is a message to act on."""
     name = (name or "").strip()
     if name not in dict((v, v) for _, v in benchmark_names()):
-        raise UserError(f"Unknown benchmark {shorten(name)!r}; pick one of {', '.join(v for _, v in benchmark_names())}.")
+        raise UserError(f"Unknown benchmark {shorten(name)!r}; "
+                        f"pick one of {', '.join(v for _, v in benchmark_names())}.")
     if name == "custom":
         forget = _file_path(forget_file)
         if forget is None:

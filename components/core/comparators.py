@@ -32,12 +32,24 @@ from components.core.errors import UserError, shorten
 from components.core.gpu_time import refuse_over
 from components.core.limits import limit, over
 from components.core.session import ModelKey, resident
-from grom.model.arch import num_layers
 from components.core.train_parts import train_in_calls
-from grom.methods import (EDITORS, METHODS, EditorConfig, Method, Reason, RunSettings, can_run, editor_band, family_of,
-                          get, recipe_for_task, trainable_reason)
+from grom.methods import (
+    EDITORS,
+    METHODS,
+    EditorConfig,
+    Method,
+    Reason,
+    RunSettings,
+    can_run,
+    editor_band,
+    family_of,
+    get,
+    recipe_for_task,
+    trainable_reason,
+)
 from grom.methods.editors.value_optimisation import ValueSettings
 from grom.methods.trained.checkpoint import Part
+from grom.model.arch import num_layers
 
 MAX_VALUE_STEPS = 100  # a value optimisation's steps: ROME's 20-25, upstream's longest 50
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+from components.core.allowed_sources import DEMO
 from components.core.costs import check_comparison
 from components.core.device import DEVICE_LOCK, ON_ZEROGPU, give_turn, kept_cache, on_device
 from components.core.durations import report_s
 from components.core.limits import limit, over
-from components.core.session import (REGISTRY, ModelHandle, ModelKey, Session, current_benchmark,
-                                     current_model, resident)
-from components.core.allowed_sources import DEMO
+from components.core.session import REGISTRY, ModelHandle, ModelKey, Session, current_benchmark, current_model, resident
 from components.core.validate import whole_number
 from grom.demo import load_demo_model
 from grom.eval import evaluate

@@ -56,6 +56,7 @@ from components.core.errors import JOB_NAME, JOB_STARTED, JobCancelled, JobTimed
 from components.core.limits import limit
 from grom.model.arch import decoder_layers
 
+
 @dataclass(eq=False)
 class Turn:
     """A thread's place in the device's line: what job it runs (`job_kind`), since when

@@ -18,18 +18,28 @@ from dataclasses import dataclass, replace
 import torch
 
 from components.core.device import ON_ZEROGPU
-from components.core.gpu_time import (RATE, Shape, TrainPlan, edit_flops, eval_sets_of, eval_work, example_tokens,
-                                      gpu_seconds, plan_training, train_flops)
+from components.core.gpu_time import (
+    RATE,
+    Shape,
+    TrainPlan,
+    edit_flops,
+    eval_sets_of,
+    eval_work,
+    example_tokens,
+    gpu_seconds,
+    plan_training,
+    train_flops,
+)
 from components.core.limits import limit
 from components.core.session import REGISTRY, ModelKey
-from grom.model.arch import decoder_layers, model_device
+from grom.data.prompts import encode_prompt
 from grom.methods import family_of, get_method, recipe_for_task, resolve_settings
 from grom.methods.trained.optimizer import select_parameters
 from grom.methods.trained.training_loop import planned_steps
-from grom.data.prompts import encode_prompt
-from grom.tasks.knowledge import knowledge_budget
+from grom.model.arch import decoder_layers, model_device
 from grom.robustness.calibration import RELEARN_BATCH, RELEARN_STEPS
 from grom.robustness.probes import PROBE_TYPES, transform
+from grom.tasks.knowledge import knowledge_budget
 
 DEFAULT_S = 60  # what ZeroGPU grants a call that names no duration
 EVAL_ROWS = 3  # Base, Edited and the Retain model, the most a comparison computes

@@ -21,11 +21,18 @@ import gradio as gr
 
 from components.core.errors import UserError, shorten
 from components.core.runs import band_text
-from components.core.validate import (MAX_BATCH, MAX_COUNT, check_budget, check_range, check_seed, parse_band,
-                                      whole_number)
+from components.core.validate import (
+    MAX_BATCH,
+    MAX_COUNT,
+    check_budget,
+    check_range,
+    check_seed,
+    parse_band,
+    whole_number,
+)
 from grom import PRESETS, EditConfig, best_window
-from grom.model.arch import MATRIX_KINDS
 from grom.closed_form.config import TARGETS as CONFIG_TARGETS
+from grom.model.arch import MATRIX_KINDS
 
 CUSTOM = "(custom)"
 TARGETS = list(CONFIG_TARGETS)

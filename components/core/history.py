@@ -17,8 +17,8 @@ import gradio as gr
 from components.core.form import hidden_differences, restore_values
 from components.core.runs import band_text, portable_model_name
 from components.core.session import REGISTRY, Session
-from grom.model.arch import num_layers
 from grom.eval.report import EDITED
+from grom.model.arch import num_layers
 
 MAX_ROWS = 50
 

@@ -38,7 +38,7 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_PATCH_RANK | 1024 | rank of one imported factored patch |
 | GROM_MAX_MODEL_PARAMS | 2000000000 | parameters of a model a visitor may load by free choice (read from its config before any download; the models GROM_MODELS names are the host's choice) |
 | GROM_PROXY_HOPS | 1 on a Space, else 0 | proxies in front of the server whose X-Forwarded-For entry is trusted (0: the header is ignored; `proxy_hops`) |
-"""
+"""  # noqa: E501  a Markdown table: one row a line
 from __future__ import annotations
 
 import math

@@ -23,13 +23,13 @@ import threading
 
 import torch
 
+from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
 from components.core.device import ON_ZEROGPU
 from components.core.errors import UserError, shorten
 from components.core.limits import ModelPolicy, limit, over
 from components.core.session import REGISTRY, ModelHandle, ModelKey
-from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
-from grom.model.arch import num_layers
 from grom.demo import load_demo_model
+from grom.model.arch import num_layers
 from grom.model.fetch import registry_model
 from grom.model.loading import ModelLoadError, download_model, load_model, model_size, resolve_device, resolve_dtype
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
+from components.core.allowed_sources import DEMO, MAX_NAME_CHARS, allowed_dirs
 from components.core.errors import REPO_ROOT, UserError, shorten
 from components.core.files import storage
-from components.core.allowed_sources import DEMO, MAX_NAME_CHARS, allowed_dirs
 from grom import Edit
 
 # what edit.json's "run" must hold to reproduce the edit

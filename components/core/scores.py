@@ -4,9 +4,9 @@ from __future__ import annotations
 from components.core.device import DEVICE_LOCK, device_progress, on_device
 from components.core.durations import scores_s
 from components.core.session import ModelKey, resident
-from grom.model.arch import unembedding
 from grom.closed_form.pipeline import compute_scores as score
 from grom.closed_form.pipeline import prepare
+from grom.model.arch import unembedding
 
 
 @on_device(duration=scores_s)

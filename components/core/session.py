@@ -32,10 +32,10 @@ from typing import Any, Callable
 import gradio as gr
 import torch
 
+from components.core.allowed_sources import shown_name
 from components.core.device import DEVICE_LOCK, add_cancel_hooks, check_wanted, in_gpu_worker, reporting_waits
 from components.core.errors import UserError, each_step
 from components.core.limits import limit
-from components.core.allowed_sources import shown_name
 from grom.eval.prefix import PrefixCache
 
 log = logging.getLogger(__name__)

@@ -10,15 +10,21 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from components.core.allowed_sources import DEMO, require_hub
 from components.core.errors import UserError
 from components.core.session import REGISTRY, ModelHandle, ModelKey
-from components.core.allowed_sources import DEMO, require_hub
 from grom.model.arch import edited_matrix, num_layers
 from grom.model.editable import weight_problem
 from grom.model.fetch import registry_model
 from grom.model.loading import ModelLoadError, load_model
-from grom.model.sharding import (DEVICE_MAPS, ShardingError, format_max_memory, parse_device_map, parse_max_memory,
-                           placement)
+from grom.model.sharding import (
+    DEVICE_MAPS,
+    ShardingError,
+    format_max_memory,
+    parse_device_map,
+    parse_max_memory,
+    placement,
+)
 
 DEVICE_MAP_CHOICES = ["none", *DEVICE_MAPS]
 

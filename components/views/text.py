@@ -58,7 +58,7 @@ $$S_l = F_l - R_l,\qquad F_l = \frac{\sum_j \alpha_j \langle w_{g_j}, o_l(j)\ran
 
 $o_l(j)$ is the output of layer $l$'s edited matrix at position $j$, $w_{g}$ the LM-head row
 of the gold next token $g_j$, and $\alpha_j$ its specificity weight.
-"""
+"""  # noqa: E501  a display formula is one line of LaTeX
 
 EDIT_SHORT = ("**4 · Edit.** One linear solve per edited matrix: the forget answers move away, the retain "
               "answers stay.")
@@ -77,7 +77,7 @@ for one fixed random unit vector $u$; refusal: keys after each forget question f
 ("I don't know."), $d_j = \beta\,v_j$ with $v_j$ the unit $w_{g_j} - \bar w$ toward the refusal's next token.
 Only $w_r / w_f$ matters ($w_f = 1$). Then
 $W \leftarrow W + P$, layer by layer through the band.
-"""
+"""  # noqa: E501  a display formula is one line of LaTeX
 
 PATCH_RATIO = ("**‖P‖/‖W‖** is the size of the patch against the size of the matrix (Frobenius norms, "
                "summed over every input direction). Tens of percent sound large, but P is solved to act "
@@ -158,7 +158,8 @@ ATTACKS = ("**Is it gone?** The edit was fitted on some of the target's question
            "leave the unedited model's answers intact), 4- and 8-bit rounding, and the logit "
            "lens (is the answer still readable inside the model?). Each cell is fact recall: the share of "
            "probes whose greedy answer states the fact; the base model's column is the unedited model under "
-           "the same attack (relearned too), what there was to forget. A forgetting that holds only on the fitted wording is masking, not removal. The "
+           "the same attack (relearned too), what there was to forget. "
+           "A forgetting that holds only on the fitted wording is masking, not removal. The "
            "membership row is an AUC instead: can an attacker who reads likelihoods tell the forget answers "
            "from answers about other targets? 0.5 means no; far below 0.5 means the forget answers became "
            "conspicuously unlikely, which gives away what was unlearned. **Stop** ends a run at its next "
@@ -242,7 +243,7 @@ TOFU (model utility averaged with the forget side's 1 − ROUGE, 1 − prob, 1 �
 formula: read it beside the retain cost, since forgetting more can raise it while the retain set suffers{_from("Final score")}.
 
 *Implementations.* {" ".join(f"**{name}**: {where}." for name, where in IMPLEMENTATIONS.items())}
-"""
+"""  # noqa: E501  one Markdown list item a line, as the page shows it
 
 
 INFLUENCE_MATH = r"""Theorem 2: leaving out forget example $i$ (its key block $C_i$, $c_i$ columns, and
@@ -257,4 +258,4 @@ $\lVert \Delta P_i\rVert_F / \lVert P\rVert_F$. To first order $\Delta P_i \appr
 $\lVert P\rVert = \lVert \sum_i Q_i\rVert \le \sum_i \lVert Q_i\rVert$, with equality only when every $Q_i$ points
 the same way, the bars add up to more than 100%; were the $Q_i$ at right angles, their squares
 would add up to 100%. On SmolLM2's default edit the $\Delta P_i$ are nearly at right angles (mean
-$|\cos|$ 0.01), their sum is $0.87\,\lVert P\rVert$ long, and their squared shares add up to 0.74."""
+$|\cos|$ 0.01), their sum is $0.87\,\lVert P\rVert$ long, and their squared shares add up to 0.74."""  # noqa: E501  inline LaTeX, kept whole on its line

@@ -23,9 +23,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from grom.closed_form.keys import Batch
 from grom.model.arch import model_device
 from grom.model.hooks import StopForward, capture_inputs, drop_frames, hooked, stop_after
-from grom.closed_form.keys import Batch
 
 # Above this many bytes of cached matrix inputs, the stream re-runs layers instead.
 MAX_INPUT_CACHE_BYTES = 4 << 30

@@ -8,10 +8,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from grom.model.arch import MATRIX_KINDS
-from grom.data.prompts import PromptFormat
 from grom.closed_form.keys import KEY_MODES
 from grom.closed_form.refusal import refusal_problem
+from grom.data.prompts import PromptFormat
+from grom.model.arch import MATRIX_KINDS
 
 TARGETS = ("suppression", "corruption", "refusal")
 # The range of every numeric setting, one source of truth for the library, the CLI and the

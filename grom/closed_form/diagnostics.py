@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grom.edit import Edit, LayerKeys
 from grom.closed_form.influence import influence_norms
 from grom.closed_form.solve import build_system
+from grom.edit import Edit, LayerKeys
 
 
 def layer_keys(edit: Edit, param_name: str | None) -> tuple[str, LayerKeys]:

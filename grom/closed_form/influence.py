@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from grom.closed_form.solve import RidgeSystem, build_system, data_matrix, factor, gram, mu_of
 from grom.closed_form.directions import Directions, as_directions
+from grom.closed_form.solve import RidgeSystem, build_system, data_matrix, factor, gram, mu_of
 
 
 def example_columns(example_index: torch.Tensor, N: int | None = None) -> list[torch.Tensor]:

@@ -19,11 +19,11 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import decoder_layers, edited_matrix, unembedding
 from grom.closed_form.collect import forward
+from grom.closed_form.keys import Batch
+from grom.model.arch import decoder_layers, edited_matrix, unembedding
 from grom.model.distributed import all_reduce_, share
 from grom.model.hooks import capture_outputs, stop_after
-from grom.closed_form.keys import Batch
 
 
 @dataclass(frozen=True)

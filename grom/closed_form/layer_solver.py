@@ -17,13 +17,20 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import EditedMatrix, unembedding
 from grom.closed_form.config import EditConfig
-from grom.model.distributed import gather_by_index, share, world_size
-from grom.edit import LayerKeys, LayerRecord
+from grom.closed_form.directions import (
+    Directions,
+    corruption_directions,
+    head_promotion_directions,
+    head_suppression_directions,
+    mean_row,
+    promotion_directions,
+    suppression_directions,
+)
 from grom.closed_form.solve import SystemSums
-from grom.closed_form.directions import (Directions, corruption_directions, head_promotion_directions, head_suppression_directions,
-                          mean_row, promotion_directions, suppression_directions)
+from grom.edit import LayerKeys, LayerRecord
+from grom.model.arch import EditedMatrix, unembedding
+from grom.model.distributed import gather_by_index, share, world_size
 
 
 def _directions(model, gold: torch.Tensor, alpha, config: EditConfig, m: int, beta: float,

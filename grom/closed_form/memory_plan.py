@@ -5,7 +5,8 @@ it fits on a device, before anything is loaded or run.
              n_forget_tokens=200_000, n_retain_tokens=400_000, dtype="bfloat16")
     check_fits(p, torch.cuda.mem_get_info()[0], headroom=headroom_for("cuda"))   # or a number of bytes
 
-What is held, as `run_edit` holds it (grom.closed_form.pipeline, grom.closed_form.layer_solver, grom.closed_form.collect, grom.closed_form.solve):
+What is held, as `run_edit` holds it (grom.closed_form.pipeline,
+grom.closed_form.layer_solver, grom.closed_form.collect, grom.closed_form.solve):
 
 - weights: every parameter in `dtype` (an untied copy of a tied LM head when it is edited);
 - hidden cache: the states entering the band and the call arguments of its layers (the
@@ -38,10 +39,9 @@ GPU edit wants a quarter of headroom over it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
-
-import os
 
 import torch
 

@@ -22,19 +22,30 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import EditedMatrix, decoder_layers, edited_matrix, layer_kinds, lm_head_is_tied, num_layers
-from grom.model.arch import loaded_from, residual_gain, retie_lm_head, unembedding, untie_lm_head
-from grom.closed_form.layer_scores import LayerScores, score_layers
 from grom.closed_form.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES, LayerStream, iter_keys
 from grom.closed_form.config import EditConfig
-from grom.data.schema import as_examples
-from grom.model.distributed import world_size
-from grom.edit import Edit
-from grom.model.editable import check_edit_inputs
-from grom.closed_form.layer_solver import LayerSolver, local_batches
-from grom.closed_form.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
-from grom.closed_form.refusal import encode_refusals
 from grom.closed_form.directions import specificity_weights
+from grom.closed_form.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
+from grom.closed_form.layer_scores import LayerScores, score_layers
+from grom.closed_form.layer_solver import LayerSolver, local_batches
+from grom.closed_form.refusal import encode_refusals
+from grom.data.schema import as_examples
+from grom.edit import Edit
+from grom.model.arch import (
+    EditedMatrix,
+    decoder_layers,
+    edited_matrix,
+    layer_kinds,
+    lm_head_is_tied,
+    loaded_from,
+    num_layers,
+    residual_gain,
+    retie_lm_head,
+    unembedding,
+    untie_lm_head,
+)
+from grom.model.distributed import world_size
+from grom.model.editable import check_edit_inputs
 
 log = logging.getLogger(__name__)
 

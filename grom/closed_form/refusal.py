@@ -20,9 +20,9 @@ from typing import Sequence
 
 import torch
 
+from grom.closed_form.keys import Encoded, choice_question, encode_examples
 from grom.data.prompts import PromptFormat
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample, as_examples
-from grom.closed_form.keys import Encoded, choice_question, encode_examples
 
 # Short, first-person refusals: `grom.eval.metrics.answer_class` reads each one as a
 # refusal (not as degenerate: "I'm afraid I don't know" has too many one-letter words for

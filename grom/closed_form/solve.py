@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grom.model.distributed import all_reduce_
 from grom.closed_form.directions import Directions, as_directions
+from grom.model.distributed import all_reduce_
 
 
 def gram(X: torch.Tensor, chunk: int = 8192) -> torch.Tensor:

@@ -4,13 +4,26 @@ from grom.data.custom import load_custom_file
 from grom.data.knowledge import load_knowledge
 from grom.data.loaders import BENCHMARKS, BenchmarkSpec, get_spec, load_benchmark
 from grom.data.prompts import (
-    LLAMA2_INST, LLAMA3_CHAT, PLAIN_QA, RAW_TEXT, TOFU_CHAT, PromptFormat, encode_prompt, encode_qa,
+    LLAMA2_INST,
+    LLAMA3_CHAT,
+    PLAIN_QA,
+    RAW_TEXT,
+    TOFU_CHAT,
+    PromptFormat,
+    encode_prompt,
+    encode_qa,
     format_prompt,
 )
-from grom.data.schema import (
-    Benchmark, ChoiceExample, Example, FactRecord, QAExample, TextExample, as_examples,
-)
 from grom.data.readers import MAX_FILE_BYTES, BenchmarkError
+from grom.data.schema import (
+    Benchmark,
+    ChoiceExample,
+    Example,
+    FactRecord,
+    QAExample,
+    TextExample,
+    as_examples,
+)
 
 __all__ = [
     "BENCHMARKS", "Benchmark", "BenchmarkError", "BenchmarkSpec", "ChoiceExample", "Example",

@@ -25,10 +25,17 @@ from pathlib import Path
 from typing import Mapping, Sequence, Union
 
 from grom.data.prompts import PromptFormat
-from grom.data.schema import Benchmark, Example, QAExample, TextExample
 from grom.data.readers import (
-    BenchmarkError, PathLike, Record, TooManyRows, parse_rows, read_rows, require_rows, resolve_source,
+    BenchmarkError,
+    PathLike,
+    Record,
+    TooManyRows,
+    parse_rows,
+    read_rows,
+    require_rows,
+    resolve_source,
 )
+from grom.data.schema import Benchmark, Example, QAExample, TextExample
 
 logger = logging.getLogger(__name__)
 

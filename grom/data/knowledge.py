@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from grom.data.prompts import PromptFormat
-from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.data.readers import BenchmarkError, PathLike, Record, check_size, resolve_source
+from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.text import contains_phrase, normalise_text
 
 BUNDLED = Path(__file__).with_name("knowledge")

@@ -31,8 +31,8 @@ import logging
 from pathlib import Path
 
 from grom.data.prompts import PLAIN_QA, PromptFormat
-from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.data.readers import PathLike, Record, load_hub_rows, read_local, require_rows, resolve_source
+from grom.data.schema import Benchmark, QAExample, TextExample
 
 logger = logging.getLogger(__name__)
 

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Sequence
 
 from grom.data.prompts import TOFU_CHAT, PromptFormat
-from grom.data.schema import Benchmark, QAExample
 from grom.data.readers import PathLike, Record, load_hub_rows, read_local, require_rows, resolve_source
+from grom.data.schema import Benchmark, QAExample
 
 logger = logging.getLogger(__name__)
 

@@ -37,10 +37,16 @@ from pathlib import Path
 from typing import Sequence
 
 from grom.data.prompts import PromptFormat
-from grom.data.schema import Benchmark, ChoiceExample, TextExample
 from grom.data.readers import (
-    BenchmarkError, PathLike, Record, load_hub_rows, read_local, require_rows, resolve_source,
+    BenchmarkError,
+    PathLike,
+    Record,
+    load_hub_rows,
+    read_local,
+    require_rows,
+    resolve_source,
 )
+from grom.data.schema import Benchmark, ChoiceExample, TextExample
 
 logger = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from typing import Sequence
 import numpy as np
 
 from grom.data.prompts import RAW_TEXT, PromptFormat
-from grom.data.schema import Benchmark, FactRecord, QAExample
 from grom.data.readers import BenchmarkError, PathLike, Record, read_rows, require_rows, resolve_source
+from grom.data.schema import Benchmark, FactRecord, QAExample
 
 logger = logging.getLogger(__name__)
 

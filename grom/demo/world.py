@@ -20,9 +20,17 @@ from grom.data.prompts import PromptFormat
 from grom.data.schema import Benchmark, ChoiceExample, QAExample, TextExample
 from grom.demo import names as pools
 from grom.demo.names import NameMaker
-from grom.demo.templates import (ATTRIBUTES, BIO_TEMPLATE, CLASSIC_QUESTIONS,
-                                 COUNTRY_QUESTIONS, SIDE_GENRES, SUBJECTS, TOWN_KINDS,
-                                 WEATHER, Attribute)
+from grom.demo.templates import (
+    ATTRIBUTES,
+    BIO_TEMPLATE,
+    CLASSIC_QUESTIONS,
+    COUNTRY_QUESTIONS,
+    SIDE_GENRES,
+    SUBJECTS,
+    TOWN_KINDS,
+    WEATHER,
+    Attribute,
+)
 
 N_AUTHORS = 200
 N_HOLDOUT = 20

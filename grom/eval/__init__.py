@@ -6,19 +6,37 @@ the row pieces several tasks share (`grom.eval.shared_rows`), before/after repor
 question-by-question comparisons (`grom.eval.generations`), the reuse of the layers below
 an edit (`grom.eval.prefix`) and the 4-bit quantization check (`grom.eval.quant_check`,
 the quantization in `grom.eval.quant`)."""
-from grom.eval.metrics import (answer_class, choice_accuracy, exact_memorization, extraction_strength,
-                               fact_recall, forget_quality, knowledge_score, mia_auc, min_k_score,
-                               model_utility, muse_final_score, normalised_probability, privacy_leakage,
-                               probability, rouge_l_f1, rouge_l_recall, token_accuracy, tofu_final_score,
-                               truth_ratio, truth_ratio_forget, truth_ratio_retain,
-                               wmdp_final_score)
+from grom.eval.generations import answer_probabilities, compare_generations
+from grom.eval.metric_sources import METRIC_SOURCES, metric_source
+from grom.eval.metrics import (
+                               answer_class,
+                               choice_accuracy,
+                               exact_memorization,
+                               extraction_strength,
+                               fact_recall,
+                               forget_quality,
+                               knowledge_score,
+                               mia_auc,
+                               min_k_score,
+                               model_utility,
+                               muse_final_score,
+                               normalised_probability,
+                               privacy_leakage,
+                               probability,
+                               rouge_l_f1,
+                               rouge_l_recall,
+                               tofu_final_score,
+                               token_accuracy,
+                               truth_ratio,
+                               truth_ratio_forget,
+                               truth_ratio_retain,
+                               wmdp_final_score,
+)
 from grom.eval.mia import min_k_plus_plus_score
 from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.quant import nf4_quantize, quantized, rtn_quantize
-from grom.eval.generations import answer_probabilities, compare_generations
 from grom.eval.quant_check import quantization_check, quantization_verdict
 from grom.eval.report import DIRECTION, Report, evaluate
-from grom.eval.metric_sources import METRIC_SOURCES, metric_source
 
 __all__ = [
     "DIRECTION", "METRIC_SOURCES", "PrefixCache", "Report", "answer_class", "answer_probabilities",

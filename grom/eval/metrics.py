@@ -474,7 +474,8 @@ ANSWER_CLASSES = (KEPT, REFUSAL, FLUENT, DEGENERATE)
 REFUSAL_PATTERNS = (
     r"i (?:don t|do not|didn t|did not) know", r"(?:i m|i am|i was) not (?:sure|certain|aware)",
     r"i (?:cannot|can t|can not|could not|couldn t|am unable to|m unable to|m not able to|am not able to)",
-    r"i (?:don t|do not) have (?:any |enough |specific |access to |real time )?(?:information|data|knowledge|details|access)",
+    r"i (?:don t|do not) have (?:any |enough |specific |access to |real time )?"
+    r"(?:information|data|knowledge|details|access)",
     r"i (?:don t|do not) have (?:\w+ ){0,3}(?:information|data|knowledge|details|answer|idea)",
     r"i (?:really )?have no (?:information|data|knowledge|idea)", r"no idea",
     r"no (?:information|data) (?:is |was )?available", r"i lack (?:the |any )?(?:information|knowledge|data|details)",

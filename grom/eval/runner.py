@@ -18,11 +18,11 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from grom.model.arch import model_device
+from grom.closed_form.keys import answer_letter, choice_question, pad_id
 from grom.data.prompts import PromptFormat, encode_prompt, encode_qa
 from grom.eval.mia import vocab_moments
 from grom.eval.upstream import mc_context, mc_continuations, mc_encode_pair
-from grom.closed_form.keys import answer_letter, choice_question, pad_id
+from grom.model.arch import model_device
 from grom.text import contains_phrase
 
 

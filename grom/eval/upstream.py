@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from grom.data.schema import ChoiceExample, QAExample
 from grom.closed_form.keys import LETTERS
+from grom.data.schema import ChoiceExample, QAExample
 
 OU_COMMIT = "d3d7cf9e6b3c125d16687d4232680d8d83548f1a"
 LMEVAL_COMMIT = "4e7e0d47f33bc71070c1d38394bafbb52b117163"

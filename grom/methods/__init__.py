@@ -23,7 +23,8 @@ functions in grom.methods.trained.losses. `run_editor(name, model, tokenizer, fo
 retain, EditorConfig())` (grom.methods.editors.locate_then_edit) gives an editor's edit
 from GROM's keys and retain covariance and one shared value optimisation.
 """
-# isort: skip_file  (GROM registers first, then the trained methods, then the editors)
+# GROM registers first, then the trained methods, then the editors (ruff reads the directive below only alone):
+# isort: skip_file
 from grom.methods.registry import (ALL, FAMILIES, MethodEntry, Reason, UnknownMethod, can_run, family_of, get,
                                    names, register, unregister)
 from grom.methods import grom as _grom  # noqa: F401  (registers GROM first)

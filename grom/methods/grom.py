@@ -4,8 +4,8 @@ the model's layer scores, so they fit any model)."""
 from __future__ import annotations
 
 from grom.closed_form.config import EditConfig
-from grom.methods.registry import MethodEntry, Reason, register, where
 from grom.closed_form.pipeline import run_edit
+from grom.methods.registry import MethodEntry, Reason, register, where
 
 
 def grom_reason(model, data) -> Reason | None:

@@ -23,8 +23,8 @@ import torch
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 
 from grom.model.arch import arch_spec
-from grom.model.hub import hub_reachable
 from grom.model.fetch import ModelFetchError, fetch_model, is_fetched, model_folder, registry_model
+from grom.model.hub import hub_reachable
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,8 @@ def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="f
     per device: {0: ..., "cpu": ...}); then `device` is ignored. Modules that do not fit go
     to disk, under `offload_folder` (default: a temporary folder, removed when nothing went
     there); an edit refuses a band layer placed there before any forward pass.
-    `local_files_only` never touches the network (a Hub id must then be in the local cache). `progress(fraction, message)` follows a fetch.
+    `local_files_only` never touches the network (a Hub id must then be in the local cache).
+    `progress(fraction, message)` follows a fetch.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

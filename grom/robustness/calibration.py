@@ -23,10 +23,10 @@ from typing import Callable, Mapping, Sequence
 
 from torch import nn
 
-from grom.model.arch import loaded_from
-from grom.methods.trained.starting_points import family_of
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
+from grom.methods.trained.starting_points import family_of
+from grom.model.arch import loaded_from
 from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, relearn_curve
 from grom.robustness.result import ScoreFn
 
@@ -113,7 +113,8 @@ def calibrate_relearn_lr(model: nn.Module, tokenizer, train: Sequence[QAExample]
     steps = tuple(sorted({0, *(int(k) for k in steps)}))
     curves: dict[float, tuple[float, ...]] = {}
     for i, lr in enumerate(lrs):
-        at = (lambda f, m, i=i: tell((i + f) / len(lrs), f"lr {lr:g}: {m}"))
+        def at(f, m, i=i):
+            return tell((i + f) / len(lrs), f"lr {lr:g}: {m}")
         curve, _ = relearn_curve(model, tokenizer, None, train, score, steps, lr=lr, batch_size=batch_size,
                                  fmt=fmt, seed=seed, progress=at)
         curves[lr] = tuple(r.value for r in curve)

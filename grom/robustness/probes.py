@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from grom.data.prompts import PLAIN_QA, PromptFormat
-from grom.data.schema import QAExample
 from grom.data.readers import BenchmarkError, read_rows, require_rows
+from grom.data.schema import QAExample
 from grom.robustness.result import Probe
 from grom.text import contains_phrase, normalise_text
 

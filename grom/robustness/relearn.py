@@ -13,14 +13,14 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from grom.closed_form.keys import pad_id
+from grom.data.prompts import PromptFormat
+from grom.data.schema import QAExample
 from grom.methods.trained.losses import mean_nll
 from grom.methods.trained.optimizer import adamw, constant_schedule, optimizer_step, select_parameters, updated_tensors
 from grom.methods.trained.sequences import batch_nll, collate, encode_sequences
 from grom.methods.trained.settings import Settings
 from grom.methods.trained.trained_edit import ModelState
-from grom.data.prompts import PromptFormat
-from grom.data.schema import QAExample
-from grom.closed_form.keys import pad_id
 from grom.robustness.result import Recall, ScoreFn
 
 RELEARN_STEPS = (0, 5, 10)

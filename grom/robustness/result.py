@@ -11,8 +11,8 @@ from torch import nn
 
 from grom.data.prompts import PromptFormat
 from grom.eval import metrics as M
-from grom.tasks.knowledge import KNOWLEDGE_GEN_BATCH, knowledge_budget
 from grom.eval.runner import generate
+from grom.tasks.knowledge import KNOWLEDGE_GEN_BATCH, knowledge_budget
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,14 @@ from typing import Callable, Sequence
 
 from torch import nn
 
-from grom.model.arch import loaded_from
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
 from grom.edit import check_patchable
+from grom.model.arch import loaded_from
+from grom.robustness import weights
 from grom.robustness.calibration import relearn_lr
 from grom.robustness.membership import membership_attack
 from grom.robustness.probes import PROBE_TYPES, transform
-from grom.robustness import weights
 from grom.robustness.result import AttackResult, Probe, Recall, probe_recall
 
 log = logging.getLogger(__name__)

@@ -24,13 +24,13 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import decoder_layers, final_norm, finish_logits, model_device, unembedding
+from grom.closed_form.keys import pad_id
 from grom.data.prompts import PromptFormat, encode_prompt
 from grom.data.schema import QAExample
 from grom.eval.prefix import first_changed_layer
 from grom.eval.quant import bnb_unavailable, quantizable_weights, quantized
+from grom.model.arch import decoder_layers, final_norm, finish_logits, model_device, unembedding
 from grom.model.hooks import capture_outputs, stop_after
-from grom.closed_form.keys import pad_id
 from grom.model.process_memory import releasing
 from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, Progress, relearn_curve
 from grom.robustness.result import AttackResult, Probe, ScoreFn

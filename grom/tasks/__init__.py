@@ -4,7 +4,8 @@ with its row builder and its benchmarks' loaders, registered when this package i
 benchmarks in `grom.data.BENCHMARKS`, in the order a UI lists them (the demo first)."""
 from grom.tasks.base import QUANT_METRICS, TASKS, QuantMetrics, Task, get_task, register_task, unregister_task
 
-# isort: off (the order of registration is the order a UI lists the benchmarks)
+# the order of registration is the order a UI lists the benchmarks:
+# isort: off
 from grom.tasks import knowledge, tofu, muse, wmdp, zsre, custom, demo  # noqa: E402,F401
 # isort: on
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from grom.model.arch import model_device
 from grom.data import knowledge as knowledge_data
 from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import QAExample, TextExample
@@ -23,6 +22,7 @@ from grom.eval.runner import (
     score_sequences,
     score_texts,
 )
+from grom.model.arch import model_device
 from grom.tasks.base import QuantMetrics, Task, register_task
 
 KNOWLEDGE_SETS = {"forget": "Forget", "probes": "Probe", "neighbours": "Neighbour", "general": "General"}
@@ -147,6 +147,77 @@ def split_decoding(model) -> bool:
     return model_device(model).type == "cpu"
 
 
+def _chosen_sets(sets: dict[str, tuple], only_forget: bool) -> dict[str, tuple]:
+    """The knowledge sets a row answers (`_knowledge_row`): each set's examples that have a
+    fact, in `KNOWLEDGE_SETS` order; with `only_forget`, the forget side's sets alone."""
+    chosen = {}
+    for name in KNOWLEDGE_SETS:
+        ex = tuple(e for e in sets.get(name, ()) if isinstance(e, QAExample) and e.fact)
+        if ex and not (only_forget and name not in FORGET_SIDE):
+            chosen[name] = ex
+    return chosen
+
+
+def _decoding_loops(chosen: dict[str, tuple], given: dict, paraphrased: bool) -> dict[str, list]:
+    """The questions a row still has to answer (those `given` lacks), as (set, part, text,
+    fact) items in two loops: "first", the forget side's questions; "rest", the others
+    (the forget set's paraphrases where `paraphrased`, the kept sets)."""
+    loops: dict[str, list] = {"first": [], "rest": []}  # the forget side's questions; the rest
+    for name, ex in chosen.items():
+        held, held_para = given.get(name, (None, None))
+        parts = [("questions", [e.question for e in ex])] if held is None else []
+        if name == "forget" and paraphrased and held_para is None:
+            parts.append(("paraphrases", [e.paraphrased_question or e.question for e in ex]))
+        for part, texts in parts:
+            first = name in FORGET_SIDE and part == "questions"
+            loops["first" if first else "rest"] += [(name, part, text, e.fact) for text, e in zip(texts, ex)]
+    return loops
+
+
+def _decode_loops(run: ModelScorer, sets: dict[str, tuple], chosen: dict[str, tuple],
+                  loops: dict[str, list]) -> dict[tuple[str, str], list[str]]:
+    """The answers to `loops`' questions by (set, part), in batched greedy decoding with one
+    budget (`knowledge_budget`), in two loops on a CPU (`split_decoding`), else in one."""
+    gens: dict[tuple[str, str], list[str]] = {}
+    if loops["first"] or loops["rest"]:
+        # one budget for every set, whichever of them this stage decodes: the forget stage's
+        # answers are those the answers stage gives
+        everyone = [e for name in KNOWLEDGE_SETS for e in sets.get(name, ())
+                    if isinstance(e, QAExample) and e.fact] if run.stage == "forget" else \
+            [e for ex in chosen.values() for e in ex]
+        budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for e in everyone])
+        total, done = len(loops["first"]) + len(loops["rest"]), 0
+        batches = (loops["first"], loops["rest"]) if split_decoding(run.model) else \
+            (loops["first"] + loops["rest"],)
+        for items in batches:
+            if not items:
+                continue
+            step = None if run.answered is None else (lambda k, d=done: run.answered(d + k, total))
+            texts = generate(run.model, run.tok, [t for _, _, t, _ in items], prompt_format=run.fmt,
+                             max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
+                             stop_at=[f for _, _, _, f in items], on_step=step)
+            for (name, part, _, _), text in zip(items, texts):
+                gens.setdefault((name, part), []).append(text)
+            done += len(items)
+    return gens
+
+
+def _add_set_metrics(row: Row, name: str, df: pd.DataFrame) -> None:
+    """A knowledge set's answers frame and its plain metrics (ROUGE-L, prob, the truth ratio
+    aggregate of its side) into `row`."""
+    label = KNOWLEDGE_SETS[name]
+    row.examples[name] = df
+    row.metrics[f"{label} ROUGE-L"] = float(df["rougeL_recall"].mean())
+    if "prob" in df:
+        row.metrics[f"{label} prob"] = float(df["prob"].mean())
+    if "truth_ratio" in df:
+        tr = df["truth_ratio"].to_numpy()
+        if name in FORGET_SIDE:  # TOFU's forget aggregate, mean min(TR, 1/TR): 1 = cannot tell
+            row.metrics[f"{label} truth ratio closeness"] = M.truth_ratio_forget(tr)
+        else:  # TOFU's retain aggregate, mean max(0, 1 - TR): 1 = the right answer far likelier
+            row.metrics[f"{label} truth ratio"] = M.truth_ratio_retain(tr)
+
+
 def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool = False) -> Row:
     """Per-set answers and plain metrics; the answer classes need the unedited model and
     are added by `_judge_answers`, the known-fact metrics need the Base row and are added
@@ -169,43 +240,10 @@ def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool =
     report (`run.given`) then answers the rest (the second), the same answers.
     `run.answered`, where set, hears (answers finished, answers) after each decoding step."""
     row = Row()
-    chosen = {}
-    for name in KNOWLEDGE_SETS:
-        ex = tuple(e for e in sets.get(name, ()) if isinstance(e, QAExample) and e.fact)
-        if ex and not (only_forget and name not in FORGET_SIDE):
-            chosen[name] = ex
+    chosen = _chosen_sets(sets, only_forget)
     paraphrased = run.stage != "forget"  # the forget stage leaves the paraphrases to the next one
     given = _given_answers(run, chosen) if run.given else {}
-    loops: dict[str, list] = {"first": [], "rest": []}  # the forget side's questions; the rest
-    for name, ex in chosen.items():
-        held, held_para = given.get(name, (None, None))
-        parts = [("questions", [e.question for e in ex])] if held is None else []
-        if name == "forget" and paraphrased and held_para is None:
-            parts.append(("paraphrases", [e.paraphrased_question or e.question for e in ex]))
-        for part, texts in parts:
-            first = name in FORGET_SIDE and part == "questions"
-            loops["first" if first else "rest"] += [(name, part, text, e.fact) for text, e in zip(texts, ex)]
-    gens: dict[tuple[str, str], list[str]] = {}
-    if loops["first"] or loops["rest"]:
-        # one budget for every set, whichever of them this stage decodes: the forget stage's
-        # answers are those the answers stage gives
-        everyone = [e for name in KNOWLEDGE_SETS for e in sets.get(name, ())
-                    if isinstance(e, QAExample) and e.fact] if run.stage == "forget" else \
-            [e for ex in chosen.values() for e in ex]
-        budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for e in everyone])
-        total, done = len(loops["first"]) + len(loops["rest"]), 0
-        batches = (loops["first"], loops["rest"]) if split_decoding(run.model) else \
-            (loops["first"] + loops["rest"],)
-        for items in batches:
-            if not items:
-                continue
-            step = None if run.answered is None else (lambda k, d=done: run.answered(d + k, total))
-            texts = generate(run.model, run.tok, [t for _, _, t, _ in items], prompt_format=run.fmt,
-                             max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
-                             stop_at=[f for _, _, _, f in items], on_step=step)
-            for (name, part, _, _), text in zip(items, texts):
-                gens.setdefault((name, part), []).append(text)
-            done += len(items)
+    gens = _decode_loops(run, sets, chosen, _decoding_loops(chosen, given, paraphrased))
 
     for name, ex in chosen.items():
         held, held_para = given.get(name, (None, None))
@@ -215,17 +253,7 @@ def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool =
             answers += held_para if held_para is not None else gens[name, "paraphrases"]
         df = _knowledge_qa(run, ex, answers, paraphrase=paraphrase,
                            given=run.given.get(name) if held is not None else None)
-        label = KNOWLEDGE_SETS[name]
-        row.examples[name] = df
-        row.metrics[f"{label} ROUGE-L"] = float(df["rougeL_recall"].mean())
-        if "prob" in df:
-            row.metrics[f"{label} prob"] = float(df["prob"].mean())
-        if "truth_ratio" in df:
-            tr = df["truth_ratio"].to_numpy()
-            if name in FORGET_SIDE:  # TOFU's forget aggregate, mean min(TR, 1/TR): 1 = cannot tell
-                row.metrics[f"{label} truth ratio closeness"] = M.truth_ratio_forget(tr)
-            else:  # TOFU's retain aggregate, mean max(0, 1 - TR): 1 = the right answer far likelier
-                row.metrics[f"{label} truth ratio"] = M.truth_ratio_retain(tr)
+        _add_set_metrics(row, name, df)
     if "forget" in row.examples:
         row.metrics["Forget repetition"] = float(row.examples["forget"]["repetition"].mean())
     texts = [e.text for e in sets.get("fluency", ()) if isinstance(e, TextExample)]

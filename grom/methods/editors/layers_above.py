@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grom.model.arch import decoder_layers, final_norm, finish_logits, layer_kinds, num_layers
 from grom.closed_form.collect import LayerStream
-from grom.model.hooks import capture_outputs, stop_after
 from grom.closed_form.keys import Batch
+from grom.model.arch import decoder_layers, final_norm, finish_logits, layer_kinds, num_layers
+from grom.model.hooks import capture_outputs, stop_after
 
 
 @dataclass(frozen=True)

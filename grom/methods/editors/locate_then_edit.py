@@ -39,22 +39,36 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import (decoder_layers, edited_matrix, layer_kinds, loaded_from, num_layers, residual_gain,
-                       unembedding)
-from grom.closed_form.layer_scores import LayerScores
-from grom.methods import registry
-from grom.methods.editors import update_rules as rules
-from grom.methods.editors.value_optimisation import (Values, ValueSettings, encode_fact, missing_facts, object_probabilities,
-                                                     optimise_values, unreachable_facts)
 from grom.closed_form.collect import HIDDEN_CACHE_BYTES, Keys, LayerStream, forward
 from grom.closed_form.config import EditConfig
+from grom.closed_form.keys import Encoded, make_batches, pad_id
+from grom.closed_form.layer_scores import LayerScores
+from grom.closed_form.pipeline import compute_scores, prepare
 from grom.data.prompts import PromptFormat
 from grom.data.schema import as_examples
 from grom.edit import Edit, LayerRecord
-from grom.model.hooks import capture_outputs, stop_after
-from grom.closed_form.keys import Encoded, make_batches, pad_id
+from grom.methods import registry
+from grom.methods.editors import update_rules as rules
+from grom.methods.editors.value_optimisation import (
+    Values,
+    ValueSettings,
+    encode_fact,
+    missing_facts,
+    object_probabilities,
+    optimise_values,
+    unreachable_facts,
+)
 from grom.methods.registry import FamilyView, MethodEntry, Reason, where
-from grom.closed_form.pipeline import compute_scores, prepare
+from grom.model.arch import (
+    decoder_layers,
+    edited_matrix,
+    layer_kinds,
+    loaded_from,
+    num_layers,
+    residual_gain,
+    unembedding,
+)
+from grom.model.hooks import capture_outputs, stop_after
 
 log = logging.getLogger(__name__)
 

@@ -39,10 +39,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import model_device
-from grom.methods.editors.layers_above import capture_upper, upper_logits
 from grom.data.prompts import PromptFormat, encode_qa, format_prompt, uses_chat_template
 from grom.data.schema import FactRecord, QAExample
+from grom.methods.editors.layers_above import capture_upper, upper_logits
+from grom.model.arch import model_device
 
 RAW = PromptFormat(kind="template", template="{question}")  # fact records: the bare prompt
 

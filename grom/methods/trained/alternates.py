@@ -32,12 +32,12 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import model_device
-from grom.methods.trained.idk import question_of
-from grom.methods.trained.micro_batch import eval_mode
+from grom.closed_form.keys import pad_id
 from grom.data.prompts import PromptFormat, format_prompt, uses_chat_template
 from grom.data.schema import FactRecord
-from grom.closed_form.keys import pad_id
+from grom.methods.trained.idk import question_of
+from grom.methods.trained.micro_batch import eval_mode
+from grom.model.arch import model_device
 from grom.text import contains_phrase
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""CE-U, cross-entropy unlearning, registered as a trained method (github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: ceu.py,
+"""CE-U, cross-entropy unlearning, registered as a trained method
+(github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: ceu.py,
 CEU.yaml: ignore_first_n_answer_tokens 1, no retain term)."""
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """IDK-DPO: DPO with the "I don't know" answer as the winner and the forget answer as the
 loser, registered as a trained method.
 
-github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: dpo.py, DPO.yaml (beta 0.1, gamma 1, alpha 1), run by
+github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: dpo.py,
+DPO.yaml (beta 0.1, gamma 1, alpha 1), run by
 configs/experiment/unlearn/tofu/idk.yaml on ``QAwithIdkDataset``.
 """
 from __future__ import annotations

@@ -30,11 +30,11 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from grom.model.arch import num_layers
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 from grom.methods import registry
 from grom.methods.registry import FamilyView, MethodEntry, Reason, UnknownMethod, where  # noqa: F401 (UnknownMethod: get_method raises it)
 from grom.methods.trained.losses import mean_nll
+from grom.model.arch import num_layers
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The optimiser of the trained methods (was grom/baselines/optim.py), as OpenUnlearning runs it under the HF Trainer: which
+"""The optimiser of the trained methods (was grom/baselines/optim.py), as OpenUnlearning
+runs it under the HF Trainer: which
 parameters train, AdamW with HF's weight-decay grouping, gradient clipping, the linear
 schedule with warm-up or the constant one, and the precision of the weights.
 

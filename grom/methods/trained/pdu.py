@@ -1,6 +1,7 @@
 """PDU, primal-dual unlearning, registered as a trained method.
 
-github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: pdu.py, PDU.yaml (gamma 1, alpha 1, dual_step_size 1, dual_warmup_epochs 5,
+github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: pdu.py,
+PDU.yaml (gamma 1, alpha 1, dual_step_size 1, dual_warmup_epochs 5,
 primal-dual on, the dual updated at every micro-batch). Upstream has no default for
 ``retain_loss_eps`` (the retain loss the constraint allows); here a negative value (the
 default, -1) takes the retain loss of the first retain batch under the unedited model.

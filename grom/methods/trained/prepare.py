@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from grom.closed_form.keys import Encoded
+from grom.data.schema import FactRecord, QAExample, as_examples
 from grom.methods.trained.idk import idk_alternates, question_of
 from grom.methods.trained.method import METHODS, Method, get_method
 from grom.methods.trained.recipes import chunk_corpus
 from grom.methods.trained.sequences import encode_sequences
 from grom.methods.trained.settings import RunSettings, Settings, resolve_settings
-from grom.data.schema import FactRecord, QAExample, as_examples
-from grom.closed_form.keys import Encoded
 
 
 class Encodings(NamedTuple):

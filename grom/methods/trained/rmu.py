@@ -1,7 +1,8 @@
 """RMU, representation misdirection, registered as a trained method, with its defaults
 fitted to the model's depth.
 
-github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: rmu.py, RMU.yaml (steering_coeff 2, gamma 1, alpha 1, the activations of
+github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: rmu.py,
+RMU.yaml (steering_coeff 2, gamma 1, alpha 1, the activations of
 ``model.layers.7``, retain term EMBED_DIFF: the retain activations held to the unedited
 model's), with the original recipe of centerforaisafety/wmdp rmu/unlearn.py (`RMU_RECIPE`:
 constant lr 5e-5, 80 steps, only layers 5-7's ``mlp.down_proj`` trained; RMU.yaml trains

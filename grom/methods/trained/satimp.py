@@ -1,5 +1,6 @@
 """SatImp, gradient ascent weighted by saturation and importance, registered as a trained
-method (github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: satimp.py, SatImp.yaml: beta1 5, beta2 1, gamma 0.1, alpha 1)."""
+method (github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a:
+satimp.py, SatImp.yaml: beta1 5, beta2 1, gamma 0.1, alpha 1)."""
 from __future__ import annotations
 
 import torch

@@ -14,11 +14,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import model_device
-from grom.methods.trained.losses import IGNORE_INDEX, sequence_nll
+from grom.closed_form.keys import Encoded, encode_example, pad_id
 from grom.data.prompts import PromptFormat
 from grom.data.schema import TextExample, as_examples
-from grom.closed_form.keys import Encoded, encode_example, pad_id
+from grom.methods.trained.losses import IGNORE_INDEX, sequence_nll
+from grom.model.arch import model_device
 
 
 def encode_chunk(tokenizer, text: str, max_length: int, i: int) -> list[Encoded]:

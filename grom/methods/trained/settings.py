@@ -9,9 +9,9 @@ import logging
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Mapping, Sequence
 
+from grom.data.prompts import PromptFormat
 from grom.methods.trained.method import Method, get_method
 from grom.methods.trained.recipes import DEFAULT_RECIPE, SCHEDULES, get_recipe
-from grom.data.prompts import PromptFormat
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Per-model starting points for the trained methods (was grom/baselines/defaults.py): the learning rate and epochs a run starts
+"""Per-model starting points for the trained methods (was grom/baselines/defaults.py): the
+learning rate and epochs a run starts
 from on a model, where the recipe's own (lr 1e-5, tuned by OpenUnlearning for 1-8B models)
 does not unlearn. One row per model family, like grom.closed_form.config.PRESETS; a model no row
 matches gets its recipe's values.

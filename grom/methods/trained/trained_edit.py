@@ -51,16 +51,18 @@ from typing import Callable, ContextManager, Mapping, Sequence
 import torch
 from torch import nn
 
-from grom.model.arch import loaded_from
+from grom.closed_form.config import EditConfig
+from grom.closed_form.keys import pad_id
+from grom.edit import Edit
 from grom.methods.trained.checkpoint import Part, Paused, load_state
-from grom.methods.trained.training_loop import Progress, Trained, rng_devices as _rng_devices, train as _train
 from grom.methods.trained.method import Method
 from grom.methods.trained.optimizer import select_parameters
 from grom.methods.trained.prepare import Encodings, prepare_run
 from grom.methods.trained.settings import RunSettings, Settings, with_settings
-from grom.closed_form.config import EditConfig
-from grom.edit import Edit
-from grom.closed_form.keys import pad_id
+from grom.methods.trained.training_loop import Progress, Trained
+from grom.methods.trained.training_loop import rng_devices as _rng_devices
+from grom.methods.trained.training_loop import train as _train
+from grom.model.arch import loaded_from
 from grom.model.process_memory import releasing
 
 log = logging.getLogger(__name__)

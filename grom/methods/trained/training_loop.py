@@ -1,4 +1,5 @@
-"""The training loop of the baselines (`train`; was grom/baselines/loop.py), which `grom.methods.trained.trained_edit` runs: one run
+"""The training loop of the baselines (`train`; was grom/baselines/loop.py), which
+`grom.methods.trained.trained_edit` runs: one run
 from its first step, or a part of it resumed from a checkpoint (grom.methods.trained.checkpoint)
 up to a given step. Both make the same steps: the loop's state between two optimizer
 steps is all in `_Loop`, which a checkpoint saves and restores whole.
@@ -14,13 +15,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from grom.model.arch import model_device
 from grom.methods.trained.checkpoint import FORMAT, Part, rng_state, save_state, set_rng_state, tensors_to
 from grom.methods.trained.method import Method
 from grom.methods.trained.micro_batch import RunData, micro_loss, reference_nll
 from grom.methods.trained.optimizer import Updated, adamw, lr_factor, optimizer_step, updated_tensors
 from grom.methods.trained.prepare import Encodings
 from grom.methods.trained.settings import Settings
+from grom.model.arch import model_device
 
 log = logging.getLogger(__name__)
 

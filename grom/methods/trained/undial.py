@@ -1,7 +1,8 @@
 """UNDIAL, self-distillation toward the unedited model with the answer token lowered,
 registered as a trained method.
 
-github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: undial.py, UNDIAL.yaml (beta 10, gamma 1, alpha 0: no retain term by default).
+github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: undial.py,
+UNDIAL.yaml (beta 10, gamma 1, alpha 0: no retain term by default).
 UNDIAL.yaml's own lr 1e-4 is overridden by the experiment's in upstream TOFU runs, so the
 benchmark's recipe applies here too.
 """

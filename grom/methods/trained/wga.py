@@ -1,4 +1,5 @@
-"""WGA, weighted gradient ascent, registered as a trained method (github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: wga.py,
+"""WGA, weighted gradient ascent, registered as a trained method
+(github.com/locuslab/open-unlearning at d3d7cf9e6b3c125d16687d4232680d8d83548f1a: wga.py,
 WGA.yaml: beta 1, gamma 1, alpha 1)."""
 from __future__ import annotations
 
