@@ -56,7 +56,6 @@ import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
-from grom.data.knowledge import FORGET3  # noqa: E402
 from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
 from grom.model.arch import num_layers  # noqa: E402
@@ -66,6 +65,7 @@ from grom.robustness.calibration import RELEARN_STEPS, calibrate_relearn_lr, rel
 from grom.robustness.membership import holdout_of  # noqa: E402
 from grom.robustness.suite import AUC_ATTACKS  # noqa: E402
 from grom.robustness.weights import relearn_curve  # noqa: E402
+from grom.tasks.knowledge import FORGET3  # noqa: E402
 
 GROM = "grom"
 

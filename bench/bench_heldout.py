@@ -40,10 +40,10 @@ from bench_knowledge import md_table  # noqa: E402  (bench/ is the script's own 
 
 from grom import PRESETS, best_window, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
-from grom.data.knowledge import FORGET3, knowledge  # noqa: E402
 from grom.data.schema import TextExample  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 from grom.robustness import probe_recall, probes_from_examples  # noqa: E402
+from grom.tasks.knowledge import FORGET3, knowledge  # noqa: E402
 
 
 def _log(msg: str) -> None:

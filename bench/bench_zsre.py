@@ -23,8 +23,9 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from grom import PRESETS, EditConfig, run_edit  # noqa: E402
-from grom.data import load_benchmark, zsre  # noqa: E402
+from grom.data import load_benchmark  # noqa: E402
 from grom.eval import evaluate  # noqa: E402
+from grom.tasks import zsre  # noqa: E402
 
 METRICS = ("Efficacy", "Generalisation", "Specificity")
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.views.card import doubtful_credit, wilson, wrong_values  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
-from grom.data.knowledge import knowledge  # noqa: E402
+from grom.tasks.knowledge import knowledge  # noqa: E402
 
 SETS = ("forget", "probes", "neighbours", "general")
 

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from grom.data.knowledge import BUNDLED, KNOWN, knowledge  # noqa: E402
 from grom.eval.metrics import fact_recall  # noqa: E402
 from grom.eval.runner import generate  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
+from grom.tasks.knowledge import BUNDLED, KNOWN, knowledge  # noqa: E402
 
 
 def probe(model, tok, qa, *, max_new_tokens: int, batch_size: int) -> list[dict]:

@@ -117,7 +117,8 @@ def config_from_args(args: argparse.Namespace) -> EditConfig:
 
 def load_sets(args: argparse.Namespace):
     """(forget, retain, prompt_format) from a benchmark or from files."""
-    from grom.data import load_benchmark, load_custom_file
+    from grom.data import load_benchmark
+    from grom.tasks import load_custom_file
 
     if args.benchmark:
         bench = load_benchmark(args.benchmark, args.split, source=args.source)
@@ -235,9 +236,10 @@ def attack_sets(args: argparse.Namespace):
     the fitted questions themselves. The fitted questions are the forget set; the holdout
     (membership attacks) the benchmark's neighbours or general questions, else the
     --retain file's rows (`grom.robustness.membership.holdout_of`)."""
-    from grom.data import load_benchmark, load_custom_file
+    from grom.data import load_benchmark
     from grom.robustness.membership import holdout_of
     from grom.robustness.probes import probes_from_examples, read_probes
+    from grom.tasks import load_custom_file
 
     if args.benchmark:
         bench = load_benchmark(args.benchmark, args.split, source=args.source)

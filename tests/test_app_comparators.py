@@ -32,7 +32,7 @@ from grom.methods import EDITORS, METHODS  # noqa: E402
 
 N = 5  # examples per evaluation set
 # a TOFU row as the hub gives it (no subject field) that the loader cannot place in a whole
-# author's block of 20, so it gets no subject (grom.data.tofu.with_authors)
+# author's block of 20, so it gets no subject (grom.tasks.tofu.with_authors)
 NO_SUBJECT = Benchmark("tofu", "forget01", (QAExample("Who wrote 'The Tides'?", "Jaime Vasquez wrote it."),),
                        (QAExample("What is 2 + 2?", "4."),))
 
@@ -169,7 +169,7 @@ def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_ses
 
 
 def test_the_summary_says_how_many_facts_key_off_their_subject():
-    """Real TOFU's rows get their author as subject (grom.data.tofu.with_authors), and a
+    """Real TOFU's rows get their author as subject (grom.tasks.tofu.with_authors), and a
     question that does not write it keys on its last token: the summary counts those."""
     from components.core.comparators import key_note
 

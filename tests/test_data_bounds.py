@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from grom.data import get_spec, load_benchmark
-from grom.data.custom import load_custom, load_custom_file
 from grom.data.readers import (
     MAX_JSON_DEPTH,
     BenchmarkError,
@@ -22,6 +21,7 @@ from grom.data.readers import (
     read_rows,
 )
 from grom.edit import read_metadata
+from grom.tasks.custom import load_custom, load_custom_file
 from tests.data_fixtures import write_csv, write_json, write_jsonl, write_parquet
 
 ROWS = [{"question": f"Q{k}?", "answer": f"A{k}"} for k in range(5)]

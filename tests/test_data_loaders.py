@@ -69,7 +69,7 @@ def test_an_unknown_option_lists_the_accepted_ones():
 
 def test_benchmark_error_is_a_value_error():
     assert issubclass(BenchmarkError, ValueError)
-    assert {"load_benchmark", "BENCHMARKS", "QAExample", "PromptFormat", "load_custom_file"} <= set(data.__all__)
+    assert {"load_benchmark", "BENCHMARKS", "QAExample", "PromptFormat"} <= set(data.__all__)
 
 
 class _Tok:

@@ -2,9 +2,12 @@
 from outside is evaluated and offered by the app without other edits."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+import grom.data
 from grom.data import BENCHMARKS, load_benchmark
 from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import Benchmark, QAExample
@@ -45,6 +48,20 @@ def test_every_task_is_complete(name):
 def test_every_split_of_the_bundled_benchmarks_names_a_registered_task(name):
     for split in BENCHMARKS[name].splits:
         assert load_benchmark(name, split).task in TASKS
+
+
+def test_a_benchmark_is_one_file_its_loader_beside_its_task():
+    """Each task's benchmarks load with code of the task's own file (grom/tasks/<name>.py,
+    no grom/data/<name>.py beside it), and grom.data imports nothing of grom.tasks."""
+    data = Path(grom.data.__file__).parent
+    for name, task in TASKS.items():
+        assert not (data / f"{name}.py").exists()
+        for spec in task.benchmarks:
+            load = getattr(spec.load, "func", spec.load)  # muse and wmdp: a partial per corpus/subject
+            assert load.__module__ == f"grom.tasks.{name}", (spec.name, load.__module__)
+    for path in data.glob("*.py"):
+        imports = [ln for ln in path.read_text().splitlines() if ln.lstrip().startswith(("import ", "from "))]
+        assert not [ln for ln in imports if "grom.tasks" in ln], path
 
 
 def test_an_unknown_task_lists_the_known_ones():

@@ -210,7 +210,7 @@ NEGATIONS = ("not", "no", "never", "nor", "neither", "isn", "wasn", "aren", "doe
 def wrong_values(answer: str, wrong_answers) -> list[str]:
     """The values the wrong answers put in place of the fact: each wrong answer's words that
     differ from `answer`'s ("...is the Sirius." against "...is the Sun.": "sirius"), as the
-    bundled wrong answers are the answer with its fact swapped (`grom.data.knowledge`)."""
+    bundled wrong answers are the answer with its fact swapped (`grom.tasks.knowledge`)."""
     words = normalise_text(answer).split()
     values = []
     for wrong in wrong_answers or ():

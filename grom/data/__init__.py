@@ -1,7 +1,7 @@
-"""Benchmarks for GROM: one schema, prompt formats, and `load_benchmark` for the bundled
-demo and real-knowledge benchmarks, TOFU, MUSE, WMDP, zsRE and a user's own files."""
-from grom.data.custom import load_custom_file
-from grom.data.knowledge import load_knowledge
+"""Benchmarks for GROM: one schema, prompt formats, readers, the benchmark registry and
+`load_benchmark` for the bundled demo and real-knowledge benchmarks, TOFU, MUSE, WMDP, zsRE
+and a user's own files. Each benchmark's loader lives with its task, in grom/tasks/<name>.py
+(which registers it here); the bundled real-knowledge files are package data in knowledge/."""
 from grom.data.loaders import BENCHMARKS, BenchmarkSpec, get_spec, load_benchmark
 from grom.data.prompts import (
     LLAMA2_INST,
@@ -30,5 +30,5 @@ __all__ = [
     "FactRecord", "LLAMA2_INST", "LLAMA3_CHAT", "MAX_FILE_BYTES", "PLAIN_QA", "PromptFormat",
     "QAExample", "RAW_TEXT", "TOFU_CHAT", "TextExample", "as_examples", "encode_prompt", "encode_qa",
     "format_prompt",
-    "get_spec", "load_benchmark", "load_custom_file", "load_knowledge",
+    "get_spec", "load_benchmark",
 ]

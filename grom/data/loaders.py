@@ -5,8 +5,9 @@
     load_benchmark("wmdp-bio", source="data/wmdp", retain="wikitext")
     load_benchmark("custom", source={"forget": "f.csv", "retain": "r.jsonl"})
 
-Each benchmark's module documents its files and local layout. Without a network the Hub
-fails with a `BenchmarkError` that says so; offline mode (HF_HUB_OFFLINE=1) is honoured.
+Each benchmark's module (grom/tasks/<name>.py, its loader and its task) documents its files
+and local layout. Without a network the Hub fails with a `BenchmarkError` that says so;
+offline mode (HF_HUB_OFFLINE=1) is honoured.
 
 The benchmarks are registered by their tasks (grom/tasks/, which the `grom` package
 imports, so they are registered whatever is imported first): `grom.tasks.register_task`

@@ -5,9 +5,9 @@ verdict reads, its training recipe, the benchmarks it loads), and the registry o
 
 A benchmark's `Benchmark.task` names its task; `grom.eval.report.evaluate` and
 `grom.eval.quant_check` ask the task for everything that differs between benchmarks. A
-new benchmark is one file in grom/tasks/ that registers its `Task` (with the loaders of
-its benchmarks, `BenchmarkSpec`s, which `register_task` adds to `grom.data.BENCHMARKS`),
-or a `BenchmarkSpec` whose benchmarks name an existing task (the demo's, grom/tasks/demo.py).
+new benchmark is one file in grom/tasks/ holding its loader and registering its `Task`
+(with its benchmarks, `BenchmarkSpec`s of that loader, which `register_task` adds to
+`grom.data.BENCHMARKS`), or a `BenchmarkSpec` whose benchmarks name an existing task (the demo's, grom/tasks/demo.py).
 """
 from __future__ import annotations
 

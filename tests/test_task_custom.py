@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from grom.data import BenchmarkError, QAExample, TextExample, load_benchmark, load_custom_file
+from grom.data import BenchmarkError, QAExample, TextExample, load_benchmark
+from grom.tasks import load_custom_file
 from tests.data_fixtures import write_csv, write_json, write_jsonl
 
 PAIRS = [

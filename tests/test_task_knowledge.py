@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from grom.data import BENCHMARKS, BenchmarkError, QAExample, TextExample, load_benchmark
-from grom.data.knowledge import (
+from grom.eval.metrics import fact_recall
+from grom.tasks.knowledge import (
     BUNDLED,
     FIT_FRACTION,
     FORGET3,
@@ -24,7 +25,6 @@ from grom.data.knowledge import (
     split_probes,
     split_retain,
 )
-from grom.eval.metrics import fact_recall
 from grom.text import contains_phrase, normalise_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +152,7 @@ def test_registered_with_every_target_and_forget3():
 
 
 def test_importing_reads_no_file():
-    code = ("import grom.data, grom.data.knowledge as k; "
+    code = ("import grom.data, grom.tasks.knowledge as k; "
             "assert k._bundled.cache_info().currsize == 0, 'read at import'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 

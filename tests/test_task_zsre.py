@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from grom.data import RAW_TEXT, BenchmarkError, FactRecord, QAExample, load_benchmark, zsre
+from grom.data import RAW_TEXT, BenchmarkError, FactRecord, QAExample, load_benchmark
+from grom.tasks import zsre
 from tests.data_fixtures import write_json, zsre_record
 
 N = zsre.N_FORGET + zsre.N_RETAIN
@@ -149,7 +150,7 @@ def test_a_record_without_answers_is_named(tmp_path):
 def test_a_subject_missing_from_its_prompt_is_skipped(tmp_path, caplog):
     odd = {**zsre_record(0), "subject": "Somebody Else"}
     path = write_json(tmp_path / "z.json", [odd, zsre_record(1)])
-    with caplog.at_level(logging.WARNING, logger="grom.data.zsre"):
+    with caplog.at_level(logging.WARNING, logger="grom.tasks.zsre"):
         facts = zsre.read_facts(path)
     assert [f.subject for f in facts] == ["Watts Humphrey 1"]
     assert "does not occur in src" in caplog.text

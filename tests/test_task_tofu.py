@@ -133,7 +133,7 @@ def test_a_row_keys_on_its_subject_where_the_question_writes_it(tmp_path, tokeni
 
 
 def test_no_subject_where_the_rows_are_not_whole_authors_or_no_name_recurs(tmp_path):
-    from grom.data.tofu import author_of_block, with_authors
+    from grom.tasks.tofu import author_of_block, with_authors
 
     bench = load_benchmark("tofu", "forget10", source=tofu_folder(tmp_path))  # 4 rows: not a block of 20
     assert all(ex.subject is None for ex in bench.forget)
