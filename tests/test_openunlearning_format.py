@@ -46,7 +46,7 @@ def demo_report():
     config = PRESETS[demo_preset("forget10")].replace(prompt_format=bench.prompt_format)
     edit = run_edit(model, tok, bench.forget, bench.retain[::10], config)
     report = evaluate(model, tok, bench, edit=edit, reference=ref, max_examples=N, include_base=False)
-    return report, bench
+    return report, bench, edit
 
 
 def _type_ok(value, kind: str) -> bool:
@@ -86,7 +86,7 @@ def test_the_schema_is_the_pinned_commits():
 
 
 def test_demo_forget10_log_has_upstreams_schema(demo_report):
-    report, bench = demo_report
+    report, bench, _ = demo_report
     logs = to_openunlearning(report, benchmark=bench)
     assert list(logs) == sorted(logs)  # save_logs: dict(sorted(logs.items()))
     json.dumps(logs, allow_nan=False)  # strict JSON
@@ -104,7 +104,7 @@ def test_demo_forget10_log_has_upstreams_schema(demo_report):
 
 
 def test_values_indices_and_aggregates_are_the_reports(demo_report):
-    report, bench = demo_report
+    report, bench, _ = demo_report
     logs, row = to_openunlearning(report, benchmark=bench), report.rows[EDITED]
     for metric, studio in STUDIO_NAMES.items():
         assert logs[metric]["agg_value"] == pytest.approx(row.metrics[studio], rel=1e-9, abs=1e-12), metric
@@ -128,7 +128,7 @@ def test_values_indices_and_aggregates_are_the_reports(demo_report):
 
 
 def test_write_then_read_gives_the_same_values(demo_report, tmp_path):
-    report, bench = demo_report
+    report, bench, _ = demo_report
     eval_path, summary_path = write_openunlearning(report, tmp_path / "edited", benchmark=bench)
     assert (eval_path.name, summary_path.name) == (EVAL_FILE, SUMMARY_FILE) == ("TOFU_EVAL.json", "TOFU_SUMMARY.json")
     logs = to_openunlearning(report, benchmark=bench)
@@ -150,7 +150,7 @@ def test_write_then_read_gives_the_same_values(demo_report, tmp_path):
 def test_forget_quality_from_a_retain_models_log(demo_report, tmp_path):
     """The retain model's row written as its own log, read back as upstream reads
     ``retain_logs_path``: the KS test of the two forget truth ratio samples."""
-    report, bench = demo_report
+    report, bench, _ = demo_report
     retain_path, _ = write_openunlearning(report, tmp_path / "retain", REFERENCE, benchmark=bench)
     edited_path, _ = write_openunlearning(report, tmp_path / "edited", benchmark=bench, retain_logs=retain_path)
     edited, retain = read_openunlearning(edited_path), read_openunlearning(retain_path)
@@ -209,3 +209,29 @@ def test_only_a_tofu_report_and_its_own_benchmark():
     with pytest.raises(ValueError, match="not the benchmark's"):
         to_openunlearning(Report("demo", "forget10", "tofu", {EDITED: row}, 0.0),
                           benchmark=load_benchmark("demo", "forget10"))
+
+
+def test_cli_evaluate_writes_the_log_and_reads_a_retain_log(demo_report, tmp_path, capsys):
+    """`python -m grom evaluate --openunlearning DIR`: the retain model's log first, then the
+    edited model's with it as --retain-logs, as OpenUnlearning's retain_logs_path."""
+    from grom.cli import main
+    from grom.demo.model import demo_model_dir
+
+    _, _, edit = demo_report
+    edit.save(tmp_path / "edit")
+    data = ["--device", "cpu", "--benchmark", "demo", "--split", "forget10", "--max-examples", "4"]
+    assert main(["evaluate", "--model", str(demo_model_dir("retain")), *data,
+                 "--openunlearning", str(tmp_path / "retain")]) == 0
+    retain_log = tmp_path / "retain" / EVAL_FILE
+    assert main(["evaluate", "--model", str(demo_model_dir("full")), *data, "--edit", str(tmp_path / "edit"),
+                 "--openunlearning", str(tmp_path / "edited"), "--retain-logs", str(retain_log),
+                 "--json", str(tmp_path / "report.json")]) == 0
+    assert "OpenUnlearning log:" in capsys.readouterr().out
+    edited = read_openunlearning(tmp_path / "edited")
+    assert edited.summary["forget_quality"] == pytest.approx(edited.forget_quality(retain_log), rel=1e-12)
+    assert read_openunlearning(retain_log).logs["forget_quality"] == {"agg_value": None}  # no retain log of its own
+    metrics = json.loads((tmp_path / "report.json").read_text())["metrics"]
+    assert list(metrics) == [EDITED] and metrics[EDITED]["Forget prob"] == pytest.approx(
+        edited.summary["forget_Q_A_Prob"])
+    with pytest.raises(SystemExit, match="--retain-logs goes with"):
+        main(["evaluate", "--model", "x", *data, "--retain-logs", str(retain_log)])
