@@ -235,3 +235,29 @@ def test_cli_evaluate_writes_the_log_and_reads_a_retain_log(demo_report, tmp_pat
         edited.summary["forget_Q_A_Prob"])
     with pytest.raises(SystemExit, match="--retain-logs goes with"):
         main(["evaluate", "--model", "x", *data, "--retain-logs", str(retain_log)])
+
+
+def test_the_export_panel_adds_the_log_after_a_comparison(demo_report, monkeypatch, tmp_path):
+    """Export after a TOFU comparison of the edit: its two files and TOFU_EVAL.json /
+    TOFU_SUMMARY.json (upstream's names); a whole export uploaded back still imports."""
+    from components import export_panel
+    from components.core.files import edit_uploads
+    from components.core.model_choices import ensure_model, model_key
+    from components.core.session import Session
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    report, bench, edit = demo_report
+    key = model_key("demo", "cpu", "float32")
+    ensure_model(key)
+    session = Session()
+    session.model_key, session.benchmark = key, bench
+    session.edit, session.edit_for = edit, key
+    files, _, _ = export_panel.on_export.__wrapped__(session)
+    assert sorted(Path(f).name for f in files) == ["edit.json", "patch.safetensors"]  # no comparison yet
+    session.report, session.report_for = report, (bench, edit, N)
+    files, note, _ = export_panel.on_export.__wrapped__(session)
+    names = {Path(f).name: Path(f) for f in files}
+    assert sorted(names) == ["TOFU_EVAL.json", "TOFU_SUMMARY.json", "edit.json", "patch.safetensors"]
+    assert "OpenUnlearning" in note
+    assert read_openunlearning(names["TOFU_EVAL.json"]).logs == to_openunlearning(report, benchmark=bench)
+    assert edit_uploads(files) == (names["edit.json"], names["patch.safetensors"])
