@@ -1,5 +1,6 @@
-"""Export panel: the session's edit as files (patch.safetensors + edit.json) and a code
-snippet that applies it with the library; and the way back: an uploaded edit.json restores
+"""Export panel: the session's edit as files (patch.safetensors + edit.json, and after a
+comparison on TOFU or the demo its result as OpenUnlearning's TOFU_EVAL.json and
+TOFU_SUMMARY.json) and a code snippet that applies it with the library; and the way back: an uploaded edit.json restores
 the benchmark, every setting and the edit, computed again and checked against the hash
 edit.json records (or, for uploaded benchmark files, from patch.safetensors).
 
@@ -52,6 +53,8 @@ from components.views import text
 from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
 from grom import PRESETS, Edit, EditConfig
 from grom.edit import META_FILE, PATCH_FILE, read_patch_layout
+from grom.eval.openunlearning import EVAL_FILE, SUMMARY_FILE, write_openunlearning
+from grom.eval.results import EDITED
 from grom.model.arch import num_layers
 
 _export_times: collections.deque = collections.deque()  # when the last new exports were written
@@ -136,13 +139,28 @@ def on_export(session: Session):
     files = [str(folder / PATCH_FILE), str(folder / META_FILE)]
     session.extra["export"] = (edit, files)
     size = sum(Path(f).stat().st_size for f in files) / 2**20
+    logs = openunlearning_logs(session, edit, folder)
     sha = json.loads((folder / META_FILE).read_text())["patch_sha256"]
     ranks = {name: p.rank for name, p in read_patch_layout(folder / PATCH_FILE).items()}
     note = (f"Saved {len(edit.patches)} patch(es) ({storage(ranks)}), "
             f"{size:.2f} MiB; sha256 `{sha[:16]}…`. `edit.json` alone brings the edit back here (Load a run "
             "computes it again and checks that hash). Download both files into one folder (here "
             "`grom-edit`) and run:")
-    return files, note, session_snippet(session)
+    if logs:
+        note = (f"`{EVAL_FILE}` and `{SUMMARY_FILE}` hold this edit's last comparison in OpenUnlearning's "
+                "format (forget quality against its retain model), to set beside an OpenUnlearning log. " + note)
+    return files + logs, note, session_snippet(session)
+
+
+def openunlearning_logs(session: Session, edit, folder: Path) -> list[str]:
+    """The session's comparison of `edit` (a TOFU-task one: TOFU or the demo world) as
+    OpenUnlearning's TOFU_EVAL.json and TOFU_SUMMARY.json in `folder`
+    (`grom.eval.openunlearning`); none without such a comparison."""
+    report, made_for = session.report, session.report_for
+    if report is None or made_for is None or made_for[1] is not edit or report.task != "tofu" \
+            or report.stage != "full" or EDITED not in report.rows:
+        return []
+    return [str(p) for p in write_openunlearning(report, folder, benchmark=made_for[0])]
 
 
 @dataclass

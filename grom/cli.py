@@ -1,4 +1,4 @@
-"""Command line: ``python -m grom edit|scores|attack ...``, the library without the app."""
+"""Command line: ``python -m grom edit|scores|attack|evaluate ...``, the library without the app."""
 from __future__ import annotations
 
 import argparse
@@ -43,7 +43,7 @@ def _sharding_arg(parse):
     return convert
 
 
-def _model_and_sets(p: argparse.ArgumentParser) -> None:
+def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local model folder or Hub id")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
@@ -52,9 +52,19 @@ def _model_and_sets(p: argparse.ArgumentParser) -> None:
                         "edited layers must not land on disk)")
     p.add_argument("--max-memory", type=_sharding_arg(parse_max_memory), metavar="BUDGETS",
                    help=f"with --device-map, the memory each device may hold: {MAX_MEMORY_HELP}")
-    p.add_argument("--benchmark", help="benchmark name (demo, tofu, muse-news, ...) instead of files")
+
+
+def _benchmark_args(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--benchmark", required=required,
+                   help="benchmark name (demo, tofu, ...)" if required else
+                   "benchmark name (demo, tofu, muse-news, ...) instead of files")
     p.add_argument("--split", help="benchmark split, e.g. forget10")
     p.add_argument("--source", help="local folder of the benchmark's files (else the Hub)")
+
+
+def _model_and_sets(p: argparse.ArgumentParser) -> None:
+    _model_args(p)
+    _benchmark_args(p)
     p.add_argument("--forget", help="forget file (JSON, JSONL or CSV of question/answer or text)")
     p.add_argument("--retain", help="retain file (same formats)")
 
@@ -100,6 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
                                          "benchmark's held-out probes (real-knowledge, or split 'probe' rows)")
     attack.add_argument("--attacks", default="all", help="a comma list of attack names, or all")
     attack.add_argument("--json", help="write the results to this JSON file")
+    evaluate = sub.add_parser("evaluate", help="a benchmark's metrics of the model, a saved edit applied; "
+                                               "TOFU also as OpenUnlearning's TOFU_EVAL.json")
+    _model_args(evaluate)
+    _benchmark_args(evaluate, required=True)
+    evaluate.add_argument("--edit", help="a folder `python -m grom edit` wrote (else the model as it is)")
+    evaluate.add_argument("--reference", help="the retain model (a model folder or Hub id): forget quality and "
+                                              "privacy leakage against it")
+    evaluate.add_argument("--max-examples", type=int, metavar="N", help="at most N examples of each set, evenly "
+                                                                         "spread (default: all)")
+    evaluate.add_argument("--json", help="write every row's metrics to this JSON file")
+    evaluate.add_argument("--openunlearning", metavar="DIR",
+                          help="TOFU and the demo: write the edited model's (else the model's) TOFU_EVAL.json and "
+                               "TOFU_SUMMARY.json into DIR, as OpenUnlearning writes them")
+    evaluate.add_argument("--retain-logs", metavar="FILE",
+                          help="with --openunlearning: a retain model's TOFU_EVAL.json (OpenUnlearning's "
+                               "retain_logs_path), for forget_quality and privleak (else --reference's row)")
     return parser
 
 
@@ -134,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     if args.max_memory and not args.device_map:
         raise SystemExit("error: --max-memory needs --device-map (auto, balanced or sequential)")
-    if args.command == "attack":
+    if args.command in ("attack", "evaluate"):
         try:
-            return attack_command(args)
+            return (attack_command if args.command == "attack" else evaluate_command)(args)
         except (ValueError, FileNotFoundError) as err:  # bad input: a clear message, nothing written
             raise SystemExit(f"error: {err}") from None
     from grom.model import distributed
@@ -291,6 +317,49 @@ def attack_command(args: argparse.Namespace) -> int:
         print(f"{n:<20} {r.base:>6.3f} {r.edited:>6.3f} {r.n:>4} {r.seconds:>8.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    """`python -m grom evaluate`: the benchmark's report (`grom.eval.evaluate`) of the model
+    with --edit applied (row "Edited"; else the model's own, "Base") and of --reference
+    ("Retain model"); prints the table, writes --json and, for a TOFU-task benchmark,
+    --openunlearning (`grom.eval.openunlearning`)."""
+    from grom.data import load_benchmark
+    from grom.edit import Edit
+    from grom.eval import evaluate
+    from grom.eval.openunlearning import write_openunlearning
+    from grom.eval.results import BASE, EDITED
+    from grom.model.loading import load_model
+    from grom.robustness.suite import check_edit_fits
+
+    if args.retain_logs and not args.openunlearning:
+        raise SystemExit("error: --retain-logs goes with --openunlearning DIR")
+    if args.retain_logs and not Path(args.retain_logs).is_file():
+        raise FileNotFoundError(f"no file {args.retain_logs} (--retain-logs: a retain model's TOFU_EVAL.json)")
+    edit = Edit.load(Path(args.edit)) if args.edit else None
+    bench = load_benchmark(args.benchmark, args.split, source=args.source)
+    if args.openunlearning and bench.task != "tofu":
+        raise ValueError(f"--openunlearning writes TOFU's log: {args.benchmark} is evaluated by the "
+                         f"{bench.task!r} task")
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                                  max_memory=args.max_memory)
+    if edit is not None:
+        check_edit_fits(model, edit)
+    reference = None
+    if args.reference:
+        ref_device = args.device if not args.device_map else "auto"
+        reference = load_model(args.reference, device=ref_device, dtype=args.dtype)  # (model, its tokenizer)
+    log = logging.getLogger("grom.evaluate")
+    report = evaluate(model, tokenizer, bench, edit=edit, reference=reference, max_examples=args.max_examples,
+                      include_base=edit is None, progress=lambda f, msg: log.info("%3.0f%% %s", 100 * f, msg))
+    print(report.table().T.to_string(float_format=lambda v: f"{v:.4f}"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(_json_safe(report.to_dict()), indent=2))
+    if args.openunlearning:
+        paths = write_openunlearning(report, args.openunlearning, EDITED if edit is not None else BASE,
+                                     benchmark=bench, retain_logs=args.retain_logs)
+        print("OpenUnlearning log: " + ", ".join(str(p) for p in paths))
     return 0
 
 

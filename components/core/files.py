@@ -24,6 +24,7 @@ from components.core.errors import UserError, shorten
 from components.core.limits import check, limit
 from grom import Edit
 from grom.edit import META_FILE, PATCH_FILE, read_metadata, read_patch_layout
+from grom.eval.openunlearning import EVAL_FILE, SUMMARY_FILE
 from grom.patch_policy import check_stored_patches
 
 
@@ -99,6 +100,9 @@ def storage(ranks: dict) -> str:
 
 
 IMPORT_KINDS = (".json", ".safetensors")
+OPENUNLEARNING_FILES = (EVAL_FILE, SUMMARY_FILE)
+"""The files an export adds after a TOFU comparison (`grom.eval.openunlearning`), left
+aside when a whole export is uploaded back."""
 IMPORT_MAX_BYTES = {".json": 4 << 20}  # patch.safetensors: GROM_MAX_PATCH_MB
 
 
@@ -111,6 +115,8 @@ def edit_uploads(files) -> tuple[Path, Path | None]:
     paths = [Path(f if isinstance(f, str) else getattr(f, "name", f)) for f in (files or [])]
     if isinstance(files, (str, Path)):
         paths = [Path(files)]
+    # an export's OpenUnlearning log (TOFU_EVAL.json, TOFU_SUMMARY.json) uploaded with it: not the edit
+    paths = [p for p in paths if p.name not in OPENUNLEARNING_FILES] or paths
     by_kind: dict[str, list[Path]] = {}
     for path in paths:
         by_kind.setdefault(path.suffix.lower(), []).append(path)

@@ -4,8 +4,9 @@ membership attacks in `grom.eval.mia`, the implementation each follows in
 the row pieces several tasks share (`grom.eval.shared_rows`), before/after reports
 (`grom.eval.report`, `grom.eval.results`; each benchmark's task in grom/tasks/),
 question-by-question comparisons (`grom.eval.generations`), the reuse of the layers below
-an edit (`grom.eval.prefix`) and the 4-bit quantization check (`grom.eval.quant_check`,
-the quantization in `grom.eval.quant`)."""
+an edit (`grom.eval.prefix`), the 4-bit quantization check (`grom.eval.quant_check`,
+the quantization in `grom.eval.quant`) and a TOFU report in OpenUnlearning's log format
+(`grom.eval.openunlearning`)."""
 from grom.eval.generations import answer_probabilities, compare_generations
 from grom.eval.metric_sources import METRIC_SOURCES, metric_source
 from grom.eval.metrics import (
