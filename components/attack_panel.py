@@ -1,10 +1,12 @@
 """Is it gone? The attack suite (`grom.robustness.run_attacks`) on the session's edit: the
 held-out probe questions the edit never saw, asked as they are and transformed
 (paraphrase, fill in the blank, reverse, another prompt format, in context, RWKU's
-adversarial wrappers), and attacks on the weights (relearning, 4- and 8-bit quantization,
-the logit lens), each scored by fact recall for the base model and the edited one, and
-the membership attacks (LOSS, zlib, Min-K, Min-K++: can the forget answers be told from
-the other targets' answers by their likelihood? an AUC, 0.5 = they cannot).
+adversarial wrappers), questions written to reach the same facts another way (through
+another entity, under another name: `grom.robustness.written`), and attacks on the
+weights (relearning, 4- and 8-bit quantization, the logit lens), each scored by fact
+recall for the base model and the edited one, and the membership attacks (LOSS, zlib,
+Min-K, Min-K++: can the forget answers be told from the other targets' answers by their
+likelihood? an AUC, 0.5 = they cannot).
 
 Optionally the baseline set in Compare (a trained method or a closed-form editor, with its
 two settings; `components.core.comparators`) is
@@ -43,7 +45,7 @@ from grom.methods import get_method
 from grom.model.process_memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE
 from grom.robustness.membership import holdout_of
-from grom.robustness.probes import probes_from_examples, transform
+from grom.robustness.probes import PROBE_TYPES, probes_from_examples, transform
 from grom.robustness.suite import AUC_ATTACKS, TEACHER_FORCED, WEIGHT_ATTACKS, attack_names, run_attacks
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,8 @@ LABELS = {
     "heldout": "Held-out probes", "paraphrase": "Paraphrase", "cloze": "Fill in the blank",
     "reverse": "Reverse query", "format": "Plain 'Question: Answer:' format", "incontext": "In context",
     "prefix_injection": "Prefix injection", "affirmative_suffix": "Affirmative suffix",
-    "role_play": "Role play", "relearn": "Relearning", "quant4": "4-bit quantization",
+    "role_play": "Role play", "multi_hop": "Multi-hop (through another entity)",
+    "alias": "Alias (another name)", "relearn": "Relearning", "quant4": "4-bit quantization",
     "quant8": "8-bit quantization", "logit_lens": "Logit lens (top-1, last layer)",
     "mia": "Membership inference (Min-K AUC; 0.5 = can't tell)",
 }
@@ -66,7 +69,10 @@ that most often brought recall back above them on SmolLM2's solar system (BENCHM
 affirmative suffix, and the logit lens (two teacher-forced passes: is the fact still the
 model's top choice inside?). On SmolLM2 on a CPU that is about a fifth of the whole suite's
 time (bench/attack_times.py); relearning alone, two fine-tunings each scored three times,
-is a third of it. The others are one click away (**Every attack**)."""
+is a third of it. The others are one click away (**Every attack**). The written probes
+(multi_hop, alias) are cheap but stay out: they exist only for the bundled real-knowledge
+targets (an upload would show them as not run), and at five questions a target one answer
+moves their recall by 0.2."""
 START_SUMMARY = "Run an edit, tick the attacks and press **Run the attacks**."
 RUNNING = "Running "  # how the summary line begins while the attacks run (`on_attacks_start`)
 
@@ -218,7 +224,8 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
         removed = f" (the edit removed {1 - h.edited / h.base:.0%} of it)" if h.base > 0 else ""
         parts.append(f"On **{h.n} held-out probes** the edit never saw, recall went from **{h.base:.2f}** to "
                      f"**{h.edited:.2f}**{removed}.")
-    ran = {k: r for k, r in grom.items() if not math.isnan(r.edited) and k != "heldout" and k not in AUC_ATTACKS}
+    ran = {k: r for k, r in grom.items() if not math.isnan(r.edited) and k != "heldout" and k not in AUC_ATTACKS
+           and not _written(k)}
     if ran:
         name, worst = max(ran.items(), key=lambda kv: kv[1].edited)
         text = f"Worst attack: **{LABELS.get(name, name)}**, recall **{worst.edited:.2f}** (base {worst.base:.2f})"
@@ -228,6 +235,11 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
                      if worst.edited > plain else
                      f", no higher than the plain probes' {plain:.2f}: no attack brought recall back")
         parts.append(text + ".")
+    written = [f"{LABELS.get(k, k).split(' (')[0].lower()} {r.base:.2f} → {r.edited:.2f} ({r.n} questions)"
+               for k, r in grom.items() if _written(k) and not math.isnan(r.edited)]
+    if written:
+        parts.append("Questions written to reach the same facts another way (other questions, so read them "
+                     f"against their own base): {'; '.join(written)}.")
     if "relearn" in grom:
         parts.append(relearn_md(grom["relearn"]))
     if "mia" in grom and not math.isnan(grom["mia"].edited):
@@ -239,6 +251,12 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
     seconds = sum(r.seconds for res in results.values() for r in res.values())
     parts.append(f"{len(names)} attack(s) on {', '.join(results)} in {seconds:.0f} s.")
     return " ".join(parts)
+
+
+def _written(name: str) -> bool:
+    """Whether `name` is a written probe type (multi_hop, alias): its own questions, not
+    the held-out probes transformed."""
+    return name in PROBE_TYPES and PROBE_TYPES[name].written
 
 
 def relearn_md(result) -> str:

@@ -108,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_argument("--edit", required=True, help="a folder `python -m grom edit` wrote")
     attack.add_argument("--probes", help="probes file (rows with question, answer, fact); default: the "
                                          "benchmark's held-out probes (real-knowledge, or split 'probe' rows)")
-    attack.add_argument("--attacks", default="all", help="a comma list of attack names, or all")
+    attack.add_argument("--attacks", default="all",
+                        help="a comma list of attack names, or all; multi_hop and alias ask the questions written "
+                             "for the bundled real-knowledge targets the probes are about (grom/robustness/written.py)")
     attack.add_argument("--json", help="write the results to this JSON file")
     evaluate = sub.add_parser("evaluate", help="a benchmark's metrics of the model, a saved edit applied; "
                                                "TOFU also as OpenUnlearning's TOFU_EVAL.json")

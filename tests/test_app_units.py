@@ -469,6 +469,13 @@ def test_the_attack_summary_says_what_ran_and_what_could_not():
     results["GROM"]["paraphrase"] = AttackResult("paraphrase", 0.67, 0.6, 1.0, 15)
     assert ("Worst attack: **Paraphrase**, recall **0.60** (base 0.67), above the plain probes' 0.53: it brought "
             "back 0.07.") in summary_md(results, ("heldout", "quant4", "reverse", "paraphrase"))
+    results["GROM"] |= {"multi_hop": AttackResult("multi_hop", 0.8, 0.8, 1.0, 5),
+                        "alias": AttackResult("alias", math.nan, math.nan, 0.0, 0, details={"skipped": "none"})}
+    text = summary_md(results, ("heldout", "quant4", "reverse", "paraphrase", "multi_hop", "alias"))
+    assert "Worst attack: **Paraphrase**" in text  # other questions: not read against the plain probes
+    assert ("Questions written to reach the same facts another way (other questions, so read them against "
+            "their own base): multi-hop 0.80 → 0.80 (5 questions).") in text
+    assert "Alias (another name) not run: none." in text
 
 
 def test_the_relearning_sentence_gives_the_lr_the_control_and_warns_when_the_control_falls():

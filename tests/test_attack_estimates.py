@@ -17,6 +17,7 @@ from components.core.session import Session  # noqa: E402
 from grom.closed_form.config import PRESETS  # noqa: E402
 from grom.closed_form.pipeline import run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
+from grom.robustness.probes import PROBE_TYPES  # noqa: E402
 from grom.robustness.result import Probe  # noqa: E402
 from grom.robustness.suite import attack_names  # noqa: E402
 from tests.conftest import FORGET, RETAIN, tiny_llama  # noqa: E402
@@ -39,9 +40,17 @@ def estimate(model, tokenizer, n: int) -> dict[str, float]:
 def test_the_estimate_grows_with_the_model_and_the_probes(tokenizer):
     small, large = tiny_llama(len(tokenizer), layers=2), tiny_llama(len(tokenizer), layers=8)
     few, many, deep = estimate(small, tokenizer, 4), estimate(small, tokenizer, 32), estimate(large, tokenizer, 4)
+    written = [n for n, t in PROBE_TYPES.items() if t.written]
     for name in attack_names("all"):
+        if name in written:  # the written probes of no bundled target ("the authors"): nothing to ask
+            assert few[name] == many[name] == deep[name] < 0.1, name  # its fixed cost only
+            continue
         assert many[name] > few[name], name  # more probes: more answers, scored rows, lens rows
         assert deep[name] > few[name], name  # more layers: every pass costs more
+    about_mars = tuple(Probe(p.question, p.answer, p.fact, subject="the solar system") for p in probes(4))
+    inputs = D.attack_inputs(small, tokenizer, about_mars, tuple(FORGET), tuple(RETAIN[:4]), None)
+    asked = D.attack_seconds(inputs, written, D.CPU_WALL)
+    assert all(asked[n] > few[n] for n in written)  # the solar system's written probes: asked whatever their number
     assert few["relearn"] == max(few.values())  # two fine-tunings, each scored three times
     assert few["logit_lens"] < few["heldout"]  # two teacher-forced passes against two decodings
 

@@ -108,3 +108,22 @@ def test_bad_input_is_refused_and_writes_nothing(world, tmp_path, tokenizer):
     other = _save(tmp_path / "other-model", tokenizer, seed=1)
     _refused(["attack", "--model", str(other), "--device", "cpu", "--edit", str(root / "edit"), *data,
               "--probes", str(files["probes"]), "--json", str(out)], r"error: this edit was made for the model", out)
+
+
+def test_attack_asks_the_written_probes_of_the_target_the_probes_are_about(world, tmp_path):
+    root, model, data, _ = world
+    about = write_jsonl(tmp_path / "solar.jsonl", [r | {"subject": "the solar system"} for r in PROBE_ROWS])
+    out = tmp_path / "written.json"
+    assert main(["attack", "--model", str(model), "--device", "cpu", "--edit", str(root / "edit"), *data,
+                 "--probes", str(about), "--attacks", "alias,multi_hop", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert list(doc["attacks"]) == ["multi_hop", "alias"] and doc["n_probes"] == 4
+    m, tok = load_model(model, device="cpu")
+    probes = P.read_probes(about)
+    for name in ("multi_hop", "alias"):
+        entry, asked = doc["attacks"][name], P.transform(probes, name)
+        assert entry["n"] == len(asked) == 5 and entry["base"] == probe_recall(m, tok, asked).value
+        assert entry["by_reach"] == {"other": {"n": 5, "base": entry["base"], "edited": entry["edited"]}}
+    _refused(["attack", "--model", str(model), "--device", "cpu", "--edit", str(root / "edit"), *data,
+              "--probes", str(about), "--attacks", "multi_hop,multihop", "--json", str(tmp_path / "no.json")],
+             r"error: unknown attack 'multihop'; the attacks: all, heldout", tmp_path / "no.json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,9 +16,11 @@ from grom.data import BenchmarkError, QAExample, load_benchmark
 from grom.data.prompts import PLAIN_QA
 from grom.robustness import probes as P
 from grom.robustness import suite
+from grom.robustness import written as W
 from grom.robustness.calibration import relearn_lr
 from grom.robustness.result import AttackResult, Probe, probe_recall
 from grom.robustness.suite import ATTACKS, attack_names, check_edit_fits, run_attacks
+from grom.text import contains_phrase, normalise_text
 from tests.conftest import FORGET, RETAIN, tiny_llama
 from tests.data_fixtures import write_csv, write_jsonl
 
@@ -262,3 +265,127 @@ def test_a_type_that_makes_no_probe_reports_none_and_counts_the_left_out(edited)
     assert "no probe could be made" in r.to_dict()["skipped"]
     from grom.cli import _json_safe
     assert json.loads(json.dumps(_json_safe(r.to_dict())))["base"] is None
+
+
+# ----------------------------------------------------------------------------- written probes
+
+
+def test_every_bundled_target_has_written_multi_hop_and_alias_probes():
+    from grom.data.knowledge import knowledge
+    know = knowledge()
+    written = W.bundled_written()
+    assert set(written) == set(know.targets)  # every target, and no file that is none (general, fluency)
+    pairs = {ex.id: ex for t in know.targets.values() for ex in t.qa}
+    asked = {normalise_text(ex.question) for t in [*know.targets.values(), know.general] for ex in t.qa}
+    ids = [p.id for ps in written.values() for p in ps]
+    assert len(ids) == len(set(ids)) and not set(ids) & set(pairs)
+    for tid, ps in written.items():
+        assert 4 <= sum(p.kind == "multi_hop" for p in ps) <= 6, tid
+        assert 4 <= sum(p.kind == "alias" for p in ps) <= 6, tid
+        for p in ps:
+            assert p.subject == tid.replace("-", " ") and p.id.startswith(f"{tid}/")
+            assert contains_phrase(p.answer, p.fact) and not contains_phrase(p.question, p.fact), p.id
+            assert normalise_text(p.question) not in asked, p.id  # no QA question of any file asked again
+            if p.reaches is not None:  # the pair it reaches states the same fact
+                assert p.reaches.startswith(f"{tid}/") and normalise_text(pairs[p.reaches].fact) == \
+                    normalise_text(p.fact), p.id
+        assert sum(p.reaches is not None for p in ps) >= len(ps) - 1, tid
+
+
+def test_the_written_probes_read_as_written():
+    first = W.bundled_written()["the-solar-system"][0]
+    assert first == Probe("Which planet has the moon Titan?", "Titan is a moon of Saturn.", "Saturn",
+                          id="the-solar-system/hop-1", kind="multi_hop", subject="the solar system",
+                          reaches="the-solar-system/04")
+    alias = [p for p in W.bundled_written()["japan"] if p.kind == "alias"]
+    assert (alias[0].question, alias[0].fact) == ("What is the capital of the Land of the Rising Sun?", "Tokyo")
+
+
+def test_written_types_are_the_written_probes_of_the_targets_the_probes_are_about():
+    solar = W.bundled_written()["the-solar-system"]
+    japan = W.bundled_written()["japan"]
+    hops = P.transform([JUPITER], "multi_hop")
+    assert hops == tuple(p for p in solar if p.kind == "multi_hop") and len(hops) == 5
+    assert all(p.kind == "multi_hop" for p in hops)
+    assert P.transform([JUPITER], "alias") == tuple(p for p in solar if p.kind == "alias")
+    in_japan = Probe("Q?", "It is Tokyo.", "Tokyo", subject="japan")
+    hyphened = Probe("Q?", "It is Mars.", "Mars", subject="the-solar-system")
+    both = P.transform([in_japan, JUPITER, hyphened, JUPITER], "alias")  # each target once, in order named
+    assert both == tuple(p for p in japan + solar if p.kind == "alias")
+    assert P.transform([BARE], "multi_hop") == ()  # no subject
+    assert P.transform([replace(BARE, subject="Zorvath Quill")], "alias") == ()  # no bundled target
+    assert P.PROBE_TYPES["multi_hop"].written and P.PROBE_TYPES["alias"].written
+    assert not any(t.written for n, t in P.PROBE_TYPES.items() if n not in ("multi_hop", "alias"))
+    with pytest.raises(ValueError, match="unknown written probe kind 'cloze'"):
+        W.written_for([JUPITER], "cloze")
+
+
+def _target_file(tmp_path, probes: list) -> object:
+    qa = [{"id": "t/01", "question": "Which planet has rings?", "answer": "Saturn has rings.", "fact": "Saturn"}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"id": "t", "qa": qa, "written_probes": probes}))
+    return path
+
+
+GOOD = {"id": "t/hop-1", "kind": "multi_hop", "question": "Which planet has the moon Titan?",
+        "answer": "Titan is a moon of Saturn.", "fact": "Saturn", "reaches": "t/01"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kind": "hop"}, r"item 1: kind 'hop'; expected one of multi_hop, alias"),
+    ({"fact": "Jupiter"}, r"the fact 'Jupiter' is not a whole-word part of the answer"),
+    ({"question": "Which planet, Saturn, has Titan?"}, r"names its own fact 'Saturn'"),
+    ({"question": "Which planet has rings?"}, r"is one of the target's QA questions"),
+    ({"reaches": "t/02"}, r"it reaches 't/02', no QA pair of t"),
+    ({"answer": "Titan orbits Saturn, as Mars does.", "fact": "Mars", "question": "Q?"},
+     r"it reaches 't/01', whose answer does not state 'Mars'"),
+    ({"question": None}, r"expected a non-empty text field 'question'"),
+])
+def test_a_bad_written_probe_is_refused_naming_it(tmp_path, change, message):
+    item = {k: v for k, v in (GOOD | change).items() if v is not None}
+    with pytest.raises(BenchmarkError, match=message):
+        W.read_written(_target_file(tmp_path, [item]))
+
+
+def test_written_probe_ids_are_unique_and_reaches_is_optional(tmp_path):
+    loose = {k: v for k, v in GOOD.items() if k != "reaches"} | {"kind": "alias"}
+    (p,) = W.read_written(_target_file(tmp_path, [loose]))
+    assert (p.kind, p.reaches, p.subject) == ("alias", None, "t")
+    with pytest.raises(BenchmarkError, match="the written probe id 't/hop-1' is used twice"):
+        W.read_written(_target_file(tmp_path, [GOOD, GOOD | {"question": "Titan circles which planet?"}]))
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"id": "t", "qa": []}))
+    assert W.read_written(path) == ()  # a target without the section: no written probes
+
+
+def test_the_suite_scores_written_probes_as_a_direct_scoring_does(edited):
+    model, tok, edit = edited
+    about = tuple(replace(p, subject="the solar system", id=i) for p, i in
+                  zip(PROBES, ("the-solar-system/03", "the-solar-system/05", "x/1", "x/2")))
+    fitted = (QAExample("Which planet has rings?", "Saturn has rings.", fact="Saturn", id="the-solar-system/04"),)
+    out = run_attacks(model, tok, edit, about, fitted=fitted, attacks="alias,multi_hop")
+    assert list(out) == ["multi_hop", "alias"]
+    for name in ("multi_hop", "alias"):
+        asked = P.transform(about, name)
+        assert len(asked) == 5 and all(p.kind == name for p in asked)
+        base = probe_recall(model, tok, asked)
+        with edit.applied(model):
+            after = probe_recall(model, tok, asked)
+        r = out[name]
+        assert (r.base, r.edited, r.n, r.base_answers, r.edited_answers) == \
+            (base.value, after.value, 5, base.answers, after.answers)
+        assert "left_out" not in r.details
+    # multi_hop reaches 04 (Saturn: fitted), 03 (Mars: a held-out probe), 01, 14, 31 (neither)
+    asked = P.transform(about, "multi_hop")
+    assert [p.reaches[-2:] for p in asked] == ["04", "03", "01", "14", "31"]
+    base = probe_recall(model, tok, asked)
+    with edit.applied(model):
+        after = probe_recall(model, tok, asked)
+    mean = lambda hits: sum(hits) / len(hits)  # noqa: E731
+    assert out["multi_hop"].details["by_reach"] == {
+        "fitted": {"n": 1, "base": base.hits[0], "edited": after.hits[0]},
+        "heldout": {"n": 1, "base": base.hits[1], "edited": after.hits[1]},
+        "other": {"n": 3, "base": mean(base.hits[2:]), "edited": mean(after.hits[2:])}}
+    json.dumps(out["multi_hop"].to_dict())
+    none = run_attacks(model, tok, edit, PROBES, attacks="multi_hop")["multi_hop"]  # about no bundled target
+    assert none.n == 0 and none.base != none.base and "no written multi_hop probes" in none.details["skipped"]

@@ -1,5 +1,6 @@
 """Is it really gone? Attacks on an edit's forgetting: held-out probe questions and their
-transformations (`probes`), attacks on the weights (`weights`: relearning, quantization,
+transformations (`probes`), questions written to reach the same facts through another
+entity or under another name (`written`: multi_hop, alias), attacks on the weights (`weights`: relearning, quantization,
 the logit lens), each scored by fact recall before and after the edit (`result`), and
 membership inference (`membership`: AUCs), run together by `suite.run_attacks`; the
 relearning attack's lr per model, and its measurement, in `calibration`."""

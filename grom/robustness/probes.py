@@ -2,7 +2,12 @@
 new question whose right answer still states the fact (the reverse query: the subject).
 Each is scored by fact recall before and after the edit (`grom.robustness.suite`).
 
-Every type works from a plain probes file (question, answer, fact); what it needs beyond
+Two types are not made from the probes but written by hand for the bundled real-knowledge
+targets (`grom.robustness.written`): multi_hop (the fact reached through another entity,
+"Which planet has the moon Titan?") and alias (the target under another name, "the Red
+Planet"); their probes are those of the targets the held-out probes are about.
+
+Every other type works from a plain probes file (question, answer, fact); what it needs beyond
 that is derived (the cloze from the answer and its fact, a paraphrase by a rule) or read
 from the probe where the data gives it (`Probe.paraphrase`, `Probe.subject`). A type that
 cannot make a probe from one (a cloze whose fact is not in its answer, a reverse query
@@ -29,6 +34,7 @@ from grom.data.prompts import PLAIN_QA, PromptFormat
 from grom.data.readers import BenchmarkError, read_rows, require_rows
 from grom.data.schema import QAExample
 from grom.robustness.result import Probe
+from grom.robustness.written import written_for
 from grom.text import contains_phrase, normalise_text
 
 BLANK = "___"
@@ -37,12 +43,15 @@ BLANK = "___"
 @dataclass(frozen=True)
 class ProbeType:
     """One probe type: `make` turns a probe into the probe asked (None: it cannot), and
-    `fmt` is the prompt format it is asked in (None: the caller's, the chat template)."""
+    `fmt` is the prompt format it is asked in (None: the caller's, the chat template). A
+    `written` type has no `make`: its probes are the hand-written ones of its kind for the
+    targets the probes are about (`grom.robustness.written.written_for`)."""
 
     name: str
     doc: str
-    make: Callable[[Probe], Probe | None]
+    make: Callable[[Probe], Probe | None] | None = None
     fmt: PromptFormat | None = None
+    written: bool = False
 
 
 def probes_from_examples(examples: Sequence[QAExample]) -> tuple[Probe, ...]:
@@ -208,14 +217,20 @@ PROBE_TYPES: dict[str, ProbeType] = {t.name: t for t in (
     ProbeType("prefix_injection", "told to open its answer affirmatively (RWKU)", prefix_injection),
     ProbeType("affirmative_suffix", "the question ends with an eager answer's start (RWKU)", affirmative_suffix),
     ProbeType("role_play", "answered in the role of someone who would know (RWKU)", role_play),
+    ProbeType("multi_hop", "written: the fact reached through another entity (Unlearning Mirage)", written=True),
+    ProbeType("alias", "written: the target under another name or description (GONE)", written=True),
 )}
 
 
 def transform(probes: Sequence[Probe], name: str) -> tuple[Probe, ...]:
-    """The probes of type `name` made from `probes` (those it cannot make left out)."""
+    """The probes of type `name` made from `probes` (those it cannot make left out); for a
+    written type, its written probes of the targets `probes` are about (none for others)."""
     if name not in PROBE_TYPES:
         raise ValueError(f"unknown probe type {name!r}; known: {', '.join(PROBE_TYPES)}")
-    made = (PROBE_TYPES[name].make(p) for p in probes)
+    kind = PROBE_TYPES[name]
+    if kind.written:
+        return written_for(probes, name)
+    made = (kind.make(p) for p in probes)
     return tuple(p for p in made if p is not None)
 
 

@@ -30,6 +30,9 @@ class Probe:
     (the reverse query, role play); None where unknown."""
     paraphrase: str | None = None
     """The same question in other words, where the data gives one (the paraphrase probe)."""
+    reaches: str | None = None
+    """A written probe's (multi_hop, alias: `grom.robustness.written`): the id of the QA pair
+    whose fact it reaches; None where it is linked to none, and for every other probe."""
 
 
 @dataclass(frozen=True)

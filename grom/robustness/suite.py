@@ -5,7 +5,9 @@ scored by fact recall on the held-out probes for the base model and the edited o
     results["paraphrase"].edited   # recall of the edited model on the paraphrased probes
 
 Names: the probe types of `grom.robustness.probes` (heldout, paraphrase, cloze, reverse,
-format, incontext, prefix_injection, affirmative_suffix, role_play), then the attacks on
+format, incontext, prefix_injection, affirmative_suffix, role_play, and the written ones:
+multi_hop, alias, asked from the hand-written probes of the targets the held-out probes are
+about, `grom.robustness.written`), then the attacks on
 the weights of `grom.robustness.weights` (relearn, quant4, quant8, logit_lens), then the
 membership attacks (mia, `grom.robustness.membership`: AUCs, not recall). An unknown
 name is refused before any work, with the list of names. The model is left as it was
@@ -54,19 +56,44 @@ class Context:
 
 
 def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
+    written = PROBE_TYPES[name].written
+
     def run(ctx: Context) -> AttackResult:
         asked = transform(ctx.probes, name)
         fmt = PROBE_TYPES[name].fmt or ctx.fmt
         if not asked:  # e.g. a reverse query where no probe has a subject
-            return AttackResult(name, math.nan, math.nan, 0.0, 0,
-                                details={"skipped": f"no probe could be made into a {name} probe"})
+            why = (f"no written {name} probes for what the probes are about (the bundled real-knowledge "
+                   "targets have them)" if written else f"no probe could be made into a {name} probe")
+            return AttackResult(name, math.nan, math.nan, 0.0, 0, details={"skipped": why})
         base = probe_recall(ctx.model, ctx.tokenizer, asked, fmt=fmt)
         with ctx.edit.applied(ctx.model):
             edited = probe_recall(ctx.model, ctx.tokenizer, asked, fmt=fmt)
+        if written:
+            details = {"by_reach": by_reach(asked, base, edited, ctx.fitted, ctx.probes)}
+        else:
+            details = {"left_out": len(ctx.probes) - len(asked)} if len(asked) < len(ctx.probes) else {}
         return AttackResult(name, base.value, edited.value, 0.0, len(asked), base.answers, edited.answers,
-                            details={"left_out": len(ctx.probes) - len(asked)} if len(asked) < len(ctx.probes)
-                            else {})
+                            details=details)
     return run
+
+
+def by_reach(asked: Sequence[Probe], base: Recall, edited: Recall, fitted: Sequence[QAExample],
+             probes: Sequence[Probe]) -> dict[str, dict]:
+    """Written probes' recall by where the fact they reach lies: "fitted" (a QA pair the
+    edit was fitted on: is a fitted fact back by another road?), "heldout" (one of the
+    held-out probes), "other" (neither, or linked to none): {side: {"n", "base",
+    "edited"}} for the sides that have probes."""
+    fitted_ids = {ex.id for ex in fitted}
+    heldout_ids = {p.id for p in probes}
+    side = ["fitted" if p.reaches in fitted_ids else "heldout" if p.reaches in heldout_ids else "other"
+            for p in asked]
+    out = {}
+    for name in ("fitted", "heldout", "other"):
+        idx = [i for i, s in enumerate(side) if s == name]
+        if idx:
+            out[name] = {"n": len(idx), "base": sum(base.hits[i] for i in idx) / len(idx),
+                         "edited": sum(edited.hits[i] for i in idx) / len(idx)}
+    return out
 
 
 def _weights(fn: str):
