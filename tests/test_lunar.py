@@ -223,3 +223,11 @@ def test_lunar_refuses_a_text_corpus(llama, tokenizer):
         run_lunar(llama, tokenizer, [TextExample("a text")], RETAIN)
     assert isinstance(Rows(torch.zeros(1, 2), torch.zeros(1, 3), 1), Rows)
     assert QAExample("q", "a").question == "q"
+
+
+def test_the_glossary_says_what_lunar_is_and_where_it_comes_from():
+    from components.views.text import BASELINE, GLOSSARY
+    from grom.methods.lunar import SOURCE
+
+    assert "**LUNAR**" in GLOSSARY and SOURCE in GLOSSARY and "LUNAR" in BASELINE
+    assert "dfa56eb0291a93e967284a9ec2d28d5572d235b1" in SOURCE and "facebookresearch/LUNAR" in SOURCE

@@ -8,10 +8,19 @@ registry row, family "redirection" (run.py)."""
 from grom.methods.lunar.activations import Activations, encode_instructions, read_activations, refusal_direction
 from grom.methods.lunar.fit import Rows, closed_form_patch, fit_adamw, mse, training_rows
 from grom.methods.lunar.prompts import HARMFUL, UNVERIFIABLE, refusal_prompts
-from grom.methods.lunar.run import LUNAR, SOLVERS, LunarConfig, lunar_defaults, lunar_layer, lunar_reason, run_lunar
+from grom.methods.lunar.run import (
+    LUNAR,
+    SOLVERS,
+    SOURCE,
+    LunarConfig,
+    lunar_defaults,
+    lunar_layer,
+    lunar_reason,
+    run_lunar,
+)
 
 __all__ = [
-    "HARMFUL", "LUNAR", "SOLVERS", "UNVERIFIABLE", "Activations", "LunarConfig", "Rows", "closed_form_patch",
+    "HARMFUL", "LUNAR", "SOLVERS", "SOURCE", "UNVERIFIABLE", "Activations", "LunarConfig", "Rows", "closed_form_patch",
     "encode_instructions", "fit_adamw", "lunar_defaults", "lunar_layer", "lunar_reason", "mse",
     "read_activations", "refusal_direction", "refusal_prompts", "run_lunar", "training_rows",
 ]

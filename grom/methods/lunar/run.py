@@ -37,6 +37,10 @@ from grom.methods.registry import MethodEntry, Reason, register, where
 from grom.model.arch import edited_matrix, loaded_from, num_layers, residual_gain
 
 SOLVERS = ("adamw", "closed-form")
+SOURCE = ("Shen et al., \"LUNAR: LLM Unlearning via Neural Activation Redirection\", NeurIPS 2025; "
+          "code github.com/facebookresearch/LUNAR, read at commit dfa56eb0291a93e967284a9ec2d28d5572d235b1 "
+          "(run_lunar.py, src/generate_directions.py, src/estimated_net_utils.py, config/forget.yaml)")
+"""Where LUNAR comes from, for the studio's glossary."""
 UPSTREAM_LAYER, UPSTREAM_DEPTH = 22, 32  # config/forget.yaml: layer_modified [22] on Llama-3-8B-Instruct
 
 
