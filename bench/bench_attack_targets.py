@@ -15,7 +15,9 @@ only, `known_only`; the app's seeded sample of 128 retain examples), GROM with `
 the epochs the grid ran: a method with no SmolLM2 starting point otherwise trains the
 recipe's 10), each editor (rome, memit, alphaedit, zerounlearn) as the studio's
 Compare runs it (its defaults, on `grom.methods.editors.locate_then_edit.editor_band` of the
-target's GROM band: layers 4-8 where GROM's ends at the top layer), then
+target's GROM band: layers 4-8 where GROM's ends at the top layer), LUNAR ("lunar":
+upstream's AdamW fit at its defaults, "lunar@LR" at another lr; "lunar-cf": the same
+objective solved in closed form; grom.methods.lunar, at its own layer), then
 `grom.robustness.run_attacks` on each edit exactly as the "Is it gone?" panel calls it
 (components/attack_panel.compute_attacks): the held-out probes (eval_sets["probes"], never
 fitted), fitted = the edit's forget questions, holdout = the other targets' held-out answers
@@ -58,6 +60,7 @@ from grom import PRESETS, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
+from grom.methods.lunar import LunarConfig, run_lunar  # noqa: E402
 from grom.model.arch import num_layers  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 from grom.robustness import attack_names, probe_recall, probes_from_examples, run_attacks  # noqa: E402
@@ -112,6 +115,12 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
                           EditorConfig(layers=band, prompt_format=bench.prompt_format, seed=args.seed))
         return edit, time.perf_counter() - t0, {"layers": list(band), "grom_band": list(args.grom_band)}
     name, lr = method_spec(method)
+    if name in LUNAR_SOLVERS:  # upstream's fit (or its closed form) at its own layer, its defaults
+        config = LunarConfig(solver=LUNAR_SOLVERS[name], prompt_format=bench.prompt_format, seed=args.seed,
+                             **({} if lr is None else {"lr": lr}))
+        edit = run_lunar(model, tok, bench.forget, bench.retain, config)
+        return edit, time.perf_counter() - t0, {"solver": config.solver, "lr": config.lr, "epochs": config.epochs,
+                                                "layer": edit.info["layer"], "coeff": config.coeff}
     recipe = recipe_for_task(bench.task).name
     point = starting_point(args.model, name, recipe)
     lr = point.lr if lr is None else lr
@@ -119,6 +128,9 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
     edit = run_baseline(name, model, tok, bench.forget, bench.retain, recipe=recipe, epochs=epochs,
                         lr=lr, seed=args.seed, prompt_format=bench.prompt_format)
     return edit, time.perf_counter() - t0, {"recipe": recipe, "lr": lr, "epochs": epochs}
+
+
+LUNAR_SOLVERS = {"lunar": "adamw", "lunar-cf": "closed-form"}
 
 
 def method_spec(spec: str) -> tuple[str, float | None]:
@@ -215,6 +227,8 @@ def _label(method: str) -> str:
     if method == GROM or method in EDITORS:
         return "GROM" if method == GROM else EDITORS[method].label
     name, lr = method_spec(method)
+    if name in LUNAR_SOLVERS:
+        return {"lunar": "LUNAR", "lunar-cf": "LUNAR (closed form)"}[name] + ("" if lr is None else f" {lr:g}")
     return get_method(name).label + ("" if lr is None else f" {lr:g}")
 
 
@@ -296,7 +310,7 @@ def main(argv=None) -> None:
                      for k, v in (p.split("=") for p in args.set.split(",") if p.strip())}
     args.methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
-        if m != GROM and m not in EDITORS:
+        if m != GROM and m not in EDITORS and method_spec(m)[0] not in LUNAR_SOLVERS:
             get_method(method_spec(m)[0])  # an unknown method or a bad lr fails here, before the model loads
     attack_names(args.attacks)
     if args.relearn_grid and not args.calibrate_relearn:

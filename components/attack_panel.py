@@ -29,7 +29,15 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core.comparators import check_editor, check_gpu_time, comparator_label, is_editor, train_comparator
+from components.core.comparators import (
+    check_editor,
+    check_gpu_time,
+    check_redirection,
+    comparator_label,
+    is_editor,
+    is_redirection,
+    train_comparator,
+)
 from components.core.comparison import shared_model
 from components.core.costs import check_job
 from components.core.device import DEVICE_LOCK, device_progress, local_progress, on_device
@@ -364,6 +372,9 @@ def _baseline_settings(with_baseline: bool, method, epochs, lr, bench=None) -> t
     if is_editor(method):
         name = str(method).strip().lower()
         return (name, *check_editor(name, bench, epochs, lr))
+    if is_redirection(method):
+        name = str(method).strip().lower()
+        return (name, *check_redirection(name, bench, epochs, lr))
     try:
         row = get_method(str(method or ""))
     except (KeyError, ValueError) as err:

@@ -26,14 +26,17 @@ from components.core.comparators import (
     band_note,
     check_editor,
     check_gpu_time,
+    check_redirection,
     check_trainable,
     comparator_choices,
     comparator_label,
     editor_boxes,
     glossary,
     is_editor,
+    is_redirection,
     key_note,
     parse_method,
+    redirection_boxes,
     train_comparator,
     unavailable,
 )
@@ -83,8 +86,8 @@ def default_epochs(method: str, key: ModelKey | None = None) -> float:
 def defaults_of(method: str, key: ModelKey | None = None) -> tuple[float, float]:
     """(learning rate, epochs) a run of `method` starts from on the model; for an editor,
     its value optimisation's (learning rate, steps)."""
-    if is_editor(method):
-        b = editor_boxes()
+    if is_editor(method) or is_redirection(method):
+        b = editor_boxes() if is_editor(method) else redirection_boxes()
         return b.rate, b.count
     return default_lr(method, key), default_epochs(method, key)
 
@@ -105,8 +108,8 @@ def on_method_change(method: str, session: Session):
     model; for an editor, its value optimisation's steps and learning rate, the boxes
     relabelled to say so; each box's line says it holds the default."""
     lr, epochs = defaults_of(method, session.model_key)
-    if is_editor(method):
-        b = editor_boxes()
+    if is_editor(method) or is_redirection(method):
+        b = editor_boxes() if is_editor(method) else redirection_boxes()
         return (gr.update(value=lr, label=b.rate_label, info=default_note(lr, lr, True)),
                 gr.update(value=epochs, label=b.count_label, info=default_note(epochs, epochs, True)))
     return (gr.update(value=lr, label="Learning rate", info=default_note(lr, lr)),
@@ -117,7 +120,7 @@ def on_setting_change(method: str, epochs, lr, session: Session):
     """Epochs or learning rate typed: each box's line says whether it still holds the
     model's default, and which that is (`default_note`)."""
     d_lr, d_epochs = defaults_of(method, session.model_key)
-    editor = is_editor(method)
+    editor = is_editor(method) or is_redirection(method)  # the method's own defaults, not the model's
     return gr.update(info=default_note(epochs, d_epochs, editor)), gr.update(info=default_note(lr, d_lr, editor))
 
 
@@ -315,6 +318,12 @@ def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, fi
                 f"{', '.join(str(l) for l in edit.band)}; the value optimisation {settings['epochs']:g} steps at lr "
                 f"{settings['lr']:g}, {edit.timings.get('values', 0.0):.1f} s of it): updated the weights in "
                 f"**{t:.1f} s**")
+    elif is_redirection(method):
+        head = (f"**{label}** (activation redirection: the down_proj of layer {info.get('layer', '?')} refitted on "
+                f"{info.get('forget_rows', '?')} forget and {info.get('retain_rows', '?')} retain prompt tokens, "
+                f"{settings['epochs']:g} epochs of AdamW at lr {settings['lr']:g}; the forget tokens reach "
+                f"{info.get('forget_reach', float('nan')):.0%} of the refusal shift): updated the weights in "
+                f"**{t:.1f} s**")
     else:
         epochs = f"{settings['epochs']:g} epoch{'' if settings['epochs'] == 1 else 's'}"
         head = (f"**{label}**, {epochs} ({info.get('steps', '?')} optimizer steps of {info.get('batch_size', '?')} × "
@@ -359,6 +368,10 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
         method = str(method).strip().lower()
         label = comparator_label(method)
         epochs, lr = check_editor(method, bench, epochs, lr)
+    elif is_redirection(method):
+        method = str(method).strip().lower()
+        label = comparator_label(method)
+        epochs, lr = check_redirection(method, bench, epochs, lr)
     else:
         row = parse_method(method)
         method, label = row.name, row.label
@@ -402,8 +415,8 @@ def build_baseline_panel() -> SimpleNamespace:
     """The accordion's widgets: method, epochs, learning rate, the method's note, Run; the
     summary and table."""
     trained = [r.label for r in METHODS.values()]
-    with gr.Accordion(f"Compare with a baseline: {len(trained)} trained methods ({', '.join(trained[:4])}, ...) "
-                      f"and the editors {', '.join(e.label for e in EDITORS.values())}",
+    with gr.Accordion(f"Compare with a baseline: {len(trained)} trained methods ({', '.join(trained[:4])}, ...), "
+                      f"the editors {', '.join(e.label for e in EDITORS.values())} and LUNAR",
                       open=False,
                       elem_id="baseline-panel"):
         text.md(text.BASELINE, elem_classes="panel-intro")

@@ -175,3 +175,26 @@ def test_the_summary_says_how_many_facts_key_off_their_subject():
 
     assert key_note({"facts": 40, "subject_last_keys": 40}) == "" == key_note({}) == key_note(None)
     assert key_note({"facts": 40, "subject_last_keys": 34}).startswith(" 6 of the 40 facts' questions")
+
+
+def test_lunar_is_in_the_method_box_and_runs_through_compare(demo_session):
+    """LUNAR (grom.methods.lunar) beside the others: in the box with its glossary line, its
+    two boxes its AdamW epochs and learning rate, refused where the split lacks a retain
+    set, and one run through the Compare panel's handler (2 epochs) joins the history."""
+    from components.core.comparators import check_redirection, redirection_boxes
+
+    session = demo_session
+    labels = dict((name, label) for label, name in bp.method_choices(session.benchmark))
+    assert labels["lunar"].startswith("LUNAR: ") and "activation redirection" in labels["lunar"]
+    assert glossary("lunar").startswith("**LUNAR** (activation redirection") and "NeurIPS 2025" in glossary("lunar")
+    lr, epochs = bp.on_method_change("lunar", session)
+    assert (lr["value"], epochs["value"]) == (0.01, 20) and epochs["label"] == redirection_boxes().count_label
+    bare = Benchmark("custom", "forget", session.benchmark.forget[:4], ())
+    assert dict((n, lab) for lab, n in bp.method_choices(bare))["lunar"] == "⊘ LUNAR: not on this split (no retain set)"
+    with pytest.raises(UserError, match="retain set"):
+        check_redirection("lunar", bare, 2, 0.01)
+    summary, _table = bp.on_run_baseline.__wrapped__("lunar", 2, 0.01, N, False, session, progress=no_progress)
+    assert summary.startswith("**LUNAR** (activation redirection: the down_proj of layer 4 refitted") and \
+        "2 epochs of AdamW at lr 0.01" in summary
+    row = runs_history.history(session)[-1]
+    assert row["source"] == "LUNAR" and "Final score" in row["metrics"]

@@ -37,7 +37,8 @@ def test_every_method_is_one_row_of_one_registry():
     assert names("closed-form") == ("grom",)
     assert names("trained") == tuple(METHODS) and len(METHODS) == 15
     assert names("editor") == tuple(EDITORS) == ("rome", "memit", "alphaedit", "zerounlearn")
-    assert set(ALL) == set(METHODS) | set(EDITORS) | {"grom"}
+    assert names("redirection") == ("lunar",)
+    assert set(ALL) == set(METHODS) | set(EDITORS) | {"grom", "lunar"}
     for name, entry in ALL.items():
         assert (entry.family in FAMILIES and entry.label and entry.description
                 and family_of(name.upper()) == entry.family)

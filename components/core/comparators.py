@@ -1,12 +1,15 @@
 """Every method the studio can run beside GROM, by one name: the trained methods of
 `grom.methods.METHODS` (GA, GradDiff, NPO, SimNPO, IDK-NLL, ...) and the closed-form
 locate-then-edit editors of `grom.methods.EDITORS` (ROME, MEMIT, AlphaEdit,
-ZeroUnlearn). The Compare tab's baseline and the "Is it gone?" tab both train through
-`run_comparator`, so each lists, checks and runs the same methods.
+ZeroUnlearn), and LUNAR (the "redirection" family, grom.methods.lunar: one down_proj refitted
+so that the forget activations move along a refusal direction). The Compare tab's baseline
+and the "Is it gone?" tab both train through `run_comparator`, so each lists, checks and runs the same methods.
 
 The two kinds share the panel's two number boxes: a trained method reads them as epochs
 and learning rate; an editor as the steps and learning rate of its per-fact value
-optimisation (`grom.methods.editors.value_optimisation.ValueSettings`), the only backpropagation it needs.
+optimisation (`grom.methods.editors.value_optimisation.ValueSettings`), the only backpropagation it needs;
+LUNAR as the epochs and learning rate of its AdamW fit of one down_proj (upstream's 20 and 0.01),
+at its own layer (upstream's relative depth, `lunar_layer`), in one call like an editor.
 An editor edits GROM's band of the session's edit where there is one (the paper's terms:
 the same keys and retain covariance, only the update rule differs), unless that band ends
 at the model's last layer (`editor_band`): there a value vector at the subject's token
@@ -37,6 +40,7 @@ from grom.methods import (
     EDITORS,
     METHODS,
     EditorConfig,
+    LunarConfig,
     Method,
     Reason,
     RunSettings,
@@ -44,6 +48,7 @@ from grom.methods import (
     editor_band,
     family_of,
     get,
+    names,
     recipe_for_task,
     trainable_reason,
 )
@@ -68,6 +73,17 @@ def is_editor(name: str) -> bool:
     return family_of(name) == "editor"
 
 
+def is_redirection(name: str) -> bool:
+    """LUNAR's family: one matrix refitted on forward-pass activations (grom.methods.lunar)."""
+    return family_of(name) == "redirection"
+
+
+def is_trained(name: str) -> bool:
+    """A trained method (fine-tuning with a loss), which ZeroGPU splits into calls; the
+    editors and LUNAR run in one."""
+    return family_of(name) == "trained"
+
+
 def comparator_choices(bench=None) -> list[tuple[str, str]]:
     """(label, name) of every method: "GA: what it does", then "ROME: ... (closed-form
     editor; needs facts with a subject)". With a benchmark, a method that cannot run on it
@@ -75,11 +91,15 @@ def comparator_choices(bench=None) -> list[tuple[str, str]]:
     trained = [(f"{row.label}: {row.description.rstrip('.')}", name) for name, row in METHODS.items()]
     editors = [(f"{e.label}: {e.description.split(';')[0]} (closed-form editor; needs facts with a subject)", name)
                for name, e in EDITORS.items()]
+    redirection = [(f"{get(name).label}: {get(name).description.split(':', 1)[-1].split(';')[0].strip()} "
+                    "(activation redirection; needs questions and a retain set)", name)
+                   for name in names("redirection")]
     if bench is None:
-        return trained + editors
-    gaps = {name: gap(name, bench) for _, name in trained + editors}
+        return trained + editors + redirection
+    everything = trained + editors + redirection
+    gaps = {name: gap(name, bench) for _, name in everything}
     return [(label if gaps[name] is None else f"⊘ {comparator_label(name)}: not on this split ({gaps[name][0]})",
-             name) for label, name in trained + editors]
+             name) for label, name in everything]
 
 
 def glossary(name: str) -> str:
@@ -90,12 +110,46 @@ def glossary(name: str) -> str:
         return f"**{EDITORS[name].label}** (closed-form editor on GROM's keys): {EDITORS[name].description}"
     if name in METHODS:
         return f"**{METHODS[name].label}** (trained method): {METHODS[name].description}"
+    if is_redirection(name):
+        return (f"**{get(name).label}** (activation redirection, one down_proj refitted; the boxes are its "
+                f"epochs and learning rate): {get(name).description}")
     return ""
 
 
 def comparator_label(name: str) -> str:
     name = str(name or "").strip().lower()
+    if is_redirection(name):
+        return get(name).label
     return EDITORS[name].label if name in EDITORS else METHODS[name].label
+
+
+def redirection_boxes() -> Boxes:
+    """LUNAR's boxes: its AdamW fit's epochs and learning rate (upstream's defaults)."""
+    c = LunarConfig()
+    return Boxes("Epochs (AdamW fit of one down_proj)", "Learning rate", c.epochs, c.lr)
+
+
+def check_redirection(name: str, bench, epochs, lr) -> tuple[int, float]:
+    """LUNAR's (epochs, lr), checked, and the split checked to hold what it needs (forget
+    questions, a retain set); a `UserError` that names what is missing, before any work."""
+    label = comparator_label(name)
+    try:
+        epochs_f, lr_f = float(epochs), float(lr)
+    except (TypeError, ValueError):
+        raise UserError(f"{label}'s epochs and learning rate must be numbers (got {shorten(epochs)}, "
+                        f"{shorten(lr)}).") from None
+    if not (math.isfinite(epochs_f) and 1 <= epochs_f <= limit("GROM_MAX_EPOCHS") and epochs_f == int(epochs_f)):
+        raise UserError(f"Epochs = {shorten(epochs)}: a whole number from 1 to {limit('GROM_MAX_EPOCHS')} "
+                        "(upstream: 20).")
+    if not (math.isfinite(lr_f) and 0 < lr_f < 1):
+        raise UserError(f"Learning rate = {shorten(lr)}: a number above 0 and below 1 (upstream: 0.01).")
+    missing = can_run(name, None, bench)
+    if missing:
+        raise UserError(missing[1])
+    if len(bench.forget) > limit("GROM_MAX_EXAMPLES"):
+        raise over(f"{label} reads every prompt token of the forget set, and {bench.name}/{bench.split} has {{n}}",
+                   len(bench.forget), "GROM_MAX_EXAMPLES")
+    return int(epochs_f), lr_f
 
 
 def editor_boxes() -> Boxes:
@@ -151,7 +205,7 @@ def gap(name: str, bench) -> Reason | None:
     refused with)."""
     if bench is None:
         return None
-    return can_run(name if is_editor(name) else parse_method(name).name, None, bench)
+    return can_run(name if is_editor(name) or is_redirection(name) else parse_method(name).name, None, bench)
 
 
 def unavailable(name: str, bench) -> str | None:
@@ -195,6 +249,10 @@ def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float
         config = EditorConfig(layers=editor_band(band, num_layers(model)), prompt_format=bench.prompt_format,
                               values=ValueSettings(steps=int(count), lr=float(rate)))
         return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress)
+    if method.family == "redirection":
+        config = LunarConfig(**{**method.defaults(model), "epochs": int(count), "lr": float(rate),
+                                "prompt_format": bench.prompt_format})
+        return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress)
     settings = RunSettings(recipe=recipe_for_task(bench.task).name, epochs=count, lr=rate,
                            prompt_format=bench.prompt_format)
     return method.run(model, tokenizer, bench.forget, bench.retain, settings, progress=progress, part=part,
@@ -224,7 +282,7 @@ def train_comparator(key: ModelKey, bench, name: str, count: float, rate: float,
     method runs as GPU calls that each fit GROM_GPU_SECONDS (`train_plan`), its state
     carried between them in a checkpoint file (components.core.train_parts), its progress
     and Stop relayed from the worker; an editor is one call."""
-    if not ON_ZEROGPU or is_editor(name):
+    if not ON_ZEROGPU or not is_trained(name):
         return train_call(key, bench, name, count, rate, band, None, device_progress(progress))
     plan = train_plan(key, bench, name, count)
     if plan is None:  # not loaded: the call says so
@@ -238,7 +296,7 @@ def check_gpu_time(key: ModelKey, bench, name: str, count: float) -> None:
     checkpoint read and written) cannot fit one GPU call. A longer training is split into
     calls (`train_comparator`); its total is bounded by GROM_MAX_EPOCHS x GROM_MAX_EXAMPLES
     (the panel's checks, before this one)."""
-    if not ON_ZEROGPU or is_editor(name):
+    if not ON_ZEROGPU or not is_trained(name):
         return
     plan = train_plan(key, bench, name, count)
     if plan is not None:

@@ -2,6 +2,7 @@
 import gradio as gr
 
 from grom.eval.metric_sources import IMPLEMENTATIONS, metric_source
+from grom.methods.lunar import SOURCE as LUNAR_SOURCE
 
 LATEX = [{"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}]
 
@@ -99,7 +100,10 @@ BASELINE = ("The trained baselines unlearn by fine-tuning: for several epochs th
             "steps and learning rate): only the update rule differs from GROM's. They need facts "
             "with a subject (real knowledge, ZsRE, the demo, TOFU (its authors, read from each one's 20 "
             "questions), or a `subject` column in your file); "
-            "on a split without them they are greyed out (⊘) and the line under the box says why.")
+            "on a split without them they are greyed out (⊘) and the line under the box says why. "
+            "LUNAR refits one layer's down_proj so the forget questions' activations move along a "
+            "refusal direction (the glossary below says how); its two boxes are its epochs and "
+            "learning rate.")
 
 BASELINE_RECIPE = ("OpenUnlearning's recipe for the benchmark: AdamW on the weights in the model's "
                    "own dtype; TOFU-style and fact benchmarks: batch 8 × 4 accumulation steps (32), "
@@ -243,6 +247,14 @@ harmonic mean of the share of known forget facts forgotten and the share of know
 (0 for the unedited model and for one that forgets by wrecking the rest){_from("Knowledge score")}. **Final score**: the paper's
 TOFU (model utility averaged with the forget side's 1 − ROUGE, 1 − prob, 1 − ES), MUSE or WMDP
 formula: read it beside the retain cost, since forgetting more can raise it while the retain set suffers{_from("Final score")}.
+
+*Methods beside GROM.* **LUNAR** (Compare's method box): takes a "refusal" direction, the mean residual
+activation after one layer at the prompt's last token over prompts a chat model refuses, minus the mean over the
+forget questions; then refits that layer's MLP output matrix (down_proj) so that at every token of the forget
+questions the MLP's output moves by 2 × that direction while the retain questions' outputs stay, by AdamW on the
+mean squared error (20 epochs, lr 0.01, the rate × 0.9 each epoch). Like GROM it edits a down_proj from forward
+passes alone; its objective is GROM's least squares with another target (`solver="closed-form"` solves it
+exactly). Source: {LUNAR_SOURCE}.
 
 *Implementations.* {" ".join(f"**{name}**: {where}." for name, where in IMPLEMENTATIONS.items())}
 """  # noqa: E501  one Markdown list item a line, as the page shows it

@@ -1,8 +1,10 @@
 """Every unlearning method, in one registry (grom.methods.registry): GROM (grom.methods.grom,
 closed-form), the trained methods (grom.methods.trained: GA, GradDiff, NPO, SimNPO,
 IDK-NLL, IDK-DPO, UNDIAL, WGA, SatImp, CE-U, PDU, RMU, TaskVector, AltPO, RKLD) and the
-locate-then-edit editors (grom.methods.editors: ROME, MEMIT, AlphaEdit, ZeroUnlearn); each
-method is a file that registers its row when imported (was grom/baselines/).
+locate-then-edit editors (grom.methods.editors: ROME, MEMIT, AlphaEdit, ZeroUnlearn) and
+LUNAR (grom.methods.lunar, family "redirection": one down_proj refitted so the forget
+activations move along a refusal direction); each method is a file that registers its row
+when imported (was grom/baselines/).
 
 A row (`MethodEntry`) says what data and model the method can run on (`can_run(model,
 data)`: None or a `Reason`), its defaults fitted to a model (`defaults(model)`) and how to
@@ -35,6 +37,8 @@ from grom.methods.editors.locate_then_edit import (EDITORS, EditorConfig, Editor
                                                    editor_reason, get_editor, register_editor, run_editor)
 from grom.methods import editors as _editors  # noqa: F401  (registers ROME, MEMIT, AlphaEdit, ZeroUnlearn)
 from grom.methods.editors.value_optimisation import ValueSettings
+from grom.methods import lunar as _lunar  # noqa: F401  (registers LUNAR, after the editors)
+from grom.methods.lunar import LunarConfig, run_lunar
 from grom.methods.trained.starting_points import MODEL_DEFAULTS, StartingPoint, starting_point
 from grom.methods.trained.losses import ga_loss, kl_to_reference, mean_nll, npo_loss, sequence_nll, simnpo_loss
 from grom.methods.trained.alternates import generate_alternates
@@ -45,12 +49,12 @@ from grom.methods.trained.settings import RunSettings, Settings, resolve_setting
 from grom.methods.trained.trained_edit import run_baseline, train_in_place
 
 __all__ = [
-    "ALL", "BASELINES", "EDITORS", "FAMILIES", "METHODS", "MODEL_DEFAULTS", "RECIPES", "REFUSALS",
-    "EditorConfig", "EditorMethod", "LossInputs", "Method", "MethodEntry", "Reason", "Recipe", "RunSettings",
+    "ALL", "BASELINES", "EDITORS", "FAMILIES", "METHODS", "MODEL_DEFAULTS", "RECIPES", "REFUSALS", "EditorConfig",
+    "EditorMethod", "LossInputs", "LunarConfig", "Method", "MethodEntry", "Reason", "Recipe", "RunSettings",
     "Settings", "StartingPoint", "UnknownMethod", "ValueSettings", "answer_nll", "can_run", "chunk_texts",
     "editor_band", "editor_reason", "encode_sequences", "family_of", "ga_loss", "generate_alternates", "get",
-    "get_editor", "get_method", "get_recipe", "idk_alternates", "kl_to_reference", "mean_nll", "names",
-    "npo_loss", "recipe_for_task", "register", "register_editor", "register_method", "resolve_settings",
-    "run_baseline", "run_editor", "sequence_nll", "simnpo_loss", "starting_point", "train_in_place",
+    "get_editor", "get_method", "get_recipe", "idk_alternates", "kl_to_reference", "mean_nll", "names", "npo_loss",
+    "recipe_for_task", "register", "register_editor", "register_method", "resolve_settings", "run_baseline",
+    "run_editor", "run_lunar", "sequence_nll", "simnpo_loss", "starting_point", "train_in_place",
     "trainable_reason", "unregister", "unregister_method",
 ]

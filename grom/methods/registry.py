@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple
 
-Family = Literal["closed-form", "trained", "editor"]
-FAMILIES: tuple[str, ...] = ("closed-form", "trained", "editor")
+Family = Literal["closed-form", "trained", "editor", "redirection"]
+# redirection: a method that refits one matrix so that forward-pass activations move to targets (LUNAR)
+FAMILIES: tuple[str, ...] = ("closed-form", "trained", "editor", "redirection")
 
 
 class Reason(NamedTuple):

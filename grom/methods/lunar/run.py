@@ -1,0 +1,214 @@
+"""LUNAR's run and its row of the method registry: `LunarConfig`, `run_lunar`, `lunar_layer`.
+
+One run (upstream's `run_lunar.py`, commit dfa56eb0291a93e967284a9ec2d28d5572d235b1, for
+one layer, its config's `layer_modified: [22]` of Llama-3-8B's 32):
+1. the refusal direction r at block l's output, last prompt token (refusal prompts minus
+   forget prompts, grom.methods.lunar.activations);
+2. the rows: down_proj's inputs and outputs at every token of the forget and retain
+   prompts; the forget targets moved by coeff r;
+3. the fit of block l's down_proj to them: upstream's AdamW training (`solver="adamw"`) or
+   the same least-squares objective solved exactly on GROM's solver
+   (`solver="closed-form"`, grom.methods.lunar.fit).
+The result is a `grom.Edit` with one patch, W - W0 of that down_proj (applied, reverted,
+saved and checked as an editor's: `config.layers` is (l,), one `LayerRecord`); the model
+is left as it was found.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+from grom.closed_form.config import EditConfig
+from grom.closed_form.keys import pad_id
+from grom.data.prompts import PromptFormat
+from grom.data.schema import TextExample, as_examples
+from grom.edit import Edit, LayerRecord
+from grom.methods.lunar.activations import encode_instructions, read_activations, refusal_direction
+from grom.methods.lunar.fit import closed_form_patch, fit_adamw, mse, training_rows
+from grom.methods.lunar.prompts import KINDS, refusal_prompts
+from grom.methods.registry import MethodEntry, Reason, register, where
+from grom.model.arch import edited_matrix, loaded_from, num_layers, residual_gain
+
+SOLVERS = ("adamw", "closed-form")
+SOURCE = ("Shen et al., \"LUNAR: LLM Unlearning via Neural Activation Redirection\", NeurIPS 2025; "
+          "code github.com/facebookresearch/LUNAR, read at commit dfa56eb0291a93e967284a9ec2d28d5572d235b1 "
+          "(run_lunar.py, src/generate_directions.py, src/estimated_net_utils.py, config/forget.yaml)")
+"""Where LUNAR comes from, for the studio's glossary."""
+UPSTREAM_LAYER, UPSTREAM_DEPTH = 22, 32  # config/forget.yaml: layer_modified [22] on Llama-3-8B-Instruct
+
+
+def lunar_layer(n_layers: int) -> int:
+    """The block LUNAR edits on an `n_layers`-layer model: upstream's 22 of 32 at the same
+    relative depth, below the last block (the direction is read at the next block's input)."""
+    return max(0, min(n_layers - 2, round(n_layers * UPSTREAM_LAYER / UPSTREAM_DEPTH)))
+
+
+@dataclass(frozen=True)
+class LunarConfig:
+    """A LUNAR run's settings: upstream's config/forget.yaml and run_lunar.py unless said."""
+
+    layer: int | None = None  # the block whose down_proj is rewritten; None: `lunar_layer`
+    coeff: float = 2.0  # coeff_list [+2.0]
+    epochs: int = 20  # num_epochs (README's example: 10)
+    lr: float = 0.01  # lr
+    batch_size: int = 64  # rows (tokens) per optimizer step: run_lunar.py's DataLoader
+    gamma: float = 0.9  # ExponentialLR, stepped each epoch
+    weight_decay: float = 0.01  # torch AdamW's default, which upstream keeps
+    prompts: str = "harmful"  # the direction's refusal prompts: use_harmful (default) or "unverifiable"
+    solver: str = "adamw"  # upstream's training, or "closed-form": the same objective solved exactly
+    rho: float = 1e-6  # the closed form's ridge (GROM's mu = rho x mean diagonal); ours, not upstream's
+    prompt_format: PromptFormat | None = None
+    max_length: int = 512
+    seed: int = 0  # the shuffling of the rows
+    forward_batch: int = 16  # prompts per forward pass (upstream: 1 for the rows, 32 for the direction)
+
+    def __post_init__(self) -> None:
+        bad = []
+        for k in ("coeff", "lr", "gamma", "rho"):
+            x = getattr(self, k)
+            if not (isinstance(x, (int, float)) and math.isfinite(x) and (x > 0 or (k == "coeff" and x != 0))):
+                bad.append(f"{k} = {x!r} must be a {'non-zero' if k == 'coeff' else 'positive'} number")
+        if not (isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < float("inf")):
+            bad.append(f"weight_decay = {self.weight_decay!r} must be a number >= 0")
+        for k, hi in (("epochs", 1000), ("batch_size", 1 << 20), ("forward_batch", 4096), ("max_length", 1 << 16)):
+            x = getattr(self, k)
+            if not (isinstance(x, int) and 1 <= x <= hi):
+                bad.append(f"{k} = {x!r}: use a whole number from 1 to {hi}")
+        if self.layer is not None and not (isinstance(self.layer, int) and self.layer >= 0):
+            bad.append(f"layer = {self.layer!r}: use a block index >= 0, or None")
+        if self.prompts not in KINDS:
+            bad.append(f"prompts = {self.prompts!r}: use one of {', '.join(KINDS)}")
+        if self.solver not in SOLVERS:
+            bad.append(f"solver = {self.solver!r}: use one of {', '.join(SOLVERS)}")
+        if bad:
+            raise ValueError(f"LunarConfig: {bad[0]}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **kw) -> "LunarConfig":
+        return dataclasses.replace(self, **kw)
+
+
+NORMALISED = ("LUNAR rewrites the MLP output (down_proj) of a model whose MLP output reaches the residual stream "
+              "linearly; this model normalises it first")
+
+
+def lunar_reason(model, data) -> Reason | None:
+    """What LUNAR lacks on `data` (None: nothing): forget questions (instructions), a
+    retain set (its retain rows hold the other prompts' activations), and with a `model`, an
+    MLP output that reaches the residual stream linearly."""
+    at, forget = where(data), tuple(getattr(data, "forget", None) or ())
+    if not forget:
+        return Reason("no forget set", f"LUNAR needs examples to forget: {at} has none.")
+    if any(isinstance(ex, TextExample) for ex in forget):
+        return Reason("needs questions", f"LUNAR redirects the activations of the forget questions at their "
+                      f"prompt tokens: {at} is a text corpus, with no questions.")
+    if not getattr(data, "retain", None):
+        return Reason("no retain set", f"LUNAR needs a retain set (its rows keep the other prompts' "
+                      f"activations where they are): {at} has none.")
+    if model is not None and residual_gain(model, "down_proj") is None:
+        return Reason("MLP output normalised", NORMALISED)
+    return None
+
+
+def lunar_defaults(model=None) -> dict:
+    """LUNAR's settings by default, its layer fitted to `model` (`lunar_layer`)."""
+    config = LunarConfig()
+    if model is not None:
+        config = config.replace(layer=lunar_layer(num_layers(model)))
+    return config.to_dict()
+
+
+def _rows_and_direction(model, tokenizer, forget, retain, config: LunarConfig, layer: int, pid: int):
+    enc = lambda xs: encode_instructions(tokenizer, xs, config.prompt_format, config.max_length)  # noqa: E731
+    f = read_activations(model, enc(forget), layer, pid, config.forward_batch)
+    r = read_activations(model, enc(retain), layer, pid, config.forward_batch)
+    refusals = read_activations(model, enc(refusal_prompts(config.prompts)), layer, pid, config.forward_batch,
+                                keys=False)
+    return f, r, refusal_direction(refusals.last, f.last)
+
+
+def run_lunar(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: LunarConfig | None = None,
+              progress: Callable[[float, str], None] | None = None, **_) -> Edit:
+    """LUNAR's edit of `forget`, keeping `retain` (see the module docstring); the model is
+    returned as it was found (nothing is written to it)."""
+    config, progress, t_start = config or LunarConfig(), progress or (lambda *_: None), time.perf_counter()
+    forget, retain = as_examples(forget), as_examples(retain)
+    why = lunar_reason(model, SimpleNamespace(forget=forget, retain=retain))
+    if why:
+        raise ValueError(why.message)
+    n = num_layers(model)
+    layer = lunar_layer(n) if config.layer is None else config.layer
+    if not 0 <= layer < n:
+        raise ValueError(f"layer {layer} is outside the model: it has layers 0..{n - 1}")
+    gain = residual_gain(model, "down_proj")
+    t = edited_matrix(model, "down_proj", layer)
+    param = model.get_parameter(t.param_name)
+    was_training = model.training
+    model.eval()
+    try:
+        progress(0.0, f"activations at layer {layer}")
+        f, r, direction = _rows_and_direction(model, tokenizer, forget, retain, config, layer, pad_id(tokenizer))
+    finally:
+        model.train(was_training)
+    timings = {"activations": time.perf_counter() - t_start}
+    rows = training_rows(f.keys, f.outputs, r.keys, r.outputs, direction, config.coeff, gain)
+    W0 = t.from_param(param.detach()).cpu()
+    t0 = time.perf_counter()
+    losses: list[float] = []
+    if config.solver == "adamw":
+        W, losses = fit_adamw(W0, rows, lr=config.lr, epochs=config.epochs, batch_size=config.batch_size,
+                              gamma=config.gamma, weight_decay=config.weight_decay, gain=gain, seed=config.seed,
+                              progress=lambda x, m: progress(0.2 + 0.75 * x, m))
+        P = W.double() - W0.double()
+    else:
+        progress(0.5, "closed-form solve")
+        P = closed_form_patch(f.keys, r.keys, direction, config.coeff, gain=gain, rho=config.rho)
+    timings["solve"] = time.perf_counter() - t0
+    patch = t.to_param(P.to(param.dtype)).to(param.device)
+    if not torch.isfinite(patch).all():
+        raise FloatingPointError(f"LUNAR's update of {t.param_name} is not finite; lower lr or raise rho")
+    timings["total"] = time.perf_counter() - t_start
+    progress(1.0, "done")
+    info = {"settings": config.to_dict(), "layer": layer, "solver": config.solver,
+            "direction_norm": float(direction.norm()), "forget_rows": rows.n_forget,
+            "retain_rows": rows.X.shape[0] - rows.n_forget, "epoch_losses": losses,
+            "loss_before": mse(W0, rows, gain), "loss_after": mse(W0.double() + P, rows, gain),
+            **reach(P, f.keys, r.keys, direction, config.coeff, gain)}
+    edit_config = EditConfig(matrix="down_proj", layers=(layer,), prompt_format=config.prompt_format,
+                             max_length=config.max_length, seed=config.seed, keep_keys=False)
+    record = LayerRecord(t.param_name, layer, float(config.coeff), float(config.rho if config.solver != "adamw"
+                                                                         else 0.0),
+                         rows.n_forget, rows.X.shape[0] - rows.n_forget, float(P.norm()),
+                         float(W0.double().norm()), timings["solve"], t.transposed)
+    return Edit(config=edit_config, patches={t.param_name: patch.cpu()}, layers=[record], timings=timings,
+                model_name=loaded_from(model), method="lunar", info=info)
+
+
+def reach(P: torch.Tensor, forget_keys, retain_keys, direction, coeff: float, gain: float = 1.0) -> dict:
+    """How far the patch moves the rows: `forget_reach`, the mean share of coeff r that the
+    forget rows' output change covers along r (1: all of it); `retain_shift`, the retain
+    rows' mean output change relative to |coeff r| (0: held in place)."""
+    target = (coeff * direction.double())
+    size = float(target.norm()) or 1.0
+    moved_f = gain * (forget_keys.double() @ P.double().T)
+    moved_r = gain * (retain_keys.double() @ P.double().T)
+    return {"forget_reach": float((moved_f @ target).mean() / size ** 2),
+            "retain_shift": float(moved_r.norm(dim=1).mean() / size)}
+
+
+LUNAR = register(MethodEntry(
+    "lunar", "LUNAR", "redirection", "LUNAR (Shen et al., NeurIPS 2025): rewrites one layer's MLP output matrix "
+    "so that the forget questions' activations move along a refusal direction (the mean activation of prompts the "
+    "model refuses minus the forget prompts') while the retain questions' stay, by AdamW on the mean squared "
+    "error (or its closed form); needs forget questions and a retain set.",
+    can_run=lunar_reason, defaults=lunar_defaults, run=lambda model, tokenizer, forget, retain, settings=None, **kw:
+    run_lunar(model, tokenizer, forget, retain, settings, **kw), detail=None))
