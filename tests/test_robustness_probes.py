@@ -271,7 +271,7 @@ def test_a_type_that_makes_no_probe_reports_none_and_counts_the_left_out(edited)
 
 
 def test_every_bundled_target_has_written_multi_hop_and_alias_probes():
-    from grom.data.knowledge import knowledge
+    from grom.tasks.knowledge import knowledge
     know = knowledge()
     written = W.bundled_written()
     assert set(written) == set(know.targets)  # every target, and no file that is none (general, fluency)

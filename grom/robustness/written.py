@@ -11,7 +11,7 @@ per bundled real-knowledge target, in the target's file beside its QA pairs:
 
 `reaches` is the id of the target's QA pair whose fact the question reaches (that pair's
 answer states the same fact); it may be in the edit's fitted half or its held-out half
-(`grom.data.knowledge.split_probes`), and the suite reports recall on each side
+(`grom.tasks.knowledge.split_probes`), and the suite reports recall on each side
 (`grom.robustness.suite`). The checks (`read_written`): every field there, the kind one of
 `WRITTEN_KINDS`, the fact a whole-word part of the answer and not of the question (a
 question that names its answer gives it away), `reaches` a QA pair of the same file whose
@@ -36,7 +36,7 @@ from grom.text import contains_phrase, normalise_text
 WRITTEN_KINDS = ("multi_hop", "alias")
 SECTION = "written_probes"
 FOLDER = Path(grom.data.__file__).parent / "knowledge"
-"""The bundled real-knowledge targets (`grom.data.knowledge.BUNDLED`), each file with its
+"""The bundled real-knowledge targets (`grom.tasks.knowledge.BUNDLED`), each file with its
 written probes."""
 NO_TARGET = ("general", "fluency", "known")  # the bundled files that are no target
 
