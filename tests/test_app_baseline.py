@@ -113,5 +113,5 @@ def test_choosing_an_editor_relabels_the_two_boxes():
     lr, epochs = on_method_change("npo", Session())
     assert (lr["label"], epochs["label"]) == ("Learning rate", "Epochs")
     names = [n for _, n in method_choices()]
-    assert names[:4] == ["ga", "graddiff", "npo", "simnpo"] and names[-4:] == ["rome", "memit", "alphaedit",
-                                                                               "zerounlearn"]
+    assert names[:4] == ["ga", "graddiff", "npo", "simnpo"] and names[-5:] == ["rome", "memit", "alphaedit",
+                                                                               "zerounlearn", "lunar"]
