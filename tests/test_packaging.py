@@ -62,3 +62,15 @@ def test_the_installed_library_runs_the_export_snippet(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "applied True True" in out.stdout  # W + P, from the packaged demo weights
     assert "pip install ." in snippet("demo", "grom-edit")
+
+
+def test_every_package_of_grom_is_listed_for_the_wheel():
+    """pyproject.toml lists the packages by hand (grom.demo.models comes from assets/): a new
+    package under grom/ must be in the list, or the installed library cannot import it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "grom").rglob("__init__.py")}
+    assert found - listed == set(), f"add to pyproject.toml's packages: {sorted(found - listed)}"
+    assert listed - found - {"grom.demo.models"} == set(), f"listed but not a package: {sorted(listed - found)}"
