@@ -31,8 +31,8 @@ from grom.methods.registry import (ALL, FAMILIES, MethodEntry, Reason, UnknownMe
                                    names, register, unregister)
 from grom.methods import grom as _grom  # noqa: F401  (registers GROM first)
 from grom.methods.trained import BASELINES
-from grom.methods.trained.method import (METHODS, LossInputs, Method, get_method, register_method,
-                                         trainable_reason, unregister_method)
+from grom.methods.trained.method import METHODS, LossInputs, Method, get_method, trainable_reason
+from grom.methods.trained.register import register_method, unregister_method
 from grom.methods.editors.locate_then_edit import (EDITORS, EditorConfig, EditorMethod, editor_band,
                                                    editor_reason, get_editor, register_editor, run_editor)
 from grom.methods import editors as _editors  # noqa: F401  (registers ROME, MEMIT, AlphaEdit, ZeroUnlearn)

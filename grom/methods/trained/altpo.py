@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from grom.methods.trained.alternates import generate_alternates
 from grom.methods.trained.idk_dpo import idk_dpo
-from grom.methods.trained.method import Method, register_method
+from grom.methods.trained.method import Method
+from grom.methods.trained.register import register_method
 
 
 def write_alternates(model, tokenizer, forget, s, progress) -> tuple[tuple[str, ...], ...]:

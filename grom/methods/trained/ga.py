@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from grom.methods.trained.losses import ga_loss
-from grom.methods.trained.method import LossInputs, Method, register_method
+from grom.methods.trained.method import LossInputs, Method
+from grom.methods.trained.register import register_method
 
 
 def ga(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

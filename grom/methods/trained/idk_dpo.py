@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from grom.methods.trained.losses import dpo_loss
-from grom.methods.trained.method import LossInputs, Method, register_method, with_retain
+from grom.methods.trained.method import LossInputs, Method, with_retain
+from grom.methods.trained.register import register_method
 
 
 def idk_dpo(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

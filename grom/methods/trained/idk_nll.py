@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from grom.methods.trained.losses import mean_nll
-from grom.methods.trained.method import LossInputs, Method, register_method, with_retain
+from grom.methods.trained.method import LossInputs, Method, with_retain
+from grom.methods.trained.register import register_method
 
 
 def idk_nll(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import partial
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
@@ -197,27 +196,6 @@ unregister_method)."""
 def get_method(name: str) -> Method:
     """The registered trained method `name` (case and surrounding spaces ignored)."""
     return registry.get(name, "trained").detail
-
-
-def register_method(row: Method) -> Method:
-    """Add `row` to the registry as a trained method; a name already registered is refused
-    (unregister_method it first)."""
-    registry.register(MethodEntry(row.name, row.label, "trained", row.description,
-                                  can_run=lambda model, data: trainable_reason(row, model, data),
-                                  defaults=row.defaults_for, run=partial(_run, row.name), detail=row))
-    return row
-
-
-def unregister_method(name: str) -> Method:
-    """Remove the trained method `name` from the registry and return its row."""
-    return registry.unregister(name, "trained").detail
-
-
-def _run(name, model, tokenizer, forget, retain, settings=None, **kw):
-    """The registry's runner of the trained method `name`: `run_baseline`
-    (grom.methods.trained.trained_edit, which imports this module)."""
-    from grom.methods.trained.trained_edit import run_baseline
-    return run_baseline(name, model, tokenizer, forget, retain, settings, **kw)
 
 
 USABLE = (QAExample, TextExample, ChoiceExample, FactRecord)  # the example types the trainer encodes

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from grom.methods.trained.losses import npo_loss
-from grom.methods.trained.method import LossInputs, Method, register_method, with_retain
+from grom.methods.trained.method import LossInputs, Method, with_retain
+from grom.methods.trained.register import register_method
 
 
 def npo(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

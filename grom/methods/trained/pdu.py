@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from grom.methods.trained.losses import mean_nll
-from grom.methods.trained.method import LossInputs, Method, register_method
+from grom.methods.trained.method import LossInputs, Method
+from grom.methods.trained.register import register_method
 from grom.methods.trained.token_losses import pdu_forget_loss
 
 

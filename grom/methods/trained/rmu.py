@@ -19,7 +19,8 @@ import dataclasses
 
 import torch
 
-from grom.methods.trained.method import LossInputs, Method, register_method
+from grom.methods.trained.method import LossInputs, Method
+from grom.methods.trained.register import register_method
 from grom.methods.trained.token_losses import rmu_activation_loss
 
 UPSTREAM_LAYER = 7

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from grom.methods.trained.method import LossInputs, Method, register_method, with_retain
+from grom.methods.trained.method import LossInputs, Method, with_retain
+from grom.methods.trained.register import register_method
 from grom.methods.trained.token_losses import satimp_loss
 
 

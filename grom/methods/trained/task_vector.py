@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from grom.methods.trained.losses import mean_nll
-from grom.methods.trained.method import LossInputs, Method, register_method
+from grom.methods.trained.method import LossInputs, Method
+from grom.methods.trained.register import register_method
 
 
 def finetune(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
