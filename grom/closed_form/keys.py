@@ -62,6 +62,18 @@ def choice_question(ex: ChoiceExample) -> str:
     return f"{ex.question}\n{opts}\nAnswer:"
 
 
+def question_of(example) -> str | None:
+    """The question an example asks a model: a QA question, a fact's prompt, a multiple-choice
+    question with its lettered options (`choice_question`); None for a text, which asks none."""
+    if isinstance(example, QAExample):
+        return example.question
+    if isinstance(example, FactRecord):
+        return example.prompt
+    if isinstance(example, ChoiceExample):
+        return choice_question(example)
+    return None
+
+
 def answer_letter(tokenizer, fmt: PromptFormat | None, index: int) -> str:
     """The answer text of option `index` after `choice_question`: " A" after a plain prompt
     ending in "Answer:" (as the lm-evaluation-harness scores it), the bare "A" after a chat

@@ -20,9 +20,9 @@ from typing import Sequence
 
 import torch
 
-from grom.closed_form.keys import Encoded, choice_question, encode_examples
+from grom.closed_form.keys import Encoded, encode_examples, question_of
 from grom.data.prompts import PromptFormat
-from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample, as_examples
+from grom.data.schema import QAExample, TextExample, as_examples
 
 # Short, first-person refusals: `grom.eval.metrics.answer_class` reads each one as a
 # refusal (not as degenerate: "I'm afraid I don't know" has too many one-letter words for
@@ -62,12 +62,9 @@ def choose_refusals(n: int, seed: int, refusal: str | None = None) -> list[str]:
 
 
 def _question(example) -> str:
-    if isinstance(example, QAExample):
-        return example.question
-    if isinstance(example, FactRecord):
-        return example.prompt
-    if isinstance(example, ChoiceExample):
-        return choice_question(example)
+    question = question_of(example)
+    if question is not None:
+        return question
     if isinstance(example, TextExample):
         raise ValueError("the refusal target needs questions to refuse (QA, fact or multiple-choice "
                          "examples); a text corpus has none: use the suppression target for it")

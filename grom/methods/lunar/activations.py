@@ -35,9 +35,10 @@ import torch
 from torch import nn
 
 from grom.closed_form.collect import forward
-from grom.closed_form.keys import Encoded, choice_question, make_batches
+from grom.closed_form.keys import Encoded, make_batches
+from grom.closed_form.keys import question_of as example_question
 from grom.data.prompts import PromptFormat, encode_prompt
-from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
+from grom.data.schema import TextExample
 from grom.model.arch import decoder_layers, edited_matrix
 from grom.model.hooks import capture_inputs, capture_outputs, stop_after
 
@@ -48,12 +49,9 @@ def question_of(example) -> str:
     text corpus has no instruction (TypeError)."""
     if isinstance(example, str):
         return example
-    if isinstance(example, QAExample):
-        return example.question
-    if isinstance(example, FactRecord):
-        return example.prompt
-    if isinstance(example, ChoiceExample):
-        return choice_question(example)
+    question = example_question(example)
+    if question is not None:
+        return question
     if isinstance(example, TextExample):
         raise TypeError("LUNAR redirects the activations of questions (instructions); a text corpus has none")
     raise TypeError(f"LUNAR cannot read an instruction from a {type(example).__name__}")
