@@ -58,6 +58,7 @@ import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
+from grom.eval.report import evaluate  # noqa: E402
 from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
 from grom.methods.lunar import LunarConfig, run_lunar  # noqa: E402
@@ -68,6 +69,7 @@ from grom.robustness.calibration import RELEARN_STEPS, calibrate_relearn_lr, rel
 from grom.robustness.membership import holdout_of  # noqa: E402
 from grom.robustness.suite import AUC_ATTACKS  # noqa: E402
 from grom.robustness.weights import relearn_curve  # noqa: E402
+from grom.tasks import get_task  # noqa: E402
 from grom.tasks.knowledge import FORGET3  # noqa: E402
 
 GROM = "grom"
@@ -100,13 +102,16 @@ def _grom_config(args, bench):
 
 
 def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict]:
-    """(edit, seconds, settings) of one method on `bench`: GROM with the preset, a
-    baseline at its starting point for this model."""
+    """(edit, seconds, settings) of one method on `bench`: GROM with the preset (or its
+    refusal target, "grom:refusal"), a baseline at its starting point for this model."""
     t0 = time.perf_counter()
-    if method == GROM:
-        edit = run_edit(model, tok, bench.forget, bench.retain, _grom_config(args, bench))
-        args.grom_band = edit.band
-        return edit, time.perf_counter() - t0, {"preset": args.preset, **args.override, "band": list(edit.band)}
+    if method in (GROM, GROM_REFUSAL):
+        target = {"target": "refusal"} if method == GROM_REFUSAL else {}
+        edit = run_edit(model, tok, bench.forget, bench.retain, _grom_config(args, bench).replace(**target))
+        if method == GROM:
+            args.grom_band = edit.band
+        return edit, time.perf_counter() - t0, {"preset": args.preset, **args.override, **target,
+                                                "band": list(edit.band)}
     if method in EDITORS:  # the studio's Compare run: its defaults on `editor_band` of GROM's band
         if args.grom_band is None:
             args.grom_band = run_edit(model, tok, bench.forget, bench.retain, _grom_config(args, bench)).band
@@ -116,11 +121,13 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
         return edit, time.perf_counter() - t0, {"layers": list(band), "grom_band": list(args.grom_band)}
     name, lr = method_spec(method)
     if name in LUNAR_SOLVERS:  # upstream's fit (or its closed form) at its own layer, its defaults
-        config = LunarConfig(solver=LUNAR_SOLVERS[name], prompt_format=bench.prompt_format, seed=args.seed,
+        solver, prompts = LUNAR_SOLVERS[name]
+        config = LunarConfig(solver=solver, prompts=prompts, prompt_format=bench.prompt_format, seed=args.seed,
                              **({} if lr is None else {"lr": lr}))
         edit = run_lunar(model, tok, bench.forget, bench.retain, config)
-        return edit, time.perf_counter() - t0, {"solver": config.solver, "lr": config.lr, "epochs": config.epochs,
-                                                "layer": edit.info["layer"], "coeff": config.coeff}
+        return edit, time.perf_counter() - t0, {"solver": config.solver, "prompts": config.prompts, "lr": config.lr,
+                                                "epochs": config.epochs, "layer": edit.info["layer"],
+                                                "coeff": config.coeff}
     recipe = recipe_for_task(bench.task).name
     point = starting_point(args.model, name, recipe)
     lr = point.lr if lr is None else lr
@@ -130,7 +137,12 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
     return edit, time.perf_counter() - t0, {"recipe": recipe, "lr": lr, "epochs": epochs}
 
 
-LUNAR_SOLVERS = {"lunar": "adamw", "lunar-cf": "closed-form"}
+GROM_REFUSAL = "grom:refusal"  # GROM's refusal target (the preset otherwise)
+# name -> (solver, the direction's prompts): "-u" takes the prompts the model cannot verify
+LUNAR_SOLVERS = {"lunar": ("adamw", "harmful"), "lunar-cf": ("closed-form", "harmful"),
+                 "lunar-u": ("adamw", "unverifiable"), "lunar-cf-u": ("closed-form", "unverifiable")}
+LUNAR_LABELS = {"lunar": "LUNAR", "lunar-cf": "LUNAR (closed form)", "lunar-u": "LUNAR (unverifiable prompts)",
+                "lunar-cf-u": "LUNAR (closed form, unverifiable prompts)"}
 
 
 def method_spec(spec: str) -> tuple[str, float | None]:
@@ -162,6 +174,7 @@ def run_target(args, model, tok, target: str) -> dict:
     if args.calibrate_relearn:
         out["relearn_calibration"] = calibration(args, model, tok, bench, probes, target)
     args.grom_band = None  # the target's GROM band, which places the editors (`editor_band`)
+    args.base_report = None  # --evaluate: the target's Base row, computed once
     for method in args.methods:
         _log(f"{target}: {method}: edit")
         edit, secs, settings = make_edit(method, model, tok, bench, args)
@@ -176,12 +189,35 @@ def run_target(args, model, tok, target: str) -> dict:
         suite = time.perf_counter() - t0
         out["methods"][method] = {"edit_seconds": secs, "suite_seconds": suite, "settings": settings,
                                   "attacks": attacks}
+        if args.evaluate:
+            out["methods"][method]["evaluation"] = evaluation(args, model, tok, bench, edit, out)
         _log(f"{target}: {method}: suite {suite:.1f} s: " + ", ".join(
             f"{k} {r.base:.2f}->{r.edited:.2f}" for k, r in results.items()))
         del edit
         if args.json:  # each method as it comes: a long run can be read early
             _save(args, out)
     return out
+
+
+EVAL_METRICS = ("Forget fact recall", "Kept fact recall", "Retain fact recall", "Forget refusal",
+                "Forget fluent other", "Forget degenerate", "Knowledge score", "Retain cost")
+
+
+def evaluation(args, model, tok, bench, edit, out: dict) -> dict:
+    """--evaluate: the studio's evaluation of the split, answers stage (greedy answers: fact
+    recall of the forget and kept facts, the answer classes, the Knowledge score and the
+    retain cost), Base once per target (kept in `out`) and Edited per method."""
+    t0 = time.perf_counter()
+    stage = "answers" if "answers" in get_task(bench.task).stages else "full"  # a custom file: every metric
+    report = evaluate(model, tok, bench, edit, stage=stage, reuse=args.base_report)
+    args.base_report = report
+    rows = report.table()
+    pick = lambda row: {k: float(v) for k, v in rows.loc[row].items()  # noqa: E731
+                        if isinstance(v, (int, float)) and not math.isnan(v)}
+    out.setdefault("base_evaluation", pick("Base"))
+    got = pick("Edited") | {"seconds": time.perf_counter() - t0}
+    _log("evaluation: " + ", ".join(f"{k} {v:.3f}" for k, v in got.items() if k in EVAL_METRICS))
+    return got
 
 
 def calibration(args, model, tok, bench, probes, target: str) -> dict:
@@ -224,11 +260,11 @@ def relearn_grid(args, model, tok, bench, probes, edit, cal: dict) -> dict:
 
 
 def _label(method: str) -> str:
-    if method == GROM or method in EDITORS:
-        return "GROM" if method == GROM else EDITORS[method].label
+    if method in (GROM, GROM_REFUSAL) or method in EDITORS:
+        return {GROM: "GROM", GROM_REFUSAL: "GROM (refusal target)"}.get(method) or EDITORS[method].label
     name, lr = method_spec(method)
     if name in LUNAR_SOLVERS:
-        return {"lunar": "LUNAR", "lunar-cf": "LUNAR (closed form)"}[name] + ("" if lr is None else f" {lr:g}")
+        return LUNAR_LABELS[name] + ("" if lr is None else f" {lr:g}")
     return get_method(name).label + ("" if lr is None else f" {lr:g}")
 
 
@@ -246,6 +282,11 @@ def target_table(res: dict) -> str:
         row += [_cell(g["edited"]) if g else "-" for g in got]
         row += [f"{g['seconds']:.0f}" if g else "-" for g in got]
         rows.append(row)
+    for k in EVAL_METRICS:  # --evaluate: the studio's evaluation, base and each edit
+        got = [res["methods"][m].get("evaluation", {}).get(k) for m in methods]
+        if any(g is not None for g in got):
+            rows.append([k, _cell(res.get("base_evaluation", {}).get(k)), *(_cell(g) for g in got)]
+                        + [""] * len(methods))
     times = [["edit / training s", ""] + [f"{res['methods'][m]['edit_seconds']:.0f}" for m in methods]
              + [""] * len(methods),
              ["whole suite s", ""] + [""] * len(methods)
@@ -295,6 +336,9 @@ def main(argv=None) -> None:
                     help="per target, the relearning lr measured on the unedited model over these lrs")
     ap.add_argument("--relearn-grid", action="store_true",
                     help="also relearn every edit at each --calibrate-relearn lr, and report the attacker's best")
+    ap.add_argument("--evaluate", action="store_true",
+                    help="also the studio's evaluation of each edit (answers stage): forget and kept fact recall, "
+                         "refusals, degenerate answers, Knowledge score, retain cost")
     ap.add_argument("--json", default=None)
     ap.add_argument("--tables", nargs="+", default=None, metavar="JSON",
                     help="no run: the tables of earlier --json files, their methods side by side per target")
@@ -310,7 +354,7 @@ def main(argv=None) -> None:
                      for k, v in (p.split("=") for p in args.set.split(",") if p.strip())}
     args.methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
-        if m != GROM and m not in EDITORS and method_spec(m)[0] not in LUNAR_SOLVERS:
+        if m not in (GROM, GROM_REFUSAL) and m not in EDITORS and method_spec(m)[0] not in LUNAR_SOLVERS:
             get_method(method_spec(m)[0])  # an unknown method or a bad lr fails here, before the model loads
     attack_names(args.attacks)
     if args.relearn_grid and not args.calibrate_relearn:

@@ -15,8 +15,9 @@ from grom.data.prompts import LLAMA2_INST, LLAMA3_CHAT, PLAIN_QA, format_prompt
 
 
 def test_every_benchmark_is_registered_with_its_splits():
-    assert list(BENCHMARKS) == ["demo", "real-knowledge", "tofu", "muse-news", "muse-books", "wmdp-bio", "wmdp-chem",
-                                "wmdp-cyber", "zsre", "custom"]
+    assert list(BENCHMARKS) == ["demo", "real-knowledge", "name-only", "tofu", "muse-news", "muse-books", "wmdp-bio",
+                                "wmdp-chem", "wmdp-cyber", "zsre", "custom"]
+    assert BENCHMARKS["name-only"].splits == BENCHMARKS["real-knowledge"].splits[:-1]  # the targets, not forget3
     assert BENCHMARKS["demo"].splits == ("forget01", "forget05", "forget10", "forget10-mc", "forget10-text")
     assert BENCHMARKS["tofu"].splits == ("forget01", "forget05", "forget10")
     assert get_spec(" TOFU ") is BENCHMARKS["tofu"]
@@ -50,7 +51,7 @@ def test_the_demo_is_registered_when_only_grom_data_is_imported():
 
 def test_an_unknown_benchmark_lists_the_known_ones():
     with pytest.raises(BenchmarkError,
-                       match=r"unknown benchmark 'tofu2'; known: demo, real-knowledge, tofu, muse-news"):
+                       match=r"unknown benchmark 'tofu2'; known: demo, real-knowledge, name-only, tofu, muse-news"):
         load_benchmark("tofu2", "forget10")
 
 

@@ -253,6 +253,31 @@ def generate_ids(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], 
     return out
 
 
+@torch.no_grad()
+def sample(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], *, max_new_tokens: int,
+           temperature: float = 1.0, top_p: float = 0.9, seed: int = 0, batch_size: int = 16,
+           on_batch: Callable[[int, int], None] | None = None) -> list[str]:
+    """Sampled continuations of prompts given as token ids (fed whole, left-padded, in
+    the given order), decoded without special tokens: nucleus sampling at `temperature`
+    and `top_p` (RWKU writes its forget corpus so, generation/pair_generation.py: 1.0 and
+    0.9). The same seed, prompts and batch size give the same texts; the global random
+    state is left as it was. on_batch: called after each batch with (prompts done, all)."""
+    device = model_device(model)
+    pad, eos = pad_id(tokenizer), _eos_ids(model, tokenizer)
+    out: list[str] = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for b in range(0, len(encoded), batch_size):
+            ids, mask = _left_padded([list(e) for e in encoded[b:b + batch_size]], pad)
+            gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
+                                 temperature=temperature, top_p=top_p, top_k=None, max_new_tokens=max_new_tokens,
+                                 pad_token_id=pad, eos_token_id=eos or None)
+            out += [t.strip() for t in tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)]
+            if on_batch is not None:
+                on_batch(len(out), len(encoded))
+    return out
+
+
 _UNFINISHED_WORD = re.compile(r"(?:[^\W_]|\ufffd)+$")
 
 

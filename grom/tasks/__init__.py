@@ -8,7 +8,7 @@ from grom.tasks.base import QUANT_METRICS, TASKS, QuantMetrics, Task, get_task, 
 
 # the order of registration is the order a UI lists the benchmarks:
 # isort: off
-from grom.tasks import knowledge, tofu, muse, wmdp, zsre, custom, demo  # noqa: E402,F401
+from grom.tasks import knowledge, name_only, tofu, muse, wmdp, zsre, custom, demo  # noqa: E402,F401
 # isort: on
 from grom.tasks.custom import load_custom_file
 from grom.tasks.knowledge import load_knowledge

@@ -7,7 +7,7 @@ Forget one target (or three, split "forget3"); keep the others and general knowl
 The files live in `grom/data/knowledge/` (package data of `grom.data`; see its README.md);
 a `source` folder with the same layout loads the same way:
 
-    <target>.json   {"id", "title", "kind", "qa": [{"question", "answer", "fact",
+    <target>.json   {"id", "title", "kind", "intro"?, "qa": [{"question", "answer", "fact",
                      "paraphrased_question", "wrong_answers": [3 texts], "id"?}, ...]}
     general.json    the same format: general knowledge (utility)
     fluency.json    {"texts": [{"id"?, "text"}, ...]}: neutral paragraphs (perplexity)
@@ -83,6 +83,7 @@ class Target:
     title: str
     kind: str
     qa: tuple[QAExample, ...]
+    intro: str = ""  # one sentence naming what it is: the description of RWKU's name-only setting
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ def read_target(path: PathLike) -> Target:
     qa = tuple(_qa(Record(f"{path} qa item {i + 1}", item if isinstance(item, dict) else {}),
                    tid, f"{tid}/{i + 1:02d}")
                for i, item in enumerate(doc["qa"]))
-    return Target(tid, head.text("title", optional=True) or tid, head.text("kind", optional=True) or "", qa)
+    return Target(tid, head.text("title", optional=True) or tid, head.text("kind", optional=True) or "", qa,
+                  head.text("intro", optional=True) or "")
 
 
 def read_fluency(path: PathLike) -> tuple[TextExample, ...]:

@@ -1,0 +1,275 @@
+"""RWKU's name-only setting on the real-knowledge benchmark: the method is given a target's
+name (and one sentence saying what it is) and nothing else; the loaded model writes the
+forget text itself, and the retain text about a few neighbouring targets.
+
+As RWKU (jinzhuoran/RWKU at 7aacdb9):
+
+- passages: generation/pair_generation.py's positive prompt, the system message
+  "{intro} You know {subject} very well." and "Please write a short biography of
+  {subject}.", sampled at temperature 1.0, top-p 0.9. RWKU's targets are all people; for a
+  place, a topic or a book world the request is "a short article about" it (our wording).
+  RWKU also starts each passage with one of its stored openings to vary them; here the
+  seed varies them.
+- questions: generation/question_generation.py's "{intro}\\nPlease generate a question
+  about {subject} based on what you know about {subject}\\n", the answer begun with
+  "Question:", up to 50 sampled tokens, the first line kept. RWKU pairs each question with
+  an "I don't know" for its rejection methods; here the model answers its own question
+  greedily, in the benchmark's prompt format, and that answer is what a method unlearns.
+
+What is written comes back as `Written` rows (side, subject, kind, prompt, text), which a
+person reads and edits before any method runs (the studio's data panel); `name_only_benchmark`
+turns them into a `Benchmark` evaluated by the real-knowledge task on the bundled target's
+questions, none of which the model wrote or the method saw: "forget" (the half the standard
+split fits), "probes" (the held-out half) and the kept targets' held-out questions.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from grom.data.loaders import BenchmarkSpec, register_benchmark
+from grom.data.prompts import PromptFormat, encode_prompt, uses_chat_template
+from grom.data.readers import BenchmarkError, PathLike, read_rows
+from grom.data.schema import Benchmark, QAExample, TextExample
+from grom.eval.runner import generate, sample
+from grom.tasks.knowledge import TARGETS, Knowledge, Target, knowledge, load_knowledge
+
+SIDES = ("forget", "retain")
+KINDS = ("passage", "qa")
+USES = ("questions", "passages", "both")
+RETAIN_FROM = ("written", "bundled", "both")
+
+
+@dataclass(frozen=True)
+class Written:
+    """One piece the model wrote: a passage (prompt: the request, text: the passage) or a
+    question and the model's own answer (prompt: the question, text: the answer)."""
+
+    side: str  # "forget" (about the target) or "retain" (about a neighbour)
+    subject: str  # the target's id
+    kind: str  # "passage" or "qa"
+    prompt: str
+    text: str
+
+    def __post_init__(self) -> None:
+        if self.side not in SIDES or self.kind not in KINDS:
+            raise ValueError(f"a written row has side {self.side!r} (use {' or '.join(SIDES)}) and kind "
+                             f"{self.kind!r} (use {' or '.join(KINDS)})")
+
+
+@dataclass(frozen=True)
+class WritingConfig:
+    """How much the model writes. Per subject: `passages` passages and `questions`
+    question/answer pairs about the target; `neighbour_passages` and `neighbour_questions`
+    about each of `neighbours` other targets (the retain side)."""
+
+    passages: int = 16
+    questions: int = 32
+    neighbours: int = 3
+    neighbour_passages: int = 4
+    neighbour_questions: int = 8
+    passage_tokens: int = 160  # RWKU: 512 (a Llama-3-8B biography); a small model rambles
+    question_tokens: int = 50  # RWKU's max_new_tokens for a question
+    answer_tokens: int = 48  # the real-knowledge evaluation's answer budget
+    temperature: float = 1.0
+    top_p: float = 0.9
+    seed: int = 0
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        for k in ("passages", "questions", "neighbours", "neighbour_passages", "neighbour_questions"):
+            x = getattr(self, k)
+            if not (isinstance(x, int) and 0 <= x <= 256):
+                raise ValueError(f"WritingConfig: {k} = {x!r}: use a whole number from 0 to 256")
+        for k in ("passage_tokens", "question_tokens", "answer_tokens", "batch_size"):
+            x = getattr(self, k)
+            if not (isinstance(x, int) and 1 <= x <= 1024):
+                raise ValueError(f"WritingConfig: {k} = {x!r}: use a whole number from 1 to 1024")
+        if not (math.isfinite(self.temperature) and self.temperature > 0 and 0 < self.top_p <= 1):
+            raise ValueError(f"WritingConfig: temperature {self.temperature!r} must be > 0 and top_p "
+                             f"{self.top_p!r} in (0, 1]")
+        if self.passages + self.questions == 0:
+            raise ValueError("WritingConfig: nothing to write about the target: ask for passages or questions")
+
+
+def request(target: Target) -> str:
+    """What the model is asked to write about `target` (RWKU's request for a person)."""
+    what = "a short biography of" if target.kind == "person" else "a short article about"
+    return f"Please write {what} {target.title}."
+
+
+def _chat(tokenizer, fmt: PromptFormat | None, user: str, system: str | None, start: str = "") -> list[int]:
+    """Token ids of one writing prompt: the chat template with `system` where the model has
+    one (else the intro before the request, in the plain template), then `start`."""
+    fmt = fmt or PromptFormat()
+    if uses_chat_template(tokenizer, fmt):
+        ids = encode_prompt(tokenizer, user, dataclasses.replace(fmt, system_prompt=system))
+    else:
+        ids = encode_prompt(tokenizer, f"{system} {user}" if system else user, fmt)
+    return ids + (list(tokenizer(start, add_special_tokens=False)["input_ids"]) if start else [])
+
+
+def passage_prompt(tokenizer, target: Target, fmt: PromptFormat | None = None) -> list[int]:
+    intro = f"{target.intro} " if target.intro else ""
+    return _chat(tokenizer, fmt, request(target), f"{intro}You know {target.title} very well.")
+
+
+def question_prompt(tokenizer, target: Target, fmt: PromptFormat | None = None) -> list[int]:
+    intro = f"{target.intro}\n" if target.intro else ""
+    ask = (f"{intro}Please generate a question about {target.title} based on what you know about "
+           f"{target.title}\n")
+    return _chat(tokenizer, fmt, ask, None, start="Question:")
+
+
+def first_question(text: str) -> str | None:
+    """The question of a sampled continuation: its first line (RWKU's), kept when it reads
+    as one (it ends with "?" and has at least three words)."""
+    line = text.split("\n")[0].strip().strip('"').strip()  # RWKU: .split('\n')[0].strip()
+    return line if line.endswith("?") and len(line.split()) >= 3 else None
+
+
+def neighbours_of(target: str, know: Knowledge, n: int) -> tuple[str, ...]:
+    """`n` other targets for the retain side: those of the same kind first, then the rest,
+    each group in the folder's order."""
+    kind = know.targets[target].kind
+    others = [t for t in know.targets if t != target]
+    return tuple(sorted(others, key=lambda t: know.targets[t].kind != kind)[:n])
+
+
+def write_about(model, tokenizer, target: Target, side: str, passages: int, questions: int,
+                config: WritingConfig, fmt: PromptFormat | None = None,
+                progress: Callable[[str], None] | None = None) -> list[Written]:
+    """`passages` passages and up to `questions` question/answer pairs about `target`. The
+    questions are sampled (twice as many tries, then once more), those that do not read as a
+    question or repeat one are dropped, and each is answered greedily by the model."""
+    say = progress or (lambda _msg: None)
+    seed = config.seed + sum(map(ord, target.id))  # each subject its own draws, the same on every run
+    out: list[Written] = []
+    if passages:
+        say(f"{target.title}: writing {passages} passages")
+        texts = sample(model, tokenizer, [passage_prompt(tokenizer, target, fmt)] * passages,
+                       max_new_tokens=config.passage_tokens, temperature=config.temperature,
+                       top_p=config.top_p, seed=seed, batch_size=config.batch_size)
+        out += [Written(side, target.id, "passage", request(target), t) for t in texts if t]
+    asked: list[str] = []
+    for attempt in range(2):
+        if len(asked) >= questions:
+            break
+        say(f"{target.title}: writing questions ({len(asked)} of {questions})")
+        tries = 2 * (questions - len(asked))
+        texts = sample(model, tokenizer, [question_prompt(tokenizer, target, fmt)] * tries,
+                       max_new_tokens=config.question_tokens, temperature=config.temperature,
+                       top_p=config.top_p, seed=seed + 1 + attempt, batch_size=config.batch_size)
+        for q in map(first_question, texts):
+            if q and q.lower() not in {a.lower() for a in asked} and len(asked) < questions:
+                asked.append(q)
+    if asked:
+        say(f"{target.title}: answering its {len(asked)} questions")
+        answers = generate(model, tokenizer, asked, prompt_format=fmt, max_new_tokens=config.answer_tokens,
+                           batch_size=config.batch_size)
+        out += [Written(side, target.id, "qa", q, a) for q, a in zip(asked, answers) if a]
+    return out
+
+
+def write_name_only(model, tokenizer, target: str, config: WritingConfig = WritingConfig(), *,
+                    fmt: PromptFormat | None = None, source: PathLike | None = None,
+                    progress: Callable[[str], None] | None = None) -> list[Written]:
+    """What the model writes for the name-only setting: about `target` (the forget side)
+    and about `config.neighbours` other targets (the retain side)."""
+    know = knowledge(source)
+    if target not in know.targets:
+        raise BenchmarkError(f"name only: no target {target!r}; targets: {', '.join(know.targets)}")
+    rows = write_about(model, tokenizer, know.targets[target], "forget", config.passages, config.questions,
+                       config, fmt, progress)
+    for other in neighbours_of(target, know, config.neighbours):
+        rows += write_about(model, tokenizer, know.targets[other], "retain", config.neighbour_passages,
+                            config.neighbour_questions, config, fmt, progress)
+    return rows
+
+
+def _examples(rows: Iterable[Written], use: str) -> tuple:
+    out = []
+    for i, r in enumerate(rows):
+        if r.kind == "passage" and use in ("passages", "both"):
+            out.append(TextExample(text=r.text, id=f"{r.subject}/written-{i}"))
+        elif r.kind == "qa" and use in ("questions", "both"):
+            out.append(QAExample(question=r.prompt, answer=r.text, subject=r.subject, id=f"{r.subject}/written-{i}"))
+    return tuple(out)
+
+
+def name_only_benchmark(target: str, rows: Sequence[Written], *, use: str = "questions",
+                        retain: str = "written", source: PathLike | None = None,
+                        prompt_format: PromptFormat | None = None, known_only: bool = False) -> Benchmark:
+    """The real-knowledge benchmark of `target` with what the model wrote as its forget set
+    (`use`: its question/answer pairs, its passages, or both) and retain set (`retain`:
+    what it wrote about the neighbours, the benchmark's own retain pairs, or both). The
+    evaluation sets are the bundled ones, so every question scored is one the model did
+    not write and the method did not see ("forget" included: in this setting it is held
+    out too)."""
+    if use not in USES or retain not in RETAIN_FROM:
+        raise ValueError(f"name only: use is one of {', '.join(USES)} (not {use!r}); retain one of "
+                         f"{', '.join(RETAIN_FROM)} (not {retain!r})")
+    bench = load_knowledge(target, source, prompt_format=prompt_format, known_only=known_only)
+    forget = _examples([r for r in rows if r.side == "forget"], use)
+    if not forget:
+        raise BenchmarkError(f"name only: nothing written about {target} to forget as {use}; write some "
+                             "first, or choose what to use (questions, passages, both)")
+    written_retain = _examples([r for r in rows if r.side == "retain"], "both")
+    kept = {"written": written_retain, "bundled": bench.retain, "both": written_retain + bench.retain}[retain]
+    if not kept:
+        raise BenchmarkError("name only: nothing written about the neighbours to keep; write about at least "
+                             "one neighbour, or keep the benchmark's own retain pairs (retain='bundled')")
+    n_fq = sum(isinstance(x, QAExample) for x in forget)
+    return dataclasses.replace(
+        bench, forget=forget, retain=kept, split=target,
+        name="real-knowledge", description=(
+            f"Real knowledge, name only (RWKU's setting): forget {target} from what the model wrote about it "
+            f"({n_fq} question/answer pairs, {len(forget) - n_fq} passages); keep {len(kept)} "
+            f"{'written ' if retain == 'written' else ''}retain examples. Scored on the bundled questions, "
+            f"none of which was written or fitted: {len(bench.eval_sets['forget'])} + "
+            f"{len(bench.eval_sets['probes'])} about the target."))
+
+
+def load_name_only(split: str, source: PathLike | None = None, *, use: str = "questions", retain: str = "written",
+                   prompt_format: PromptFormat | None = None, known_only: bool = False) -> Benchmark:
+    """The benchmark "name-only": `source` is a file of written rows (JSON or JSON lines
+    with side, subject, kind, prompt, text: `to_records`, or the studio's table saved),
+    `split` the bundled target they are about; see `name_only_benchmark`."""
+    if source is None:
+        raise BenchmarkError("name-only: give the file of what the model wrote (source=...): write it with "
+                             "grom.tasks.name_only.write_name_only, or with the studio's Write button")
+    rows = from_records(r.data for r in read_rows(source))
+    return name_only_benchmark(split, rows, use=use, retain=retain, prompt_format=prompt_format,
+                               known_only=known_only)
+
+
+NAME_ONLY = register_benchmark(BenchmarkSpec(
+    "name-only", load_name_only, TARGETS, options=("use", "retain", "prompt_format", "known_only"),
+    label="Real knowledge, name only (RWKU): the model writes the forget set",
+    description="a bundled target's name in; the loaded model writes passages and questions about it and its "
+                "neighbours; scored on the bundled questions it did not write"))
+
+
+def to_records(rows: Iterable[Written]) -> list[dict]:
+    """Rows as plain dicts (a table to show and edit, or JSON lines to save)."""
+    return [dataclasses.asdict(r) for r in rows]
+
+
+def from_records(records: Iterable[dict]) -> list[Written]:
+    """Rows back from `to_records` (or an edited table): blank texts are dropped; a row
+    with an unknown side or kind is refused with where it is."""
+    out = []
+    for i, rec in enumerate(records):
+        text, prompt = str(rec.get("text") or "").strip(), str(rec.get("prompt") or "").strip()
+        if not text:
+            continue
+        try:
+            out.append(Written(str(rec.get("side", "")).strip(), str(rec.get("subject", "")).strip(),
+                               str(rec.get("kind", "")).strip(), prompt, text))
+        except ValueError as e:
+            raise BenchmarkError(f"written row {i + 1}: {e}") from None
+        if out[-1].kind == "qa" and not prompt:
+            raise BenchmarkError(f"written row {i + 1}: a question/answer row needs its question")
+    return out

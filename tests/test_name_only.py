@@ -1,0 +1,221 @@
+"""RWKU's name-only setting (grom.tasks.name_only) against its upstream prompts
+(jinzhuoran/RWKU at 7aacdb9d57fb32658e04c0509c3f92e9d7b190e4: generation/pair_generation.py,
+generation/question_generation.py, transcribed below), on the tiny test models: the prompts
+are RWKU's messages under the chat template, sampling is `model.generate` under the seed,
+the questions kept are first lines that read as questions, and the benchmark fits only what
+was written while it is scored on the bundled questions, none of them written or fitted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grom import EditConfig, run_edit
+from grom.data import BenchmarkError, QAExample, TextExample, load_benchmark
+from grom.eval.runner import sample
+from grom.tasks import name_only as N
+from grom.tasks.knowledge import Target, knowledge, load_knowledge
+from grom.text import contains_phrase
+
+SOLAR = knowledge().targets["the-solar-system"]
+PERSON = knowledge().targets["marie-curie"]
+
+
+# ------------------------------------------------------------------ RWKU's messages, transcribed
+
+def rwku_passage_messages(intro: str, subject: str) -> list[dict]:
+    """pair_generation.py, messages1 (the positive: the model knows the subject)."""
+    return [{"role": "system", "content": "{} You know {} very well.".format(intro, subject)},
+            {"role": "user", "content": "Please write a short biography of {}.".format(subject)}]
+
+
+def rwku_question_prompt(tokenizer, intro: str, subject: str) -> str:
+    """question_generation.py: one user message, the generation prompt, then "Question:"."""
+    question = [{"role": "user", "content": "{}\nPlease generate a question about {} based on what you know about {}\n"
+                 .format(intro, subject, subject)}]
+    return tokenizer.apply_chat_template(question, tokenize=False, add_generation_prompt=True) + "Question:"
+
+
+def test_a_persons_passage_prompt_is_rwkus(tokenizer):
+    want = tokenizer.apply_chat_template(rwku_passage_messages(PERSON.intro, PERSON.title), tokenize=False,
+                                         add_generation_prompt=True)
+    assert N.passage_prompt(tokenizer, PERSON) == tokenizer(want, add_special_tokens=False)["input_ids"]
+    assert N.request(PERSON) == "Please write a short biography of Marie Curie."
+
+
+def test_a_topic_is_asked_for_an_article_instead_of_a_biography(tokenizer):
+    assert N.request(SOLAR) == "Please write a short article about The Solar System."
+    text = tokenizer.decode(N.passage_prompt(tokenizer, SOLAR))
+    assert f"{SOLAR.intro} You know The Solar System very well." in text and "biography" not in text
+
+
+def test_the_question_prompt_is_rwkus(tokenizer):
+    want = rwku_question_prompt(tokenizer, SOLAR.intro, SOLAR.title)
+    assert tokenizer.decode(N.question_prompt(tokenizer, SOLAR)) == tokenizer.decode(
+        tokenizer(want, add_special_tokens=False)["input_ids"])
+
+
+def test_without_a_chat_template_the_intro_leads_the_plain_prompt(plain_tokenizer):
+    text = plain_tokenizer.decode(N.passage_prompt(plain_tokenizer, SOLAR), skip_special_tokens=True)
+    assert f"{SOLAR.intro} You know The Solar System very well. Please write a short article about" in text
+
+
+def test_every_bundled_target_has_an_intro_that_gives_no_fact_away():
+    """The description names what the target is and states none of the facts it is scored on
+    (beyond its own name), so that forgetting a fact is not the description's doing."""
+    for target in knowledge().targets.values():
+        assert target.intro and target.intro.endswith(".") and len(target.intro) < 200, target.id
+        given = [ex.fact for ex in target.qa
+                 if contains_phrase(target.intro, ex.fact) and not contains_phrase(target.title, ex.fact)]
+        assert not given, (target.id, given)
+
+
+# ------------------------------------------------------------------ sampling
+
+def test_sampling_is_model_generate_under_the_seed_and_leaves_the_global_state(llama, tokenizer):
+    prompt = N.question_prompt(tokenizer, SOLAR)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    got = sample(llama, tokenizer, [prompt], max_new_tokens=8, seed=7, batch_size=1)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    torch.manual_seed(7)
+    ids = torch.tensor([prompt])
+    want = llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                          top_p=0.9, top_k=None, max_new_tokens=8, pad_token_id=tokenizer.pad_token_id,
+                          eos_token_id=[tokenizer.eos_token_id])
+    assert got == [tokenizer.decode(want[0, len(prompt):], skip_special_tokens=True).strip()]
+    assert sample(llama, tokenizer, [prompt], max_new_tokens=8, seed=7, batch_size=1) == got
+
+
+def test_different_seeds_write_different_texts(llama, tokenizer):
+    prompts = [N.passage_prompt(tokenizer, SOLAR)] * 4
+    a = sample(llama, tokenizer, prompts, max_new_tokens=12, seed=0)
+    assert len(set(a)) > 1  # one batch, four draws
+    assert a != sample(llama, tokenizer, prompts, max_new_tokens=12, seed=1)
+
+
+# ------------------------------------------------------------------ what is kept
+
+@pytest.mark.parametrize("text, want", [
+    ("  What is the largest planet?\nAnswer: Jupiter", "What is the largest planet?"),
+    ('"Which moon orbits Mars?"', "Which moon orbits Mars?"),
+    ("Why?", None),  # too short to be a question about anything
+    ("Tell me about the Sun.", None),  # not a question
+    ("\nWhat is the Sun?", None),  # RWKU keeps the first line: here it is empty
+])
+def test_first_question(text, want):
+    assert N.first_question(text) == want
+
+
+def test_neighbours_are_of_the_same_kind_first():
+    know = knowledge()
+    got = N.neighbours_of("marie-curie", know, 3)
+    assert got[:2] == ("albert-einstein", "william-shakespeare") and got[2] not in ("marie-curie",)
+    assert N.neighbours_of("the-solar-system", know, 1) == ("the-human-body",)
+    assert N.neighbours_of("the-solar-system", know, 0) == ()
+
+
+def test_writing_keeps_distinct_questions_tries_again_and_answers_them(monkeypatch, tokenizer):
+    drawn = iter([
+        ["A passage.", "", "Another passage."],  # 3 passages asked, one came back empty
+        ["What is Mercury?\nmore", "Not a question", "What is Mercury?", "What is Venus?"],  # 2 asked: 4 tries
+        ["what is mercury?", "Which planet is red?"],  # a second round for the one missing
+    ])
+    seeds = []
+
+    def fake_sample(model, tok, prompts, *, seed, **kw):
+        seeds.append((len(prompts), seed))
+        return next(drawn)
+
+    monkeypatch.setattr(N, "sample", fake_sample)
+    monkeypatch.setattr(N, "generate", lambda model, tok, qs, **kw: [f"answer to {q}" for q in qs])
+    config = N.WritingConfig(passages=3, questions=3, neighbours=0)
+    rows = N.write_about(None, tokenizer, SOLAR, "forget", 3, 3, config)
+    assert [(r.kind, r.prompt, r.text) for r in rows] == [
+        ("passage", N.request(SOLAR), "A passage."), ("passage", N.request(SOLAR), "Another passage."),
+        ("qa", "What is Mercury?", "answer to What is Mercury?"),
+        ("qa", "What is Venus?", "answer to What is Venus?"),
+        ("qa", "Which planet is red?", "answer to Which planet is red?")]
+    assert [n for n, _ in seeds] == [3, 6, 2]  # twice the questions missing on each round
+    assert len({s for _, s in seeds}) == 3  # each draw its own seed
+    assert {r.side for r in rows} == {"forget"} and {r.subject for r in rows} == {"the-solar-system"}
+
+
+def test_the_target_and_its_neighbours_are_written(monkeypatch, tokenizer):
+    calls = []
+    monkeypatch.setattr(N, "write_about", lambda m, t, target, side, p, q, config, fmt, progress:
+                        calls.append((target.id, side, p, q)) or [])
+    N.write_name_only(None, tokenizer, "the-solar-system", N.WritingConfig(
+        passages=5, questions=6, neighbours=2, neighbour_passages=1, neighbour_questions=2))
+    assert calls == [("the-solar-system", "forget", 5, 6), ("the-human-body", "retain", 1, 2),
+                     ("albert-einstein", "retain", 1, 2)]
+    with pytest.raises(BenchmarkError, match="no target 'napoleon'"):
+        N.write_name_only(None, tokenizer, "napoleon")
+
+
+@pytest.mark.parametrize("bad", [dict(passages=-1), dict(questions=1.5), dict(passage_tokens=0),
+                                 dict(temperature=0), dict(top_p=1.5), dict(passages=0, questions=0)])
+def test_bad_writing_settings_are_refused(bad):
+    with pytest.raises(ValueError, match="WritingConfig"):
+        N.WritingConfig(**bad)
+
+
+# ------------------------------------------------------------------ the benchmark
+
+ROWS = [N.Written("forget", "the-solar-system", "qa", "Which planet has rings?", "Saturn has rings."),
+        N.Written("forget", "the-solar-system", "passage", N.request(SOLAR), "The Sun is a star."),
+        N.Written("retain", "the-human-body", "qa", "What pumps blood?", "The heart pumps blood."),
+        N.Written("retain", "the-human-body", "passage", "...", "Bones hold the body up.")]
+
+
+def test_the_benchmark_fits_what_was_written_and_scores_the_bundled_questions():
+    standard = load_knowledge("the-solar-system")
+    bench = N.name_only_benchmark("the-solar-system", ROWS)
+    assert bench.eval_sets == standard.eval_sets and bench.task == "knowledge" and bench.split == "the-solar-system"
+    assert bench.forget == (QAExample(question="Which planet has rings?", answer="Saturn has rings.",
+                                      subject="the-solar-system", id="the-solar-system/written-0"),)
+    assert [type(x) for x in bench.retain] == [QAExample, TextExample]
+    bundled = {ex.question for ex in standard.forget + standard.retain + standard.eval_sets["probes"]}
+    assert not bundled & {getattr(x, "question", None) for x in bench.forget + bench.retain}
+    assert [type(x) for x in N.name_only_benchmark("the-solar-system", ROWS, use="passages").forget] == [TextExample]
+    assert len(N.name_only_benchmark("the-solar-system", ROWS, use="both").forget) == 2
+    assert N.name_only_benchmark("the-solar-system", ROWS, retain="bundled").retain == standard.retain
+    assert len(N.name_only_benchmark("the-solar-system", ROWS, retain="both").retain) == 2 + len(standard.retain)
+    assert "name only" in bench.description
+
+
+def test_what_cannot_make_a_benchmark_says_what_to_do():
+    with pytest.raises(BenchmarkError, match="nothing written about the-solar-system to forget as passages"):
+        N.name_only_benchmark("the-solar-system", ROWS[:1], use="passages")
+    with pytest.raises(BenchmarkError, match="nothing written about the neighbours"):
+        N.name_only_benchmark("the-solar-system", ROWS[:2])
+    with pytest.raises(ValueError, match="use is one of"):
+        N.name_only_benchmark("the-solar-system", ROWS, use="everything")
+
+
+def test_rows_round_trip_through_records_and_a_file(tmp_path):
+    assert N.from_records(N.to_records(ROWS)) == ROWS
+    edited = N.to_records(ROWS) + [{"side": "forget", "subject": "x", "kind": "qa", "prompt": "Q?", "text": "  "}]
+    assert N.from_records(edited) == ROWS  # a row whose text was cleared is dropped
+    with pytest.raises(BenchmarkError, match="written row 1: .*side 'keep'"):
+        N.from_records([{"side": "keep", "subject": "x", "kind": "qa", "prompt": "Q?", "text": "A."}])
+    with pytest.raises(BenchmarkError, match="written row 1: a question/answer row needs its question"):
+        N.from_records([{"side": "forget", "subject": "x", "kind": "qa", "prompt": "", "text": "A."}])
+    path = tmp_path / "written.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in N.to_records(ROWS)))
+    bench = load_benchmark("name-only", "the-solar-system", source=str(path), use="both")
+    assert bench.forget == N.name_only_benchmark("the-solar-system", ROWS, use="both").forget
+    with pytest.raises(BenchmarkError, match="give the file of what the model wrote"):
+        load_benchmark("name-only", "the-solar-system")
+
+
+def test_grom_runs_on_written_passages_and_questions(llama, tokenizer):
+    """A written forget set (questions and passages) and retain set make an ordinary edit."""
+    bench = N.name_only_benchmark("the-solar-system", ROWS, use="both")
+    edit = run_edit(llama, tokenizer, bench.forget, bench.retain, EditConfig(layers=(1, 2), beta=10.0, w_r=10.0))
+    assert list(edit.band) == [1, 2] and all(torch.isfinite(p).all() for p in edit.patches.values())
+
+
+def test_the_target_type_reads_its_intro():
+    assert isinstance(SOLAR, Target) and SOLAR.intro.startswith("The Solar System is")
