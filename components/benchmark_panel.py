@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components.core.benchmarks import (
+    NAME_ONLY,
     benchmark_names,
     default_split,
     fit_note,
@@ -20,16 +21,42 @@ from components.core.benchmarks import (
     splits_for,
 )
 from components.core.costs import check_loaded
-from components.core.errors import UserError, ui_errors
-from components.core.session import Session, current_model
-from components.core.wiring import LOCAL, Page
+from components.core.device import device_progress
+from components.core.errors import UserError, shorten, ui_errors
+from components.core.session import Session, current_model, in_turn
+from components.core.wiring import LOCAL, Page, device_queue
+from components.core.written import COLUMNS, MAX_NEIGHBOURS, as_table, write_rows, writing_config
 from components.views import text
 from components.views.tables import describe, examples_html
+from grom.tasks.name_only import USES
 
 
 def on_benchmark_change(name: str):
-    """The split choices of the chosen benchmark, on its default split (no model needed)."""
-    return gr.Dropdown(choices=splits_for(name), value=default_split(name))
+    """The split choices of the chosen benchmark, on its default split (no model needed);
+    the name-only box shows with its benchmark."""
+    return (gr.Dropdown(choices=splits_for(name), value=default_split(name)),
+            gr.Accordion(visible=name == NAME_ONLY, open=name == NAME_ONLY))
+
+
+@ui_errors
+def on_write(split: str, passages, questions, neighbours, session: Session, progress=gr.Progress()):
+    """The loaded model writes about the chosen target and its neighbours (RWKU's
+    name-only setting): the table to read and edit, and a line saying what came back."""
+    handle = current_model(session)
+    target = (split or "").strip()
+    if target not in splits_for(NAME_ONLY):
+        raise UserError(f"Choose one of the bundled targets as the split (not {shorten(target)!r}): its "
+                        "bundled questions are what the edit is scored on.")
+    config = writing_config(passages, questions, neighbours)
+    progress(0.0, desc="writing with the model")
+    records = write_rows(handle.key, target, config,
+                         device_progress(lambda _f, desc=None: progress(0.5, desc=desc)))
+    sides = {side: [r for r in records if r["side"] == side] for side in ("forget", "retain")}
+    line = (f"The model wrote {len(sides['forget'])} texts about **{target}** "
+            f"({sum(r['kind'] == 'qa' for r in sides['forget'])} questions it answered itself) and "
+            f"{len(sides['retain'])} about {config.neighbours} neighbour{'s' * (config.neighbours != 1)}. "
+            "Read them, edit or delete rows (clear a text to drop it), then **Load benchmark**.")
+    return as_table(records), line
 
 
 def on_restore_benchmark(session: Session):
@@ -54,11 +81,13 @@ def _tokenizer(session: Session):
 
 
 @ui_errors
-def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session):
+def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session,
+                      written=None, use: str = "questions"):
     """Load the chosen benchmark into the session; returns its description, a few forget
-    and retain examples, and the suggested preset."""
+    and retain examples, and the suggested preset. written, use: the name-only table and
+    what of it to fit (benchmark name-only)."""
     model_name = session.model_key.name if session.model_key else None
-    bench = read_benchmark(name, split, source, forget_file, retain_file, model_name)
+    bench = read_benchmark(name, split, source, forget_file, retain_file, model_name, written, use)
     check_loaded(bench, _tokenizer(session))  # every job checks again, with the model it runs on
     session.benchmark = bench
     session.bench_label = f"{name}/{bench.split}"
@@ -106,8 +135,30 @@ def build_benchmark_panel(start: str = "demo", start_split: str = "forget10") ->
             forget_file = gr.File(label="Forget file", file_types=[".json", ".jsonl", ".csv"], height=110)
             retain_file = gr.File(label="Retain file (optional)", file_types=[".json", ".jsonl", ".csv"],
                                   height=110)
+    w = build_written(start == NAME_ONLY)
     return SimpleNamespace(name=name, split=split, source=source, forget_file=forget_file,
-                           retain_file=retain_file, load=load, info=info)
+                           retain_file=retain_file, load=load, info=info, **vars(w))
+
+
+def build_written(shown: bool) -> SimpleNamespace:
+    """The name-only box: how much the model writes, the button, and the table it fills."""
+    with gr.Accordion("Name only (RWKU): the model writes what to forget", open=shown, visible=shown,
+                      elem_id="name-only") as box:
+        text.md(text.NAME_ONLY, elem_classes="panel-intro")
+        with gr.Row(equal_height=True):
+            passages = gr.Slider(0, 32, value=8, step=1, label="Passages about the target", min_width=160)
+            questions = gr.Slider(0, 48, value=16, step=1, label="Questions about the target", min_width=160)
+            neighbours = gr.Slider(0, MAX_NEIGHBOURS, value=2, step=1, label="Neighbouring targets (kept)",
+                                   min_width=160)
+        with gr.Row(equal_height=True):
+            use = gr.Radio(list(USES), value="questions", label="Fit on", scale=2, min_width=200)
+            write = gr.Button("Write with the model", scale=1, min_width=180)
+        written_info = gr.Markdown("", elem_classes="status-line")
+        written = gr.Dataframe(headers=list(COLUMNS), datatype=["str"] * len(COLUMNS), interactive=True,
+                               wrap=True, max_height=420, label="What the model wrote (editable)",
+                               column_widths=["9%", "14%", "9%", "28%", "40%"])
+    return SimpleNamespace(written_box=box, passages=passages, questions=questions, neighbours=neighbours,
+                           use=use, write=write, written_info=written_info, written=written)
 
 
 def build_examples_panel() -> SimpleNamespace:
@@ -123,8 +174,11 @@ def wire(b: SimpleNamespace, page: Page) -> None:
     """Load benchmark (public `load_benchmark`; sets `page.data_loaded`), then the Data tab; a
     failed load restores the widgets to the session's data; a new model: a preset that fits it."""
     s, ui = page.session, page.ui
-    b.name.input(on_benchmark_change, b.name, b.split, **LOCAL)  # the user's choice, not a restore
-    bench = b.load.click(on_load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
+    b.name.input(on_benchmark_change, b.name, [b.split, b.written_box], **LOCAL)  # the user's choice, not a restore
+    b.write.click(in_turn(on_write), [b.split, b.passages, b.questions, b.neighbours, s],
+                  [b.written, b.written_info], api_name="write_name_only", **device_queue())
+    bench = b.load.click(on_load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s,
+                                             b.written, b.use],
                          [b.info, ui.data.forget_df, ui.data.retain_df, ui.edit.preset], api_name="load_benchmark")
     bench.success(lambda: gr.Tabs(selected="data"), None, page.tabs, **LOCAL)
     bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)

@@ -27,7 +27,7 @@ import gradio as gr
 
 from components.core import form, links
 from components.core.allowed_sources import DEMO
-from components.core.benchmarks import read_benchmark, splits_for
+from components.core.benchmarks import SESSION_DATA, read_benchmark, splits_for
 from components.core.device import device_progress, local_progress
 from components.core.edits import compute_edit
 from components.core.errors import UserError, shorten, ui_errors
@@ -191,11 +191,11 @@ def _check_import(files, session: Session) -> _Import:
         restore_values(config.to_dict(), run, num_layers(handle.model))
     except UserError as err:
         raise UserError(f"{shorten(meta_file.name)}: {err}") from None
-    if run["benchmark"] == "custom":
+    if run["benchmark"] in SESSION_DATA:
         if patch_file is not None and (session.benchmark is None
-                                       or not (session.bench_label or "").startswith("custom/")):
-            raise UserError("This run used uploaded files (benchmark custom): load them in the Benchmark "
-                            "panel first, then load the run again.")
+                                       or not (session.bench_label or "").startswith(run["benchmark"] + "/")):
+            raise UserError(f"This run used {SESSION_DATA[run['benchmark']]} (benchmark {run['benchmark']}): load "
+                            "them in the Benchmark panel first, then load the run again.")
         return _Import(meta_file, patch_file, meta, run, config, handle, None)
     if run["split"] not in splits_for(run["benchmark"]):
         raise UserError(f"{shorten(meta_file.name)}: the benchmark {shorten(run['benchmark'])} has no split "
@@ -211,8 +211,10 @@ def _import_edit(imp: _Import, progress) -> tuple[Edit | None, tuple | None, str
                  if imp.patch_file else None)
     if imp.bench is None or imp.meta.get("method", "grom") != "grom":
         if reference is None:
-            return None, None, (" Its benchmark was uploaded files (custom): load them in the Benchmark panel "
-                                "(and upload its patch.safetensors with edit.json to get the edit itself)."
+            kind = imp.run["benchmark"]
+            return None, None, (f" Its benchmark was {SESSION_DATA.get(kind, 'data of its session')} ({kind}): "
+                                "load them in the Benchmark panel (and upload its patch.safetensors with edit.json "
+                                "to get the edit itself)."
                                 if imp.bench is None else " Upload its patch.safetensors to get the edit itself.")
         return reference, None, file_verdict(reference, imp.patch_file.name)
     retain = retain_subset(imp.bench.retain, imp.run["retain_examples"], imp.run["seed"])
@@ -308,10 +310,10 @@ def on_make_link(session: Session, request: gr.Request):
     if not run.get("model") or not run.get("benchmark"):
         raise UserError("This edit records no run (its model, benchmark and split): press Run edit to make it "
                         "again, then copy its link.")
-    if run["benchmark"] == "custom":
-        raise UserError("This edit is of uploaded benchmark files, which this server does not keep, so a link "
-                        "could not bring them back: press Export the edit and share its two files with your "
-                        "benchmark files instead.")
+    if run["benchmark"] in SESSION_DATA:
+        raise UserError(f"This edit is of {SESSION_DATA[run['benchmark']]}, which this server does not keep, so a "
+                        "link could not bring them back: press Export the edit and share its two files with "
+                        "the data instead.")
     form = links.stored_form(edit)  # an edit no link can hold is refused before anything is written
     kept = session.extra.get("link")
     if kept is not None and kept[0]() is edit and links.exists(kept[1]):
@@ -383,9 +385,9 @@ def _open_link(text, session: Session, progress) -> list:
         meta = read_edit_json(link.meta_file)
         _plain_run(link.meta_file)
         run = check_run(meta.get("run"))
-        if run["benchmark"] == "custom":
-            raise UserError("This link's run is of uploaded benchmark files, which this server does not keep: "
-                            "ask whoever shared it for the exported files.")
+        if run["benchmark"] in SESSION_DATA:
+            raise UserError(f"This link's run is of {SESSION_DATA[run['benchmark']]}, which this server does not "
+                            "keep: ask whoever shared it for the exported files.")
         before = (session.model_key, session.scores, session.scores_for, session.extra.get("model_widgets"))
         try:
             model_out = _link_model(run["model"], link.dtype, session, progress)

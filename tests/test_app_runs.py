@@ -162,7 +162,7 @@ def test_an_edit_of_uploaded_files_comes_back_from_its_factored_patch(url, tmp_p
     assert None not in ranks and max(ranks) < 100  # 6 questions' answer tokens: factors, not 128 x 512
     b = new_client(url)  # the server does not keep uploaded data: edit.json alone restores the settings
     out = b.predict([handle_file(str(meta_file))], api_name="/import_run")
-    assert "uploaded files (custom): load them" in out[-1] and "edit is loaded" not in out[-1]
+    assert "uploaded benchmark files (custom): load them" in out[-1] and "edit is loaded" not in out[-1]
     with pytest.raises(Exception, match="load them in the Benchmark panel first"):
         b.predict([handle_file(str(meta_file)), handle_file(str(patch_file))], api_name="/import_run")
     b.predict("custom", "forget", "", handle_file(str(upload)), None, api_name="/load_benchmark")

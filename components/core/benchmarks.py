@@ -9,12 +9,13 @@ from pathlib import Path
 from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, upload_bytes
+from components.core.written import written_benchmark
 from grom import demo_preset
 from grom.data import BENCHMARKS, load_benchmark
 from grom.data.readers import TooManyRows
 
-PRESET_FOR = {"real-knowledge": "smollm2", "tofu": "tofu10", "muse-news": "muse-news", "muse-books": "muse-books",
-              "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
+PRESET_FOR = {"real-knowledge": "smollm2", "name-only": "smollm2", "tofu": "tofu10", "muse-news": "muse-news",
+              "muse-books": "muse-books", "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
 
 
 # The models a preset was tuned on where the studio knows it (the demo's presets and
@@ -23,7 +24,10 @@ TUNED_ON = {"demo": DEMO, "demo-forget05": DEMO, "demo-forget01": DEMO, "smollm2
 MODEL_PRESET = {DEMO: "demo", REAL: "smollm2"}  # the preset of a model the studio knows
 # what each bundled benchmark's facts are known to (the demo's invented authors exist only in
 # the demo model's training data; the real-knowledge facts were probed on SmolLM2)
-KNOWN_TO = {"demo": (DEMO,), "real-knowledge": (REAL,)}
+KNOWN_TO = {"demo": (DEMO,), "real-knowledge": (REAL,), "name-only": (REAL,)}
+NAME_ONLY = "name-only"  # RWKU's setting: the forget set is the table the model wrote (components.core.written)
+# the benchmarks whose data only the visitor's session holds (a link or a run file cannot bring it back)
+SESSION_DATA = {"custom": "uploaded benchmark files", NAME_ONLY: "what the model wrote (name only)"}
 
 
 def preset_for(name: str, split: str, model_name: str | None = None) -> str:
@@ -125,12 +129,15 @@ def _file_path(upload) -> str | None:
 
 
 def read_benchmark(name: str, split: str | None, source: str, forget_file, retain_file,
-                   model_name: str | None = None):
-    """A `Benchmark` from the widgets' values; every problem is a message to act on."""
+                   model_name: str | None = None, written=None, use: str = "questions"):
+    """A `Benchmark` from the widgets' values; every problem is a message to act on.
+    written, use: the name-only table (what the model wrote, as edited) and what of it to fit."""
     name = (name or "").strip()
     if name not in dict((v, v) for _, v in benchmark_names()):
         raise UserError(f"Unknown benchmark {shorten(name)!r}; "
                         f"pick one of {', '.join(v for _, v in benchmark_names())}.")
+    if name == NAME_ONLY:
+        return written_benchmark(split or default_split(name), written, use, known_only=model_name == REAL)
     if name == "custom":
         forget = _file_path(forget_file)
         if forget is None:

@@ -179,6 +179,23 @@ def attack_s(key: ModelKey, bench, edit, name, *_rest, **_kw) -> int:
     return gpu_seconds(flops, steps)
 
 
+def write_s(key: ModelKey, target, config, *_rest, **_kw) -> int:
+    """`write_rows`'s (components.core.written): the passages, the question tries and the
+    answers about the target and its neighbours, each a generation of its budget after a
+    prompt of about 60 tokens, in batches of `config.batch_size`."""
+    shape = shape_of(key)
+    if shape is None:
+        return DEFAULT_S
+    flops = steps = 0.0
+    for p, q in [(config.passages, config.questions)] + \
+            [(config.neighbour_passages, config.neighbour_questions)] * config.neighbours:
+        for n, budget in ((p, config.passage_tokens), (2 * q, config.question_tokens), (q, config.answer_tokens)):
+            if n:
+                f, s = eval_work(shape, 60.0 * n, n, budget, 1, config.batch_size)
+                flops, steps = flops + f, steps + s
+    return gpu_seconds(flops, steps)
+
+
 def generate_s(key: ModelKey, prompt, edit, *_rest, **_kw) -> int:
     """A typed question answered before and after."""
     shape = shape_of(key)

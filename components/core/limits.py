@@ -13,7 +13,8 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_NEW_TOKENS | 64 | new tokens of an answer to a typed question |
 | GROM_MAX_UPLOAD_MB | 10 | size of one uploaded benchmark file |
 | GROM_MAX_PATCH_MB | 24 | size of an uploaded patch.safetensors (any 5-layer down_proj edit of SmolLM2, full form: 16.9 MB) |
-| GROM_MAX_UPLOAD_ROWS | 10000 | rows of an uploaded benchmark |
+| GROM_MAX_UPLOAD_ROWS | 10000 | rows of an uploaded benchmark (and of a name-only table) |
+| GROM_MAX_WRITTEN | 240 | texts the model writes for one name-only request: passages, question tries and answers, about the target and its neighbours (the defaults, 8 passages and 16 questions with 2 neighbours: 108; the sliders' top: 496) |
 | GROM_MAX_QUEUED_PER_SESSION | 3 | jobs one session may have waiting or running |
 | GROM_MAX_QUEUE | 64 | jobs waiting in the whole server |
 | GROM_DEVICE_JOBS | 8 | model jobs admitted at once; they take the device in turn, in the order asked, a long job between its steps (past it, they wait in gradio's queue) |
@@ -49,7 +50,7 @@ from components.core.errors import UserError
 
 DEFAULTS = {
     "GROM_MAX_EPOCHS": 10, "GROM_MAX_EXAMPLES": 4000, "GROM_MAX_EVAL_EXAMPLES": 1000,
-    "GROM_MAX_NEW_TOKENS": 64, "GROM_MAX_UPLOAD_MB": 10, "GROM_MAX_UPLOAD_ROWS": 10000,
+    "GROM_MAX_NEW_TOKENS": 64, "GROM_MAX_UPLOAD_MB": 10, "GROM_MAX_UPLOAD_ROWS": 10000, "GROM_MAX_WRITTEN": 240,
     "GROM_MAX_QUEUED_PER_SESSION": 3, "GROM_MAX_QUEUE": 64, "GROM_RESIDENT_MODELS": 2,
     "GROM_MAX_SESSIONS": 32, "GROM_EXPORT_MAX_MB": 256, "GROM_EXPORTS_PER_MINUTE": 6,
     "GROM_UPLOADS_PER_MINUTE": 30, "GROM_UPLOAD_CACHE_MB": 512, "GROM_SERVER_UPLOADS_PER_MINUTE": 120,

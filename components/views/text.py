@@ -35,6 +35,13 @@ $$P=\frac{w_f}{s}\,D X_f^{\top} A^{-1},\quad A=\frac{w_r}{r}X_rX_r^{\top}+\frac{
 BENCHMARK = ("**2 · Benchmark.** The *forget* set is what the model should no longer say, the "
              "*retain* set what it must keep saying; both give the keys of the edit.")
 
+NAME_ONLY = ("**Name only** (RWKU's setting, Jin et al. 2024): the method is given only the target's name and "
+             "a sentence saying what it is. The loaded model writes passages and questions about it (and "
+             "answers its own questions), and the same about a few neighbouring targets, which the edit keeps. "
+             "Read what it wrote, fix or delete rows, choose what to fit on, then **Load benchmark**. The edit "
+             "is fitted only on the table; the comparison scores it on the target's bundled questions, which "
+             "the model did not write: both halves are held out here.")
+
 LAYERS = ("**3 · Layers.** The logit lens asks how much each layer writes the forget answers' "
           "tokens straight into the logits, beyond what it does for the retain answers: where "
           "pushing the forget answers down is most direct. The contiguous band of width $k$ with "
