@@ -1,4 +1,4 @@
-"""Command line: ``python -m grom edit|scores|attack|evaluate ...``, the library without the app."""
+"""Command line: ``python -m grom edit|scores|attack|evaluate|write ...``, the library without the app."""
 from __future__ import annotations
 
 import argparse
@@ -128,7 +128,39 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--retain-logs", metavar="FILE",
                           help="with --openunlearning: a retain model's TOFU_EVAL.json (OpenUnlearning's "
                                "retain_logs_path), for forget_quality and privleak (else --reference's row)")
+    write = sub.add_parser("write", help="RWKU's name-only setting: the model writes passages and question/answer "
+                                         "pairs about a bundled real-knowledge target and its neighbours, as JSON "
+                                         "lines for --benchmark name-only --source FILE")
+    _model_args(write)
+    write.add_argument("--target", required=True, help="a bundled real-knowledge target, e.g. the-solar-system")
+    write.add_argument("--out", required=True, help="the JSON lines file to write (side, subject, kind, prompt, text)")
+    for name, default, what in (("passages", 16, "passages about the target"),
+                                ("questions", 32, "questions about the target (each answered by the model)"),
+                                ("neighbours", 3, "other targets written about for the retain side"),
+                                ("neighbour-passages", 4, "passages about each neighbour"),
+                                ("neighbour-questions", 8, "questions about each neighbour"),
+                                ("seed", 0, "the sampling seed")):
+        write.add_argument(f"--{name}", type=int, default=default, help=f"{what} (default {default})")
     return parser
+
+
+def write_command(args: argparse.Namespace) -> int:
+    """`python -m grom write`: `grom.tasks.name_only.write_name_only` into --out, one JSON
+    object a line, ready for `--benchmark name-only --split TARGET --source FILE`."""
+    from grom.model.loading import load_model
+    from grom.tasks.name_only import WritingConfig, to_records, write_name_only
+
+    config = WritingConfig(passages=args.passages, questions=args.questions, neighbours=args.neighbours,
+                           neighbour_passages=args.neighbour_passages, neighbour_questions=args.neighbour_questions,
+                           seed=args.seed)
+    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                                  max_memory=args.max_memory)
+    log = logging.getLogger("grom.write")
+    rows = to_records(write_name_only(model, tokenizer, args.target, config, progress=log.info))
+    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counts = {side: sum(r["side"] == side for r in rows) for side in ("forget", "retain")}
+    print(f"{args.out}: {counts['forget']} texts about {args.target}, {counts['retain']} about its neighbours")
+    return 0
 
 
 def config_from_args(args: argparse.Namespace) -> EditConfig:
@@ -162,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     if args.max_memory and not args.device_map:
         raise SystemExit("error: --max-memory needs --device-map (auto, balanced or sequential)")
-    if args.command in ("attack", "evaluate"):
+    if args.command in ("attack", "evaluate", "write"):
         try:
-            return (attack_command if args.command == "attack" else evaluate_command)(args)
+            return {"attack": attack_command, "evaluate": evaluate_command, "write": write_command}[args.command](args)
         except (ValueError, FileNotFoundError) as err:  # bad input: a clear message, nothing written
             raise SystemExit(f"error: {err}") from None
     from grom.model import distributed

@@ -219,3 +219,19 @@ def test_grom_runs_on_written_passages_and_questions(llama, tokenizer):
 
 def test_the_target_type_reads_its_intro():
     assert isinstance(SOLAR, Target) and SOLAR.intro.startswith("The Solar System is")
+
+
+def test_the_cli_writes_a_file_the_benchmark_loads(tmp_path, capsys):
+    from grom.cli import main
+
+    out = tmp_path / "written.jsonl"
+    assert main(["write", "--model", "assets/demo-full", "--target", "the-solar-system", "--passages", "2",
+                 "--questions", "1", "--neighbours", "1", "--neighbour-passages", "1", "--neighbour-questions", "0",
+                 "--out", str(out)]) == 0
+    rows = N.from_records(json.loads(line) for line in out.read_text().splitlines())
+    assert [r.side for r in rows if r.kind == "passage"] == ["forget", "forget", "retain"]
+    assert "texts about the-solar-system" in capsys.readouterr().out
+    bench = load_benchmark("name-only", "the-solar-system", source=str(out), use="passages")
+    assert [x.text for x in bench.forget] == [r.text for r in rows if r.side == "forget" and r.kind == "passage"]
+    with pytest.raises(SystemExit, match="no target 'atlantis'"):
+        main(["write", "--model", "assets/demo-full", "--target", "atlantis", "--out", str(out)])
