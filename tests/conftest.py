@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 
 import pytest
 import torch
@@ -30,6 +31,16 @@ from grom.data.schema import QAExample
 for _name in ("GROM_EXPORTS_PER_MINUTE", "GROM_UPLOADS_PER_MINUTE", "GROM_SERVER_UPLOADS_PER_MINUTE",
               "GROM_MAX_QUEUED_PER_VISITOR"):
     os.environ.setdefault(_name, "100000")
+
+# Under pytest-xdist (README's command: `-n 2 --dist loadfile`, one worker a core) each worker
+# keeps its temporary files apart: its own temp folder, so gradio's upload cache, the links
+# folder and exports, which each prune their oldest files, never prune another worker's.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _tmp = os.path.join(tempfile.gettempdir(), f"grom-tests-{os.environ['PYTEST_XDIST_WORKER']}-{os.getppid()}")
+    os.makedirs(_tmp, exist_ok=True)
+    os.environ["TMPDIR"] = _tmp
+    os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(_tmp, "gradio"))
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 # The markers (registered in pyproject.toml), given here by what a test uses, so that a new
 # test is marked as its fixtures say: README's quick command leaves them out, CI runs all.

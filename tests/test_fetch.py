@@ -5,6 +5,7 @@ tests need no network; tests/test_real_model.py runs the real fetch end to end.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,17 @@ def test_fetch_writes_a_checked_folder_once(fake_registry, tmp_path):
     assert (folder / "SOURCE.json").is_file() and (folder / "model.safetensors").is_file()
     assert fetch.is_fetched(NAME) and seen[-1] == 1.0
     assert fetch.fetch_model(NAME) == folder and len(fake_registry) == 1  # cached: no second conversion
-    assert [p.name for p in folder.parent.iterdir()] == [NAME]  # no temporary folder left
+    assert sorted(p.name for p in folder.parent.iterdir()) == [f".{NAME}.lock", NAME]  # no temporary folder left
     model, tok = load_model(NAME)  # by name, from the folder
     assert model.config.num_hidden_layers == 2 and not model.training
+
+
+def test_two_fetches_at_once_convert_once(fake_registry):
+    """Two processes (servers, test workers) asking at once: the second waits on the lock
+    and takes the first one's folder (threads open the lock file apart, as processes do)."""
+    with ThreadPoolExecutor(2) as pool:
+        folders = list(pool.map(lambda _: fetch.fetch_model(NAME), range(2)))
+    assert folders[0] == folders[1] and fetch.is_fetched(NAME) and len(fake_registry) == 1
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete_source", "garble_header"])
@@ -78,7 +87,7 @@ def test_a_fetch_that_fails_midway_leaves_nothing(fake_registry, monkeypatch, tm
     with pytest.raises(RuntimeError, match="disk full"):
         fetch.fetch_model(NAME)
     root = tmp_path / "models"
-    assert list(root.iterdir()) == []  # neither the folder nor a temporary one
+    assert [p.name for p in root.iterdir()] == [f".{NAME}.lock"]  # neither the folder nor a temporary one
 
 
 def test_no_registry_gives_a_clear_error(monkeypatch, tmp_path):

@@ -19,6 +19,7 @@ Where the Hub is reachable (a Space), `resolve_model_name` gives the Hub id inst
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -102,6 +103,32 @@ def fetch_model(name: str, progress: Progress | None = None, *, force: bool = Fa
     problem = _folder_problem(folder)
     if problem is None and not force:
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _fetching(folder):  # another process fetching the same model: wait for it, then use its folder
+        if not force and _folder_problem(folder) is None:
+            return folder
+        return _fetch_into(spec, folder, _folder_problem(folder), force, progress)
+
+
+@contextlib.contextmanager
+def _fetching(folder: Path):
+    """An exclusive lock on `<folder>.lock` (POSIX `flock`), held while one process fetches
+    `folder`: two servers or two test workers starting at once fetch it once. Where flock
+    is missing, no lock (one process at a time was the assumption before)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _fetch_into(spec: RegistryModel, folder: Path, problem: str | None, force: bool, progress: Progress) -> Path:
     if folder.exists():
         log.warning("%s: %s; fetching it again", folder, problem or "re-fetch asked for")
         shutil.rmtree(folder)
