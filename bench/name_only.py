@@ -19,6 +19,7 @@ studio's edit on SmolLM2) runs on each variant of the forget and retain sets:
     questions+bundled the model's questions; retain: the benchmark's own retain pairs
     questions@wr=X    the model's questions, w_r = X (specificity against the neighbours)
     questions@band=A-B the model's questions on layers A..B
+    questions@short   the model's questions, each answer cut to its first sentence
 
 and each edit is evaluated as the studio evaluates (answers stage, the known facts only):
 "Probe fact recall" on the held-out half of the target's bundled questions (never fitted
@@ -59,10 +60,12 @@ def _log(msg: str) -> None:
 
 def variant_split(spec: str) -> tuple[str, dict]:
     """"questions@wr=10" -> ("questions", {"w_r": 10.0}); "questions@band=20-24" ->
-    ("questions", {"band": (20, 24)})."""
+    ("questions", {"band": (20, 24)}); "questions@short": the answers' first sentences."""
     name, _, at = spec.partition("@")
     if not at:
         return name, {}
+    if at == "short":
+        return name, {"answers": "first_sentence"}
     key, _, value = at.partition("=")
     if key == "wr":
         return name, {"w_r": float(value)}
@@ -71,15 +74,15 @@ def variant_split(spec: str) -> tuple[str, dict]:
     if key == "band":
         lo, _, hi = value.partition("-")
         return name, {"band": (int(lo), int(hi))}
-    raise SystemExit(f"--variants: {spec!r}: after '@' use wr=X, beta=X or band=A-B")
+    raise SystemExit(f"--variants: {spec!r}: after '@' use short, wr=X, beta=X or band=A-B")
 
 
-def benchmark_of(name: str, target: str, rows, args):
+def benchmark_of(name: str, target: str, rows, args, answers: str = "whole"):
     known = dict(known_only=args.known_only)
     if name == "standard":
         return load_knowledge(target, **known)
     use, _, retain = name.partition("+")
-    return name_only_benchmark(target, rows, use=use, retain=retain or "written", **known)
+    return name_only_benchmark(target, rows, use=use, retain=retain or "written", answers=answers, **known)
 
 
 def run_target(args, model, tok, target: str, written: dict) -> dict:
@@ -98,7 +101,7 @@ def run_target(args, model, tok, target: str, written: dict) -> dict:
     base = None
     for spec in args.variants:
         name, change = variant_split(spec)
-        bench = benchmark_of(name, target, rows, args)
+        bench = benchmark_of(name, target, rows, args, change.pop("answers", "whole"))
         band = change.pop("band", None)
         config = PRESETS[args.preset].replace(prompt_format=bench.prompt_format, seed=args.seed, **change,
                                               **({"layers": tuple(range(band[0], band[1] + 1))} if band else {}))

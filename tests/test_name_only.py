@@ -235,3 +235,24 @@ def test_the_cli_writes_a_file_the_benchmark_loads(tmp_path, capsys):
     assert [x.text for x in bench.forget] == [r.text for r in rows if r.side == "forget" and r.kind == "passage"]
     with pytest.raises(SystemExit, match="no target 'atlantis'"):
         main(["write", "--model", "assets/demo-full", "--target", "atlantis", "--out", str(out)])
+
+
+@pytest.mark.parametrize("text, want", [
+    ("The largest planet is Jupiter. It has many moons.", "The largest planet is Jupiter."),
+    ("Mr. Holmes lives at 221B Baker Street. He is a detective.", "Mr. Holmes lives at 221B Baker Street."),
+    ("It landed in 1969. Apollo 11 carried three men.", "It landed in 1969."),
+    ("No sentence end", "No sentence end"),
+])
+def test_first_sentence(text, want):
+    assert N.first_sentence(text) == want
+
+
+def test_the_answers_can_be_cut_to_their_first_sentence():
+    rows = [N.Written("forget", "the-solar-system", "qa", "Which planet has rings?",
+                      "Saturn has rings. They are made of ice and rock."), *ROWS[2:]]
+    whole = N.name_only_benchmark("the-solar-system", rows)
+    short = N.name_only_benchmark("the-solar-system", rows, answers="first_sentence")
+    assert whole.forget[0].answer == rows[0].text and short.forget[0].answer == "Saturn has rings."
+    assert short.retain == whole.retain  # the kept side is fitted whole
+    with pytest.raises(ValueError, match="answers one of whole, first_sentence"):
+        N.name_only_benchmark("the-solar-system", rows, answers="half")

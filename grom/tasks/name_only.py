@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -40,6 +41,7 @@ SIDES = ("forget", "retain")
 KINDS = ("passage", "qa")
 USES = ("questions", "passages", "both")
 RETAIN_FROM = ("written", "bundled", "both")
+ANSWERS = ("whole", "first_sentence")  # what of the model's own answer is fitted
 
 
 @dataclass(frozen=True)
@@ -189,30 +191,43 @@ def write_name_only(model, tokenizer, target: str, config: WritingConfig = Writi
     return rows
 
 
-def _examples(rows: Iterable[Written], use: str) -> tuple:
+# a ".", "!" or "?" then a space and a capital (or a quote), not after a title's abbreviation
+_SENTENCE_END = re.compile(r"(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bDr\.)(?<!\bSt\.)(?<=[.!?])\s+(?=[A-Z\"'])")
+
+
+def first_sentence(text: str) -> str:
+    """`text` up to the end of its first sentence."""
+    return _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
+
+
+def _examples(rows: Iterable[Written], use: str, answers: str = "whole") -> tuple:
     out = []
     for i, r in enumerate(rows):
         if r.kind == "passage" and use in ("passages", "both"):
             out.append(TextExample(text=r.text, id=f"{r.subject}/written-{i}"))
         elif r.kind == "qa" and use in ("questions", "both"):
-            out.append(QAExample(question=r.prompt, answer=r.text, subject=r.subject, id=f"{r.subject}/written-{i}"))
+            answer = first_sentence(r.text) if answers == "first_sentence" else r.text
+            out.append(QAExample(question=r.prompt, answer=answer, subject=r.subject, id=f"{r.subject}/written-{i}"))
     return tuple(out)
 
 
 def name_only_benchmark(target: str, rows: Sequence[Written], *, use: str = "questions",
-                        retain: str = "written", source: PathLike | None = None,
+                        retain: str = "written", answers: str = "whole", source: PathLike | None = None,
                         prompt_format: PromptFormat | None = None, known_only: bool = False) -> Benchmark:
     """The real-knowledge benchmark of `target` with what the model wrote as its forget set
     (`use`: its question/answer pairs, its passages, or both) and retain set (`retain`:
-    what it wrote about the neighbours, the benchmark's own retain pairs, or both). The
+    what it wrote about the neighbours, the benchmark's own retain pairs, or both;
+    `answers`: each forget answer whole, or its first sentence, where a short answer states
+    its fact before the model's elaboration). The
     evaluation sets are the bundled ones, so every question scored is one the model did
     not write and the method did not see ("forget" included: in this setting it is held
     out too)."""
-    if use not in USES or retain not in RETAIN_FROM:
+    if use not in USES or retain not in RETAIN_FROM or answers not in ANSWERS:
         raise ValueError(f"name only: use is one of {', '.join(USES)} (not {use!r}); retain one of "
-                         f"{', '.join(RETAIN_FROM)} (not {retain!r})")
+                         f"{', '.join(RETAIN_FROM)} (not {retain!r}); answers one of {', '.join(ANSWERS)} "
+                         f"(not {answers!r})")
     bench = load_knowledge(target, source, prompt_format=prompt_format, known_only=known_only)
-    forget = _examples([r for r in rows if r.side == "forget"], use)
+    forget = _examples([r for r in rows if r.side == "forget"], use, answers)
     if not forget:
         raise BenchmarkError(f"name only: nothing written about {target} to forget as {use}; write some "
                              "first, or choose what to use (questions, passages, both)")
