@@ -123,11 +123,12 @@ def make_edit(method: str, model, tok, bench, args) -> tuple[object, float, dict
     if name in LUNAR_SOLVERS:  # upstream's fit (or its closed form) at its own layer, its defaults
         solver, prompts = LUNAR_SOLVERS[name]
         config = LunarConfig(solver=solver, prompts=prompts, prompt_format=bench.prompt_format, seed=args.seed,
-                             **({} if lr is None else {"lr": lr}))
+                             **({} if lr is None else {"lr": lr}),
+                             **({"rho": args.lunar_rho} if args.lunar_rho else {}))
         edit = run_lunar(model, tok, bench.forget, bench.retain, config)
         return edit, time.perf_counter() - t0, {"solver": config.solver, "prompts": config.prompts, "lr": config.lr,
                                                 "epochs": config.epochs, "layer": edit.info["layer"],
-                                                "coeff": config.coeff}
+                                                "coeff": config.coeff, "rho": config.rho}
     recipe = recipe_for_task(bench.task).name
     point = starting_point(args.model, name, recipe)
     lr = point.lr if lr is None else lr
@@ -336,6 +337,8 @@ def main(argv=None) -> None:
                     help="per target, the relearning lr measured on the unedited model over these lrs")
     ap.add_argument("--relearn-grid", action="store_true",
                     help="also relearn every edit at each --calibrate-relearn lr, and report the attacker's best")
+    ap.add_argument("--lunar-rho", type=float, default=None,
+                    help="the ridge of LUNAR's closed form (lunar-cf), relative as GROM's rho (default: LunarConfig's)")
     ap.add_argument("--evaluate", action="store_true",
                     help="also the studio's evaluation of each edit (answers stage): forget and kept fact recall, "
                          "refusals, degenerate answers, Knowledge score, retain cost")

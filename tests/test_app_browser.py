@@ -405,3 +405,38 @@ def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_pat
     assert "stated none of these forget facts" in card and "nothing to forget" in card, card
     assert not errors, f"page errors: {errors}"
     page.close()
+
+
+def test_name_only_from_the_written_table_to_a_card(url, browser, tmp_path):
+    """RWKU's name-only setting in the browser, on the demo model (it writes passages; it
+    knows no real fact, so the card says there was nothing to forget): the box shows with
+    its benchmark, the model writes the table, Load benchmark fits what it holds, and Run
+    edit gives a card."""
+    page, errors = open_page(browser, url, 1366, 900)
+    assert not page.locator("#name-only").is_visible()
+    page.get_by_label("Benchmark", exact=True).click()
+    page.get_by_role("option", name="Real knowledge, name only (RWKU): the model writes the forget set").click()
+    page.wait_for_selector("#name-only", state="visible")
+    for label, value in (("Passages about the target", "3"), ("Questions about the target", "0"),
+                         ("Neighbouring targets (kept)", "1")):
+        box = page.get_by_label(f"number input for {label}")
+        box.fill(value)
+        box.press("Enter")
+    page.get_by_role("button", name="Write with the model").click()
+    page.wait_for_function("document.body.innerText.includes('The model wrote') "
+                           "|| document.querySelector('.toast-body.error')", timeout=300_000)
+    table = text_of(page, "#name-only")
+    assert "The model wrote 3 texts about" in table, (table, text_of(page, ".toast-body.error"))
+    assert "the-solar-system" in table and "the-human-body" in table and "passage" in table
+    page.get_by_label("passages", exact=True).check()  # the demo model writes no question that reads as one
+    page.get_by_role("button", name="Load benchmark").click()
+    page.wait_for_function("document.body.innerText.includes('name only (RWKU')", timeout=120_000)
+    shot(page, "name_only_loaded.png", tmp_path, full_page=False)
+    cards = "Array.from(document.querySelectorAll('#result-card .result-card')).map(c => c.textContent).join(' ')"
+    page.click("#run-edit")
+    page.wait_for_function(f"({cards}).includes('facts') || document.querySelector('.toast-body.error')",
+                           timeout=600_000)
+    card = page.evaluate(cards)
+    assert "nothing to forget" in card, (card, text_of(page, ".toast-body.error"))
+    assert not errors, f"page errors: {errors}"
+    page.close()
