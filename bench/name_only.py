@@ -60,21 +60,22 @@ def _log(msg: str) -> None:
 
 def variant_split(spec: str) -> tuple[str, dict]:
     """"questions@wr=10" -> ("questions", {"w_r": 10.0}); "questions@band=20-24" ->
-    ("questions", {"band": (20, 24)}); "questions@short": the answers' first sentences."""
-    name, _, at = spec.partition("@")
-    if not at:
-        return name, {}
-    if at == "short":
-        return name, {"answers": "first_sentence"}
-    key, _, value = at.partition("=")
-    if key == "wr":
-        return name, {"w_r": float(value)}
-    if key == "beta":
-        return name, {"beta": float(value)}
-    if key == "band":
-        lo, _, hi = value.partition("-")
-        return name, {"band": (int(lo), int(hi))}
-    raise SystemExit(f"--variants: {spec!r}: after '@' use short, wr=X, beta=X or band=A-B")
+    ("questions", {"band": (20, 24)}); "questions@short": the answers' first sentences;
+    modifiers combine: "questions@short@wr=10"."""
+    name, *mods = spec.split("@")
+    change: dict = {}
+    for mod in mods:
+        key, _, value = mod.partition("=")
+        if mod == "short":
+            change["answers"] = "first_sentence"
+        elif key in ("wr", "beta"):
+            change[{"wr": "w_r", "beta": "beta"}[key]] = float(value)
+        elif key == "band":
+            lo, _, hi = value.partition("-")
+            change["band"] = (int(lo), int(hi))
+        else:
+            raise SystemExit(f"--variants: {spec!r}: after '@' use short, wr=X, beta=X or band=A-B")
+    return name, change
 
 
 def benchmark_of(name: str, target: str, rows, args, answers: str = "whole"):

@@ -77,6 +77,52 @@ def test_bench_attack_targets_on_the_demo_with_a_probe_upload(tmp_path):
     assert "| attack | base | GROM | NPO | NPO 0.002 | grom s | npo s | npo@2e-3 s |" in tables
 
 
+def test_bench_attack_targets_runs_lunar_and_grom_refusal_with_the_evaluation(tmp_path):
+    """GROM's refusal target and LUNAR (unverifiable prompts, closed form at a given ridge)
+    through one attack, each edit also evaluated as the studio evaluates (--evaluate)."""
+    import json
+
+    upload = tmp_path / "p.jsonl"
+    from grom.data import load_benchmark
+
+    demo = load_benchmark("demo", "forget01")
+    rows = [{"question": ex.question, "answer": ex.answer, "fact": ex.fact, "split": split}
+            for split, part in (("forget", demo.forget[:8]), ("probe", demo.forget[8:12]), ("retain", demo.retain[:8]))
+            for ex in part]
+    upload.write_text("\n".join(json.dumps(r) for r in rows))
+    out = run_script(tmp_path, "bench_attack_targets.py", "--model", str(BENCH.parent / "assets" / "demo-full"),
+                     "--preset", "demo-forget01", "--custom", str(upload), "--methods", "grom:refusal,lunar-cf-u",
+                     "--lunar-rho", "0.03", "--attacks", "heldout", "--evaluate", "--threads", "1", "--json", "o.json")
+    assert "| attack | base | GROM (refusal target) | LUNAR (closed form, unverifiable prompts) |" in out
+    assert "| Retain fact recall |" in out  # the evaluation's rows under the attacks'
+    res = json.loads((tmp_path / "o.json").read_text())["results"][0]["methods"]
+    assert res["grom:refusal"]["settings"]["target"] == "refusal"
+    settings = res["lunar-cf-u"]["settings"]
+    assert (settings["prompts"], settings["solver"], settings["rho"]) == ("unverifiable", "closed-form", 0.03)
+    assert "Retain fact recall" in res["lunar-cf-u"]["evaluation"]
+
+
+def test_bench_name_only_on_the_demo_then_again_from_its_rows(tmp_path):
+    """What the model writes, the standard split and written variants, each edited and
+    evaluated; a second run reuses the rows of the first (no writing)."""
+    import json
+
+    model = str(BENCH.parent / "assets" / "demo-full")
+    common = ["--model", model, "--preset", "demo", "--targets", "the-solar-system", "--all-facts", "--threads", "1"]
+    out = run_script(tmp_path, "name_only.py", *common, "--passages", "2", "--questions", "0", "--neighbours", "1",
+                     "--neighbour-passages", "1", "--neighbour-questions", "0",
+                     "--variants", "standard,passages@wr=10", "--json", "a.json")
+    assert "written 0 question/answer pairs and 2 passages about it" in out and "| passages@wr=10 | 2 / 1 |" in out
+    first = json.loads((tmp_path / "a.json").read_text())["targets"][0]
+    assert [r["kind"] for r in first["rows"]] == ["passage"] * 3 and set(first["variants"]) == {
+        "standard", "passages@wr=10"}
+    out = run_script(tmp_path, "name_only.py", *common, "--rows", "a.json", "--variants", "both@band=1-2",
+                     "--json", "b.json")
+    again = json.loads((tmp_path / "b.json").read_text())["targets"][0]
+    assert again["rows"] == first["rows"] and again["write_seconds"] is None
+    assert again["variants"]["both@band=1-2"]["band"] == [1, 2]
+
+
 def test_bench_gpu_scaled_down_on_the_cpu(tmp_path, monkeypatch):
     """The GPU benchmark's one command at a tiny scale on the CPU: every stage timed and
     metered beside the plan, the band cut with the layers. One workload, in this test's one
