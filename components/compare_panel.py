@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import gradio as gr
 import numpy as np
 
+from components.core.benchmarks import NAME_ONLY
 from components.core.comparison import FORGET_SETS, RETAIN_SETS, comparison_report, covers_split, examples_per_set
 from components.core.device import DEVICE_LOCK, device_progress, on_device
 from components.core.downloads import report_files
@@ -158,8 +159,9 @@ def result_card(session: Session) -> str:
     attacks = held[1].get("GROM") if held is not None and held[0] is edit else None
     waited, pressed, first = waited_s(session, edit)
     rho = getattr(getattr(edit, "config", None), "rho", None)
+    fitted = not (session.bench_label or "").startswith(NAME_ONLY + "/")  # name only: the model's text was fitted
     return card_html(report, edit.timings.get("total", 0.0), whole, rows, attacks, waited=waited,
-                     pressed=pressed, rho=rho, first=first)
+                     pressed=pressed, rho=rho, first=first, fitted=fitted)
 
 
 ANSWERS_FIRST = ("knowledge",)

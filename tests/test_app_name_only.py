@@ -102,3 +102,14 @@ def test_write_fills_the_table_and_loading_it_fits_only_what_was_written():
     assert "name only" in info and session.bench_label == "name-only/the-solar-system"
     assert {x.text for x in session.benchmark.forget} == set(table[(table.side == "forget")
                                                                     & (table.kind == "passage")].text)
+
+
+def test_the_cards_probe_line_says_no_forget_question_was_fitted_in_the_name_only_setting():
+    from types import SimpleNamespace
+
+    from components.views.card import probe_line
+
+    report = SimpleNamespace(known_facts=lambda: {"forget": (10, 4), "probes": (8, 6)})
+    assert "against 60% of the fitted ones" in probe_line(report, True)
+    line = probe_line(report, True, fitted=False)
+    assert "forgot **2 of the 8**" in line and "against 60% of the other half, which it never saw either" in line

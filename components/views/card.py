@@ -85,10 +85,12 @@ def headline(report) -> str:
     return " · ".join(f"{k} {b:.2f} → **{a:.2f}**" for k, b, a in pairs[:2]) or "Compared."
 
 
-def probe_line(report, whole: bool) -> str:
+def probe_line(report, whole: bool, fitted: bool = True) -> str:
     """The held-out probes (the forget target's questions the edit never saw): how many of
     those the unedited model knew are forgotten, beside the fitted ones; "" without probes.
-    A forgetting that holds only on the fitted questions masks the wording, not the fact."""
+    A forgetting that holds only on the fitted questions masks the wording, not the fact.
+    fitted: whether the forget questions were the edit's (False in the name-only setting,
+    where the model's own text was fitted and both halves are held out)."""
     facts = report.known_facts()
     if "probes" not in facts:
         return ""
@@ -97,9 +99,9 @@ def probe_line(report, whole: bool) -> str:
         return "Held-out probes: the unedited model stated none of them, so they tell nothing here."
     share = (known - still) / known
     interval = "" if whole else " (95%: {:.0%}–{:.0%})".format(*wilson(known - still, known))
-    fitted = facts.get("forget")
-    beside = (f", against {(fitted[0] - fitted[1]) / fitted[0]:.0%} of the fitted ones"
-              if fitted and fitted[0] else "")
+    other = facts.get("forget")
+    which = "the fitted ones" if fitted else "the other half, which it never saw either"
+    beside = f", against {(other[0] - other[1]) / other[0]:.0%} of {which}" if other and other[0] else ""
     return (f"Held-out probes the edit never saw: forgot **{known - still} of the {known}** it knew "
             f"({share:.0%}{interval}{beside}).")
 
@@ -302,16 +304,16 @@ def times_line(edit_s: float, compared_s: float | None = None, waited_s: float |
 
 def card_html(report, seconds: float, whole: bool, examples: list[dict], attacks: dict | None = None, *,
               waited: float | None = None, pressed: bool = True, rho: float | None = None,
-              first: bool = False) -> str:
+              first: bool = False, fitted: bool = True) -> str:
     """The card: the headline, the retain line (its advice with the edit's ρ), what the
     forget answers became, how much was counted, the attack suite's line where it ran for
     this edit (`attack_line`), two before/after forget answers (`pick_examples` of
     `examples`: rows of question, before, after) and the times, each named (`times_line`:
     the edit's `seconds`, the comparison's, the visitor's wait). `first`: the edit's first
     card, which `SCROLL_TO_CARD` brings into view (class "rc-new"); its later versions stay
-    where the visitor left them."""
+    where the visitor left them. fitted: see `probe_line`."""
     card = [f'<div class="result-card{" rc-new" if first else ""}"><div class="rc-head">{bold(headline(report))}</div>']
-    probes = probe_line(report, whole)
+    probes = probe_line(report, whole, fitted)
     if probes:
         card.append(f'<div class="rc-probes">{bold(probes)}</div>')
     css, line = ("rc-pending", PENDING_LINE) if pending(report) else retain_line(report, rho)
