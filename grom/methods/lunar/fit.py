@@ -24,9 +24,10 @@ dtype); here in the down_proj weight's own dtype.
 
 GROM's objective (grom.closed_form.solve) with forget keys Xf, retain keys Xr, the target
 column D_j = (coeff / g) r for every forget key, and the two sets weighted per key alike
-(w_f / s = w_r / r = 1), solved by `solve_update` with a small ridge `rho` (mu = rho x the
+(w_f / s = w_r / r = 1), solved by `solve_update` with a ridge `rho` (mu = rho x the
 mean diagonal; rho -> 0 is the least-squares solution of least norm, which the system
-needs when there are fewer rows than down_proj's inputs). What the closed form does not
+needs when there are fewer rows than down_proj's inputs). `LunarConfig` takes GROM's 0.03:
+near the least-norm solution (1e-6) SmolLM2 lost nearly every other fact it knew. What the closed form does not
 have: AdamW's weight decay (it pulls W toward 0, not W0), the finite number of epochs with
 a decaying rate (upstream stops before the minimum: the closer the training gets to it, the
 closer the two), the minibatch noise and the bfloat16 rounding.

@@ -63,7 +63,10 @@ class LunarConfig:
     weight_decay: float = 0.01  # torch AdamW's default, which upstream keeps
     prompts: str = "harmful"  # the direction's refusal prompts: use_harmful (default) or "unverifiable"
     solver: str = "adamw"  # upstream's training, or "closed-form": the same objective solved exactly
-    rho: float = 1e-6  # the closed form's ridge (GROM's mu = rho x mean diagonal); ours, not upstream's
+    # the closed form's ridge (GROM's mu = rho x mean diagonal; GROM's 0.03); ours, not upstream's. At 1e-6
+    # (near the least-norm solution) SmolLM2 kept 0.016 of its other facts on the solar system, 80% of the
+    # forget answers degenerate; at 0.03, 0.83 (BENCHMARKS.md): AdamW's early stop is a regulariser too
+    rho: float = 0.03
     prompt_format: PromptFormat | None = None
     max_length: int = 512
     seed: int = 0  # the shuffling of the rows
