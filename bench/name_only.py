@@ -99,6 +99,8 @@ def run_target(args, model, tok, target: str, written: dict) -> dict:
     out = {"target": target, "write_seconds": seconds, "rows": to_records(rows), "variants": {},
            "counts": {f"{r}/{k}": sum(x.side == r and x.kind == k for x in rows)
                       for r in ("forget", "retain") for k in ("passage", "qa")}}
+    out["coverage"] = coverage(target, rows, args)
+    _log(f"{target}: the written forget text states {out['coverage']}")
     base = None
     for spec in args.variants:
         name, change = variant_split(spec)
@@ -123,6 +125,27 @@ def run_target(args, model, tok, target: str, written: dict) -> dict:
     return out
 
 
+def coverage(target: str, rows, args) -> dict:
+    """How many of the target's scored facts (each half, the known ones with --known-only)
+    the written forget text states anywhere (`grom.text.contains_phrase`): in the model's
+    answers, in its questions, in its passages. A fact it never writes, an edit fitted on
+    its writing can only forget by spilling over from what it does write."""
+    from grom.text import contains_phrase
+
+    bench = load_knowledge(target, known_only=args.known_only)
+    forget = [r for r in rows if r.side == "forget"]
+    texts = {"answers": [r.text for r in forget if r.kind == "qa"],
+             "questions": [r.prompt for r in forget if r.kind == "qa"],
+             "passages": [r.text for r in forget if r.kind == "passage"]}
+    out = {}
+    for half in ("forget", "probes"):
+        facts = [ex.fact for ex in bench.eval_sets[half] if ex.fact]
+        out[half] = {"facts": len(facts), **{k: sum(any(contains_phrase(t, f) for t in v) for f in facts)
+                                              for k, v in texts.items()},
+                     "anywhere": sum(any(contains_phrase(t, f) for v in texts.values() for t in v) for f in facts)}
+    return out
+
+
 def table(res: dict) -> str:
     heads = ["variant", "forget / retain examples", "band", *METRICS, "edit s"]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
@@ -133,9 +156,13 @@ def table(res: dict) -> str:
         lines.append(f"| {spec} | {v['n_forget']} / {v['n_retain']} | {band[0]}-{band[-1]} | "
                      + " | ".join(cell(v["metrics"], k) for k in METRICS) + f" | {v['edit_seconds']:.0f} |")
     c = res["counts"]
+    said = "; ".join(f"of the {v['facts']} {'fitted-half' if k == 'forget' else 'probe'} facts it states "
+                     f"{v['anywhere']} (answers {v['answers']}, questions {v['questions']}, passages {v['passages']})"
+                     for k, v in res.get("coverage", {}).items())
     return (f"\n### {res['target']}: written {c['forget/qa']} question/answer pairs and {c['forget/passage']} "
             f"passages about it, {c['retain/qa']} pairs and {c['retain/passage']} passages about its neighbours"
-            + (f" ({res['write_seconds']:.0f} s)" if res["write_seconds"] else "") + "\n\n" + "\n".join(lines))
+            + (f" ({res['write_seconds']:.0f} s)" if res["write_seconds"] else "")
+            + (f"; {said}" if said else "") + "\n\n" + "\n".join(lines))
 
 
 def main(argv=None) -> None:
