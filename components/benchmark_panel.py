@@ -145,6 +145,7 @@ def build_written(shown: bool) -> SimpleNamespace:
     with gr.Accordion("Name only (RWKU): the model writes what to forget", open=shown, visible=shown,
                       elem_id="name-only") as box:
         text.md(text.NAME_ONLY, elem_classes="panel-intro")
+        text.md(text.NAME_ONLY_TIME, elem_classes="panel-intro")
         with gr.Row(equal_height=True):
             passages = gr.Slider(0, 32, value=8, step=1, label="Passages about the target", min_width=160)
             questions = gr.Slider(0, 48, value=16, step=1, label="Questions about the target", min_width=160)
@@ -156,7 +157,7 @@ def build_written(shown: bool) -> SimpleNamespace:
         written_info = gr.Markdown("", elem_classes="status-line")
         written = gr.Dataframe(headers=list(COLUMNS), datatype=["str"] * len(COLUMNS), interactive=True,
                                wrap=True, max_height=420, label="What the model wrote (editable)",
-                               column_widths=["9%", "14%", "9%", "28%", "40%"])
+                               column_widths=["46%", "24%", "10%", "9%", "11%"])
     return SimpleNamespace(written_box=box, passages=passages, questions=questions, neighbours=neighbours,
                            use=use, write=write, written_info=written_info, written=written)
 

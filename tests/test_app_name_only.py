@@ -18,10 +18,12 @@ from grom.data import QAExample, TextExample
 from grom.tasks.knowledge import load_knowledge
 
 TABLE = pd.DataFrame([
-    ["forget", "the-solar-system", "qa", "Which planet has rings?", "Saturn has rings."],
-    ["forget", "the-solar-system", "passage", "Please write a short article about The Solar System.", "Stars."],
-    ["retain", "the-human-body", "qa", "What pumps blood?", "The heart pumps blood."],
-], columns=list(COLUMNS))
+    dict(side="forget", subject="the-solar-system", kind="qa", prompt="Which planet has rings?",
+         text="Saturn has rings."),
+    dict(side="forget", subject="the-solar-system", kind="passage",
+         prompt="Please write a short article about The Solar System.", text="Stars."),
+    dict(side="retain", subject="the-human-body", kind="qa", prompt="What pumps blood?", text="The heart pumps blood."),
+], columns=list(COLUMNS))  # the table's own column order
 
 
 def test_the_sliders_make_a_writing_config_with_the_neighbours_share():

@@ -20,7 +20,7 @@ from components.core.validate import whole_number
 from grom.data.readers import BenchmarkError
 from grom.tasks.name_only import USES, WritingConfig, from_records, name_only_benchmark, to_records, write_name_only
 
-COLUMNS = ("side", "subject", "kind", "prompt", "text")
+COLUMNS = ("text", "prompt", "kind", "side", "subject")  # what was written first: the column people read
 MAX_NEIGHBOURS = 4
 
 

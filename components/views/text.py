@@ -42,6 +42,10 @@ NAME_ONLY = ("**Name only** (RWKU's setting, Jin et al. 2024): the method is giv
              "is fitted only on the table; the comparison scores it on the target's bundled questions, which "
              "the model did not write: both halves are held out here.")
 
+NAME_ONLY_TIME = ("On a GPU the writing takes seconds; on a CPU minutes (SmolLM2 on 2 busy cores: 2 passages, 6 "
+                  "questions and one neighbour took 5.4 min). What SmolLM2 writes about a target states about half "
+                  "of the facts it knows (BENCHMARKS.md, \"RWKU's name-only setting\").")
+
 LAYERS = ("**3 · Layers.** The logit lens asks how much each layer writes the forget answers' "
           "tokens straight into the logits, beyond what it does for the retain answers: where "
           "pushing the forget answers down is most direct. The contiguous band of width $k$ with "
