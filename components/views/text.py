@@ -43,8 +43,9 @@ NAME_ONLY = ("**Name only** (RWKU's setting, Jin et al. 2024): the method is giv
              "the model did not write: both halves are held out here.")
 
 NAME_ONLY_TIME = ("On a GPU the writing takes seconds; on a CPU minutes (SmolLM2 on 2 busy cores: 2 passages, 6 "
-                  "questions and one neighbour took 5.4 min). What SmolLM2 writes about a target states about half "
-                  "of the facts it knows (BENCHMARKS.md, \"RWKU's name-only setting\").")
+                  "questions and one neighbour took 5.4 min). What SmolLM2 writes about a target states a third to a "
+                  "half of the facts it knows, so the edit reaches fewer of them than the benchmark's own questions "
+                  "do (BENCHMARKS.md, \"LUNAR beside GROM, and RWKU's name-only setting\").")
 
 LAYERS = ("**3 · Layers.** The logit lens asks how much each layer writes the forget answers' "
           "tokens straight into the logits, beyond what it does for the retain answers: where "
@@ -265,7 +266,14 @@ forget questions; then refits that layer's MLP output matrix (down_proj) so that
 questions the MLP's output moves by 2 × that direction while the retain questions' outputs stay, by AdamW on the
 mean squared error (20 epochs, lr 0.01, the rate × 0.9 each epoch). Like GROM it edits a down_proj from forward
 passes alone; its objective is GROM's least squares with another target (`solver="closed-form"` solves it
-exactly). Source: {LUNAR_SOURCE}.
+exactly). Source: {LUNAR_SOURCE}. On SmolLM2 it forgot more of the held-out probe facts than GROM, at
+2-3x GROM's retain cost (BENCHMARKS.md, "LUNAR beside GROM").
+
+*Settings beside the benchmarks.* **Name only** (the benchmark "name-only"; RWKU, Jin et al. 2024,
+jinzhuoran/RWKU): the method gets only the target's name and one sentence saying what it is; the loaded model
+writes the forget text itself (passages and its own answers to its own questions) and the retain text about a few
+neighbouring targets, and the edit is scored on the bundled questions, which it did not write. SmolLM2's writing
+states about a third to a half of the facts it knows about a target.
 
 *Implementations.* {" ".join(f"**{name}**: {where}." for name, where in IMPLEMENTATIONS.items())}
 """  # noqa: E501  one Markdown list item a line, as the page shows it
