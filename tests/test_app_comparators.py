@@ -198,3 +198,18 @@ def test_lunar_is_in_the_method_box_and_runs_through_compare(demo_session):
         "2 epochs of AdamW at lr 0.01" in summary
     row = runs_history.history(session)[-1]
     assert row["source"] == "LUNAR" and "Final score" in row["metrics"]
+
+
+def test_lunars_own_epochs_are_accepted_and_priced_for_zerogpu(demo_session):
+    """Upstream's 20 epochs (the box's default) are not refused by the trained methods'
+    GROM_MAX_EPOCHS (10): LUNAR trains one matrix on activations read once. Its ZeroGPU
+    duration is priced as such (the trained methods' plan does not know it)."""
+    from components.core.comparators import REDIRECTION_MAX_EPOCHS, check_redirection
+    from components.core.durations import train_call_s
+
+    bench = demo_session.benchmark
+    assert check_redirection("lunar", bench, 20, 0.01) == (20, 0.01)
+    with pytest.raises(UserError, match=f"a whole number from 1 to {REDIRECTION_MAX_EPOCHS}"):
+        check_redirection("lunar", bench, REDIRECTION_MAX_EPOCHS + 1, 0.01)
+    short, long = (train_call_s(demo_session.model_key, bench, "lunar", e, 0.01) for e in (1, 100))
+    assert 1 <= short <= long

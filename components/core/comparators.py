@@ -129,6 +129,12 @@ def redirection_boxes() -> Boxes:
     return Boxes("Epochs (AdamW fit of one down_proj)", "Learning rate", c.epochs, c.lr)
 
 
+REDIRECTION_MAX_EPOCHS = 100
+"""LUNAR's epochs train one matrix on activations read once (a few seconds each on a CPU for
+SmolLM2), not the model: GROM_MAX_EPOCHS (10, a trained method's bound) would refuse
+upstream's own 20."""
+
+
 def check_redirection(name: str, bench, epochs, lr) -> tuple[int, float]:
     """LUNAR's (epochs, lr), checked, and the split checked to hold what it needs (forget
     questions, a retain set); a `UserError` that names what is missing, before any work."""
@@ -138,9 +144,9 @@ def check_redirection(name: str, bench, epochs, lr) -> tuple[int, float]:
     except (TypeError, ValueError):
         raise UserError(f"{label}'s epochs and learning rate must be numbers (got {shorten(epochs)}, "
                         f"{shorten(lr)}).") from None
-    if not (math.isfinite(epochs_f) and 1 <= epochs_f <= limit("GROM_MAX_EPOCHS") and epochs_f == int(epochs_f)):
-        raise UserError(f"Epochs = {shorten(epochs)}: a whole number from 1 to {limit('GROM_MAX_EPOCHS')} "
-                        "(upstream: 20).")
+    top = max(REDIRECTION_MAX_EPOCHS, limit("GROM_MAX_EPOCHS"))
+    if not (math.isfinite(epochs_f) and 1 <= epochs_f <= top and epochs_f == int(epochs_f)):
+        raise UserError(f"Epochs = {shorten(epochs)}: a whole number from 1 to {top} (upstream: 20).")
     if not (math.isfinite(lr_f) and 0 < lr_f < 1):
         raise UserError(f"Learning rate = {shorten(lr)}: a number above 0 and below 1 (upstream: 0.01).")
     missing = can_run(name, None, bench)

@@ -131,6 +131,20 @@ def train_s(key: ModelKey, bench, method, epochs, *_rest, **_kw) -> int:
     return gpu_seconds(train_flops(shape, tokens, float(epochs)))
 
 
+def redirection_s(key: ModelKey, bench, epochs) -> int:
+    """LUNAR's run: one forward pass over the forget and retain prompts and the refusal
+    prompts (about as many tokens again), then `epochs` of AdamW on one matrix at every
+    prompt token: forward and backward (~3x) of the down_proj, n inputs by at most n/2
+    outputs (SmolLM2: 1536 by 576), a token."""
+    shape = shape_of(key)
+    if shape is None:
+        return DEFAULT_S
+    tokens = example_tokens(bench.forget) + example_tokens(bench.retain)
+    forward = 2.0 * 2 * tokens * shape.layers * shape.layer_params
+    fit = 3 * 2.0 * tokens * shape.key_dim * (shape.key_dim / 2) * float(epochs)
+    return gpu_seconds(forward + fit)
+
+
 def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
     """A trained method's run on `bench` (its recipe, `epochs`) priced per optimizer step
     and split into calls (None where the model is not loaded). The steps are counted as the
@@ -162,6 +176,8 @@ def train_call_s(key: ModelKey, bench, method, epochs, rate=None, band=None, par
     steps per call, with its checkpoint."""
     if family_of(method) == "editor":
         return train_s(key, bench, method, epochs)
+    if family_of(method) == "redirection":
+        return redirection_s(key, bench, epochs)
     plan = train_plan(key, bench, method, epochs)
     if plan is None:
         return DEFAULT_S
