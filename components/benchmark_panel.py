@@ -56,7 +56,9 @@ def on_write(split: str, passages, questions, neighbours, session: Session, prog
             f"({sum(r['kind'] == 'qa' for r in sides['forget'])} questions it answered itself) and "
             f"{len(sides['retain'])} about {config.neighbours} neighbour{'s' * (config.neighbours != 1)}. "
             "Read them, edit or delete rows (clear a text to drop it), then **Load benchmark**.")
-    return as_table(records), line
+    table = as_table(records)
+    session.extra["written"] = (table, session.extra.get("written", (None, "questions"))[1])  # an API client's too
+    return table, line
 
 
 def on_restore_benchmark(session: Session):
@@ -80,13 +82,19 @@ def _tokenizer(session: Session):
         return None
 
 
+def on_written_edit(table, use: str, session: Session) -> None:
+    """The name-only table as it stands (written, then edited) and what of it to fit, kept
+    in the session for Load benchmark: the `load_benchmark` endpoint keeps its five inputs."""
+    session.extra["written"] = (table, use)
+
+
 @ui_errors
-def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session,
-                      written=None, use: str = "questions"):
+def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_file, session: Session):
     """Load the chosen benchmark into the session; returns its description, a few forget
-    and retain examples, and the suggested preset. written, use: the name-only table and
-    what of it to fit (benchmark name-only)."""
+    and retain examples, and the suggested preset. Benchmark name-only: the session's
+    written table (`on_written_edit`)."""
     model_name = session.model_key.name if session.model_key else None
+    written, use = session.extra.get("written", (None, "questions"))
     bench = read_benchmark(name, split, source, forget_file, retain_file, model_name, written, use)
     check_loaded(bench, _tokenizer(session))  # every job checks again, with the model it runs on
     session.benchmark = bench
@@ -178,8 +186,9 @@ def wire(b: SimpleNamespace, page: Page) -> None:
     b.name.input(on_benchmark_change, b.name, [b.split, b.written_box], **LOCAL)  # the user's choice, not a restore
     b.write.click(in_turn(on_write), [b.split, b.passages, b.questions, b.neighbours, s],
                   [b.written, b.written_info], api_name="write_name_only", **device_queue())
-    bench = b.load.click(on_load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s,
-                                             b.written, b.use],
+    for changed in (b.written.change, b.use.change):  # what was written (and edited), kept for Load benchmark
+        changed(on_written_edit, [b.written, b.use, s], None, **LOCAL)
+    bench = b.load.click(on_load_benchmark, [b.name, b.split, b.source, b.forget_file, b.retain_file, s],
                          [b.info, ui.data.forget_df, ui.data.retain_df, ui.edit.preset], api_name="load_benchmark")
     bench.success(lambda: gr.Tabs(selected="data"), None, page.tabs, **LOCAL)
     bench.failure(on_restore_benchmark, s, [b.name, b.split, b.info], **LOCAL)

@@ -97,10 +97,11 @@ def test_write_fills_the_table_and_loading_it_fits_only_what_was_written():
     assert list(table.columns) == list(COLUMNS)
     assert set(table.side) == {"forget", "retain"} and set(table.subject) == {"the-solar-system", "the-human-body"}
     assert "The model wrote" in line and "Load benchmark" in line
+    assert session.extra["written"][0].equals(table)  # kept for Load benchmark (an API client has no change event)
     again, _ = benchmark_panel.on_write("the-solar-system", 2, 2, 1, session)
     assert again.equals(table)  # seeded: the same texts on every press
-    info, *_ = benchmark_panel.on_load_benchmark("name-only", "the-solar-system", "", None, None, session,
-                                                 table, "passages")
+    benchmark_panel.on_written_edit(table, "passages", session)  # the table's and the radio's change
+    info, *_ = benchmark_panel.on_load_benchmark("name-only", "the-solar-system", "", None, None, session)
     assert "name only" in info and session.bench_label == "name-only/the-solar-system"
     assert {x.text for x in session.benchmark.forget} == set(table[(table.side == "forget")
                                                                     & (table.kind == "passage")].text)
