@@ -5,9 +5,11 @@ GROM_MAX_EXAMPLE_TOKENS or the forget set longer than GROM_MAX_JOB_TOKENS, count
 session's model's tokenizer (`components.core.costs`); the session keeps what it had."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import gradio as gr
+import pandas as pd
 
 from components.core.benchmarks import (
     NAME_ONLY,
@@ -57,7 +59,8 @@ def on_write(split: str, passages, questions, neighbours, session: Session, prog
             f"{len(sides['retain'])} about {config.neighbours} neighbour{'s' * (config.neighbours != 1)}. "
             "Read them, edit or delete rows (clear a text to drop it), then **Load benchmark**.")
     table = as_table(records)
-    session.extra["written"] = (table, session.extra.get("written", (None, "questions"))[1])  # an API client's too
+    use = session.extra.get("written", (None, "questions"))[1]
+    session.extra["written"] = (kept_written(table), use)  # kept for Load benchmark: an API client's too
     return table, line
 
 
@@ -82,10 +85,42 @@ def _tokenizer(session: Session):
         return None
 
 
+WRITTEN_MAX_CHARS = 1 << 20
+"""The most text of a name-only table a session keeps (what the model writes at
+GROM_MAX_WRITTEN texts: about 0.3 MB): the table's change event runs outside the queue, so
+this bounds what any request can leave in a session (issue 45, item 2)."""
+
+
+def kept_written(table) -> str | None:
+    """The name-only table as a session keeps it: its columns' texts as one JSON string
+    (memory: about a byte a character, whatever the table's shape), None when empty; a
+    `UserError` for a table without the written columns or of more than WRITTEN_MAX_CHARS."""
+    frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(table) if table is not None else None
+    if frame is None or frame.empty:
+        return None
+    if list(frame.columns)[:len(COLUMNS)] != list(COLUMNS) or frame.size > WRITTEN_MAX_CHARS // 2:
+        raise UserError(f"The written table must have the columns {', '.join(COLUMNS)} and at most "
+                        f"{WRITTEN_MAX_CHARS:,} characters: write it again.")
+    text = json.dumps(frame[list(COLUMNS)].fillna("").astype(str).values.tolist(), ensure_ascii=False)
+    if len(text) > WRITTEN_MAX_CHARS:
+        raise UserError(f"The written table holds {len(text):,} characters, more than the {WRITTEN_MAX_CHARS:,} "
+                        "a session keeps: delete some rows.")
+    return text
+
+
+def written_frame(kept: str | None) -> pd.DataFrame | None:
+    """The table `kept_written` kept."""
+    return None if kept is None else pd.DataFrame(json.loads(kept), columns=list(COLUMNS))
+
+
+@ui_errors
 def on_written_edit(table, use: str, session: Session) -> None:
     """The name-only table as it stands (written, then edited) and what of it to fit, kept
-    in the session for Load benchmark: the `load_benchmark` endpoint keeps its five inputs."""
-    session.extra["written"] = (table, use)
+    in the session for Load benchmark (bounded: `kept_written`): the `load_benchmark`
+    endpoint keeps its five inputs. A table or choice it cannot keep leaves the kept one."""
+    if use not in USES:
+        raise UserError(f"Fit on one of {', '.join(USES)}.")
+    session.extra["written"] = (kept_written(table), use)
 
 
 @ui_errors
@@ -95,7 +130,7 @@ def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_fi
     written table (`on_written_edit`)."""
     model_name = session.model_key.name if session.model_key else None
     written, use = session.extra.get("written", (None, "questions"))
-    bench = read_benchmark(name, split, source, forget_file, retain_file, model_name, written, use)
+    bench = read_benchmark(name, split, source, forget_file, retain_file, model_name, written_frame(written), use)
     check_loaded(bench, _tokenizer(session))  # every job checks again, with the model it runs on
     session.benchmark = bench
     session.bench_label = f"{name}/{bench.split}"

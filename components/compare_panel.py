@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
@@ -268,10 +269,18 @@ def on_generate(prompt: str, session: Session):
 
 def on_compare_files(session: Session):
     """The last comparison as files: its metrics, every answer of every row and set, and the
-    whole report as JSON."""
-    if session.report is None:
+    whole report as JSON. Written once per comparison (the table's change event runs outside
+    the queue and may be called any number of times: the same files are given again while
+    they are on disk)."""
+    report = session.report
+    if report is None:
         return None
-    return report_files(session.report, f"{session.report.benchmark}-{session.report.split}")
+    done = session.extra.get("report_files")
+    if done is not None and done[0] is report and all(Path(p).is_file() for p in done[1]):
+        return done[1]
+    paths = report_files(report, f"{report.benchmark}-{report.split}")
+    session.extra["report_files"] = (report, paths)
+    return paths
 
 
 def ask_box(session: Session):

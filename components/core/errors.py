@@ -171,6 +171,11 @@ def _as_job(name: str, started: float):
         del err
         _release()
         raise gr.Error(message, print_exception=False) from None
+    except UserError as err:  # a bad input or a state the user can fix: said to them, no traceback kept
+        log.info("%s refused: %s", name, shorten(err, 300))
+        message = message_for(err)
+        traceback.clear_frames(err.__traceback__)  # the frames hold the request's inputs
+        raise gr.Error(message, print_exception=False) from None
     except Exception as err:  # the UI edge: report, log, keep serving
         log.warning("%s failed", name, exc_info=True)
         raise gr.Error(message_for(err), print_exception=False) from err

@@ -223,7 +223,7 @@ class Session:
         """Let go of the heavy state (edit, comparisons), keeping the choices (model,
         benchmark, scores); `reason` is what the session is told when it asks for the edit."""
         self.edit = self.edit_for = self.report = self.report_for = self.influence = None
-        for name in ("edit_inputs", "baseline_grom_report", "export"):
+        for name in ("edit_inputs", "baseline_grom_report", "export", "report_files"):
             self.extra.pop(name, None)
         self.dropped = reason
 
