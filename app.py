@@ -185,10 +185,13 @@ def launch_kwargs() -> dict:
     """launch()'s settings. ssr_mode off everywhere: on a Space gradio would otherwise put a Node
     server in front of this one (GRADIO_SSR_MODE), one more proxy between the visitor and the
     gates below, which read the client's address a fixed number of hops from the end of
-    X-Forwarded-For (GROM_PROXY_HOPS)."""
+    X-Forwarded-For (GROM_PROXY_HOPS). Gradio keeps at most GROM_MAX_PAGE_SESSIONS sessions
+    (components/core/page_sessions.py bounds them per visitor and drops idle ones)."""
     return dict(theme=theme(), css_paths=[str(CSS_PATH)],
                 max_file_size=f"{max(limit('GROM_MAX_UPLOAD_MB'), limit('GROM_MAX_PATCH_MB'))}mb",
                 footer_links=["api", "gradio"], ssr_mode=False,
+                state_session_capacity=limit("GROM_MAX_PAGE_SESSIONS"),
+                max_threads=limit("GROM_DEVICE_JOBS") + 40,  # a model job waits for its turn in a thread
                 app_kwargs={"middleware": [Middleware(BodyLimit), Middleware(UploadGuard), Middleware(QueueGuard),
                                            Middleware(NoDeepLinks)]})
 

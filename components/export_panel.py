@@ -13,10 +13,8 @@ bit for bit, or computed again from its settings) and the result view, as they w
 link pasted into an open page does the same (`on_open_link`, the `open_link` endpoint)."""
 from __future__ import annotations
 
-import collections
 import json
 import tempfile
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ import gradio as gr
 from components.core import form, links
 from components.core.allowed_sources import DEMO
 from components.core.benchmarks import SESSION_DATA, read_benchmark, splits_for
-from components.core.device import device_progress, local_progress
+from components.core.device import device_progress, job_visitor, local_progress
 from components.core.edits import compute_edit
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.files import (
@@ -45,6 +43,7 @@ from components.core.history import add_run, restore
 from components.core.limits import limit
 from components.core.model_choices import ensure_model, free_choice, model_key, status_line
 from components.core.model_choices import summary as model_summary
+from components.core.rates import FairRate
 from components.core.runs import check_run, file_verdict, portable_model_name, recompute_verdict, run_record
 from components.core.session import REGISTRY, SESSIONS, Session, current_edit, current_model, in_turn
 from components.core.validate import check_examples, retain_subset
@@ -57,20 +56,20 @@ from grom.eval.openunlearning import EVAL_FILE, SUMMARY_FILE, write_openunlearni
 from grom.eval.results import EDITED
 from grom.model.arch import num_layers
 
-_export_times: collections.deque = collections.deque()  # when the last new exports were written
-_export_lock = threading.Lock()
+_EXPORTS = FairRate(lambda: limit("GROM_VISITOR_EXPORTS_PER_MINUTE"), lambda: limit("GROM_EXPORTS_PER_MINUTE"))
 
 
 def _admit_export() -> None:
-    """At most GROM_EXPORTS_PER_MINUTE new exports a minute on the whole server."""
-    with _export_lock:
-        now = time.monotonic()
-        while _export_times and now - _export_times[0] > 60:
-            _export_times.popleft()
-        if len(_export_times) >= limit("GROM_EXPORTS_PER_MINUTE"):
-            raise UserError("This server has written as many exports as it writes in a minute "
-                            "(GROM_EXPORTS_PER_MINUTE); try again in a minute.")
-        _export_times.append(now)
+    """At most GROM_VISITOR_EXPORTS_PER_MINUTE new exports (and links) a minute from one
+    visitor, and GROM_EXPORTS_PER_MINUTE on the whole server, of which a visitor who has had
+    less than an equal share still gets one (`rates.FairRate`)."""
+    over = _EXPORTS.refusal(job_visitor())
+    if over == "visitor":
+        raise UserError("You have made as many exports and links as this server makes for one visitor in a "
+                        "minute (GROM_VISITOR_EXPORTS_PER_MINUTE); try again in a minute.")
+    if over == "server":
+        raise UserError("This server has written as many exports and links as it writes in a minute, and you "
+                        "have had your share of them (GROM_EXPORTS_PER_MINUTE); try again in a minute.")
 
 
 PENDING = ("# Press Export the edit: the code that applies it to its model, and asks it a question\n"
@@ -320,7 +319,7 @@ def on_make_link(session: Session, request: gr.Request):
         token = kept[1]  # the same edit again: its link
     else:
         _admit_export()
-        token = links.store(edit, session.edit_for.dtype if session.edit_for is not None else "")
+        token = links.store(edit, session.edit_for.dtype if session.edit_for is not None else "", job_visitor())
         session.extra["link"] = (weakref.ref(edit), token)  # weak: a dropped edit goes with its session's
     how = ("its patches kept bit for bit" if form == "patches" else
            "computed again when the link is opened (its patches are larger than a link keeps) and checked "

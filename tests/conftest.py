@@ -29,7 +29,7 @@ from grom.data.schema import QAExample
 # jobs at once than a visitor may have; the tests of those limits set their own values with
 # monkeypatch.
 for _name in ("GROM_EXPORTS_PER_MINUTE", "GROM_UPLOADS_PER_MINUTE", "GROM_SERVER_UPLOADS_PER_MINUTE",
-              "GROM_MAX_QUEUED_PER_VISITOR"):
+              "GROM_MAX_QUEUED_PER_VISITOR", "GROM_SESSIONS_PER_VISITOR", "GROM_VISITOR_EXPORTS_PER_MINUTE"):
     os.environ.setdefault(_name, "100000")
 
 # Under pytest-xdist (README's command: `-n 2 --dist loadfile`, one worker a core) each worker

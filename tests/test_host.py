@@ -265,6 +265,7 @@ def test_a_session_keeps_patches_not_keys_and_the_oldest_is_dropped(url, monkeyp
 def test_exports_reuse_the_same_edit_and_are_rate_limited(url, monkeypatch):  # noqa: F811
     from components import export_panel
     from components.core import files
+    from components.core.rates import FairRate
 
     c = new_client(url)
     c.predict(api_name="/run_edit", **QUICK)
@@ -274,12 +275,13 @@ def test_exports_reuse_the_same_edit_and_are_rate_limited(url, monkeypatch):  # 
     assert set(files.export_root().glob("grom-edit-*")) == written  # nothing new on disk
     assert {Path(f).read_bytes() for f in first} == {Path(f).read_bytes() for f in again}
     assert "load_demo_model" in code
-    monkeypatch.setattr(export_panel, "_export_times", type(export_panel._export_times)())
-    monkeypatch.setenv("GROM_EXPORTS_PER_MINUTE", "1")
+    rate = export_panel._EXPORTS
+    monkeypatch.setattr(export_panel, "_EXPORTS", FairRate(rate.per_visitor, rate.server))  # a fresh minute
+    monkeypatch.setenv("GROM_VISITOR_EXPORTS_PER_MINUTE", "1")
     c.predict(beta=100.0, api_name="/run_edit", **QUICK)
     c.predict(api_name="/export")  # the first new export of this minute
     c.predict(beta=90.0, api_name="/run_edit", **QUICK)
-    fails(c, r"exports.*GROM_EXPORTS_PER_MINUTE", api_name="/export")
+    fails(c, r"exports.*GROM_VISITOR_EXPORTS_PER_MINUTE", api_name="/export")
 
 
 def test_uploads_are_rate_limited(url, monkeypatch, tmp_path):  # noqa: F811

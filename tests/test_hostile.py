@@ -243,13 +243,23 @@ def test_one_client_cannot_use_up_everyones_uploads(url, monkeypatch, tmp_path):
     assert upload("198.51.100.2").status_code == 200  # another visitor is not blocked by the first
 
 
-def test_the_server_wide_upload_rate_is_a_ceiling_over_all_clients(monkeypatch):
+def test_the_server_wide_upload_rate_is_shared_fairly_with_a_hard_ceiling(monkeypatch):
+    """Issue 45, item 6: past the server's rate, a visitor who has had less than an equal
+    share still uploads (four addresses' 30 uploads each no longer lock out a fifth); twice
+    the server's rate is a ceiling for everyone."""
     from components.core.guard import UploadGuard
 
+    monkeypatch.setenv("GROM_UPLOADS_PER_MINUTE", "30")
+    monkeypatch.setenv("GROM_SERVER_UPLOADS_PER_MINUTE", "120")
+    guard = UploadGuard(None)
+    monkeypatch.setattr("components.core.guard.upload_folder", lambda: Path("/nonexistent-grom-uploads"))
+    greedy = [guard._refusal(f"greedy-{i % 4}") for i in range(4 * 30)]
+    assert greedy == [None] * 120  # the server's whole minute
+    assert guard._refusal("greedy-0") is not None  # its own quota, and its share, used up
+    assert guard._refusal("newcomer") is None  # a fifth address still gets one
     monkeypatch.setenv("GROM_UPLOADS_PER_MINUTE", "2")
     monkeypatch.setenv("GROM_SERVER_UPLOADS_PER_MINUTE", "5")
     guard = UploadGuard(None)
-    monkeypatch.setattr("components.core.guard.upload_folder", lambda: Path("/nonexistent-grom-uploads"))
-    answers = [guard._refusal(f"client-{i}") for i in range(8)]  # eight visitors, one upload each
-    assert answers[:5] == [None] * 5 and all("GROM_SERVER_UPLOADS_PER_MINUTE" in a for a in answers[5:])
-    assert guard._refusal("client-0") is not None  # the ceiling holds for everyone
+    answers = [guard._refusal(f"client-{i}") for i in range(12)]  # twelve visitors, one upload each
+    assert answers[:10] == [None] * 10 and all("GROM_SERVER_UPLOADS_PER_MINUTE" in a for a in answers[10:])
+    assert guard._refusal("client-0") is not None  # the ceiling (2 x 5) holds for everyone

@@ -62,7 +62,7 @@ def test_a_link_stores_the_export_files_and_opens_them_bit_for_bit(root):
     edit = tiny_edit()
     token = links.store(edit)
     assert TOKEN_PATTERN.fullmatch(token) and len(token) == 32
-    assert sorted(p.name for p in (root / token).iterdir()) == [META_FILE, PATCH_FILE]
+    assert sorted(p.name for p in (root / token).iterdir()) == [META_FILE, links.LINK_FILE, PATCH_FILE]
     assert [p.name for p in root.iterdir()] == [token]  # nothing else left: no partial folder
     for text in (token, f" {token} ", f"https://studio.example.org/app/?{LINK_PARAM}={token}&__sign=x"):
         with links.opened(text) as link:
@@ -150,6 +150,22 @@ def test_links_are_bounded_in_bytes_the_oldest_dropped_first(root, monkeypatch):
     with pytest.raises(UserError, match=r"more than this server keeps for all its links.*GROM_LINKS_MAX_MB"):
         links.store(tiny_edit(512, 1024))  # 2 MiB alone
     assert sorted(p.name for p in root.iterdir()) == sorted(tokens[2:])  # nothing written, nothing dropped
+
+
+def test_one_visitors_links_push_out_only_its_own(root, monkeypatch):
+    """Issue 45, item 5: past a bound, the oldest link of whoever holds the most goes, so 21
+    large links of one visitor (once: every older link of everyone) leave the others'."""
+    monkeypatch.setenv("GROM_LINKS_MAX_MB", "2")
+    mine = [links.store(tiny_edit(seed=i), visitor="198.51.100.1") for i in range(2)]
+    theirs = links.store(tiny_edit(seed=9), visitor="198.51.100.2")
+    flood = [links.store(tiny_edit(64, 1024, seed=10 + i), visitor="203.0.113.9") for i in range(21)]
+    assert all(links.exists(t) for t in mine + [theirs])
+    assert sum(links.exists(t) for t in flood) < 21 and links.exists(flood[-1])
+    assert sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) <= 2 << 20
+    assert "198.51.100" not in "".join(p.read_text() for p in root.rglob("link.json"))  # no address on disk
+    monkeypatch.setenv("GROM_MAX_LINKS", "4")  # the count too: the flood's oldest go, not the others'
+    links.store(tiny_edit(seed=99), visitor="203.0.113.9")
+    assert all(links.exists(t) for t in mine + [theirs])
 
 
 def test_an_edit_over_the_patch_bound_is_linked_by_its_settings(root, monkeypatch):

@@ -14,7 +14,8 @@
   runs (`components.core.device` stops a job that is not alive at its next forward pass).
 - `UploadGuard`: on gradio's /upload route (which needs no session), at most
   GROM_UPLOADS_PER_MINUTE uploads a minute from one visitor, and
-  GROM_SERVER_UPLOADS_PER_MINUTE from all visitors together; uploaded files beyond
+  GROM_SERVER_UPLOADS_PER_MINUTE from all visitors together, of which a visitor who has had
+  less than an equal share still gets one (`rates.FairRate`); uploaded files beyond
   GROM_UPLOAD_CACHE_MB are removed, oldest first; who uploaded which path is recorded
   from the route's answer (`UPLOADS`).
 
@@ -31,17 +32,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
+import re
 import threading
-import time
 from urllib.parse import parse_qs, unquote
 
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from components.core.files import EXPORT_FOLDER, prune, upload_folder
 from components.core.limits import limit, proxy_hops
+from components.core.page_sessions import BOOK, make_lean
+from components.core.rates import FairRate
+from grom.model.process_memory import release_memory
 
 log = logging.getLogger(__name__)
 
@@ -83,21 +88,45 @@ _joining = {"session": collections.Counter(), "visitor": collections.Counter()}
 _admit_lock = threading.Lock()
 
 
+_done: set[str] = set()  # jobs whose result went out to their client (gradio drops them from its queue later)
+
+
 def _live(queue) -> tuple[collections.Counter, collections.Counter]:
-    """The jobs in gradio's queue, waiting or running, per session and per visitor (a job
-    leaves it the moment it ends or is cancelled)."""
+    """The jobs in gradio's queue, waiting or running, per session and per visitor. A job
+    stops counting the moment its result is sent (`_done`): gradio keeps it in its queue a
+    little longer, while it tidies up, and a client that asks again at once would have
+    found its finished job counted (issue 45, item 7: 3 of 12 back-to-back calls refused)."""
     sessions, visitors = collections.Counter(), collections.Counter()
-    for event in list(queue.event_ids_to_events.values()):
-        sessions[event.session_hash] += 1
-        visitors[_event_client(event)] += 1
+    events = dict(queue.event_ids_to_events)
+    _done.intersection_update(events)
+    for event_id, event in events.items():
+        if event_id not in _done:
+            sessions[event.session_hash] += 1
+            visitors[_event_client(event)] += 1
     return sessions, visitors
+
+
+_COMPLETED = re.compile(rb'^data: \{"msg":"process_completed","event_id":"([^"]+)"', re.MULTILINE)
+
+
+def note_results(chunk: bytes, event_id: str | None = None) -> None:
+    """Mark the jobs whose result is in `chunk` of a result stream as done: gradio's
+    queue/data messages name their event ("process_completed"); a /call/ stream is one
+    event's (`event_id`), done at its "complete" or "error" event."""
+    if event_id is not None:
+        if b"event: complete" in chunk or b"event: error" in chunk:
+            _done.add(event_id)
+        return
+    if b"process_completed" in chunk:
+        _done.update(m.decode("latin-1") for m in _COMPLETED.findall(chunk))
 
 
 def refusal(queue, session: str | None, visitor: str = "") -> str | None:
     """Why a new job of `session` from `visitor` may not join the queue (None: it may, and
     it counts as joining until `joined`): its session has GROM_MAX_QUEUED_PER_SESSION jobs
     waiting or running already, or its visitor, over all its sessions,
-    GROM_MAX_QUEUED_PER_VISITOR. Jobs asked for at once are counted while gradio takes
+    GROM_MAX_QUEUED_PER_VISITOR, or the queue is nearly full and the visitor has a job in it
+    already (`newcomers`). Jobs asked for at once are counted while gradio takes
     them in, so a burst cannot slip in before the first of it is in the queue. (A /call/
     job without a session gets one of its own from gradio: only its visitor's share counts.)"""
     if queue is None:
@@ -109,13 +138,24 @@ def refusal(queue, session: str | None, visitor: str = "") -> str | None:
             return (f"This page has {per_session} jobs waiting or running already: wait for them to finish "
                     "(or cancel one) before asking for another. (The host sets this with "
                     "GROM_MAX_QUEUED_PER_SESSION.)")
-        if visitors[visitor] + _joining["visitor"][visitor] >= per_visitor:
+        mine = visitors[visitor] + _joining["visitor"][visitor]
+        if mine >= per_visitor:
             return (f"You have {per_visitor} jobs waiting or running already, over all your pages: wait for "
                     "them to finish (or cancel one) before asking for another. (The host sets this with "
                     "GROM_MAX_QUEUED_PER_VISITOR.)")
+        if mine and sum(visitors.values()) + sum(_joining["visitor"].values()) >= limit("GROM_MAX_QUEUE") - newcomers():
+            return ("This server's queue is nearly full: its last places are kept for visitors with no job "
+                    "yet. Wait for your job to finish before asking for another.")
         _joining["session"][session or ""] += 1
         _joining["visitor"][visitor] += 1
     return None
+
+
+def newcomers() -> int:
+    """The places of gradio's queue (GROM_MAX_QUEUE) kept for visitors with no job in it: a
+    visitor with one job already is refused once only these are left, so that a newcomer's
+    job always finds a place (issue 45, item 4)."""
+    return max(1, limit("GROM_MAX_QUEUE") // 8)
 
 
 def joined(session: str | None, visitor: str) -> None:
@@ -264,9 +304,77 @@ def _parsed(scope, body: bytes):
         return {}, None, None
 
 
+def _flooded_text() -> str:
+    return (f"You have {limit('GROM_DIRECT_CALLS_PER_VISITOR') * (1 + DirectCalls.WAITING_FACTOR)} calls waiting "
+            "on this server already: wait for their answers. (The host sets this with "
+            "GROM_DIRECT_CALLS_PER_VISITOR.)")
+
+
 def _refuse(reason: str):
     detail = [{"__type__": "validate", "is_valid": False, "message": reason, "parameter_name": "page"}]
     return JSONResponse({"detail": detail}, status_code=422)
+
+
+_sweepers: dict = {}  # app -> the task that drops its idle sessions (started by its first request)
+SWEEP_TASK_S = 30.0
+
+
+def _watch_sessions(app) -> None:
+    """Sessions made lean (`page_sessions.make_lean`), idle ones dropped now (at most every
+    few seconds: `SessionBook.sweep`) and, from the app's first request on, every
+    SWEEP_TASK_S even when no request comes."""
+    make_lean(app)
+    if BOOK.sweep(app):
+        release_memory()
+    task = _sweepers.get(app)
+    if task is not None and not task.done():
+        return
+
+    async def sweeping():
+        while True:
+            await asyncio.sleep(SWEEP_TASK_S)
+            try:
+                if BOOK.sweep(app, force=True):
+                    release_memory()
+            except Exception:  # noqa: BLE001  (the next round tries again)
+                log.warning("sweeping idle sessions failed", exc_info=True)
+
+    for old in [a for a, t in _sweepers.items() if t.done()]:
+        del _sweepers[old]
+    _sweepers[app] = asyncio.get_running_loop().create_task(sweeping())
+
+
+class DirectCalls:
+    """The events served outside the queue (/run/, /api/), per visitor: at most
+    GROM_DIRECT_CALLS_PER_VISITOR of a visitor's run at once, the rest wait their turn (their
+    bodies not read yet), and beyond WAITING_FACTOR times that many waiting, a call is
+    refused: each such event is cheap, but a script can send them by the thousand, and one
+    visitor's flood should use that visitor's share of the threads, not everyone's."""
+    WAITING_FACTOR = 8
+
+    def __init__(self):
+        self.slots: dict[tuple, list] = {}  # (event loop, visitor) -> [semaphore, calls running or waiting]
+
+    @contextlib.asynccontextmanager
+    async def slot(self, visitor: str):
+        """Yields True once the call may run, False if it is refused (too many waiting)."""
+        most = limit("GROM_DIRECT_CALLS_PER_VISITOR")
+        key = (id(asyncio.get_running_loop()), visitor)
+        entry = self.slots.setdefault(key, [asyncio.Semaphore(most), 0])
+        if entry[1] >= most * (1 + self.WAITING_FACTOR):
+            yield False
+            return
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield True
+        finally:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                self.slots.pop(key, None)
+
+
+DIRECT = DirectCalls()
 
 
 class QueueGuard:
@@ -283,6 +391,11 @@ class QueueGuard:
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
         method = scope.get("method")
+        if path and "app" in scope:
+            _watch_sessions(scope["app"])
+        if method == "GET" and "/heartbeat/" in path:
+            await self._page(scope, receive, send, path.rstrip("/").rsplit("/", 1)[-1][:256], client_of(scope))
+            return
         if method == "GET" and (path.rstrip("/").endswith("/queue/data") or "/call/" in path):
             await self._stream(scope, receive, send)
             return
@@ -291,6 +404,18 @@ class QueueGuard:
         if method != "POST" or not (queued or direct):
             await self.app(scope, receive, send)
             return
+        if direct:
+            async with DIRECT.slot(client_of(scope)) as allowed:
+                if allowed:
+                    await self._job(scope, receive, send, queued=False)
+                else:
+                    await PlainTextResponse(_flooded_text(), status_code=429)(scope, receive, send)
+            return
+        await self._job(scope, receive, send, queued=True)
+
+    async def _job(self, scope, receive, send, queued: bool):
+        """A queued job (queue/join, /call/) or a direct call (/run/, /api/): its body read
+        within GROM_MAX_REQUEST_MB, its files and session checked, a queued one counted."""
         body = await read_body(receive, limit("GROM_MAX_REQUEST_MB") << 20)
         if body is None:
             await too_large(scope, receive, send)
@@ -298,13 +423,16 @@ class QueueGuard:
         parsed, session, queue = _parsed(scope, body)
         visitor = client_of(scope)
         reason = foreign_file(parsed, visitor) if isinstance(parsed, dict) else None
+        if reason is None and session:  # a session named for the first time is one of its visitor's share
+            reason = BOOK.admit(str(session)[:256], visitor, scope["app"])
         if reason is None and queued:
             reason = refusal(queue, session, visitor)
         if reason is not None:
             await _refuse(reason)(scope, receive, send)
             return
-        status, answer = await self._admit(scope, body, receive, send, queued and queue is not None,
-                                           session, visitor)
+        with BOOK.answering(str(session)[:256] if session else None):
+            status, answer = await self._admit(scope, body, receive, send, queued and queue is not None,
+                                               session, visitor)
         if queued and status == 200 and queue is not None:
             try:
                 event_id = json.loads(answer).get("event_id")
@@ -312,6 +440,9 @@ class QueueGuard:
                 event_id = None
             if event_id:
                 _expect_listener(queue, event_id)
+                event = queue.event_ids_to_events.get(event_id)
+                if not session and event is not None:  # a /call/ job: gradio named its session itself
+                    BOOK.admit(event.session_hash, visitor, scope["app"])
 
     async def _admit(self, scope, body: bytes, receive, send, admitted: bool, session, visitor):
         """Hands the request (its body read already) to gradio; a queued job counts as joined
@@ -346,56 +477,66 @@ class QueueGuard:
         return answer["status"], answer["body"]
 
     async def _stream(self, scope, receive, send):
-        """A result stream: its session (or event) counts as listened to while it is open."""
+        """A result stream: its session (or event) counts as listened to while it is open,
+        and each job whose result it sends stops counting at once (`note_results`)."""
         try:
             queue = scope["app"].get_blocks()._queue
         except Exception:  # noqa: BLE001
             queue = None
         keys = _stream_keys(scope, queue)
+        one_event = keys[0] if "/call/" in scope.get("path", "") else None
         for key in keys:
             _streams[key] += 1
+
+        async def watched(message):
+            if message["type"] == "http.response.body":
+                note_results(message.get("body", b""), one_event)
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, watched)
         finally:
             for key in keys:
                 _streams[key] -= 1
                 if _streams[key] <= 0:
                     del _streams[key]
 
+    async def _page(self, scope, receive, send, session: str, visitor: str):
+        """A page's heartbeat stream (gradio's /heartbeat/<session>): the session counts as a
+        page open while it streams (`page_sessions.BOOK`), one of its visitor's share."""
+        reason = BOOK.admit(session, visitor, scope["app"])
+        if reason is not None:
+            await PlainTextResponse(reason, status_code=429)(scope, receive, send)
+            return
+        BOOK.page_opened(session)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            BOOK.page_closed(session)
+
 
 # ---------------------------------------------------------------- uploads
 
 
 class UploadGuard:
-    """ASGI middleware: a rate per visitor, a rate for the server, and a disk bound on
-    gradio's /upload route; who uploaded which path is recorded from its answer."""
+    """ASGI middleware: a rate per visitor and a fair rate for the server (`rates.FairRate`),
+    and a disk bound on gradio's /upload route; who uploaded which path is recorded from its
+    answer."""
     def __init__(self, app):
         self.app = app
-        self.times: collections.deque = collections.deque()  # every client's, the newest last
-        self.clients: dict[str, collections.deque] = {}
-        self.lock = threading.Lock()
+        self.rate = FairRate(lambda: limit("GROM_UPLOADS_PER_MINUTE"), lambda: limit("GROM_SERVER_UPLOADS_PER_MINUTE"))
 
     def _refusal(self, client: str = "") -> str | None:
-        with self.lock:
-            now = time.monotonic()
-            while self.times and now - self.times[0][0] > 60:
-                _, gone = self.times.popleft()
-                mine = self.clients.get(gone)
-                if mine:
-                    mine.popleft()
-                    if not mine:
-                        del self.clients[gone]
-            if len(self.clients.get(client, ())) >= limit("GROM_UPLOADS_PER_MINUTE"):
-                return ("You have uploaded as many files as this server takes from one visitor in a "
-                        "minute (GROM_UPLOADS_PER_MINUTE); try again in a minute.")
-            if len(self.times) >= limit("GROM_SERVER_UPLOADS_PER_MINUTE"):
-                return ("This server has taken as many uploads as it accepts in a minute from all "
-                        "visitors (GROM_SERVER_UPLOADS_PER_MINUTE); try again in a minute.")
-            self.times.append((now, client))
-            self.clients.setdefault(client, collections.deque()).append(now)
+        over = self.rate.refusal(client)
+        if over == "visitor":
+            return ("You have uploaded as many files as this server takes from one visitor in a "
+                    "minute (GROM_UPLOADS_PER_MINUTE); try again in a minute.")
+        if over == "server":
+            return ("This server has taken as many uploads as it accepts in a minute from all "
+                    "visitors, and you have had your share of them (GROM_SERVER_UPLOADS_PER_MINUTE); "
+                    "try again in a minute.")
         folder = upload_folder()
         if folder.is_dir():
-
             kept = prune(folder, limit("GROM_UPLOAD_CACHE_MB") << 20, skip=(EXPORT_FOLDER,), min_age_s=60)
             if kept > limit("GROM_UPLOAD_CACHE_MB") << 20:
                 return ("This server holds as many uploaded files as it keeps (GROM_UPLOAD_CACHE_MB); "

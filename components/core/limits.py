@@ -16,18 +16,19 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_UPLOAD_ROWS | 10000 | rows of an uploaded benchmark (and of a name-only table) |
 | GROM_MAX_WRITTEN | 240 | texts the model writes for one name-only request: passages, question tries and answers, about the target and its neighbours (the defaults, 8 passages and 16 questions with 2 neighbours: 108; the sliders' top: 496) |
 | GROM_MAX_QUEUED_PER_SESSION | 3 | jobs one session may have waiting or running |
-| GROM_MAX_QUEUE | 64 | jobs waiting in the whole server |
-| GROM_DEVICE_JOBS | 8 | model jobs admitted at once; they take the device in turn, in the order asked, a long job between its steps (past it, they wait in gradio's queue) |
+| GROM_MAX_QUEUE | 64 | jobs waiting in the whole server (its last eighth kept for visitors with no job in it) |
+| GROM_DEVICE_JOBS | 64 | model jobs admitted at once (all that the queue holds, GROM_MAX_QUEUE): they take the device in turn, a visitor at a time, a long job between its steps (components/core/device.py); past it, they would wait in gradio's queue, where one visitor's jobs can hold every place |
 | GROM_MODELS | (unset: any; on a Space, `SPACE_MODELS`) | comma-separated models a visitor may load (names as in the model box); `*`: any |
 | GROM_RESIDENT_MODELS | 2 | visitors' models kept loaded at once beside the start model, which is never unloaded (least recently used goes) |
 | GROM_MAX_SESSIONS | 32 | sessions whose edits are kept (the oldest is dropped) |
 | GROM_EXPORT_MAX_MB | 256 | exported edits kept on disk (the oldest go) |
-| GROM_EXPORTS_PER_MINUTE | 6 | new exports (and links to runs) per minute on the whole server |
+| GROM_EXPORTS_PER_MINUTE | 6 | new exports (and links to runs) per minute on the whole server; past it, a visitor who has had less than an equal share still gets one, up to twice this (components/core/rates.py) |
+| GROM_VISITOR_EXPORTS_PER_MINUTE | 3 | new exports (and links) per minute from one visitor |
 | GROM_MAX_LINKS | 500 | links to runs kept (the oldest go; GROM_LINK_DIR: where, components/core/links.py) |
 | GROM_LINKS_MAX_MB | 512 | links to runs kept on disk (the oldest go) |
 | GROM_LINK_DAYS | 30 | days a link to a run opens |
 | GROM_UPLOADS_PER_MINUTE | 30 | uploads one client (address) may make per minute |
-| GROM_SERVER_UPLOADS_PER_MINUTE | 120 | uploads the whole server accepts per minute |
+| GROM_SERVER_UPLOADS_PER_MINUTE | 120 | uploads the whole server accepts per minute; past it, a visitor who has had less than an equal share still gets one, up to twice this |
 | GROM_MAX_REQUEST_MB | 4 | body of any request but an upload (the queue's inputs) |
 | GROM_UPLOAD_CACHE_MB | 512 | uploaded files kept on disk (the oldest go) |
 | GROM_GPU_SECONDS | 300 | seconds of GPU one call asks for on ZeroGPU (its limit: components/core/gpu_time.py) |
@@ -38,6 +39,10 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_LISTEN_SECONDS | 20 | seconds a job waits for its client to listen for its result before it is dropped (stopped if it runs) |
 | GROM_MAX_PATCH_RANK | 1024 | rank of one imported factored patch |
 | GROM_MAX_MODEL_PARAMS | 2000000000 | parameters of a model a visitor may load by free choice (read from its config before any download; the models GROM_MODELS names are the host's choice) |
+| GROM_SESSIONS_PER_VISITOR | 32 | sessions (pages, API clients, made-up session ids) one visitor may hold; one more drops its least recently used one that has no page open and no job (components/core/page_sessions.py) |
+| GROM_SESSION_IDLE_SECONDS | 900 | seconds a session with no page open and no job is kept unused |
+| GROM_MAX_PAGE_SESSIONS | 2000 | sessions the whole server holds (gradio's state_session_capacity: the oldest goes) |
+| GROM_DIRECT_CALLS_PER_VISITOR | 8 | events served outside the queue (the page's redraws, cards, downloads) one visitor may have running at once; 8 times as many more wait, beyond that a call is refused |
 | GROM_PROXY_HOPS | 1 on a Space, else 0 | proxies in front of the server whose X-Forwarded-For entry is trusted (0: the header is ignored; `proxy_hops`) |
 """  # noqa: E501  a Markdown table: one row a line
 from __future__ import annotations
@@ -57,8 +62,10 @@ DEFAULTS = {
     "GROM_MAX_REQUEST_MB": 4, "GROM_MAX_PATCH_MB": 24, "GROM_GPU_SECONDS": 300,
     "GROM_MAX_EXAMPLE_TOKENS": 4096, "GROM_MAX_JOB_TOKENS": 500_000, "GROM_MAX_JOB_SECONDS": 900,
     "GROM_MAX_QUEUED_PER_VISITOR": 3, "GROM_LISTEN_SECONDS": 20, "GROM_MAX_PATCH_RANK": 1024,
-    "GROM_MAX_MODEL_PARAMS": 2_000_000_000, "GROM_DEVICE_JOBS": 8,
+    "GROM_MAX_MODEL_PARAMS": 2_000_000_000, "GROM_DEVICE_JOBS": 64,
     "GROM_MAX_LINKS": 500, "GROM_LINKS_MAX_MB": 512, "GROM_LINK_DAYS": 30,
+    "GROM_SESSIONS_PER_VISITOR": 32, "GROM_SESSION_IDLE_SECONDS": 900, "GROM_MAX_PAGE_SESSIONS": 2000,
+    "GROM_DIRECT_CALLS_PER_VISITOR": 8, "GROM_VISITOR_EXPORTS_PER_MINUTE": 3,
 }
 
 

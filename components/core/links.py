@@ -25,10 +25,13 @@ On a public host visitors are hostile:
   symbolic links, are opened;
 - the links folder (GROM_LINK_DIR) is not gradio's upload folder: gradio serves none of
   its files by path, and the pruning of uploads leaves it alone;
-- bounded: at most GROM_MAX_LINKS links and GROM_LINKS_MAX_MB on disk, the oldest
-  dropped first, each kept GROM_LINK_DAYS; a new link counts among the exports of
-  GROM_EXPORTS_PER_MINUTE (export_panel), and a link opens only a model the host's
-  policy allows (GROM_MODELS; components/core/model_choices.py `model_key`).
+- bounded: at most GROM_MAX_LINKS links and GROM_LINKS_MAX_MB on disk, each kept
+  GROM_LINK_DAYS; past a bound, the oldest link of whoever holds the most goes first (link.json
+  records a salted hash of the visitor who made it, never the address), so one visitor's
+  links push out only its own while it holds more than the others; a new link counts among
+  the exports (GROM_VISITOR_EXPORTS_PER_MINUTE, GROM_EXPORTS_PER_MINUTE: export_panel), and
+  a link opens only a model the host's policy allows (GROM_MODELS;
+  components/core/model_choices.py `model_key`).
 
 GROM_LINK_DIR says where links are kept (default `<tmp>/grom-studio-links`; a Space with
 persistent storage: under /data, to outlive a restart); their bounds are host limits
@@ -41,6 +44,8 @@ URL, such as https://example.org/studio).
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import os
 import re
@@ -61,7 +66,7 @@ from grom import Edit
 from grom.edit import META_FILE, PATCH_FILE
 
 LINK_PARAM = "run"  # the page's query parameter: <page>?run=<token>
-LINK_FILE = "link.json"  # beside the export's files: {"dtype": the model's}
+LINK_FILE = "link.json"  # beside the export's files: {"dtype": the model's, "by": who made it, hashed (owner_of)}
 DTYPES = ("float32", "bfloat16", "float16")
 TOKEN_CHARS = 32
 TOKEN_PATTERN = re.compile(rf"[A-Za-z0-9_-]{{{TOKEN_CHARS}}}")
@@ -146,30 +151,56 @@ def _bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.iterdir() if f.is_file() and not f.is_symlink())
 
 
+def _owner(folder: Path) -> str:
+    """Who made the link in `folder` (link.json's "by": a hash of the visitor), "" unknown."""
+    path = folder / LINK_FILE
+    try:
+        by = json.loads(path.read_text()).get("by", "") if path.is_file() and path.stat().st_size < 4096 else ""
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return by if isinstance(by, str) else ""
+
+
+_SALT = secrets.token_hex(16)  # this process's: an address is never written to disk, nor a guessable hash of it
+
+
+def owner_of(visitor: str) -> str:
+    """A link's "by" for `visitor`: a salted hash (after a restart the same visitor is a new
+    owner, whose earlier links still count together under their old one)."""
+    return hashlib.sha256(f"{_SALT}:{visitor}".encode()).hexdigest()[:16]
+
+
 def _prune(root: Path, keep: Path | None = None) -> None:
-    """Drop expired links and stale partial ones, then the oldest until at most
-    GROM_MAX_LINKS links of at most GROM_LINKS_MAX_MB remain (never `keep`, the newest).
-    Call with `_lock` held."""
+    """Drop expired links and stale partial ones, then, while more than GROM_MAX_LINKS links
+    or GROM_LINKS_MAX_MB remain, the oldest link of whoever holds the most of what is over
+    (links for the count, bytes for the size; a tie: the maker of `keep`, the newest): one
+    visitor's many links push out its own, never another visitor's while it holds more than
+    they do (issue 45, item 5: 21 large links of one visitor pushed out every other link).
+    Never `keep`. Call with `_lock` held."""
     now = time.time()
     max_age = limit("GROM_LINK_DAYS") * 86400
     for path in root.glob(f"{PARTIAL_PREFIX}*"):
         if path.is_dir() and not path.is_symlink() and now - path.stat().st_mtime > PARTIAL_MAX_AGE_S:
             shutil.rmtree(path, ignore_errors=True)
-    kept = []
+    kept = []  # (folder, bytes, owner), the oldest first
     for mtime, folder in _links(root):
         if now - mtime > max_age and folder != keep:
             shutil.rmtree(folder, ignore_errors=True)
         else:
-            kept.append((folder, _bytes(folder)))
-    total, max_bytes = sum(size for _, size in kept), limit("GROM_LINKS_MAX_MB") << 20
-    for folder, size in list(kept):
-        if len(kept) <= limit("GROM_MAX_LINKS") and total <= max_bytes:
+            kept.append((folder, _bytes(folder), _owner(folder)))
+    most_links, max_bytes = limit("GROM_MAX_LINKS"), limit("GROM_LINKS_MAX_MB") << 20
+    while len(kept) > most_links or sum(size for _, size, _ in kept) > max_bytes:
+        by_size = sum(size for _, size, _ in kept) > max_bytes
+        held = collections.Counter()
+        for _, size, owner in kept:
+            held[owner] += size if by_size else 1
+        asker = next((owner for folder, _, owner in kept if folder == keep), None)
+        owners = sorted(held, key=lambda o: (-held[o], o != asker))  # a tie: the newest link's maker pays
+        victim = next((k for owner in owners for k in kept if k[2] == owner and k[0] != keep), None)
+        if victim is None:
             break
-        if folder == keep:
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        kept.remove((folder, size))
-        total -= size
+        shutil.rmtree(victim[0], ignore_errors=True)
+        kept.remove(victim)
 
 
 def stored_form(edit: Edit) -> str:
@@ -187,11 +218,12 @@ def stored_form(edit: Edit) -> str:
                     "settings: press Export the edit and share its two files instead.")
 
 
-def store(edit: Edit, dtype: str = "") -> str:
-    """A new link to `edit` (made on a model in `dtype`; "": not known): its files
-    (`stored_form`) written into a fresh folder, which becomes the link, named by a new
-    token, only once complete; then the links are bounded (`_prune`). Returns the token. A
-    link larger than GROM_LINKS_MAX_MB alone is refused."""
+def store(edit: Edit, dtype: str = "", visitor: str = "") -> str:
+    """A new link to `edit` (made on a model in `dtype`; "": not known) by `visitor`: its
+    files (`stored_form`) written into a fresh folder, which becomes the link, named by a
+    new token, only once complete; then the links are bounded (`_prune`: the largest
+    holder's go first). Returns the token. A link larger than GROM_LINKS_MAX_MB alone is
+    refused."""
     root = links_root()
     root.mkdir(parents=True, exist_ok=True)
     form = stored_form(edit)
@@ -201,8 +233,8 @@ def store(edit: Edit, dtype: str = "") -> str:
             edit.save(partial, factored=bool(edit.stored_ranks))  # full: bit for bit; factors stay factors
         else:
             (partial / META_FILE).write_text(json.dumps(edit.metadata(), indent=2))
-        if dtype in DTYPES:
-            (partial / LINK_FILE).write_text(json.dumps({"dtype": dtype}))
+        (partial / LINK_FILE).write_text(json.dumps({"dtype": dtype if dtype in DTYPES else "",
+                                                     "by": owner_of(visitor)}))
         size = _bytes(partial)
         if size > limit("GROM_LINKS_MAX_MB") << 20:
             raise UserError(f"This link would take {size / 2**20:,.1f} MB, more than this server keeps for all its "
