@@ -43,9 +43,11 @@ from components.core.comparators import (
 from components.core.comparison import comparison_report, compute_report, examples_per_set, reference_for, shared_model
 from components.core.costs import check_job, evaluation_sets
 from components.core.device import device_progress, local_progress
+from components.core.durations import baseline_memory
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET, add_comparator_run
 from components.core.limits import limit, over
+from components.core.memory_budget import BUDGET, budget_bytes
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, in_turn
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import text
@@ -305,6 +307,15 @@ def did_not_forget(base: dict, mine: dict) -> str:
             "with an edit that did: raise the learning rate or the epochs, or read it as a failed run.")
 
 
+def held_note(held: int, device: str) -> str:
+    """What the training held between its turns on the device, against what jobs may hold."""
+    if not held:
+        return ""
+    return (f"\n\nIt held about {held / 2**30:.1f} GB between its turns on the device (its estimate: trained "
+            f"weights, gradients and AdamW's moments), of the {budget_bytes(device) / 2**30:.1f} GB this server "
+            "lets its jobs hold at once (GROM_JOBS_MEMORY_MB).")
+
+
 def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, finals: dict,
                n, grom_note: str, failed: str = "", moved: str = "") -> str:
     """The run's summary; `moved`: why an editor ran off GROM's band (`band_note`), else empty; and
@@ -381,8 +392,10 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     check_data(handle.tokenizer, bench, n, label)
     grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
     cached = _cached_report(session, bench, grom, n)
-    edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,
-                                          local_progress(lambda f, m: progress(f, desc=m)))
+    held = baseline_memory(handle.key, bench, method, epochs)
+    with BUDGET.reserved(held, f"{label}'s training", handle.key.device):  # held between its turns
+        edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,
+                                              local_progress(lambda f, m: progress(f, desc=m)))
     settings = {"value_steps": epochs, "value_lr": lr} if is_editor(method) else {"epochs": epochs, "lr": lr}
     add_comparator_run(session, method, label, settings, edit.timings.get("total", edit.timings.get("train", 0.0)),
                        mine, band=edit.band if is_editor(method) else None)
@@ -404,7 +417,8 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     depth = num_layers(handle.model)
     moved = band_note(editor_band(grom.band, depth), grom.band, depth) if is_editor(method) and grom else ""
     moved += key_note(edit.info) if is_editor(method) else ""
-    out = (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note, failed, moved),
+    out = (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note, failed, moved)
+           + held_note(held, handle.key.device),
            styled(table_frame(rows, grom_seconds, mine.task), label))
     del edit, mine  # the baseline's patch of every trained matrix is not kept: give its memory back
     release_memory()

@@ -53,6 +53,7 @@ from anyio import from_thread
 from gradio.context import LocalContext
 
 from components.core.errors import JOB_NAME, JOB_STARTED, JobCancelled, JobTimedOut, message_for
+from components.core.guard import client_of
 from components.core.limits import limit
 from grom.model.arch import decoder_layers
 
@@ -60,20 +61,26 @@ from grom.model.arch import decoder_layers
 @dataclass(eq=False)
 class Turn:
     """A thread's place in the device's line: what job it runs (`job_kind`), since when
-    it waits or holds the device, and whether it is background work (a warm-up), which
+    it waits or holds the device, whose job it is (its visitor: `job_visitor`; "" for the
+    server's own work and scripts), and whether it is background work (a warm-up), which
     every visitor's job goes before."""
     kind: str
     since: float
     thread: int
     background: bool = False
+    visitor: str = ""
+    asked: float = 0.0  # when it joined the line (its place among its visitor's turns)
 
 
 class DeviceLock:
-    """The device's lock: re-entrant (`threading.RLock`'s interface) and fair: threads get
-    it in the order they asked (a `Turn` each in `line`), so a long job that takes it once
-    per step (an attack, a training chunk, a sweep value, a comparison's batch) lets every
-    job that arrived meanwhile run between its steps, and one visitor cannot hold the
-    device for others' whole wait. A thread waiting for its turn reports its place and an
+    """The device's lock: re-entrant (`threading.RLock`'s interface) and fair: among the
+    threads waiting (a `Turn` each in `line`), the next turn goes to the visitor whose last
+    turn ended longest ago (one never served first), each visitor's own turns in the order
+    they asked, background work last (`_next`). So a long job that takes it once per step
+    (an attack, a training step, a sweep value, a comparison's batch) lets every job that
+    arrived meanwhile run between its steps, and a visitor with many jobs gets one turn in
+    each round, as one with a single job does: three visitors' nine jobs cannot make a
+    fourth visitor wait for all of them. A thread waiting for its turn reports its place and an
     estimate of the wait (`WAIT_REPORT`) from the turns' typical lengths per job kind
     (`typical`, learnt as jobs run), stops waiting when its job is cancelled, and its job's
     clock (GROM_MAX_JOB_SECONDS) does not run while it waits.
@@ -92,6 +99,7 @@ class DeviceLock:
         self.line: deque[Turn] = deque()
         self.released_at = 0.0
         self.typical: dict[str, float] = {}  # job kind -> seconds of one turn (a running mean)
+        self.served: dict[str, float] = {}  # visitor -> when its last turn began (time.monotonic)
 
     @property
     def waiting(self) -> int:
@@ -107,7 +115,8 @@ class DeviceLock:
             if self._owner == me:
                 self._depth += 1
                 return True
-            turn = Turn(job_kind(), time.monotonic(), me, getattr(_background, "on", False))
+            now = time.monotonic()
+            turn = Turn(job_kind(), now, me, getattr(_background, "on", False), job_visitor(), now)
             if self._owner is None and not self.line:
                 self._take(turn)
                 return True
@@ -151,16 +160,36 @@ class DeviceLock:
         return True
 
     def _take_if_first(self, turn: Turn) -> bool:
-        """Give `turn` the device if it is free and `turn` is first in line (hold `_cond`)."""
-        if self._owner is None and self.line and self.line[0] is turn:
-            self.line.popleft()
+        """Give `turn` the device if it is free and `turn` is next (`_next`; hold `_cond`)."""
+        if self._owner is None and self.line and self._next(self.line, self.served) is turn:
+            self.line.remove(turn)
             self._take(turn)
             return True
         return False
 
+    @staticmethod
+    def _next(line, served: dict) -> Turn:
+        """The turn that goes next: visitors' before background work; among them, the
+        visitor served longest ago (never: first); that visitor's turn asked first."""
+        return min(line, key=lambda t: (t.background, served.get(t.visitor, float("-inf")), t.asked))
+
+    def _order(self) -> list[Turn]:
+        """The line in the order its turns will go if nobody else comes (hold `_cond`)."""
+        served, line, order = dict(self.served), list(self.line), []
+        while line:
+            turn = self._next(line, served)
+            line.remove(turn)
+            order.append(turn)
+            served[turn.visitor] = time.monotonic() + len(order)
+        return order
+
     def _take(self, turn: Turn) -> None:
         turn.since = time.monotonic()
         self._owner, self._depth, self.holder = turn.thread, 1, turn
+        self.served[turn.visitor] = turn.since
+        if len(self.served) > 1000:  # visitors of the last hours: the oldest forgotten
+            for visitor, _ in sorted(self.served.items(), key=lambda kv: kv[1])[:500]:
+                del self.served[visitor]
 
     def release(self) -> None:
         with self._cond:
@@ -211,7 +240,7 @@ class DeviceLock:
     def wait_text(self, turn: Turn) -> str:
         """Where `turn` stands: the jobs before it and about how long until its turn."""
         with self._cond:
-            holder, line = self.holder, list(self.line)
+            holder, line = self.holder, self._order()
         ahead = ([holder] if holder is not None else []) + line[:line.index(turn)] if turn in line else []
         if not ahead:
             return "Your job is next for the device."
@@ -261,6 +290,17 @@ WAIT_REPORT: ContextVar[Callable[[str], None] | None] = ContextVar("grom_wait_re
 def job_kind() -> str:
     """The kind of job this context runs: its handler's name (`errors.JOB_NAME`)."""
     return JOB_NAME.get() or threading.current_thread().name
+
+
+def job_visitor() -> str:
+    """Whose job this context runs: the visitor (`guard.client_of`) of the gradio request
+    it answers; "" outside one (the server's own work, a script, a test)."""
+    try:
+        request = LocalContext.request.get(None)
+        scope = getattr(getattr(request, "request", None), "scope", None)
+        return client_of(scope) if scope is not None else ""
+    except Exception:  # noqa: BLE001  (no request, or gradio changed: one line for all)
+        return ""
 
 
 @contextmanager

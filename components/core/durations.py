@@ -145,17 +145,11 @@ def redirection_s(key: ModelKey, bench, epochs) -> int:
     return gpu_seconds(forward + fit)
 
 
-def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
-    """A trained method's run on `bench` (its recipe, `epochs`) priced per optimizer step
-    and split into calls (None where the model is not loaded). The steps are counted as the
-    trainer counts them (`planned_steps`) from the forget sequences: one per example (times
-    the alternates a method writes), or the corpus's max_length chunks under MUSE's and
-    WMDP's recipes. A step costs `train_flops` of its sequences (forward and backward, and
-    as much again for the retain or reference pass); between calls its state is the trained
-    weights in their dtype and AdamW's two float32 moments."""
-    handle, shape = REGISTRY.get(key), shape_of(key)
-    if handle is None or shape is None or not bench.forget:
-        return None
+def _training(handle, bench, method: str, epochs):
+    """(settings, the trained weights, sequences per epoch, tokens per sequence) of a trained
+    method's run on `bench`, as the trainer counts them (`planned_steps`): one sequence per
+    forget example (times the alternates a method writes), or the corpus's max_length
+    chunks under MUSE's and WMDP's recipes."""
     s = resolve_settings(method, recipe=recipe_for_task(bench.task).name, epochs=float(epochs), model=handle.model)
     row = get_method(s.method)
     tokens = example_tokens(bench.forget)
@@ -164,10 +158,59 @@ def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
     else:
         copies = int(row.defaults.get("n_alternates", 1)) if row.make_alternates is not None else 1
         n, per_sequence = len(bench.forget) * copies, min(float(s.max_length), tokens / len(bench.forget))
+    return s, [p for _, p in select_parameters(handle.model, s.params)], n, per_sequence
+
+
+def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
+    """A trained method's run on `bench` (its recipe, `epochs`) priced per optimizer step
+    and split into calls (None where the model is not loaded). A step costs `train_flops`
+    of its sequences (forward and backward, and as much again for the retain or reference
+    pass); between calls its state is the trained weights in their dtype and AdamW's two
+    float32 moments."""
+    handle, shape = REGISTRY.get(key), shape_of(key)
+    if handle is None or shape is None or not bench.forget:
+        return None
+    s, trained, n, per_sequence = _training(handle, bench, method, epochs)
     total, _ = planned_steps(s, n)
     step_flops = train_flops(shape, min(n, s.batch_size * s.grad_accum) * per_sequence, 1.0)
-    state = sum(p.numel() * (p.element_size() + 8) for _, p in select_parameters(handle.model, s.params))
+    state = sum(p.numel() * (p.element_size() + 8) for p in trained)
     return plan_training(step_flops, total, state)
+
+
+ACTIVATION_BYTES_PER_TOKEN_LAYER = 16
+"""Bytes a trained token keeps per layer and hidden unit for the backward pass (its hidden
+states, attention and MLP activations in float32): a rough count, held against what real
+trainings hold in BENCHMARKS.md ("Hostile visitors")."""
+
+
+def held_while_training(trained, tokens_per_step: float, handle) -> int:
+    """What a training keeps between its turns on the device: per trained weight the copy it
+    is restored from, its gradient and AdamW's two float32 moments; and one step's
+    activations (a batch of two passes, forget and retain or reference)."""
+    state = sum(p.numel() * (2 * p.element_size() + 8) for p in trained)
+    cfg = handle.model.config
+    layers, hidden = len(decoder_layers(handle.model)), int(getattr(cfg, "hidden_size", 0) or 0)
+    return int(state + 2 * tokens_per_step * layers * hidden * ACTIVATION_BYTES_PER_TOKEN_LAYER)
+
+
+def baseline_memory(key: ModelKey, bench, method: str, epochs) -> int:
+    """What a trained method's run holds between its turns (`held_while_training`); 0 for a
+    method that trains nothing between turns (an editor's value optimisation, LUNAR's
+    fit of one matrix: small next to the model) or a model not loaded."""
+    handle = REGISTRY.get(key)
+    if handle is None or not bench.forget or family_of(method) in ("editor", "redirection"):
+        return 0
+    s, trained, n, per_sequence = _training(handle, bench, method, epochs)
+    return held_while_training(trained, min(n, s.batch_size * s.grad_accum) * per_sequence, handle)
+
+
+def relearning_memory(key: ModelKey) -> int:
+    """What the relearning attack holds between its turns: it trains every weight of the
+    model (`grom.robustness.relearn`) on batches of RELEARN_BATCH probe answers."""
+    handle = REGISTRY.get(key)
+    if handle is None:
+        return 0
+    return held_while_training(list(handle.model.parameters()), RELEARN_BATCH * 64, handle)
 
 
 def train_call_s(key: ModelKey, bench, method, epochs, rate=None, band=None, part=None, *_rest, **_kw) -> int:
