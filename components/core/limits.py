@@ -43,6 +43,7 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_SESSION_IDLE_SECONDS | 900 | seconds a session with no page open and no job is kept unused |
 | GROM_MAX_PAGE_SESSIONS | 2000 | sessions the whole server holds (gradio's state_session_capacity: the oldest goes) |
 | GROM_DIRECT_CALLS_PER_VISITOR | 8 | events served outside the queue (the page's redraws, cards, downloads) one visitor may have running at once; 8 times as many more wait, beyond that a call is refused |
+| GROM_JOBS_MEMORY_MB | (unset: half the device's memory) | memory the jobs under way may hold between their turns at once (a baseline's training, a relearning attack); a job waits for room, and one that alone would not fit is refused (components/core/memory_budget.py; read there, not by `limit`) |
 | GROM_PROXY_HOPS | 1 on a Space, else 0 | proxies in front of the server whose X-Forwarded-For entry is trusted (0: the header is ignored; `proxy_hops`) |
 """  # noqa: E501  a Markdown table: one row a line
 from __future__ import annotations
