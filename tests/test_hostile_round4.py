@@ -105,3 +105,58 @@ def test_back_to_back_calls_of_one_session_are_never_refused(served):  # noqa: F
         html = c.predict(f"Where was Zorvath Quill born? ({i})", api_name="/generate")
         assert "Zorvath" in html
     assert time.perf_counter() - t0 < 120
+
+
+# ---------------------------------------------------------------- 4: three visitors' nine jobs
+
+def visitor(url: str, address: str):
+    """A page of the visitor at `address` (GROM_PROXY_HOPS=1: the proxy's appended address)."""
+    from gradio_client import Client
+
+    c = Client(url, verbose=False, headers={"X-Forwarded-For": f"192.0.2.1, {address}"})
+    c.predict("demo", "auto", "auto", api_name="/load_model")
+    return c
+
+
+def test_a_newcomer_is_answered_while_three_visitors_hold_nine_long_jobs(served, monkeypatch):  # noqa: F811
+    """Three addresses with three sweeps each (a device turn per point) once filled every
+    slot of the device queue, and a fourth visitor's question waited for a whole job: now
+    every admitted job waits in the device's line, which goes round the visitors."""
+    from components.core.device import DEVICE_LOCK
+
+    _, url = served
+    monkeypatch.setenv("GROM_PROXY_HOPS", "1")
+    monkeypatch.setenv("GROM_MAX_QUEUED_PER_VISITOR", "3")
+    busy, jobs = [], []
+    for i in range(9):  # three pages of each address (a page's own jobs run one after the other)
+        c = visitor(url, f"198.51.100.{20 + i // 3}")
+        c.predict(api_name="/run_edit", retain_examples=300)
+        busy.append(c)
+    for c in busy:
+        jobs.append(c.submit("beta", "2, 4, 8, 16, 32, 64, 128, 256", api_name="/sweep"))
+    deadline = time.monotonic() + 120
+    while DEVICE_LOCK.waiting < 7:  # the nine are in the line (one holds the device)
+        assert time.monotonic() < deadline, f"only {DEVICE_LOCK.waiting} jobs reached the device's line"
+        time.sleep(0.1)
+    newcomer = visitor(url, "203.0.113.200")
+    t0 = time.perf_counter()
+    html = newcomer.predict("Where was Zorvath Quill born?", api_name="/generate")
+    waited = time.perf_counter() - t0
+    assert "Zorvath" in html
+    assert not any(j.done() for j in jobs), f"the question ({waited:.1f} s) waited for a whole sweep"
+    for j in jobs:
+        j.cancel()
+
+
+# ---------------------------------------------------------------- 8: memory the jobs hold at once
+
+def test_a_baseline_that_alone_would_not_fit_the_jobs_memory_is_refused_saying_so(served, monkeypatch):  # noqa: F811
+    _, url = served
+    monkeypatch.setenv("GROM_JOBS_MEMORY_MB", "1")
+    c = new_client(url)
+    c.predict(api_name="/run_edit", retain_examples=300)
+    with pytest.raises(Exception, match=r"between its steps.*GROM_JOBS_MEMORY_MB"):
+        c.predict("simnpo", 1, 1e-3, max_examples=8, api_name="/run_baseline")
+    monkeypatch.delenv("GROM_JOBS_MEMORY_MB")
+    text, _ = c.predict("simnpo", 1, 1e-3, max_examples=8, api_name="/run_baseline")
+    assert "It held about" in text and "GROM_JOBS_MEMORY_MB" in text
