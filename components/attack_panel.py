@@ -40,7 +40,7 @@ from components.core.comparators import (
 )
 from components.core.comparison import shared_model
 from components.core.costs import check_job
-from components.core.device import DEVICE_LOCK, device_progress, local_progress, on_device
+from components.core.device import DEVICE_LOCK, device_progress, give_turn, local_progress, on_device
 from components.core.durations import attack_inputs, attack_s, attack_seconds, wall_rate
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
@@ -143,13 +143,15 @@ def attack_estimates(handle, bench) -> dict[str, float]:
 
 @on_device(duration=attack_s)
 def attack_once(key: ModelKey, bench, edit, name: str, progress=None) -> dict:
-    """{name: AttackResult} of one attack on `edit` (a GPU call of its own on ZeroGPU)."""
+    """{name: AttackResult} of one attack on `edit` (a GPU call of its own on ZeroGPU); a
+    visitor's job waiting goes between its steps (`give_turn`: generation batches and
+    decoding steps, teacher-forced batches, relearning steps)."""
     probes, fitted = probes_of(bench)
     holdout = holdout_of(bench.eval_sets, bench.retain)
     with DEVICE_LOCK:
         handle = shared_model(key, "attacks")
         return run_attacks(handle.model, handle.tokenizer, edit, probes, fitted=fitted, holdout=holdout,
-                           attacks=(name,), fmt=bench.prompt_format, progress=progress)
+                           attacks=(name,), fmt=bench.prompt_format, progress=progress, between=give_turn)
 
 
 def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], baseline: tuple | None,

@@ -12,7 +12,7 @@ import torch
 
 from components.core.comparison import examples_per_set
 from components.core.costs import check_comparison
-from components.core.device import DEVICE_LOCK, kept_cache, on_device
+from components.core.device import DEVICE_LOCK, give_turn, kept_cache, on_device
 from components.core.durations import edit_and_report_s, rerun_s
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model, in_turn, resident
@@ -242,7 +242,7 @@ def _quant(key: ModelKey, bench, edit, n):
     with DEVICE_LOCK:
         handle = resident(key, "request")
         return quantization_check(handle.model, handle.tokenizer, bench, edit, max_examples=n,
-                                  with_retain=True)
+                                  with_retain=True, between=give_turn)  # a visitor waiting goes between batches
 
 
 @ui_errors

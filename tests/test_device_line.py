@@ -283,8 +283,9 @@ def test_a_training_lends_the_model_out_between_its_steps_with_the_same_result(t
 
 
 def test_a_comparison_lends_the_model_out_between_its_rows():
-    """`evaluate(between=)` runs between the rows it computes (Base, Edited, Retain model),
-    the model unedited there; the numbers are the same."""
+    """`evaluate(between=)` runs between the rows it computes (Base, Edited, Retain model)
+    and inside each (between its batches; tests/test_turns.py), the model unedited there;
+    the numbers are the same."""
     from grom import EditConfig, run_edit
     from grom.data import load_benchmark
     from grom.demo import load_demo_model
@@ -297,12 +298,13 @@ def test_a_comparison_lends_the_model_out_between_its_rows():
     found = {n: p.detach().clone() for n, p in model.named_parameters()}
     calls = []
 
-    def between():
-        calls.append(all(torch.equal(p, found[n]) for n, p in model.named_parameters()))
+    def between(as_found):
+        with as_found():
+            calls.append(all(torch.equal(p, found[n]) for n, p in model.named_parameters()))
 
     with_turns = evaluate(model, tok, bench, edit=edit, reference=reference, max_examples=4, between=between)
     plain = evaluate(model, tok, bench, edit=edit, reference=reference, max_examples=4)
-    assert calls == [True, True]  # before the Edited row and before the Retain model's
+    assert len(calls) > 2 and all(calls)  # between the rows and inside them, the edit reverted
     assert with_turns.table().equals(plain.table())
 
 
@@ -319,3 +321,28 @@ def test_a_long_job_passes_its_turn_at_any_depth():
     visitor.join(5)
     assert lock.holder is None and lock.acquire(blocking=False)
     lock.release()
+
+
+def test_each_visitor_gets_a_turn_in_each_round_whatever_its_number_of_jobs(monkeypatch):
+    """Issue 45, item 4: three visitors with three jobs each wait for the device; a fourth
+    visitor's job, asked after all nine, goes fourth (a visitor never served first, each
+    visitor's own jobs in their order), not tenth."""
+    lock, order, who = DeviceLock(), [], threading.local()
+    monkeypatch.setattr(device, "job_visitor", lambda: getattr(who, "visitor", ""))
+    lock.acquire()
+
+    def job(visitor, name):
+        who.visitor = visitor
+        with lock:
+            order.append(name)
+
+    threads = []
+    for name in ["a1", "a2", "a3", "b1", "b2", "b3", "c1", "c2", "c3", "d1"]:
+        threads.append(run_as("on_generate", job, name[0], name))
+        wait_until(lambda n=len(threads): len(lock.line) == n)
+    text = lock.wait_text(lock.line[-1])
+    assert "4 jobs before yours" in text  # the holder, then a1, b1 and c1: its place as the line serves it
+    lock.release()
+    for t in threads:
+        t.join(5)
+    assert order == ["a1", "b1", "c1", "d1", "a2", "b2", "c2", "a3", "b3", "c3"]

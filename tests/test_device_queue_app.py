@@ -49,6 +49,38 @@ def test_a_question_is_answered_between_the_steps_of_anothers_training(url):  # 
     assert "Gradient Ascent" in summary or "GA" in summary, summary
 
 
+def test_a_question_is_answered_while_anothers_lunar_runs(url, monkeypatch):  # noqa: F811
+    """Issue 45, item 3: LUNAR on the shared model lends it between its activation batches
+    and its AdamW epochs (`run_lunar(between=give_turn)`, through `run_comparator`): a
+    visitor's question is answered while LUNAR itself still runs, not after it."""
+    import grom.methods.lunar.run as lunar_run
+
+    span: dict[str, float] = {}
+    real = lunar_run.run_lunar
+
+    def timed(*args, **kw):
+        span["start"] = time.monotonic()
+        try:
+            return real(*args, **kw)
+        finally:
+            span["end"] = time.monotonic()
+
+    monkeypatch.setattr(lunar_run, "run_lunar", timed)  # the registry's row calls it by this name
+    a, b = new_client(url), new_client(url)
+    training = a.submit("lunar", 3, 0.01, 5, False, api_name="/run_baseline")
+    deadline = time.monotonic() + 120
+    while "start" not in span:
+        assert time.monotonic() < deadline and not training.done(), "LUNAR never started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # into its activation batches
+    html = b.predict("Where was Zorvath Quill born?", api_name="/generate")
+    answered = time.monotonic()
+    assert "Zorvath" in html
+    assert "end" not in span, f"the question waited {answered - span['start']:.1f} s, for LUNAR's whole run"
+    summary, _table = training.result(timeout=900)
+    assert "LUNAR" in summary, summary
+
+
 def test_a_page_opens_while_the_device_is_busy(url):  # noqa: F811
     """A new visitor's page gets its model, split and preset while another job holds the
     device: its load event is not in the device queue (it used to wait behind every job)

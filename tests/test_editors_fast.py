@@ -37,7 +37,7 @@ FACTS = [QAExample(e.question, e.answer, subject=s, fact=f) for e, s, f in zip(
 SETTINGS = ValueSettings(steps=6, lr=0.5, clamp_norm_factor=2.0)
 
 
-def full_model_values(model, facts, layer, pad, settings) -> Values:
+def full_model_values(model, facts, layer, pad, settings, between=None) -> Values:
     """The value optimisation as it was before (grom.methods.editors.value_optimisation at 94a3e1f): one padded
     batch of facts and essence prompts, the whole model run at every step, delta added to
     layer `layer`'s output by a forward hook, logits at every position."""

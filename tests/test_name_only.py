@@ -144,7 +144,7 @@ def test_writing_keeps_distinct_questions_tries_again_and_answers_them(monkeypat
 
 def test_the_target_and_its_neighbours_are_written(monkeypatch, tokenizer):
     calls = []
-    monkeypatch.setattr(N, "write_about", lambda m, t, target, side, p, q, config, fmt, progress:
+    monkeypatch.setattr(N, "write_about", lambda m, t, target, side, p, q, config, fmt, progress, between:
                         calls.append((target.id, side, p, q)) or [])
     N.write_name_only(None, tokenizer, "the-solar-system", N.WritingConfig(
         passages=5, questions=6, neighbours=2, neighbour_passages=1, neighbour_questions=2))

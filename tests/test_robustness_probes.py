@@ -191,18 +191,18 @@ def test_names_are_checked_before_any_work(monkeypatch):
 def _fake_weights(calls: list, fail: str | None = None):
     """A stand-in for grom.robustness.weights with its functions' signatures."""
     def relearn_attack(model, tokenizer, edit, train, score, *, steps=3, lr=1e-3, progress=None, fmt=None,
-                       relearn_base=True):
+                       relearn_base=True, between=None):
         calls.append(("relearn", len(train), score(model).value, lr))
         return AttackResult("relearn", 1.0, 0.5, 0.0, 4, details={"steps": [0, 1], "recall": [0.0, 0.5]})
 
-    def quantization_attack(model, tokenizer, edit, score, *, bits=4, method="rtn"):
+    def quantization_attack(model, tokenizer, edit, score, *, bits=4, method="rtn", between=None):
         if fail == f"quant{bits}":
             edit.apply(model)  # dies with the edit on: the suite must still revert it
             raise RuntimeError("boom")
         calls.append((f"quant{bits}", bits))
         return AttackResult(f"quant{bits}", 1.0, 0.0, 0.0, 4)
 
-    def logit_lens_attack(model, tokenizer, edit, probes, *, fmt=None):
+    def logit_lens_attack(model, tokenizer, edit, probes, *, fmt=None, between=None):
         calls.append(("logit_lens", len(probes)))
         return AttackResult("logit_lens", 1.0, 0.0, 0.0, len(probes), details={"layers": [0, 1]})
 

@@ -248,17 +248,19 @@ def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float
     found): a trained method with the benchmark's recipe for `count` epochs at lr `rate`
     (with `part`: that part of its training, a `Paused` record where it stops before the
     end), an editor with `count` value steps at lr `rate` on `editor_band(band)` (GROM's
-    band, `band`, where an editor can move facts there). `between`: `run_baseline`'s (a
-    trained method lends the model out between its optimizer steps)."""
+    band, `band`, where an editor can move facts there). `between` (`grom.turns`), given
+    to every family's run: a trained method lends the model out between its optimizer
+    steps, an editor between its value steps and layers, LUNAR between its activation
+    batches and epochs."""
     method = get(name)
     if method.family == "editor":
         config = EditorConfig(layers=editor_band(band, num_layers(model)), prompt_format=bench.prompt_format,
                               values=ValueSettings(steps=int(count), lr=float(rate)))
-        return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress)
+        return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress, between=between)
     if method.family == "redirection":
         config = LunarConfig(**{**method.defaults(model), "epochs": int(count), "lr": float(rate),
                                 "prompt_format": bench.prompt_format})
-        return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress)
+        return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress, between=between)
     settings = RunSettings(recipe=recipe_for_task(bench.task).name, epochs=count, lr=rate,
                            prompt_format=bench.prompt_format)
     return method.run(model, tokenizer, bench.forget, bench.retain, settings, progress=progress, part=part,

@@ -71,7 +71,7 @@ def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[
                         progress=progress, reuse=prior,
                         prefix=kept_cache(handle.prefix_cache) if prefix else None,
                         record_at=record_at, stage=stage, answers=answers,
-                        between=give_turn)  # a visitor waiting goes between the rows
+                        between=give_turn)  # a visitor waiting goes between the rows and their batches
 
 
 def base_report(key: ModelKey, bench, n):

@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from components.core.device import DEVICE_LOCK, on_device
+from components.core.device import DEVICE_LOCK, give_turn, on_device
 from components.core.durations import write_s
 from components.core.errors import UserError
 from components.core.limits import limit, over
@@ -51,11 +51,13 @@ def texts_written(config: WritingConfig) -> int:
 
 @on_device(duration=write_s)
 def write_rows(key: ModelKey, target: str, config: WritingConfig, progress=None) -> list[dict]:
-    """What the model of `key` writes about `target` and its neighbours, as plain records."""
+    """What the model of `key` writes about `target` and its neighbours, as plain records;
+    a visitor's job waiting goes between its batches and decoding steps (`give_turn`)."""
     with DEVICE_LOCK:
         handle = resident(key, "writing")
         say = None if progress is None else (lambda msg: progress(0.0, desc=msg))
-        return to_records(write_name_only(handle.model, handle.tokenizer, target, config, progress=say))
+        return to_records(write_name_only(handle.model, handle.tokenizer, target, config, progress=say,
+                                          between=give_turn))
 
 
 def as_table(records: list[dict]) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from torch import nn
 from grom.closed_form.keys import Batch
 from grom.model.arch import model_device
 from grom.model.hooks import StopForward, capture_inputs, drop_frames, hooked, stop_after
+from grom.turns import Between, give
 
 # Above this many bytes of cached matrix inputs, the stream re-runs layers instead.
 MAX_INPUT_CACHE_BYTES = 4 << 30
@@ -147,18 +148,24 @@ class LayerStream:
     each layer, by a forward pass of the model as it then is (edited up to the current
     layer), which gives the states the stream would hold: the keys are the same, up to the
     rounding of the shortcut `advance_linear` takes for the kept batches.
+
+    between: a step boundary (`grom.turns`) between two batches' forward passes (its
+    as_found the caller's; `advance` takes one too). The stream is the caller's own: another
+    job using the model there changes none of it.
     """
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList, first: int,
                  batches: Sequence[Batch], last: int | None = None, kinds: Sequence | None = None,
-                 budget: int | None = None):
+                 budget: int | None = None, between: Between | None = None):
         kinds = kinds if kinds is not None else [None] * len(layers)
         self.source = _call_sources(kinds, first, first if last is None else last)
         self.model, self.layers, self.batches, self.at = model, layers, list(batches), first
         self.hidden, self.calls = [], []
         wanted, held = sorted(set(self.source.values())), 0
         with torch.no_grad():
-            for batch in self.batches:
+            for b, batch in enumerate(self.batches):
+                if b:
+                    give(between)
                 parts = {j: _split_hidden(c)
                          for j, c in _capture_layer_calls(model, layers, wanted, batch).items()}
                 calls = {j: rest for j, (_, rest) in parts.items()}
@@ -237,13 +244,16 @@ class LayerStream:
         self._outs, self._inputs = {}, {}
         self.at += 1
 
-    def advance(self) -> None:
-        """Next layer's input by running the current layer as the model now is."""
+    def advance(self, between: Between | None = None) -> None:
+        """Next layer's input by running the current layer as the model now is (`between`
+        between two batches)."""
         layer = self.layers[self.at]
         self._outs, self._inputs = {}, {}
         with torch.no_grad():
             for i, h in enumerate(self.hidden):  # in place, batch by batch: the old states are freed
                 if h is not None:               # as the new ones come (a new list held both at once)
+                    if i:
+                        give(between)
                     self.hidden[i] = self._run(i, layer)
         self.at += 1
 

@@ -270,7 +270,8 @@ def choose_method(model: nn.Module, method: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def quantized(model: nn.Module, method: str = "auto", group_size: int = 128,
-              include_lm_head: bool = False, bits: int = 4) -> Iterator[QuantInfo]:
+              include_lm_head: bool = False, bits: int = 4,
+              keep: dict[str, torch.Tensor] | None = None) -> Iterator[QuantInfo]:
     """Temporarily replace every linear weight of ``model`` by its fake-quantized value.
 
     Touches ``nn.Linear`` and transformers' GPT-2 ``Conv1D`` weights (a Conv1D weight is
@@ -290,6 +291,11 @@ def quantized(model: nn.Module, method: str = "auto", group_size: int = 128,
     Quantizes whatever the weights are NOW (e.g. with a GROM edit applied) and on exit,
     normal or by exception, copies the saved originals back bit for bit. Originals are
     kept on the CPU. Yields a :class:`QuantInfo`.
+
+    keep: where given, the quantized weights by module name (on the CPU), filled on exit
+    and copied back on a later entry instead of being computed again: for a context left
+    for another job's turn and entered again on the same weights (`grom.turns.Held`),
+    where quantizing SmolLM2 again took 15-40 s of a busy CPU each time. The same values.
     """
     resolved, reason = choose_method(model, method)
     if resolved == "rtn":
@@ -307,20 +313,27 @@ def quantized(model: nn.Module, method: str = "auto", group_size: int = 128,
     targets, skipped = quantizable_weights(model, include_lm_head=include_lm_head)
     group = {"rtn": group_size, "nf4": 64}.get(resolved)  # int8: one scale per row (None)
     info = QuantInfo(method=resolved, group_size=group, reason=reason, skipped=skipped)
-    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    saved: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    whole = False
     try:
         with torch.no_grad():
             for name, mod, transposed in targets:
                 w = mod.weight
-                saved.append((w, w.detach().to("cpu", copy=True)))
-                src = w.detach().t() if transposed else w.detach()
-                q = fn(src.contiguous())
-                w.copy_(q.t() if transposed else q)
+                saved.append((name, w, w.detach().to("cpu", copy=True)))
+                if keep is not None and name in keep:
+                    w.copy_(keep[name].to(w.device))
+                else:
+                    src = w.detach().t() if transposed else w.detach()
+                    q = fn(src.contiguous())
+                    w.copy_(q.t() if transposed else q)
                 info.n_matrices += 1
                 info.n_params += w.numel()
                 info.modules.append(name)
+        whole = True
         yield info
     finally:
         with torch.no_grad():
-            for w, orig in reversed(saved):
+            for name, w, orig in reversed(saved):
+                if whole and keep is not None and name not in keep:
+                    keep[name] = w.detach().to("cpu", copy=True)
                 w.copy_(orig)

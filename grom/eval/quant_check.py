@@ -14,6 +14,7 @@ from grom.eval.quant import choose_method
 from grom.eval.report import RETAIN_BROKEN, eval_sets, model_row
 from grom.eval.results import BASE, EDITED, Row
 from grom.tasks.base import QUANT_METRICS, TASKS, QuantMetrics, get_task  # noqa: F401
+from grom.turns import Between, give
 
 QUANT_RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc")
 
@@ -32,7 +33,7 @@ def _forget_and_retain_sets(sets: dict[str, tuple], task: str | None = None) -> 
 def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
                        max_examples: int | None = None, method: str = "auto",
                        group_size: int = 128, batch_size: int = 32,
-                       with_retain: bool = False) -> pd.DataFrame:
+                       with_retain: bool = False, between: Between | None = None) -> pd.DataFrame:
     """The forget metrics at full precision and with the linear weights quantized to 4
     bits (NF4 on CUDA with bitsandbytes, else round-to-nearest in groups of 128), for the
     base model and, with `edit`, the edited one. The paper's claim: gradient unlearning is
@@ -46,7 +47,8 @@ def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
     facts the full-precision base model knew, the answer classes, "Kept fact recall" and
     the Knowledge score, so its full-precision rows equal a comparison's Base and Edited
     rows. The frame's attrs name the quantization (method; quantizer_reason: why that
-    one) and the task (`quantization_verdict` picks its metrics by task)."""
+    one) and the task (`quantization_verdict` picks its metrics by task). between: a step
+    boundary (`grom.turns`) between the rows and inside each (`model_row`'s)."""
     resolved, reason = choose_method(model, method)
     sets = eval_sets(benchmark, max_examples)
     if with_retain:
@@ -56,12 +58,15 @@ def quantization_check(model, tokenizer, benchmark: Benchmark, edit=None, *,
     for name, e in [(BASE, None)] + ([(EDITED, edit)] if edit is not None else []):
         for q in (None, resolved):
             key = f"{name}, {label}" if q else f"{name}, full precision"
+            if rows:
+                give(between)
             rows[key] = model_row(model, tokenizer, benchmark, sets, e, batch_size=batch_size,
                              max_new_tokens=None, only_forget=not with_retain, quantize=q,
-                             group_size=group_size)
+                             group_size=group_size, between=between)
     task = get_task(benchmark.task)
     if task.judge is not None:  # known facts: the full-precision base model's
-        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size)
+        give(between)
+        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, between=between)
         ordered = {BASE: rows[f"{BASE}, full precision"], **rows}
         if task.relative is not None:
             task.relative(ordered)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 
 from grom.data.schema import Benchmark
 from grom.eval.prefix import PrefixCache, first_changed_layer
@@ -24,6 +23,7 @@ from grom.eval.results import BASE, EDITED, REFERENCE, Report, Row, subset
 from grom.eval.runner import ModelScorer
 from grom.eval.shared_rows import MIA_COLUMNS
 from grom.tasks.base import TASKS, get_task
+from grom.turns import Between, Held, evaluating, give, inside
 
 # Which way each metric should go for a good unlearning edit: "down" lower, "up" higher (the
 # retain side: stay high), "zero" / "half" towards 0 / 0.5, "keep" as the unedited model,
@@ -108,25 +108,29 @@ def _reference_pair(reference, tokenizer):
 def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens, only_forget=False,
          quantize: str | None = None, group_size: int = 128, prefix: PrefixCache | None = None,
          record_at: tuple[int, ...] = (), stage: str = "full", given: dict | None = None,
-         answered: Callable[[int, int], None] | None = None) -> Row:
+         answered: Callable[[int, int], None] | None = None, between: Between | None = None) -> Row:
     """One model's row: the task's row builder (`Task.row`) run with `edit` applied (and
-    reverted), in eval mode, optionally quantized or replaying the layers below the edit."""
+    reverted), in eval mode, optionally quantized or replaying the layers below the edit.
+
+    between: the step boundary (`grom.turns`) of every batch inside the row (generation
+    batches and decoding steps, teacher-forced batches); its as_found leaves the row's
+    state (`Held`: the quantized weights restored, the prefix cache's hooks off, the edit
+    reverted, the modes as found) and takes it again after, so another job meanwhile sees
+    the model as found and the cache records nothing of it."""
     fn = get_task(benchmark.task).row
     run = ModelScorer(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens, stage, given)
     run.answered = answered
     t0 = time.perf_counter()
-    was_training = model.training
-    replay = nullcontext()
+    replay = None
     if prefix is not None and not quantize:  # quantizing changes every layer
-        replay = prefix.reusing(model, first_changed_layer(model, edit) if edit is not None else None,
-                                capture=record_at)
-    model.eval()
-    try:
-        with (edit.applied(model) if edit is not None else nullcontext()), replay:
-            with (quantized(model, method=quantize, group_size=group_size) if quantize else nullcontext()):
-                row = fn(run, sets, only_forget)
-    finally:
-        model.train(was_training)
+        first = first_changed_layer(model, edit) if edit is not None else None
+        replay = lambda: prefix.reusing(model, first, capture=record_at)  # noqa: E731
+    keep = {} if between is not None else None  # the quantized weights, not computed again after a turn
+    held = Held(lambda: evaluating(model), (lambda: edit.applied(model)) if edit is not None else None, replay,
+                (lambda: quantized(model, method=quantize, group_size=group_size, keep=keep)) if quantize else None)
+    run.between = inside(between, held.left)
+    with held:
+        row = fn(run, sets, only_forget)
     row.seconds = time.perf_counter() - t0
     return row
 
@@ -137,7 +141,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
              include_base: bool = True, reuse: Report | None = None,
              prefix: PrefixCache | None = None, record_at: tuple[int, ...] = (),
              stage: str = "full", answers: Report | None = None,
-             between: Callable[[], None] | None = None) -> Report:
+             between: Between | None = None) -> Report:
     """The benchmark's metrics for the base model ("Base"), the model with `edit` applied
     ("Edited", applied and reverted here) and the reference model ("Retain model":
     `reference` is a model sharing `tokenizer`, or a `(model, tokenizer)` pair).
@@ -170,8 +174,10 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     scores and the perplexities left, and reads the very
     answers the first verdict was drawn from. The caller
     vouches that it is the same edit; a report of other sets or questions is ignored.
-    between: called between two rows computed, the model unedited (a server sharing one
-    model lends it to other jobs there); the numbers do not depend on it.
+    between: a step boundary (`grom.turns`: `between(as_found)`), where a server sharing one
+    model lends it to other jobs: between two rows and before the task's judging, the
+    model unedited (`as_found` a nullcontext), and inside each row between its batches
+    (`model_row`, the row's edit reverted there); the numbers do not depend on it.
     """
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, not {stage!r}")
@@ -203,8 +209,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         if name in reusable:
             rows[name] = reusable[name]
             continue
-        if rows and between is not None:
-            between()
+        if rows:
+            give(between)
         progress(i / len(jobs), f"evaluating: {name}")
         mine = prefix if m is model else None  # kept for `model`, not for the reference
         edited = name == EDITED
@@ -218,9 +224,10 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         rows[name] = model_row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens,
                           prefix=mine, record_at=record_at, stage=stage if edited else base_stage,
                           given=given if edited else None, answered=answered,
-                          only_forget=edited and stage == "forget")
+                          only_forget=edited and stage == "forget", between=between)
     if task.judge is not None:
-        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, base_stage)
+        give(between)
+        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, base_stage, between=between)
     if task.relative is not None:
         task.relative(rows)
     _retain_cost(rows, benchmark.task)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
+from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
 from grom.closed_form.keys import answer_letter, choice_question, pad_id
 from grom.data.prompts import PromptFormat, encode_prompt, encode_qa
@@ -24,6 +26,7 @@ from grom.eval.mia import vocab_moments
 from grom.eval.upstream import mc_context, mc_continuations, mc_encode_pair
 from grom.model.arch import model_device
 from grom.text import contains_phrase
+from grom.turns import AsFound, Between, give, random_kept
 
 
 @dataclass(frozen=True)
@@ -93,22 +96,43 @@ def _final_hidden(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> to
 
 
 _MOMENT_ROWS = 1024  # positions per chunk of Min-K++'s moments (1024 x 128k vocab: 0.5 GB)
+CPU_SCORE_TOKENS = 1024
+"""On a CPU, at most this many token positions (rows x width) in one teacher-forced pass
+(a longer sequence alone): SmolLM2 reads 100-300 tokens a second on a busy 2-core CPU, so
+a batch of 32 answers (~3,000 positions) was one 15-25 s pass without a step boundary
+(`between`) and 1,024 is 3-7 s. On an accelerator the batches are `batch_size` whole."""
+
+
+def _score_batches(order: list[int], lengths: list[int], batch_size: int, tokens: int | None) -> list[list[int]]:
+    """`order` (longest first) cut into batches of at most `batch_size` sequences and, where
+    `tokens` is given, at most `tokens` positions (the first sequence's length times the
+    count; at least one sequence a batch)."""
+    out, b = [], 0
+    while b < len(order):
+        n = batch_size if tokens is None else max(1, min(batch_size, tokens // max(lengths[order[b]], 1)))
+        out.append(order[b:b + n])
+        b += n
+    return out
 
 
 @torch.no_grad()
 def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[int], int]],
-                    batch_size: int = 32, moments: bool = False) -> list[TokenScores]:
+                    batch_size: int = 32, moments: bool = False, between: Between | None = None) -> list[TokenScores]:
     """Teacher-forced scores of ids[start:] for each (ids, start), right-padded batches,
-    longest first (less padding). moments: also each position's mean and variance of log p
-    under the model's next-token distribution (`TokenScores.mu`, `.sigma2`, for Min-K++;
-    from the same forward pass, in float32)."""
+    longest first (less padding), on a CPU of at most CPU_SCORE_TOKENS positions. moments:
+    also each position's mean and variance of log p under the model's next-token
+    distribution (`TokenScores.mu`, `.sigma2`, for Min-K++; from the same forward pass, in
+    float32). between: a step boundary between two batches
+    (`grom.turns`; nothing here changes the model)."""
     device = model_device(model)
     head = model.get_output_embeddings()
     pad = pad_id(tokenizer)
     order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i][0]))
     out: list[TokenScores | None] = [None] * len(sequences)
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
+    tokens = CPU_SCORE_TOKENS if device.type == "cpu" else None
+    for b, idx in enumerate(_score_batches(order, [len(s[0]) for s in sequences], batch_size, tokens)):
+        if b:
+            give(between)
         width = max(len(sequences[i][0]) for i in idx)
         ids = torch.full((len(idx), width), pad, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
@@ -148,32 +172,52 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
 
 def score_answers(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]], *,
                   prompt_format: PromptFormat | None = None, add_eos: bool = True,
-                  batch_size: int = 32, max_length: int = 1024, moments: bool = False) -> list[TokenScores]:
-    """Teacher-forced scores of each answer after its formatted question (moments: see
-    `score_sequences`)."""
+                  batch_size: int = 32, max_length: int = 1024, moments: bool = False,
+                  between: Between | None = None) -> list[TokenScores]:
+    """Teacher-forced scores of each answer after its formatted question (moments,
+    between: see `score_sequences`)."""
     seqs = [encode_pair(tokenizer, q, a, prompt_format, add_eos, max_length) for q, a in pairs]
-    return score_sequences(model, tokenizer, seqs, batch_size, moments)
+    return score_sequences(model, tokenizer, seqs, batch_size, moments, between)
 
 
 def score_texts(model: nn.Module, tokenizer, texts: Sequence[str], *, batch_size: int = 16,
-                max_length: int = 1024, moments: bool = False) -> list[TokenScores]:
-    """Every token of each text after the first (MIA scores on raw documents; moments: see
-    `score_sequences`)."""
+                max_length: int = 1024, moments: bool = False, between: Between | None = None) -> list[TokenScores]:
+    """Every token of each text after the first (MIA scores on raw documents; moments,
+    between: see `score_sequences`)."""
     seqs = []
     for t in texts:
         ids = list(tokenizer(t, add_special_tokens=True)["input_ids"])[:max_length]
         seqs.append((ids, 1) if len(ids) >= 2 else (ids + [pad_id(tokenizer)], 1))
-    return score_sequences(model, tokenizer, seqs, batch_size, moments)
+    return score_sequences(model, tokenizer, seqs, batch_size, moments, between)
 
 
 def tokenwise_logprobs(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[int], int]], *,
-                       moments: bool = False, batch_size: int = 32) -> list[TokenScores]:
+                       moments: bool = False, batch_size: int = 32,
+                       between: Between | None = None) -> list[TokenScores]:
     """OpenUnlearning's ``tokenwise_logprobs`` (and, with `moments`, what Min-K++ reads of
     ``tokenwise_vocab_logprobs``): for each (ids, start), the log-probability of every
     labelled token ids[start:] but the last (the EOS of an answer; a raw text's last
     token), with each position's `mu`, `sigma2` on request. The inputs of
     `grom.eval.mia.min_k_score` and `min_k_plus_plus_score`."""
-    return [s.without_last() for s in score_sequences(model, tokenizer, sequences, batch_size, moments)]
+    return [s.without_last() for s in score_sequences(model, tokenizer, sequences, batch_size, moments, between)]
+
+
+class _Turns(StoppingCriteria):
+    """A step boundary after each decoding step of `model.generate` (it stops nothing):
+    a long generation lends the model between its tokens, its key/value cache its own."""
+
+    def __init__(self, between: Between, as_found: AsFound = nullcontext):
+        self.between, self.as_found = between, as_found
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.between(self.as_found)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def _turns(between: Between | None, as_found: AsFound = nullcontext) -> dict:
+    """`model.generate`'s keyword for a step boundary after each decoding step (none
+    without `between`)."""
+    return {} if between is None else {"stopping_criteria": StoppingCriteriaList([_Turns(between, as_found)])}
 
 
 def _left_padded(encoded: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,7 +236,7 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
              prompt_format: PromptFormat | None = None, max_new_tokens: int = 64,
              batch_size: int = 32, max_length: int = 1024,
              stop_at: Sequence[str | None] | None = None,
-             on_step: Callable[[int, int], None] | None = None) -> list[str]:
+             on_step: Callable[[int, int], None] | None = None, between: Between | None = None) -> list[str]:
     """Greedy continuations of the formatted prompts (left padding; stops at EOS).
 
     stop_at: per prompt, a phrase (a fact) or None; an answer then ends as soon as it
@@ -201,7 +245,9 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
     answer's start, so whether the phrase is in it (`grom.eval.metrics.fact_recall`) is
     what the full-length answer gives. Without it, `model.generate` runs every row to
     EOS or the budget. on_step (with stop_at): called after each decoding step with (the
-    prompts finished, all prompts), for a progress line."""
+    prompts finished, all prompts), for a progress line. between: a step boundary
+    (`grom.turns`) between two batches and after each decoding step; the texts are the
+    same with or without it."""
     if stop_at is not None and len(stop_at) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(stop_at)} stop phrases")
     device = model_device(model)
@@ -212,17 +258,20 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     out: list[str] = [""] * len(encoded)
     for b in range(0, len(order), batch_size):
+        if b:
+            give(between)
         idx = order[b:b + batch_size]
         ids, mask = _left_padded([encoded[i] for i in idx], pad)
         if stop_at is not None:
             step = None if on_step is None else (lambda done, b=b: on_step(b + done, len(encoded)))
             new = greedy_until(model, tokenizer, ids.to(device), mask.to(device), max_new_tokens,
-                               eos, [stop_at[i] for i in idx], on_step=step)
+                               eos, [stop_at[i] for i in idx], on_step=step, between=between)
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         else:
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                  do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                 eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
+                                 eos_token_id=eos or None, temperature=None, top_p=None, top_k=None,
+                                 **_turns(between))
             texts = tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
         for r, i in enumerate(idx):
             out[i] = texts[r].strip()
@@ -231,21 +280,25 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
 
 @torch.no_grad()
 def generate_ids(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], *,
-                 max_new_tokens: int, batch_size: int = 32) -> list[list[int]]:
+                 max_new_tokens: int, batch_size: int = 32, between: Between | None = None) -> list[list[int]]:
     """Greedy new token ids of each prompt given as token ids, fed whole (no truncation),
     left-padded, longest first, each cut before its first EOS: what `model.generate(
     do_sample=False)` produces for the row (as OpenUnlearning generates; its pads after
-    EOS decode to nothing). The caller decodes (`grom.eval.upstream.decode`)."""
+    EOS decode to nothing). The caller decodes (`grom.eval.upstream.decode`). between: as
+    `generate`'s."""
     device = model_device(model)
     pad, eos = pad_id(tokenizer), _eos_ids(model, tokenizer)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     out: list[list[int]] = [[] for _ in encoded]
     for b in range(0, len(order), batch_size):
+        if b:
+            give(between)
         idx = order[b:b + batch_size]
         ids, mask = _left_padded([list(encoded[i]) for i in idx], pad)
         gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                              do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                             eos_token_id=eos or None, temperature=None, top_p=None, top_k=None)
+                             eos_token_id=eos or None, temperature=None, top_p=None, top_k=None,
+                             **_turns(between))
         for r, i in enumerate(idx):
             new = gen[r, ids.shape[1]:].tolist()
             ends = [n for n, t in enumerate(new) if t in eos]
@@ -256,22 +309,27 @@ def generate_ids(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], 
 @torch.no_grad()
 def sample(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], *, max_new_tokens: int,
            temperature: float = 1.0, top_p: float = 0.9, seed: int = 0, batch_size: int = 16,
-           on_batch: Callable[[int, int], None] | None = None) -> list[str]:
+           on_batch: Callable[[int, int], None] | None = None, between: Between | None = None) -> list[str]:
     """Sampled continuations of prompts given as token ids (fed whole, left-padded, in
     the given order), decoded without special tokens: nucleus sampling at `temperature`
     and `top_p` (RWKU writes its forget corpus so, generation/pair_generation.py: 1.0 and
     0.9). The same seed, prompts and batch size give the same texts; the global random
-    state is left as it was. on_batch: called after each batch with (prompts done, all)."""
+    state is left as it was. on_batch: called after each batch with (prompts done, all).
+    between: a step boundary (`grom.turns`) between two batches and after each decoding
+    step, whose as_found keeps this run's random state (`random_kept`): the same texts
+    whatever other jobs draw meanwhile."""
     device = model_device(model)
     pad, eos = pad_id(tokenizer), _eos_ids(model, tokenizer)
     out: list[str] = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for b in range(0, len(encoded), batch_size):
+            if b:
+                give(between, random_kept)
             ids, mask = _left_padded([list(e) for e in encoded[b:b + batch_size]], pad)
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
                                  temperature=temperature, top_p=top_p, top_k=None, max_new_tokens=max_new_tokens,
-                                 pad_token_id=pad, eos_token_id=eos or None)
+                                 pad_token_id=pad, eos_token_id=eos or None, **_turns(between, random_kept))
             out += [t.strip() for t in tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)]
             if on_batch is not None:
                 on_batch(len(out), len(encoded))
@@ -302,7 +360,7 @@ def _cache_kwargs(model: nn.Module) -> tuple[str, bool]:
 @torch.no_grad()
 def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Tensor,
                  max_new_tokens: int, eos: Sequence[int], stops: Sequence[str | None],
-                 on_step: Callable[[int], None] | None = None) -> list[list[int]]:
+                 on_step: Callable[[int], None] | None = None, between: Between | None = None) -> list[list[int]]:
     """Greedy decoding of a left-padded batch, ids and mask (B, W), that drops each row
     from the batch once it is finished: it produced EOS (not kept), or its new text
     states its phrase in `stops` (`phrase_settled`), or it has `max_new_tokens` tokens.
@@ -313,7 +371,8 @@ def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Ten
     (cumsum - 1), a dynamic cache built from the config, argmax of the last position's
     logits (no logits processor: the plain greedy answer), so the tokens are those of
     `model.generate(do_sample=False)` on the same prompts, cut where the row finished.
-    on_step: called after each step with the number of rows finished so far."""
+    on_step: called after each step with the number of rows finished so far. between: a
+    step boundary (`grom.turns`) between two steps (the cache is this call's own)."""
     cache_name, keep_arg = _cache_kwargs(model)
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
         else model.config
@@ -341,6 +400,7 @@ def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Ten
             on_step(len(new) - len(keep))
         if not keep:
             break
+        give(between)
         last = step_pos[:, -1]
         if len(keep) < len(live):
             sel = torch.tensor(keep)  # on the CPU: it indexes every layer's cache, on whatever device each is
@@ -364,7 +424,7 @@ def answer_budget(tokenizer, answers: Sequence[str], cap: int = 200) -> int:
 
 def choice_logprobs(model: nn.Module, tokenizer, examples, *,
                     prompt_format: PromptFormat | None = None, batch_size: int = 32,
-                    lm_eval: bool = False) -> np.ndarray:
+                    lm_eval: bool = False, between: Between | None = None) -> np.ndarray:
     """(N, max options) log-likelihood of each option's letter after the lettered prompt
     ("...\\nAnswer:"), -inf where an item has fewer options.
 
@@ -381,7 +441,7 @@ def choice_logprobs(model: nn.Module, tokenizer, examples, *,
     maximum length; here nothing is cut (the questions are far shorter).
 
     Either way the option's tokens' log-probabilities are summed (one token with most
-    tokenizers)."""
+    tokenizers). between: see `score_sequences`."""
     width = max(len(ex.choices) for ex in examples)
     seqs, where = [], []
     if lm_eval:
@@ -400,14 +460,15 @@ def choice_logprobs(model: nn.Module, tokenizer, examples, *,
                 seqs.append((prompt + letters[i], len(prompt)))
                 where.append((n, i))
     out = np.full((len(examples), width), -np.inf)
-    for (n, i), s in zip(where, score_sequences(model, tokenizer, seqs, batch_size)):
+    for (n, i), s in zip(where, score_sequences(model, tokenizer, seqs, batch_size, between=between)):
         out[n, i] = s.logprobs.sum()
     return out
 
 
 class ModelScorer:
     """One model's scoring settings for an evaluation row: its tokenizer, prompt format,
-    batch size, generation budget, stage and earlier answers to reuse."""
+    batch size, generation budget, stage and earlier answers to reuse, and the row's step
+    boundary (`between`, `grom.turns`: a row builder passes it to every batched run)."""
 
     def __init__(self, model, tokenizer, fmt: PromptFormat | None, batch_size: int,
                  max_new_tokens: int | None, stage: str = "full", given: dict | None = None):
@@ -416,14 +477,15 @@ class ModelScorer:
         self.stage = stage  # "full", "answers" or "forget" (`grom.eval.report.evaluate`)
         self.given = given or {}  # set name -> an earlier frame of this model's answers to reuse
         self.answered: Callable[[int, int], None] | None = None  # (finished, all) after each decoding step
+        self.between: Between | None = None  # the row's step boundary, its as_found the row's state undone
 
     def losses(self, pairs, fmt=None, add_eos=True, moments=False):
         return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,
-                             add_eos=add_eos, batch_size=self.batch_size, moments=moments)
+                             add_eos=add_eos, batch_size=self.batch_size, moments=moments, between=self.between)
 
     def generate(self, prompts, references, fmt=None, budget=None):
         """Greedy answers; `budget` new tokens (None: `answer_budget` of the references),
         unless the evaluation fixed `max_new_tokens`."""
         budget = self.max_new_tokens or budget or answer_budget(self.tok, references)
         return generate(self.model, self.tok, prompts, prompt_format=fmt or self.fmt,
-                        max_new_tokens=budget, batch_size=self.batch_size)
+                        max_new_tokens=budget, batch_size=self.batch_size, between=self.between)

@@ -5,7 +5,8 @@ module when it is imported.
 A row says what the method is (name, label, family, a sentence for a UI), what it can run
 on (`can_run(model, data)`: None, or the `Reason` it cannot, in the words its run would be
 refused with), its defaults fitted to a model (`defaults(model)`), and how to run it
-(`run(model, tokenizer, forget, retain, settings, **kw) -> Edit`). `detail` is the
+(`run(model, tokenizer, forget, retain, settings, **kw) -> Edit`; every family's run takes
+`progress` and `between`, the step boundary of `grom.turns`). `detail` is the
 family's own row: the trained method's `Method` (its loss, what it needs), the editor's
 `EditorMethod` (its update rule), None for GROM.
 

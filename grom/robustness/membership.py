@@ -39,6 +39,7 @@ from grom.data.prompts import PromptFormat
 from grom.eval import mia
 from grom.eval.runner import score_answers
 from grom.robustness.result import AttackResult
+from grom.turns import Between, Held, give, inside
 
 HEADLINE = "min_k"
 MIN_SIDE = 2  # an AUC needs at least two texts a side to mean anything
@@ -48,11 +49,12 @@ def _pairs(rows) -> list[tuple[str, str]]:
     return [(r.question, r.answer) for r in rows]
 
 
-def _scores(model: nn.Module, tokenizer, pairs: list[tuple[str, str]], fmt: PromptFormat | None) -> dict:
+def _scores(model: nn.Module, tokenizer, pairs: list[tuple[str, str]], fmt: PromptFormat | None,
+            between: Between | None = None) -> dict:
     """Each attack's per-text scores (n,) of `pairs` under `model` as it is now."""
     if not pairs:
         return {}
-    scored = score_answers(model, tokenizer, pairs, prompt_format=fmt, moments=True)
+    scored = score_answers(model, tokenizer, pairs, prompt_format=fmt, moments=True, between=between)
     texts = [tokenizer.decode(s.labels.tolist(), skip_special_tokens=True) for s in scored]
     return mia.attack_scores(scored, texts)
 
@@ -62,7 +64,8 @@ def _aucs(members: dict, holdout: dict) -> dict[str, float]:
 
 
 def membership_attack(model: nn.Module, tokenizer, edit, fitted: Sequence, probes: Sequence,
-                      holdout: Sequence, *, fmt: PromptFormat | None = None) -> AttackResult:
+                      holdout: Sequence, *, fmt: PromptFormat | None = None,
+                      between: Between | None = None) -> AttackResult:
     """Name "mia": the membership attacks' AUCs, forget answers (the `fitted` forget pairs,
     and the held-out `probes` as a second side) against `holdout` answers, for the base
     model and for `edit` applied. Rows need `.question` and `.answer` (QAExample, Probe).
@@ -71,7 +74,8 @@ def membership_attack(model: nn.Module, tokenizer, edit, fitted: Sequence, probe
     texts: `details["skipped"]` says why). details: "auc" -> side ("fitted", "probes") ->
     attack ("loss", "zlib", "min_k", "min_k++") -> {"base", "edited"}; "leak" -> side ->
     {"base", "edited"}: |Min-K AUC - 0.5|; "n_fitted", "n_probes", "n_holdout"; "measure":
-    "auc". The model comes back unedited (the edit is applied in a `with`)."""
+    "auc". The model comes back unedited (the edit is applied in a `with`). between: a step
+    boundary (`grom.turns`) between the teacher-forced batches, the edit reverted there."""
     sides = {"fitted": _pairs(fitted), "probes": _pairs(probes)}
     sides = {k: v for k, v in sides.items() if len(v) >= MIN_SIDE}
     hold = _pairs(holdout)
@@ -83,8 +87,8 @@ def membership_attack(model: nn.Module, tokenizer, edit, fitted: Sequence, probe
         return AttackResult("mia", math.nan, math.nan, 0.0, len(fitted), details={"skipped": why, **counts})
     every = [p for pairs in sides.values() for p in pairs] + hold
 
-    def measure() -> dict[str, dict[str, float]]:
-        scores = _scores(model, tokenizer, every, fmt)
+    def measure(turn: Between | None) -> dict[str, dict[str, float]]:
+        scores = _scores(model, tokenizer, every, fmt, turn)
         at, out = 0, {}
         split = {}
         for side, pairs in sides.items():
@@ -96,9 +100,10 @@ def membership_attack(model: nn.Module, tokenizer, edit, fitted: Sequence, probe
         return out
 
     model.eval()
-    base = measure()
-    with edit.applied(model):
-        edited = measure()
+    base = measure(between)
+    give(between)
+    with Held(lambda: edit.applied(model)) as held:
+        edited = measure(inside(between, held.left))
     auc = {side: {a: {"base": base[side][a], "edited": edited[side][a]} for a in base[side]} for side in sides}
     leak = {side: {k: abs(auc[side][HEADLINE][k] - 0.5) for k in ("base", "edited")} for side in sides}
     return AttackResult("mia", auc["fitted"][HEADLINE]["base"], auc["fitted"][HEADLINE]["edited"], 0.0,

@@ -13,6 +13,7 @@ from grom.data.prompts import PromptFormat
 from grom.eval import metrics as M
 from grom.eval.runner import generate
 from grom.tasks.knowledge import KNOWLEDGE_GEN_BATCH, knowledge_budget
+from grom.turns import Between
 
 
 @dataclass(frozen=True)
@@ -45,22 +46,33 @@ class Recall:
 
 
 def probe_recall(model: nn.Module, tokenizer, probes: Sequence[Probe], *, fmt: PromptFormat | None = None,
-                 max_new_tokens: int | None = None, batch_size: int = KNOWLEDGE_GEN_BATCH) -> Recall:
+                 max_new_tokens: int | None = None, batch_size: int = KNOWLEDGE_GEN_BATCH,
+                 between: Between | None = None) -> Recall:
     """Greedy answers to the probes' questions (formatted by `fmt`, the chat template by
     default), each stopped once it states its fact, and their fact recall. The budget is
-    the real-knowledge comparison's (`knowledge_budget`) unless given."""
+    the real-knowledge comparison's (`knowledge_budget`) unless given. between: the step
+    boundary of the generation's batches and decoding steps (`grom.eval.runner.generate`)."""
     if not probes:
         return Recall(0.0, (), ())
     budget = max_new_tokens or knowledge_budget(tokenizer, [p.answer for p in probes])
     answers = generate(model, tokenizer, [p.question for p in probes], prompt_format=fmt,
-                       max_new_tokens=budget, batch_size=batch_size, stop_at=[p.fact for p in probes])
+                       max_new_tokens=budget, batch_size=batch_size, stop_at=[p.fact for p in probes],
+                       between=between)
     hits = tuple(M.fact_recall(p.fact, a) for p, a in zip(probes, answers))
     return Recall(sum(hits) / len(hits), tuple(answers), hits)
 
 
-ScoreFn = Callable[[nn.Module], Recall]
+ScoreFn = Callable[..., Recall]
 """Scores the model as it is now (an attack calls it on the base model, the edited one,
-and whatever it derives from them)."""
+and whatever it derives from them): ``score(model)``, or where the attack gives turns
+``score(model, between=...)`` (`scored`), the step boundary of its batches, whose as_found
+undoes what the attack holds the model in."""
+
+
+def scored(score: ScoreFn, model: nn.Module, between: Between | None) -> Recall:
+    """`score(model)`, given `between` only where there is one (a caller's own ScoreFn need
+    not take it when no turns are asked for)."""
+    return score(model) if between is None else score(model, between=between)
 
 
 @dataclass(frozen=True)

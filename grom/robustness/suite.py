@@ -34,6 +34,7 @@ from grom.robustness.calibration import relearn_lr
 from grom.robustness.membership import membership_attack
 from grom.robustness.probes import PROBE_TYPES, transform
 from grom.robustness.result import AttackResult, Probe, Recall, probe_recall
+from grom.turns import Between, Held, give, inside
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,17 @@ class Context:
     fitted: tuple[QAExample, ...]
     fmt: PromptFormat | None
     holdout: tuple = ()
+    between: Between | None = None  # the suite's step boundary, the model unedited there
 
-    def score(self, model: nn.Module) -> Recall:
-        """The held-out probes' fact recall of `model` as it is now (`ScoreFn`)."""
-        return probe_recall(model, self.tokenizer, self.probes, fmt=self.fmt)
+    def score(self, model: nn.Module, between: Between | None = None) -> Recall:
+        """The held-out probes' fact recall of `model` as it is now (`ScoreFn`); `between`
+        the caller's, whose as_found undoes what it holds the model in."""
+        return probe_recall(model, self.tokenizer, self.probes, fmt=self.fmt, between=between)
+
+    def recall_edited(self, asked, fmt) -> Recall:
+        """The recall of `asked` with the edit applied, which a turn reverts and applies again."""
+        with Held(lambda: self.edit.applied(self.model)) as held:
+            return probe_recall(self.model, self.tokenizer, asked, fmt=fmt, between=inside(self.between, held.left))
 
 
 def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
@@ -65,9 +73,9 @@ def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
             why = (f"no written {name} probes for what the probes are about (the bundled real-knowledge "
                    "targets have them)" if written else f"no probe could be made into a {name} probe")
             return AttackResult(name, math.nan, math.nan, 0.0, 0, details={"skipped": why})
-        base = probe_recall(ctx.model, ctx.tokenizer, asked, fmt=fmt)
-        with ctx.edit.applied(ctx.model):
-            edited = probe_recall(ctx.model, ctx.tokenizer, asked, fmt=fmt)
+        base = probe_recall(ctx.model, ctx.tokenizer, asked, fmt=fmt, between=ctx.between)
+        give(ctx.between)
+        edited = ctx.recall_edited(asked, fmt)
         if written:
             details = {"by_reach": by_reach(asked, base, edited, ctx.fitted, ctx.probes)}
         else:
@@ -107,22 +115,25 @@ def _relearn(ctx: Context) -> AttackResult:
     the unedited model relearned the same way as the control (its base)."""
     from_model = relearn_lr(ctx.model)
     res = _weights("relearn_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.score, lr=from_model.lr,
-                                     fmt=ctx.fmt, relearn_base=True)
+                                     fmt=ctx.fmt, relearn_base=True, between=ctx.between)
     return replace(res, details={**res.details, "lr_why": from_model.why, "lr_calibrated": from_model.calibrated})
 
 
 def _quant(bits: int) -> Callable[[Context], AttackResult]:
     def run(ctx: Context) -> AttackResult:
-        return _weights("quantization_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.score, bits=bits)
+        return _weights("quantization_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.score, bits=bits,
+                                               between=ctx.between)
     return run
 
 
 def _logit_lens(ctx: Context) -> AttackResult:
-    return _weights("logit_lens_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.probes, fmt=ctx.fmt)
+    return _weights("logit_lens_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.probes, fmt=ctx.fmt,
+                                         between=ctx.between)
 
 
 def _membership(ctx: Context) -> AttackResult:
-    return membership_attack(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.probes, ctx.holdout, fmt=ctx.fmt)
+    return membership_attack(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.probes, ctx.holdout, fmt=ctx.fmt,
+                             between=ctx.between)
 
 
 ATTACKS: dict[str, Callable[[Context], AttackResult]] = {
@@ -180,7 +191,8 @@ def attack_names(attacks: str | Sequence[str] = "all") -> tuple[str, ...]:
 def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
                 fitted: Sequence[QAExample] = (), holdout: Sequence = (),
                 attacks: str | Sequence[str] = "all", fmt: PromptFormat | None = None,
-                progress: Callable[[float, str], None] | None = None) -> dict[str, AttackResult]:
+                progress: Callable[[float, str], None] | None = None,
+                between: Between | None = None) -> dict[str, AttackResult]:
     """Each attack of `attacks` on `edit` (a grom.edit.Edit of `model`), by name, in the
     suite's order. probes: the held-out probes (never fitted); fitted: the questions the
     edit was fitted on (relearning trains on a part of them; the membership attacks score
@@ -190,7 +202,11 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
     (None: the chat template). `progress(fraction, message)` before each attack and at the
     end. Each result's `seconds` is that attack's wall time. The model is returned unedited
     whatever happens (the attacks on the weights restore what they change themselves,
-    `grom.robustness.weights`; the suite reverts the edit if one left it applied)."""
+    `grom.robustness.weights`; the suite reverts the edit if one left it applied).
+    between: a step boundary (`grom.turns`) between two attacks and inside each (between
+    generation batches and decoding steps, teacher-forced batches, relearning steps), the
+    model as found there (the edit reverted, trained or quantized weights put back); the
+    results do not depend on it."""
     names = attack_names(attacks)
     if not probes:
         raise ValueError("no probes to attack with: give the held-out probe questions (question, answer, fact)")
@@ -203,10 +219,12 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
     if edit.is_applied:
         raise ValueError("the edit is applied to the model; revert it first (the suite applies it itself)")
     progress = progress or (lambda *_: None)
-    ctx = Context(model, tokenizer, edit, tuple(probes), tuple(fitted), fmt, tuple(holdout))
+    ctx = Context(model, tokenizer, edit, tuple(probes), tuple(fitted), fmt, tuple(holdout), between)
     out: dict[str, AttackResult] = {}
     try:
         for i, name in enumerate(names):
+            if i:
+                give(between)
             progress(i / len(names), f"attack {i + 1}/{len(names)}: {name}")
             t0 = time.perf_counter()
             result = ATTACKS[name](ctx)

@@ -33,7 +33,8 @@ from grom.model.arch import decoder_layers, final_norm, finish_logits, model_dev
 from grom.model.hooks import capture_outputs, stop_after
 from grom.model.process_memory import releasing
 from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, Progress, relearn_curve
-from grom.robustness.result import AttackResult, Probe, ScoreFn
+from grom.robustness.result import AttackResult, Probe, ScoreFn, scored
+from grom.turns import Between, Held, give, inside
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample], score: ScoreFn, *,
                    steps: Sequence[int] = RELEARN_STEPS, lr: float = RELEARN_LR,
                    batch_size: int = RELEARN_BATCH, progress: Progress | None = None,
-                   relearn_base: bool = True, fmt: PromptFormat | None = None, seed: int = 0) -> AttackResult:
+                   relearn_base: bool = True, fmt: PromptFormat | None = None, seed: int = 0,
+                   between: Between | None = None) -> AttackResult:
     """Name "relearn": fine-tune the edited model on `train` (question -> answer, the loss
     on the answer tokens and EOS, prompts formatted as `grom.methods.trained.sequences` and
     `grom.eval.runner.encode_pair` do) and call `score` after each count of optimizer
@@ -66,6 +68,8 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     details: steps, recall (edited, per step), loss (the training loss of each optimizer
     step, edited model), lr, batch_size, n_train.
     The model comes back bit for bit, also on failure or when `progress` raises.
+    between: a step boundary (`grom.turns`) between two optimizer steps and inside each
+    scoring (`relearn_curve`'s), the model as found there; the results do not depend on it.
     """
     if not train:
         raise ValueError("relearning needs at least one training question")
@@ -76,7 +80,7 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
         raise ValueError("lr must be >= 0 and batch_size >= 1")
     t0, tell = time.perf_counter(), progress or (lambda *_: None)
     share = (lambda a, b: lambda f, m: tell(a + (b - a) * f, m))  # noqa: E731
-    run = dict(lr=lr, batch_size=batch_size, fmt=fmt, seed=seed)
+    run = dict(lr=lr, batch_size=batch_size, fmt=fmt, seed=seed, between=between)
     details: dict = {"steps": steps, "lr": lr, "batch_size": batch_size, "n_train": len(train)}
     if relearn_base:
         base_curve, _ = relearn_curve(model, tokenizer, None, train, score, steps, progress=share(0.0, 0.5), **run)
@@ -85,7 +89,8 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     else:
         tell(0.0, "relearn: the base model's recall")
         model.eval()
-        base = score(model)
+        base = scored(score, model, between)
+    give(between)
     curve, losses = relearn_curve(model, tokenizer, edit, train, score, steps,
                                   progress=share(0.5 if relearn_base else 0.1, 1.0), **run)
     details.update(recall=[r.value for r in curve], loss=losses)
@@ -129,7 +134,7 @@ def _why(info, bits: int) -> str:
 
 
 def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bits: int = 4,
-                        method: str = "rtn", group_size: int = 128) -> AttackResult:
+                        method: str = "rtn", group_size: int = 128, between: Between | None = None) -> AttackResult:
     """Names "quant4" / "quant8" (method "rtn"), "nf4", "int8": score the base model and
     the edited model (edit merged first) with every linear weight but the LM head
     fake-quantized by `grom.eval.quant.quantized`.
@@ -143,6 +148,8 @@ def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bi
     n_matrices, skipped (the modules left alone),
     patch_kept (`_patch_kept`: the share of the patch the quantized edited model still
     carries along the patch's direction; None where it patches no quantized matrix).
+    between: a step boundary (`grom.turns`) inside each scoring (`score(model, between=)`)
+    and between them, the weights put back (not quantized, the edit reverted) there.
     """
     if method == "rtn" and bits not in (4, 8):
         raise ValueError(f"round-to-nearest runs at 4 or 8 bits here, got {bits}")
@@ -151,10 +158,15 @@ def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bi
     name = f"quant{bits}" if method == "rtn" else method
     t0 = time.perf_counter()
     model.eval()
-    with quantized(model, method, group_size=group_size, bits=bits) as info:
-        base = score(model)
-    with edit.applied(model), quantized(model, method, group_size=group_size, bits=bits):
-        edited = score(model)
+    def quant(keep: dict | None):  # the quantized weights kept for a turn, not computed again after it
+        return lambda: quantized(model, method, group_size=group_size, bits=bits, keep=keep)
+
+    with Held(quant({} if between else None)) as held:
+        base = scored(score, model, inside(between, held.left))
+    info = held.entered[0]
+    give(between)
+    with Held(lambda: edit.applied(model), quant({} if between else None)) as held:
+        edited = scored(score, model, inside(between, held.left))
     details = {"method": info.method, "quantizer": info.method, "quantizer_reason": _why(info, bits),
                "bits": bits, "group_size": info.group_size,
                "n_matrices": info.n_matrices, "skipped": list(info.skipped),
@@ -204,14 +216,17 @@ def _readout(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def lens(model: nn.Module, ids: Sequence[Sequence[int]], tokens: Sequence[int], *, pad: int = 0,
-         batch_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+         batch_size: int = 16, between: Between | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(prob, rank), each (L, P) float64: at the output of every decoder layer l and for
     every sequence p, the probability of tokens[p] read from the residual stream at the
     sequence's last position (`_readout`), and its rank (1 = the most likely token; a tie
-    counts for it). The last layer's row is the model's own next-token distribution."""
+    counts for it). The last layer's row is the model's own next-token distribution.
+    between: a step boundary (`grom.turns`) between two batches."""
     layers, dev = decoder_layers(model), model_device(model)
     prob, rank = [], []
     for b in range(0, len(ids), batch_size):
+        if b:
+            give(between)
         chunk, t = ids[b:b + batch_size], torch.tensor(tokens[b:b + batch_size])
         lengths = torch.tensor([len(q) for q in chunk])
         x = torch.full((len(chunk), int(lengths.max())), pad, dtype=torch.long)  # right padding
@@ -231,7 +246,7 @@ def lens(model: nn.Module, ids: Sequence[Sequence[int]], tokens: Sequence[int], 
 
 
 def logit_lens_attack(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
-                      fmt: PromptFormat | None = None) -> AttackResult:
+                      fmt: PromptFormat | None = None, between: Between | None = None) -> AttackResult:
     """Name "logit_lens": where the answer still lives. For each probe, the residual stream
     at the position that predicts the fact (the question, then the answer up to its fact,
     teacher-forced: `fact_position`) is read at every layer's output through the final norm
@@ -243,7 +258,8 @@ def logit_lens_attack(model: nn.Module, tokenizer, edit, probes: Sequence[Probe]
     details, per layer (index l = the output of decoder layer l): base_prob / edited_prob
     the mean probability over probes, base_rank / edited_rank the median rank (1 = top);
     band (the edit's layers), first_changed_layer, fact_not_in_answer (probes read as their
-    fact alone), and a note on the layers below the edit.
+    fact alone), and a note on the layers below the edit. between: a step boundary
+    (`grom.turns`) between the lens's batches, the edit reverted there.
     """
     if not probes:
         raise ValueError("the logit lens needs at least one probe")
@@ -251,9 +267,10 @@ def logit_lens_attack(model: nn.Module, tokenizer, edit, probes: Sequence[Probe]
     read = [fact_position(tokenizer, p, fmt) for p in probes]
     ids, tokens = [r[0] for r in read], [r[1] for r in read]
     model.eval()
-    pb, rb = lens(model, ids, tokens, pad=pad_id(tokenizer))
-    with edit.applied(model):
-        pe, re_ = lens(model, ids, tokens, pad=pad_id(tokenizer))
+    pb, rb = lens(model, ids, tokens, pad=pad_id(tokenizer), between=between)
+    give(between)
+    with Held(lambda: edit.applied(model)) as held:
+        pe, re_ = lens(model, ids, tokens, pad=pad_id(tokenizer), between=inside(between, held.left))
     first = first_changed_layer(model, edit)
     if first >= pb.shape[0]:
         note = ("The edit changes only the LM head: the residual stream is the base model's at every "

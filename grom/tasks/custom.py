@@ -248,7 +248,7 @@ def _custom_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool = Fa
             row.metrics[f"{name.capitalize()} {k}"] = v
         texts = [e for e in sets.get(name, ()) if isinstance(e, TextExample)]
         if texts:
-            s = score_texts(run.model, run.tok, [e.text for e in texts])
+            s = score_texts(run.model, run.tok, [e.text for e in texts], between=run.between)
             row.metrics[f"{name.capitalize()} text loss"] = float(np.mean([x.avg_loss for x in s]))
     return row
 

@@ -57,6 +57,7 @@ from grom.eval.runner import (
 from grom.model.arch import model_device
 from grom.tasks.base import QuantMetrics, Task, register_task
 from grom.text import contains_phrase, normalise_text
+from grom.turns import Between, give
 
 BUNDLED = Path(__file__).resolve().parents[1] / "data" / "knowledge"  # grom/data/knowledge/
 # The splits: one per bundled target, then "forget3". The default, first, is the target
@@ -432,7 +433,7 @@ def _shared_prefix_losses(run: ModelScorer, items: list[tuple]) -> np.ndarray:
         seqs.append((ids_o, start_o + shared))
         reused.append(float(scores.logprobs[:shared].sum()))
         lengths.append(len(ids_o) - start_o)
-    tails = score_sequences(run.model, run.tok, seqs, run.batch_size)
+    tails = score_sequences(run.model, run.tok, seqs, run.batch_size, between=run.between)
     return np.array([-(r + t.logprobs.sum()) / n for r, t, n in zip(reused, tails, lengths)])
 
 
@@ -494,7 +495,7 @@ def _decode_loops(run: ModelScorer, sets: dict[str, tuple], chosen: dict[str, tu
             step = None if run.answered is None else (lambda k, d=done: run.answered(d + k, total))
             texts = generate(run.model, run.tok, [t for _, _, t, _ in items], prompt_format=run.fmt,
                              max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
-                             stop_at=[f for _, _, _, f in items], on_step=step)
+                             stop_at=[f for _, _, _, f in items], on_step=step, between=run.between)
             for (name, part, _, _), text in zip(items, texts):
                 gens.setdefault((name, part), []).append(text)
             done += len(items)
@@ -557,13 +558,14 @@ def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool =
         row.metrics["Forget repetition"] = float(row.examples["forget"]["repetition"].mean())
     texts = [e.text for e in sets.get("fluency", ()) if isinstance(e, TextExample)]
     if texts and not only_forget and run.stage == "full":
-        scores = score_texts(run.model, run.tok, texts, batch_size=run.batch_size)
+        scores = score_texts(run.model, run.tok, texts, batch_size=run.batch_size, between=run.between)
         row.metrics["Text perplexity"] = M.perplexity([s.avg_loss for s in scores])
     return row
 
 
 
-def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int, stage: str = "full") -> None:
+def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int, stage: str = "full",
+                   between: Between | None = None) -> None:
     """Each answer's class (`grom.eval.metrics.answer_class`, column "answer_class") and,
     where it does not state its fact or answers a forget question, its perplexity under
     the model as it is now, the UNEDITED one (column "answer_perplexity", NaN elsewhere):
@@ -576,14 +578,18 @@ def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int,
     of the 27). Rows whose frames have their classes already (reused ones, or lent by an
     answers-stage report) get only the second pass, where it is missing; each row is
     scored on its own, so its numbers never depend on which other rows were evaluated
-    with it."""
-    for row in rows.values():
+    with it. between: the step boundary of the teacher-forced batches (`grom.turns`; the
+    model is unedited here)."""
+    for i, row in enumerate(rows.values()):
+        if i:
+            give(between)
         frames = {n: df for n, df in row.examples.items() if n in KNOWLEDGE_SETS}
         unjudged = {n: df for n, df in frames.items() if "answer_class" not in df}
         if unjudged:
-            _judge_row(model, tokenizer, unjudged, fmt, batch_size, needed=True)
+            _judge_row(model, tokenizer, unjudged, fmt, batch_size, needed=True, between=between)
         if stage == "full" and frames:
-            _judge_row(model, tokenizer, frames, fmt, batch_size, needed=False)
+            give(between)
+            _judge_row(model, tokenizer, frames, fmt, batch_size, needed=False, between=between)
         forget = row.examples.get("forget")
         if stage == "full" and forget is not None and len(forget) and "answer_perplexity" in forget:
             row.metrics["Forget answer perplexity"] = M.perplexity(np.log(forget["answer_perplexity"].to_numpy()))
@@ -595,7 +601,8 @@ def _judged(name: str, fact_recall: float) -> bool:
     return name == "forget" or fact_recall != 1.0
 
 
-def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_size: int, needed: bool) -> None:
+def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_size: int, needed: bool,
+               between: Between | None = None) -> None:
     """One pass of `_judge_answers` over a row's frames: `needed`, the answers whose class
     waits for their perplexity, then every frame's classes; else the judged answers whose
     perplexity is still missing (NaN)."""
@@ -609,7 +616,8 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
             if needed == (fr != 1.0 and not M.is_degenerate(g) and not M.is_refusal(g)):
                 pairs.append((q, g if g.strip() else "."))
                 where.append((name, i))
-    scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size) if pairs else []
+    scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size,
+                           between=between) if pairs else []
     for (name, i), s in zip(where, scores):
         ppl[name][i] = float(np.exp(s.avg_loss))
     for name, df in frames.items():

@@ -148,10 +148,12 @@ def _verbmem(run: ModelScorer, ex: tuple, row: Row) -> None:
     transcribes them. `max_new_tokens` given to `evaluate` replaces the 128."""
     pairs = [U.verbmem_input(run.tok, e.question, e.answer) for e in ex]
     new = generate_ids(run.model, run.tok, [g.prompt_ids for _, g in pairs],
-                       max_new_tokens=run.max_new_tokens or U.VERBMEM_NEW_TOKENS, batch_size=run.batch_size)
+                       max_new_tokens=run.max_new_tokens or U.VERBMEM_NEW_TOKENS, batch_size=run.batch_size,
+                       between=run.between)
     gens = [U.cut_at_stops(U.decode(run.tok, ids), (), U.eos_text(run.tok)) for ids in new]
     df, row.metrics["VerbMem forget"] = _rouge_frame([g for _, g in pairs], gens, [e.question for e in ex])
-    scores = score_sequences(run.model, run.tok, [(list(c.ids), c.start) for c, _ in pairs], _long_batch(run))
+    scores = score_sequences(run.model, run.tok, [(list(c.ids), c.start) for c, _ in pairs], _long_batch(run),
+                             between=run.between)
     df["es"] = [M.extraction_strength(s.predicted, s.labels) for s in scores]  # OpenUnlearning's: last dropped
     row.examples["verbmem_forget"] = df
     row.metrics["Forget ES"] = float(df["es"].mean())
@@ -162,7 +164,8 @@ def _knowmem(run: ModelScorer, ex: tuple, icl: tuple) -> tuple[pd.DataFrame, flo
     OpenUnlearning's stop strings, against the reference answer (`grom.eval.upstream`)."""
     inputs = [U.knowmem_input(run.tok, icl, e.question, e.answer) for e in ex]
     new = generate_ids(run.model, run.tok, [x.prompt_ids for x in inputs],
-                       max_new_tokens=run.max_new_tokens or U.KNOWMEM_NEW_TOKENS, batch_size=run.batch_size)
+                       max_new_tokens=run.max_new_tokens or U.KNOWMEM_NEW_TOKENS, batch_size=run.batch_size,
+                       between=run.between)
     gens = [U.cut_at_stops(U.decode(run.tok, ids), U.KNOWMEM_STOPS, U.eos_text(run.tok)) for ids in new]
     return _rouge_frame(inputs, gens, [e.question for e in ex])
 
@@ -174,7 +177,7 @@ def _mia_texts(run: ModelScorer, texts: tuple) -> dict[str, np.ndarray]:
     no token to score scores 0 (upstream has none)."""
     encs = [U.completion_input(run.tok, "", e.text) for e in texts]
     seqs = [(list(c.ids), c.start) for c in encs if len(c.ids) > c.start]
-    scored = score_sequences(run.model, run.tok, seqs, _long_batch(run), True)
+    scored = score_sequences(run.model, run.tok, seqs, _long_batch(run), True, between=run.between)
     decoded = [run.tok.decode(s.labels.tolist(), skip_special_tokens=True) for s in scored]
     found = mia.attack_scores(scored, decoded) if scored else {}
     keep = np.array([len(c.ids) > c.start for c in encs])

@@ -36,6 +36,7 @@ from grom.data.readers import BenchmarkError, PathLike, read_rows
 from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.eval.runner import generate, sample
 from grom.tasks.knowledge import TARGETS, Knowledge, Target, knowledge, load_knowledge
+from grom.turns import Between, give
 
 SIDES = ("forget", "retain")
 KINDS = ("passage", "qa")
@@ -142,10 +143,13 @@ def neighbours_of(target: str, know: Knowledge, n: int) -> tuple[str, ...]:
 
 def write_about(model, tokenizer, target: Target, side: str, passages: int, questions: int,
                 config: WritingConfig, fmt: PromptFormat | None = None,
-                progress: Callable[[str], None] | None = None) -> list[Written]:
+                progress: Callable[[str], None] | None = None, between: Between | None = None) -> list[Written]:
     """`passages` passages and up to `questions` question/answer pairs about `target`. The
     questions are sampled (twice as many tries, then once more), those that do not read as a
-    question or repeat one are dropped, and each is answered greedily by the model."""
+    question or repeat one are dropped, and each is answered greedily by the model.
+    between: a step boundary (`grom.turns`) between the writing calls and inside each
+    (`sample`'s and `generate`'s: between batches and decoding steps); the texts do not
+    depend on it."""
     say = progress or (lambda _msg: None)
     seed = config.seed + sum(map(ord, target.id))  # each subject its own draws, the same on every run
     out: list[Written] = []
@@ -153,41 +157,48 @@ def write_about(model, tokenizer, target: Target, side: str, passages: int, ques
         say(f"{target.title}: writing {passages} passages")
         texts = sample(model, tokenizer, [passage_prompt(tokenizer, target, fmt)] * passages,
                        max_new_tokens=config.passage_tokens, temperature=config.temperature,
-                       top_p=config.top_p, seed=seed, batch_size=config.batch_size)
+                       top_p=config.top_p, seed=seed, batch_size=config.batch_size, between=between)
         out += [Written(side, target.id, "passage", request(target), t) for t in texts if t]
     asked: list[str] = []
     for attempt in range(2):
         if len(asked) >= questions:
             break
         say(f"{target.title}: writing questions ({len(asked)} of {questions})")
+        give(between)
         tries = 2 * (questions - len(asked))
         texts = sample(model, tokenizer, [question_prompt(tokenizer, target, fmt)] * tries,
                        max_new_tokens=config.question_tokens, temperature=config.temperature,
-                       top_p=config.top_p, seed=seed + 1 + attempt, batch_size=config.batch_size)
+                       top_p=config.top_p, seed=seed + 1 + attempt, batch_size=config.batch_size,
+                       between=between)
         for q in map(first_question, texts):
             if q and q.lower() not in {a.lower() for a in asked} and len(asked) < questions:
                 asked.append(q)
     if asked:
         say(f"{target.title}: answering its {len(asked)} questions")
+        give(between)
         answers = generate(model, tokenizer, asked, prompt_format=fmt, max_new_tokens=config.answer_tokens,
-                           batch_size=config.batch_size)
+                           batch_size=config.batch_size, between=between)
         out += [Written(side, target.id, "qa", q, a) for q, a in zip(asked, answers) if a]
     return out
 
 
 def write_name_only(model, tokenizer, target: str, config: WritingConfig = WritingConfig(), *,
                     fmt: PromptFormat | None = None, source: PathLike | None = None,
-                    progress: Callable[[str], None] | None = None) -> list[Written]:
+                    progress: Callable[[str], None] | None = None,
+                    between: Between | None = None) -> list[Written]:
     """What the model writes for the name-only setting: about `target` (the forget side)
-    and about `config.neighbours` other targets (the retain side)."""
+    and about `config.neighbours` other targets (the retain side). between: a step boundary
+    (`grom.turns`) between subjects and inside each (`write_about`): a host sharing the
+    model lends it there; the same seed writes the same texts either way."""
     know = knowledge(source)
     if target not in know.targets:
         raise BenchmarkError(f"name only: no target {target!r}; targets: {', '.join(know.targets)}")
     rows = write_about(model, tokenizer, know.targets[target], "forget", config.passages, config.questions,
-                       config, fmt, progress)
+                       config, fmt, progress, between)
     for other in neighbours_of(target, know, config.neighbours):
+        give(between)
         rows += write_about(model, tokenizer, know.targets[other], "retain", config.neighbour_passages,
-                            config.neighbour_questions, config, fmt, progress)
+                            config.neighbour_questions, config, fmt, progress, between)
     return rows
 
 

@@ -205,7 +205,7 @@ def _wmdp_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool = Fals
         if only_forget and not name.startswith("forget"):
             continue
         lp = choice_logprobs(run.model, run.tok, ex, prompt_format=run.fmt, batch_size=run.batch_size,
-                             lm_eval=name in LM_EVAL_SETS)
+                             lm_eval=name in LM_EVAL_SETS, between=run.between)
         gold = np.array([e.answer_index for e in ex])
         pred = lp.argmax(1)
         row.examples[name] = pd.DataFrame({"question": [e.question for e in ex],

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Mapping, Sequence
@@ -69,6 +70,7 @@ from grom.model.arch import (
     unembedding,
 )
 from grom.model.hooks import capture_outputs, stop_after
+from grom.turns import Between, give, inside, modes, modes_as
 
 log = logging.getLogger(__name__)
 
@@ -243,15 +245,36 @@ def _check(editor: EditorMethod, model, forget, retain) -> float:
     return gain
 
 
+@contextmanager
+def _as_found(model: nn.Module, found: dict, saved: dict[str, torch.Tensor]):
+    """The model as `run_editor` found it for the block (its modes, and the layers edited
+    so far back to their originals `saved`), then as the run has it, bit for bit."""
+    edited = {name: model.get_parameter(name).detach().clone() for name in saved}
+    with torch.no_grad():
+        for name, W0 in saved.items():
+            model.get_parameter(name).copy_(W0)
+    try:
+        with modes_as(model, found):
+            yield
+    finally:
+        with torch.no_grad():
+            for name, W in edited.items():
+                model.get_parameter(name).copy_(W)
+
+
 def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain: Sequence,
                config: EditorConfig = EditorConfig(), progress: Callable[[float, str], None] | None = None,
-               scores: LayerScores | None = None, values: Values | None = None) -> Edit:
+               scores: LayerScores | None = None, values: Values | None = None,
+               between: Between | None = None) -> Edit:
     """The editor `name`'s unlearning edit of `forget` (facts), keeping `retain`; the model
     is returned as it was found. See the module docstring for the steps.
 
     `values`, the `Values` of an earlier run on the same model, facts and value layer
     (`Edit.info["values"]` is not it: keep the object, e.g. from `optimise_values`), are
-    reused instead of optimised again, so the four rules can share one optimisation."""
+    reused instead of optimised again, so the four rules can share one optimisation.
+    between: a step boundary (`grom.turns`) between two value optimisation steps, after
+    it and between two layers of the band, the model as found there (the layers edited so
+    far reverted, then edited again); the edit does not depend on it."""
     progress = progress or (lambda *_: None)
     editor, t_start = get_editor(name), time.perf_counter()
     forget, retain = as_examples(forget), as_examples(retain)
@@ -270,24 +293,28 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
     pid = pad_id(tokenizer)
     fact_batches = make_batches([Encoded(f.ids[:f.key + 1], (f.key,), (f.ids[f.objects[0]],), i)
                                  for i, f in enumerate(facts)], config.batch_size, pid)
-    was_training = model.training
+    found = modes(model)
     model.eval()
     saved: dict[str, torch.Tensor] = {}
+    turn = inside(between, lambda: _as_found(model, found, saved))
     try:
         progress(0.1, f"value optimisation at layer {band[-1]}")
         t0 = time.perf_counter()
         if values is None or values.layer != band[-1] or values.delta.shape[0] != len(facts):
-            values = optimise_values(model, facts, band[-1], pid, config.values)
+            values = optimise_values(model, facts, band[-1], pid, config.values, between=turn)
         timings = {"values": time.perf_counter() - t0}
+        give(turn)
         z = _layer_outputs(model, fact_batches, band[-1]) + values.delta.to(values.h.device)
         patches, records = _edit_layers(editor, model, config, layers, fact_batches, prep.retain, z, gain,
-                                        saved, progress, timings)
-        p_edited = object_probabilities(model, facts, pid)
+                                        saved, progress, timings, turn)
+        give(turn)
+        p_edited = object_probabilities(model, facts, pid, turn)
     finally:
         with torch.no_grad():
             for pname, W0 in saved.items():
                 model.get_parameter(pname).copy_(W0)
-        model.train(was_training)
+        for m, training in found.items():
+            m.training = training
     timings["total"] = time.perf_counter() - t_start
     progress(1.0, "done")
     info = {"editor": editor.name, "settings": config.to_dict(),
@@ -302,31 +329,39 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
                 method=editor.name, info=info)
 
 
-def _streams(model, layers: list[int], *batch_sets) -> list[LayerStream]:
+def _streams(model, layers: list[int], *batch_sets, between: Between | None = None) -> list[LayerStream]:
     """One residual stream per batch set, entering layers[0] (one forward pass up to it);
     at most HIDDEN_CACHE_BYTES of hidden states each, the rest replayed (grom.closed_form.collect)."""
     return [LayerStream(model, decoder_layers(model), layers[0], batches, last=layers[-1], kinds=layer_kinds(model),
-                        budget=HIDDEN_CACHE_BYTES) for batches in batch_sets]
+                        budget=HIDDEN_CACHE_BYTES, between=between) for batches in batch_sets]
 
 
-def _keys(stream: LayerStream, module, dev) -> torch.Tensor:
-    """The inputs of `module` (inside the stream's current layer) at the key positions, (n, k)."""
-    parts = [x for _, x in stream.key_batches(module)]
+def _keys(stream: LayerStream, module, dev, between: Between | None = None) -> torch.Tensor:
+    """The inputs of `module` (inside the stream's current layer) at the key positions, (n, k),
+    `between` between two batches (no hook is held between them)."""
+    parts = []
+    for i, x in stream.key_batches(module):
+        if i:
+            give(between)
+        parts.append(x)
     return Keys.concat(parts, stream.batches, dev).X
 
 
 def _edit_layers(editor: EditorMethod, model, config: EditorConfig, layers: list[int], fact_batches, retain_batches,
-                 z: torch.Tensor, gain: float, saved: dict, progress, timings: dict):
+                 z: torch.Tensor, gain: float, saved: dict, progress, timings: dict, between: Between | None = None):
     """Solve and apply each layer in order (in place, originals kept in `saved`). The keys
     of each layer are read from residual streams that advance through the band as it is
     edited (`_streams`): the inputs a forward pass of the model as the earlier layers left
-    it gives, without running the layers below each one again."""
+    it gives, without running the layers below each one again. `between` before every
+    layer but the first (the streams are this run's own: another job changes none)."""
     patches, records, last = {}, [], layers[-1]
     timings.update(keys=0.0, solve=0.0)
     t0 = time.perf_counter()
-    streams = _streams(model, layers, fact_batches, retain_batches)
+    streams = _streams(model, layers, fact_batches, retain_batches, between=between)
     timings["keys"] += time.perf_counter() - t0
     for i, l in enumerate(layers):
+        if i:
+            give(between)
         progress(0.3 + 0.65 * i / len(layers), f"layer {l}: keys, rule, apply")
         t = edited_matrix(model, "down_proj", l)
         param = model.get_parameter(t.param_name)
@@ -335,8 +370,8 @@ def _edit_layers(editor: EditorMethod, model, config: EditorConfig, layers: list
         t0 = time.perf_counter()
         while streams[0].at < l:  # a band given with gaps: run the layers between as they are
             for stream in streams:
-                stream.advance()
-        K, Xr = (_keys(stream, module, dev) for stream in streams)  # (n, u), (n, r)
+                stream.advance(between)
+        K, Xr = (_keys(stream, module, dev, between) for stream in streams)  # (n, u), (n, r)
         cur = _layer_outputs(model, fact_batches, last)  # (u, d)
         t1 = time.perf_counter()
         R = ((z.to(cur.device) - cur) / (len(layers) - i) / gain).T.to(dev)  # (m, u)
@@ -351,7 +386,7 @@ def _edit_layers(editor: EditorMethod, model, config: EditorConfig, layers: list
             param.add_(patch)
         if l != last:
             for stream in streams:
-                stream.advance()  # the edited layer, as the model now is
+                stream.advance(between)  # the edited layer, as the model now is
         timings["keys"] += t1 - t0 + time.perf_counter() - t2
         timings["solve"] += t2 - t1
         patches[t.param_name] = patch.cpu()

@@ -41,8 +41,9 @@ from torch import nn
 
 from grom.data.prompts import PromptFormat, encode_qa, format_prompt, uses_chat_template
 from grom.data.schema import FactRecord, QAExample
-from grom.methods.editors.layers_above import capture_upper, upper_logits
+from grom.methods.editors.layers_above import Upper, capture_upper, upper_logits
 from grom.model.arch import model_device
+from grom.turns import Between, flags_as, give, inside
 
 RAW = PromptFormat(kind="template", template="{question}")  # fact records: the bare prompt
 
@@ -161,72 +162,153 @@ def _object_probs(logits: torch.Tensor, facts: Sequence[Fact]) -> list[torch.Ten
     return out
 
 
-def object_probabilities(model: nn.Module, facts: Sequence[Fact], pad_id: int) -> torch.Tensor:
-    """The mean probability of each fact's object tokens under the model as it is, (u,)."""
-    ids, mask = _pad([f.ids for f in facts], pad_id, model_device(model))
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-    return torch.stack([p.mean() for p in _object_probs(logits, facts)]).cpu()
+def object_probabilities(model: nn.Module, facts: Sequence[Fact], pad_id: int,
+                         between: Between | None = None) -> torch.Tensor:
+    """The mean probability of each fact's object tokens under the model as it is, (u,):
+    VALUE_CHUNK facts a forward pass, `between` between two."""
+    out = []
+    for lo in range(0, len(facts), VALUE_CHUNK):
+        if lo:
+            give(between)
+        part = facts[lo:lo + VALUE_CHUNK]
+        ids, mask = _pad([f.ids for f in part], pad_id, model_device(model))
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        out += [p.mean() for p in _object_probs(logits, part)]
+    return torch.stack(out).cpu()
+
+
+VALUE_CHUNK = 8
+"""Facts per forward and backward pass of a value step. A step of SmolLM2's 25 real-knowledge
+facts runs 21 layers forward and back over ~1,500 tokens: 20-40 s on a busy 2-core CPU in
+one pass; in chunks of 8 facts, 1.5-11 s each for the same total (chunks of 4 were slower
+in all), and a host sharing the model lends it between two chunks (`between`). Each fact's
+loss and gradient read its own row alone, so the chunks change no step, up to float
+rounding."""
+
+
+@dataclass
+class _Chunk:
+    """A few facts (`lo`:`hi` of the run's) as a value step reads them: their stream above
+    the layer (`upper`, and `e_upper` for their "{subject} is a" prompts), delta's rows and
+    positions in it, the object positions and tokens the loss reads."""
+
+    lo: int
+    hi: int
+    upper: Upper
+    e_upper: Upper
+    rows: torch.Tensor
+    keys: torch.Tensor
+    e_keys: torch.Tensor
+    o_rows: torch.Tensor
+    o_pos: torch.Tensor
+    gold: torch.Tensor
+    sizes: list[int]
+
+    @classmethod
+    def of(cls, model: nn.Module, facts: Sequence[Fact], lo: int, hi: int, layer: int, pad_id: int, dev) -> "_Chunk":
+        part = facts[lo:hi]
+        f_ids, f_mask = _pad([f.ids for f in part], pad_id, dev)
+        e_ids, e_mask = _pad([f.essence for f in part], pad_id, dev)
+        with torch.no_grad():
+            upper, e_upper = capture_upper(model, layer, f_ids, f_mask), capture_upper(model, layer, e_ids, e_mask)
+        return cls(lo, hi, upper, e_upper, torch.arange(len(part), device=dev),
+                   torch.tensor([f.key for f in part], device=dev),
+                   torch.tensor([f.essence_key for f in part], device=dev),
+                   torch.cat([torch.full((len(f.objects),), b, device=dev) for b, f in enumerate(part)]),
+                   torch.cat([torch.tensor(f.objects, device=dev) for f in part]),
+                   torch.tensor([f.ids[p] for f in part for p in f.objects], device=dev),
+                   [len(f.objects) for f in part])
+
+    def run(self, model: nn.Module, delta: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """(per fact, its object tokens' probabilities; the log-probabilities at the key
+        token of its "{subject} is a") with `delta`'s rows of these facts added."""
+        d = delta[self.lo:self.hi]
+        logits = upper_logits(model, self.upper, d, self.rows, self.keys, self.o_rows, self.o_pos - 1)  # (t, V)
+        probs = torch.log_softmax(logits.float(), -1).gather(1, self.gold.unsqueeze(1)).squeeze(1).exp()
+        e_logits = upper_logits(model, self.e_upper, d, self.rows, self.e_keys, self.rows, self.e_keys)
+        return list(probs.split(self.sizes)), torch.log_softmax(e_logits.float(), -1)
+
+
+def _chunks(model, facts: Sequence[Fact], layer: int, pad_id: int, between: Between | None) -> list[_Chunk]:
+    """The facts in chunks of VALUE_CHUNK, each's stream captured (`between` between them)."""
+    out, dev = [], model_device(model)
+    for lo in range(0, len(facts), VALUE_CHUNK):
+        if lo:
+            give(between)
+        out.append(_Chunk.of(model, facts, lo, min(lo + VALUE_CHUNK, len(facts)), layer, pad_id, dev))
+    return out
+
+
+def _step(model, chunks: list[_Chunk], delta, h_norm, settings: ValueSettings, start: dict,
+          turn: Between | None) -> torch.Tensor:
+    """One step's loss per fact (u,), its gradient accumulated into delta.grad chunk by
+    chunk (forward and backward, then `turn`: no graph is held while the model is lent,
+    so another job may write its weights in place meanwhile). `start` keeps the first
+    step's probabilities and essence log-probabilities (the KL's reference)."""
+    losses = []
+    for i, c in enumerate(chunks):
+        if i:
+            give(turn)
+        probs, kl_logp = c.run(model, delta)
+        if i not in start:
+            start[i] = (torch.stack([p.mean() for p in probs]).detach(), kl_logp.detach())
+        unlikely = torch.stack([-torch.log1p(-p.clamp(max=1 - 1e-6)).mean() for p in probs])
+        kl = (kl_logp.exp() * (kl_logp - start[i][1])).sum(-1)  # KL(now || before), as upstream's kl_div
+        d, norm = delta[c.lo:c.hi], h_norm[c.lo:c.hi]
+        loss = unlikely + settings.kl_factor * kl + settings.weight_decay * d.norm(dim=1) / norm ** 2
+        loss.sum().backward()
+        losses.append(loss.detach())
+    return torch.cat(losses)
 
 
 def optimise_values(model: nn.Module, facts: Sequence[Fact], layer: int, pad_id: int,
-                    settings: ValueSettings = ValueSettings()) -> Values:
+                    settings: ValueSettings = ValueSettings(), between: Between | None = None) -> Values:
     """Optimise one delta per fact at decoder layer `layer`'s output (see the module
     docstring); the model's weights are not touched and its gradients are left as found.
 
     Each step runs only what delta changes (grom.methods.editors.layers_above): the layers above
     `layer` on the stream captured once below it, the LM head at the object and essence
     positions alone; the facts and their short "{subject} is a" prompts are two batches, so
-    the prompts are not padded to the facts' length. The loss, its gradient and the steps
-    are those of a full forward pass of the model with delta added by a hook."""
-    u, dev = len(facts), model_device(model)
-    f_ids, f_mask = _pad([f.ids for f in facts], pad_id, dev)
-    e_ids, e_mask = _pad([f.essence for f in facts], pad_id, dev)
-    rows = torch.arange(u, device=dev)
-    keys = torch.tensor([f.key for f in facts], device=dev)
-    e_keys = torch.tensor([f.essence_key for f in facts], device=dev)
-    o_rows = torch.cat([torch.full((len(f.objects),), b, device=dev) for b, f in enumerate(facts)])
-    o_pos = torch.cat([torch.tensor(f.objects, device=dev) for f in facts])
-    gold = torch.tensor([f.ids[p] for f in facts for p in f.objects], device=dev)
-    sizes = [len(f.objects) for f in facts]
-    with torch.no_grad():
-        upper, e_upper = capture_upper(model, layer, f_ids, f_mask), capture_upper(model, layer, e_ids, e_mask)
-    dtype = torch.promote_types(upper.hidden.dtype, torch.float32)  # float32 for half models, as before
-    h = upper.hidden[rows, keys].detach().to(dtype)  # (u, d)
+    the prompts are not padded to the facts' length, in chunks of VALUE_CHUNK facts. The
+    loss, its gradient and the steps are those of a full forward pass of the model with
+    delta added by a hook.
+
+    between: a step boundary (`grom.turns`) between two chunks and two steps, the
+    parameters' grad flags as found there (the streams captured and delta are this run's
+    own; the same values with or without it)."""
+    chunks = _chunks(model, facts, layer, pad_id, between)
+    dev = model_device(model)
+    h = torch.cat([c.upper.hidden[c.rows, c.keys] for c in chunks]).detach()  # (u, d)
+    h = h.to(torch.promote_types(h.dtype, torch.float32))  # float32 for half models, as before
     h_norm = h.norm(dim=1)
-    delta = torch.zeros(u, h.shape[1], device=dev, dtype=dtype, requires_grad=True)
-
-    def run() -> tuple[list[torch.Tensor], torch.Tensor]:
-        logits = upper_logits(model, upper, delta, rows, keys, o_rows, o_pos - 1)  # (t, V)
-        probs = torch.log_softmax(logits.float(), -1).gather(1, gold.unsqueeze(1)).squeeze(1).exp()
-        e_logits = upper_logits(model, e_upper, delta, rows, e_keys, rows, e_keys)  # (u, V)
-        return list(probs.split(sizes)), torch.log_softmax(e_logits.float(), -1)
-
+    delta = torch.zeros(len(facts), h.shape[1], device=dev, dtype=h.dtype, requires_grad=True)
     flags = [p.requires_grad for p in model.parameters()]
+    turn = inside(between, lambda: flags_as(model, flags))
     model.requires_grad_(False)
     opt = torch.optim.Adam([delta], lr=settings.lr)
-    step = 0
+    step, start = 0, {}
     try:
         with torch.enable_grad():
             for step in range(settings.steps):
-                probs, kl_logp = run()
-                if step == 0:
-                    p_before = torch.stack([p.mean() for p in probs]).detach()
-                    kl_init = kl_logp.detach()
-                unlikely = torch.stack([-torch.log1p(-p.clamp(max=1 - 1e-6)).mean() for p in probs])
-                kl = (kl_logp.exp() * (kl_logp - kl_init)).sum(-1)  # KL(now || before), as upstream's kl_div
-                loss = unlikely + settings.kl_factor * kl + settings.weight_decay * delta.norm(dim=1) / h_norm ** 2
-                if bool((loss < settings.stop_loss).all()):
-                    break
+                if step:
+                    give(turn)
                 opt.zero_grad()
-                loss.sum().backward()
+                if bool((_step(model, chunks, delta, h_norm, settings, start, turn) < settings.stop_loss).all()):
+                    break
                 opt.step()
                 with torch.no_grad():
                     cap = settings.clamp_norm_factor * h_norm
                     delta.mul_((cap / delta.norm(dim=1).clamp_min(1e-30)).clamp(max=1.0).unsqueeze(1))
+        delta.grad = None
+        after = []
         with torch.no_grad():
-            p_after = torch.stack([p.mean() for p in run()[0]])
+            for c in chunks:
+                give(turn)
+                after += [p.mean() for p in c.run(model, delta)[0]]
+        p_after = torch.stack(after)
     finally:
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
+    p_before = torch.cat([start[i][0] for i in range(len(chunks))])
     return Values(layer, delta.detach(), h, p_before.cpu(), p_after.cpu(), step + 1)

@@ -41,6 +41,7 @@ from grom.data.prompts import PromptFormat, encode_prompt
 from grom.data.schema import TextExample
 from grom.model.arch import decoder_layers, edited_matrix
 from grom.model.hooks import capture_inputs, capture_outputs, stop_after
+from grom.turns import Between, give
 
 
 def question_of(example) -> str:
@@ -92,14 +93,17 @@ def last_rows(example: torch.Tensor) -> torch.Tensor:
 
 
 def read_activations(model: nn.Module, encoded: Sequence[Encoded], layer: int, pad_id: int,
-                     batch_size: int = 16, keys: bool = True) -> Activations:
+                     batch_size: int = 16, keys: bool = True, between: Between | None = None) -> Activations:
     """`Activations` of the prompts `encoded` at block `layer` (keys=False: the last-token
-    residual alone, for the direction), on CPU."""
+    residual alone, for the direction), on CPU. between: a step boundary (`grom.turns`)
+    between two batches (nothing here changes the model)."""
     block = decoder_layers(model)[layer]
     down = model.get_submodule(edited_matrix(model, "down_proj", layer).module_name)
     ks, outs, resid, example = [], [], [], []
     with torch.no_grad():
-        for batch in make_batches(list(encoded), batch_size, pad_id):
+        for b, batch in enumerate(make_batches(list(encoded), batch_size, pad_id)):
+            if b:
+                give(between)
             with capture_inputs(down, batch.select) as k, capture_outputs(down, batch.select) as o, \
                     capture_outputs(block, batch.select) as h, stop_after(block):
                 forward(model, batch)

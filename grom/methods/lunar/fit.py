@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from grom.closed_form.solve import solve_update
+from grom.turns import Between, give
 
 
 @dataclass
@@ -63,11 +64,20 @@ def training_rows(forget_keys: torch.Tensor, forget_out: torch.Tensor, retain_ke
     return Rows(X, torch.cat([Yf, Yr]), forget_keys.shape[0])
 
 
+TURN_STEPS = 100
+"""Optimizer steps between two step boundaries inside an epoch (about a second on a CPU)."""
+
+
 def fit_adamw(W0: torch.Tensor, rows: Rows, *, lr: float = 0.01, epochs: int = 20, batch_size: int = 64,
               gamma: float = 0.9, weight_decay: float = 0.01, gain: float = 1.0, seed: int = 0,
-              dtype: torch.dtype | None = None, progress=None) -> tuple[torch.Tensor, list[float]]:
+              dtype: torch.dtype | None = None, progress=None,
+              between: Between | None = None) -> tuple[torch.Tensor, list[float]]:
     """Upstream's training of the estimated down_proj from W0 (m, n): the new weight (in
-    `dtype`, W0's by default) and each epoch's mean batch loss (upstream's printed "Loss")."""
+    `dtype`, W0's by default) and each epoch's mean batch loss (upstream's printed "Loss").
+    between: a step boundary (`grom.turns`) after every epoch but the last, and every
+    `TURN_STEPS` optimizer steps inside one (an epoch of the demo's 59k rows is ~900 steps):
+    the weight trained is a copy, the model is as found there (and nothing else draws on
+    the shuffle's generator, so the result does not depend on it)."""
     dtype = dtype or W0.dtype
     W = W0.detach().to(dtype).clone().requires_grad_(True)
     X, Y = rows.X.to(W.device, dtype), rows.Y.to(W.device, dtype)
@@ -77,7 +87,9 @@ def fit_adamw(W0: torch.Tensor, rows: Rows, *, lr: float = 0.01, epochs: int = 2
     losses = []
     for epoch in range(epochs):
         order, total, batches = torch.randperm(X.shape[0], generator=g), 0.0, 0
-        for start in range(0, X.shape[0], batch_size):
+        for step, start in enumerate(range(0, X.shape[0], batch_size)):
+            if step and step % TURN_STEPS == 0:
+                give(between)
             idx = order[start:start + batch_size].to(W.device)
             optimizer.zero_grad()
             loss = F.mse_loss(gain * (X[idx] @ W.T), Y[idx])
@@ -88,6 +100,8 @@ def fit_adamw(W0: torch.Tensor, rows: Rows, *, lr: float = 0.01, epochs: int = 2
         losses.append(total / max(batches, 1))
         if progress:
             progress((epoch + 1) / epochs, f"epoch {epoch + 1}/{epochs}: loss {losses[-1]:.4g}")
+        if epoch + 1 < epochs:
+            give(between)
     return W.detach(), losses
 
 

@@ -35,6 +35,7 @@ from grom.methods.lunar.fit import closed_form_patch, fit_adamw, mse, training_r
 from grom.methods.lunar.prompts import KINDS, refusal_prompts
 from grom.methods.registry import MethodEntry, Reason, register, where
 from grom.model.arch import edited_matrix, loaded_from, num_layers, residual_gain
+from grom.turns import Between, evaluating, give, inside, modes, modes_as
 
 SOLVERS = ("adamw", "closed-form")
 SOURCE = ("Shen et al., \"LUNAR: LLM Unlearning via Neural Activation Redirection\", NeurIPS 2025; "
@@ -130,19 +131,24 @@ def lunar_defaults(model=None) -> dict:
     return config.to_dict()
 
 
-def _rows_and_direction(model, tokenizer, forget, retain, config: LunarConfig, layer: int, pid: int):
+def _rows_and_direction(model, tokenizer, forget, retain, config: LunarConfig, layer: int, pid: int,
+                        between: Between | None = None):
     enc = lambda xs: encode_instructions(tokenizer, xs, config.prompt_format, config.max_length)  # noqa: E731
-    f = read_activations(model, enc(forget), layer, pid, config.forward_batch)
-    r = read_activations(model, enc(retain), layer, pid, config.forward_batch)
+    f = read_activations(model, enc(forget), layer, pid, config.forward_batch, between=between)
+    give(between)
+    r = read_activations(model, enc(retain), layer, pid, config.forward_batch, between=between)
+    give(between)
     refusals = read_activations(model, enc(refusal_prompts(config.prompts)), layer, pid, config.forward_batch,
-                                keys=False)
+                                keys=False, between=between)
     return f, r, refusal_direction(refusals.last, f.last)
 
 
 def run_lunar(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: LunarConfig | None = None,
-              progress: Callable[[float, str], None] | None = None, **_) -> Edit:
+              progress: Callable[[float, str], None] | None = None, between: Between | None = None, **_) -> Edit:
     """LUNAR's edit of `forget`, keeping `retain` (see the module docstring); the model is
-    returned as it was found (nothing is written to it)."""
+    returned as it was found (nothing is written to it). between: a step boundary
+    (`grom.turns`) between the activation batches (the model's modes as found there) and
+    after every AdamW epoch; the edit does not depend on it."""
     config, progress, t_start = config or LunarConfig(), progress or (lambda *_: None), time.perf_counter()
     forget, retain = as_examples(forget), as_examples(retain)
     why = lunar_reason(model, SimpleNamespace(forget=forget, retain=retain))
@@ -155,13 +161,11 @@ def run_lunar(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, c
     gain = residual_gain(model, "down_proj")
     t = edited_matrix(model, "down_proj", layer)
     param = model.get_parameter(t.param_name)
-    was_training = model.training
-    model.eval()
-    try:
-        progress(0.0, f"activations at layer {layer}")
-        f, r, direction = _rows_and_direction(model, tokenizer, forget, retain, config, layer, pad_id(tokenizer))
-    finally:
-        model.train(was_training)
+    found = modes(model)
+    progress(0.0, f"activations at layer {layer}")
+    with evaluating(model):
+        f, r, direction = _rows_and_direction(model, tokenizer, forget, retain, config, layer, pad_id(tokenizer),
+                                              inside(between, lambda: modes_as(model, found)))
     timings = {"activations": time.perf_counter() - t_start}
     rows = training_rows(f.keys, f.outputs, r.keys, r.outputs, direction, config.coeff, gain)
     W0 = t.from_param(param.detach()).cpu()
@@ -170,7 +174,7 @@ def run_lunar(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, c
     if config.solver == "adamw":
         W, losses = fit_adamw(W0, rows, lr=config.lr, epochs=config.epochs, batch_size=config.batch_size,
                               gamma=config.gamma, weight_decay=config.weight_decay, gain=gain, seed=config.seed,
-                              progress=lambda x, m: progress(0.2 + 0.75 * x, m))
+                              progress=lambda x, m: progress(0.2 + 0.75 * x, m), between=between)
         P = W.double() - W0.double()
     else:
         progress(0.5, "closed-form solve")

@@ -46,7 +46,7 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from typing import Callable, ContextManager, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -64,14 +64,12 @@ from grom.methods.trained.training_loop import rng_devices as _rng_devices
 from grom.methods.trained.training_loop import train as _train
 from grom.model.arch import loaded_from
 from grom.model.process_memory import releasing
+from grom.turns import Between  # `between(as_found)` after each optimizer step but the last
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ModelState", "Part", "Paused", "RunSettings", "Settings", "Trained", "run_baseline", "train_in_place"]
 
-Between = Callable[[Callable[[], ContextManager]], None]
-"""`between(as_found)`, called between two optimizer steps: `with as_found(): ...` runs its
-block on the model as it was found (a host sharing one model lends it to other jobs there)."""
 
 # ---------------------------------------------------------------------------------------
 # model state
