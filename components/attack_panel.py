@@ -41,9 +41,10 @@ from components.core.comparators import (
 from components.core.comparison import shared_model
 from components.core.costs import check_job
 from components.core.device import DEVICE_LOCK, device_progress, give_turn, local_progress, on_device
-from components.core.durations import attack_inputs, attack_s, attack_seconds, wall_rate
+from components.core.durations import attack_inputs, attack_memory, attack_s, attack_seconds, wall_rate
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
+from components.core.memory_budget import BUDGET, budget_bytes
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model, in_turn
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
@@ -413,8 +414,10 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
     probes, _ = probes_of(bench)  # checked here, before any work
     baseline = _baseline_settings(with_baseline, method, epochs, lr, bench)
     check_data(handle.tokenizer, bench, baseline is not None)
-    results = compute_attacks(handle.key, bench, edit, names, baseline,
-                              local_progress(lambda f, m: progress(f, desc=m)))
+    held = attack_memory(handle.key, bench, names, baseline)
+    with BUDGET.reserved(held, "the attack suite", handle.key.device):  # held between its turns
+        results = compute_attacks(handle.key, bench, edit, names, baseline,
+                                  local_progress(lambda f, m: progress(f, desc=m)))
     session.extra["attacks"] = (edit, results, names, probes)
     release_memory()
     frame = results_frame(results, names)
@@ -465,8 +468,18 @@ def attack_view(attacks, with_baseline: bool, session: Session):
     except Exception:  # noqa: BLE001  (an estimate is a courtesy: the attacks still run without one)
         log.warning("no attack estimate for %s", session, exc_info=True)
         return gr.CheckboxGroup(choices=attack_choices(), value=names), "No estimate could be made for this data."
+    held = held_md(attack_memory(handle.key, bench, names, None), handle.key.device)
     return (gr.CheckboxGroup(choices=attack_choices(seconds), value=names),
-            estimate_md(names, seconds, n_probes, with_baseline))
+            estimate_md(names, seconds, n_probes, with_baseline) + held)
+
+
+def held_md(held: int, device: str) -> str:
+    """What the ticked attacks hold between their turns, against what jobs may hold at once."""
+    if not held:
+        return ""
+    return (f" They hold up to about {held / 2**30:.1f} GB between their turns on the device (relearning trains "
+            f"every weight; the 4- and 8-bit attacks keep a quantized copy), of the "
+            f"{budget_bytes(device) / 2**30:.1f} GB this server lets its jobs hold at once (GROM_JOBS_MEMORY_MB).")
 
 
 @ui_errors

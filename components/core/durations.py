@@ -213,6 +213,24 @@ def relearning_memory(key: ModelKey) -> int:
     return held_while_training(list(handle.model.parameters()), RELEARN_BATCH * 64, handle)
 
 
+def attack_memory(key: ModelKey, bench, names, baseline: tuple | None) -> int:
+    """What the attack suite holds between its turns at most: the relearning attack's
+    training, the 4- and 8-bit attacks' quantized weights kept beside the originals (two
+    copies of the model's weights), and a baseline attacked beside GROM: its training, then
+    its patch of every weight it trained, kept while it is attacked."""
+    handle = REGISTRY.get(key)
+    if handle is None:
+        return 0
+    weights = sum(p.numel() * p.element_size() for p in handle.model.parameters())
+    held = relearning_memory(key) if "relearn" in names else 0
+    if any(n in names for n in ("quant4", "quant8")):
+        held = max(held, 2 * weights)
+    if baseline is not None:
+        method, epochs, _ = baseline
+        held = max(held, baseline_memory(key, bench, method, epochs)) + weights
+    return held
+
+
 def train_call_s(key: ModelKey, bench, method, epochs, rate=None, band=None, part=None, *_rest, **_kw) -> int:
     """`train_call(key, bench, method, epochs, lr, band, part)`'s: an editor's value
     optimisation; a trained method's whole run (`part` None) or one part of the plan's
