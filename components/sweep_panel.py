@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from components.core.costs import EDIT_ADVICE, check_job
-from components.core.device import DEVICE_LOCK, device_progress, kept_cache, local_progress, on_device
+from components.core.device import DEVICE_LOCK, device_progress, give_turn, kept_cache, local_progress, on_device
 from components.core.durations import sweep_point_s
 from components.core.edits import trim_stream_cache
 from components.core.errors import UserError, shorten, ui_errors
@@ -120,7 +120,8 @@ def sweep_point(key: ModelKey, forget, retain, config, f_eval, r_eval, fmt, prog
             edit, seconds = current, float(current.timings.get("total", 0.0))
         else:
             cache = kept_cache(handle.stream_cache)
-            edit = run_edit(model, tok, forget, retain, config, progress=progress, stream_cache=cache)
+            edit = run_edit(model, tok, forget, retain, config, progress=progress, stream_cache=cache,
+                            between=give_turn)
             seconds = time.perf_counter() - t0
             trim_stream_cache(cache)
         progress(0.9, "scoring")

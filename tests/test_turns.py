@@ -254,3 +254,93 @@ def test_quantized_weights_kept_for_a_turn_are_copied_back_not_computed_again(to
         assert_bit_exact(model, first)
         assert info.n_matrices == len(keep)
     assert_bit_exact(model, found)
+
+
+# ---------------------------------------------------------------- GROM's own edit
+
+
+class TieChecked(Lender):
+    """A `Lender` that also finds the LM head tied to the embeddings, as the model had it."""
+
+    def __call__(self, as_found) -> None:
+        from grom.model.arch import lm_head_is_tied
+
+        @contextmanager
+        def checked():
+            with as_found():
+                assert lm_head_is_tied(self.model)
+                yield
+        super().__call__(checked)
+
+
+def _same_edit(a, b) -> None:
+    assert a.patches.keys() == b.patches.keys() and a.patches
+    assert all(torch.equal(a.patches[n], b.patches[n]) for n in a.patches)
+    assert [(r.param_name, r.beta, r.mu, r.patch_norm, r.n_forget_keys, r.n_retain_keys) for r in a.layers] == \
+        [(r.param_name, r.beta, r.mu, r.patch_norm, r.n_forget_keys, r.n_retain_keys) for r in b.layers]
+    assert a.scores == b.scores
+
+
+@pytest.mark.parametrize("case", ["stream", "rerun", "replayed", "gaps", "replay", "lm_head"])
+def test_grom_gives_turns_per_key_batch_and_layer_the_patches_reverted_with_the_same_edit(case, tokenizer,
+                                                                                         monkeypatch):
+    """On a band of several layers: between the batches of the stream's first pass, of
+    each layer's keys (and of the passes re-running a patched layer: `rerun`; of the
+    batches replayed from the embeddings: `replayed`; across a band with a gap: `gaps`),
+    between layers; the same by full forward passes (`replay`, the model found in train
+    mode) and on a tied LM head (untied by the edit, tied inside the turns)."""
+    from grom.closed_form import pipeline
+    from grom.closed_form.config import EditConfig
+    from grom.closed_form.pipeline import run_edit
+
+    model = tiny_llama(len(tokenizer), tie=case == "lm_head")
+    config, kw = EditConfig(layers=(1, 2, 3), beta=5.0, w_r=10.0, batch_size=2), {}
+    if case == "rerun":  # no shortcut: each patched layer is run again over the stream
+        monkeypatch.setattr(pipeline, "MAX_INPUT_CACHE_BYTES", -1)
+    elif case == "replayed":
+        kw["hidden_budget"] = 0
+    elif case == "gaps":
+        config = config.replace(layers=(0, 2, 3))
+    elif case == "replay":
+        config = config.replace(stream=False)
+        model.train()
+    elif case == "lm_head":
+        config = config.replace(matrix="lm_head", layers=None)
+    plain = run_edit(model, tokenizer, FORGET, RETAIN, config, **kw)
+    lender = (TieChecked if case == "lm_head" else Lender)(model)
+    lent = run_edit(model, tokenizer, FORGET, RETAIN, config, between=lender, **kw)
+    _same_edit(plain, lent)
+    assert_bit_exact(model, lender.found)
+    assert [m.training for m in model.modules()] == lender.modes
+    batches = -(-len(FORGET) // 2) + -(-len(RETAIN) // 2)
+    layers = len(plain.patches)
+    assert lender.calls >= layers * (batches - 1) + (layers - 1)  # each layer's keys, and between layers
+    quiet_edit = run_edit(model, tokenizer, FORGET, RETAIN, config, between=quiet, **kw)
+    _same_edit(plain, quiet_edit)
+
+
+def test_grom_on_the_demo_gives_turns_in_its_layer_scores_and_stream_with_the_same_edit():
+    """The automatic band: the layer scores' batches, the stream's first pass (also ahead
+    of the edit, `warm_stream`), each layer's keys; the same scores, band and patches."""
+    from grom import EditConfig, run_edit
+    from grom.closed_form.pipeline import warm_stream
+    from grom.data import load_benchmark
+    from grom.demo import load_demo_model
+
+    model, tok = load_demo_model("full")
+    bench = load_benchmark("demo", "forget10")
+    forget, retain = bench.forget[:24], bench.retain[:48]
+    config = EditConfig(k=3, batch_size=8)
+    plain = run_edit(model, tok, forget, retain, config)
+    lender = Lender(model, every=2)
+    lent = run_edit(model, tok, forget, retain, config, between=lender)
+    _same_edit(plain, lent)
+    batches = 24 // 8 + 48 // 8
+    assert lender.calls >= 2 * (batches - 2) + 3 * (batches - 1) + 2  # scores, each layer's keys, layers
+    assert_bit_exact(model, lender.found)
+
+    cache, warmed = {}, Lender(model)
+    warm_stream(model, tok, forget, retain, config, plain.band, cache, between=warmed)
+    assert warmed.calls == batches - 1 and cache
+    _same_edit(plain, run_edit(model, tok, forget, retain, config, scores=plain.scores, stream_cache=cache,
+                               between=Lender(model)))

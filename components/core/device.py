@@ -261,9 +261,12 @@ class DeviceLock:
 
 
 def give_turn(as_found: Callable[[], AbstractContextManager] = nullcontext) -> None:
-    """A long job's step boundary (`grom.eval.evaluate`'s rows, `run_baseline`'s optimizer
-    steps): when visitors' jobs wait, they use the device now, on the model as it was
-    found (`as_found`, where the job has the model changed: a training's weights)."""
+    """The `between` of every long job under the lock (`grom.turns`), called at its step
+    boundaries, per forward batch or decoding step: GROM's edit and layer scores, an
+    evaluation's rows, the editors', LUNAR's and a baseline's steps, the attacks, the
+    name-only writer. When visitors' jobs wait, they use the device now, on the model as
+    it was found (`as_found`, where the job has the model changed: a training's weights,
+    the layers an edit has patched so far)."""
     if DEVICE_LOCK.waiting and not in_gpu_worker():
         with as_found():
             DEVICE_LOCK.pass_turn()

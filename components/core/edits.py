@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from components.core.device import DEVICE_LOCK, ON_ZEROGPU, kept_cache, on_device
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, give_turn, kept_cache, on_device
 from components.core.durations import edit_s
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, resident
 from components.core.validate import retain_subset
@@ -24,12 +24,13 @@ def scores_key(session: Session, matrix: str, use_alpha: bool, n_retain) -> tupl
 
 @on_device(duration=edit_s)
 def compute_edit(key: ModelKey, forget, retain, config, scores, progress):
-    """The Edit (CPU patches) of `config` on the resident model `key`."""
+    """The Edit (CPU patches) of `config` on the resident model `key`; a visitor's job
+    waiting goes between its forward batches and layers (`give_turn`)."""
     with DEVICE_LOCK:
         handle = resident(key, "edit")
         cache = kept_cache(handle.stream_cache)
         edit = run_edit(handle.model, handle.tokenizer, forget, retain, config,
-                        progress=progress, scores=scores, stream_cache=cache)
+                        progress=progress, scores=scores, stream_cache=cache, between=give_turn)
         trim_stream_cache(cache)
         return edit
 
@@ -45,7 +46,8 @@ def _warm(key: ModelKey, forget, retain, config, band) -> None:
     with DEVICE_LOCK:
         handle = REGISTRY.get(key)
         if handle is not None:
-            warm_stream(handle.model, handle.tokenizer, forget, retain, config, band, handle.stream_cache)
+            warm_stream(handle.model, handle.tokenizer, forget, retain, config, band, handle.stream_cache,
+                        between=give_turn)
 
 
 def warm_edit(k: int, retain_examples: int, seed: int, session: Session) -> list[int] | None:

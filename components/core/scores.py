@@ -1,7 +1,7 @@
 """The layer scores S_l of the unedited model, computed on the device and cached per model."""
 from __future__ import annotations
 
-from components.core.device import DEVICE_LOCK, device_progress, on_device
+from components.core.device import DEVICE_LOCK, device_progress, give_turn, on_device
 from components.core.durations import scores_s
 from components.core.session import ModelKey, resident
 from grom.closed_form.pipeline import compute_scores as score
@@ -15,7 +15,7 @@ def compute_scores(key: ModelKey, forget, retain, config, progress):
         handle = resident(key, "scores")
         vocab = unembedding(handle.model).shape[0]
         prep = prepare(handle.tokenizer, forget, retain, config, vocab)
-        return score(handle.model, prep, config, progress)
+        return score(handle.model, prep, config, progress, between=give_turn)  # a visitor goes between batches
 
 
 SCORES_CACHE_SIZE = 16

@@ -24,6 +24,7 @@ from grom.closed_form.keys import Batch
 from grom.model.arch import decoder_layers, edited_matrix, unembedding
 from grom.model.distributed import all_reduce_, share
 from grom.model.hooks import capture_outputs, stop_after
+from grom.turns import Between, give
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,14 @@ def best_window(scores: Sequence[float], k: int, candidates: Sequence[int] | Non
     return best
 
 
-def _logit_dots(model, batches, modules, unembed, weights, progress) -> torch.Tensor:
-    """sum_j weight_j <w_{g_j}, o_l(j)> for every layer l, (L,) float64."""
+def _logit_dots(model, batches, modules, unembed, weights, progress, between: Between | None = None) -> torch.Tensor:
+    """sum_j weight_j <w_{g_j}, o_l(j)> for every layer l, (L,) float64; `between` before
+    every batch but the first (no hook held there)."""
     total = torch.zeros(len(modules), dtype=torch.float64)
     with torch.no_grad():
         for bi, batch in enumerate(batches):
+            if bi:
+                give(between)
             with ExitStack() as stack:
                 got = [stack.enter_context(capture_outputs(m, batch.select)) for m in modules]
                 stack.enter_context(stop_after(modules[-1]))  # the rest and the LM head: not needed
@@ -90,11 +94,14 @@ def _logit_dots(model, batches, modules, unembed, weights, progress) -> torch.Te
 def score_layers(model: nn.Module, forget: Sequence[Batch], retain: Sequence[Batch],
                  alpha: torch.Tensor, *, matrix: str = "down_proj", k: int = 5,
                  candidates: Sequence[int] | None = None,
-                 progress: Callable[[float], None] | None = None) -> LayerScores:
+                 progress: Callable[[float], None] | None = None,
+                 between: Between | None = None) -> LayerScores:
     """S_l for every layer from one forward pass over the forget and retain key batches.
 
     alpha (vocab,) the specificity weights (all ones to switch them off). Under
     torch.distributed each rank runs its share of the batches and the sums are reduced.
+    between: a step boundary (`grom.turns`) between two batches; the model is as found
+    there (nothing is changed), so its as_found is the caller's (`give`'s nullcontext).
     """
     if matrix == "lm_head":
         raise ValueError("layer scores apply to down_proj / o_proj edits, not the LM head")
@@ -103,14 +110,16 @@ def score_layers(model: nn.Module, forget: Sequence[Batch], retain: Sequence[Bat
     unembed = unembedding(model).detach()
     fw = lambda b: alpha[b.gold].double()  # noqa: E731
     mine = lambda batches: [batches[i] for i in share(batches)]  # noqa: E731
-    f_sum = _logit_dots(model, mine(forget), modules, unembed, fw, progress and (lambda p: progress(p / 2)))
+    f_sum = _logit_dots(model, mine(forget), modules, unembed, fw, progress and (lambda p: progress(p / 2)), between)
     a_sum = float(sum(fw(b).sum() for b in forget))
     if a_sum <= 0:
         raise ValueError("every forget token has specificity weight 0: the forget answers use only "
                          "tokens as common in the retain set; switch alpha off or change the data")
     r_count = sum(b.gold.numel() for b in retain)
     rw = lambda b: torch.ones(b.gold.numel(), dtype=torch.float64)  # noqa: E731
-    r_sum = _logit_dots(model, mine(retain), modules, unembed, rw, progress and (lambda p: progress(0.5 + p / 2)))
+    give(between)
+    r_sum = _logit_dots(model, mine(retain), modules, unembed, rw, progress and (lambda p: progress(0.5 + p / 2)),
+                        between)
     F = all_reduce_(f_sum) / a_sum
     R = all_reduce_(r_sum) / max(r_count, 1)
     S = F - R

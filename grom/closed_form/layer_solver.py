@@ -4,14 +4,18 @@ Each layer's system is summed from this rank's key batches (`grom.closed_form.so
 n^2 + m n float64, whatever the number of keys) and reduced over the ranks under
 torch.distributed; the keys themselves are kept (float32, on the CPU) only with
 `EditConfig.keep_keys`, for the diagnostics. The model is edited in place layer by layer
-(later layers' keys are taken on it) and `restore` puts every weight back bit for bit.
+(later layers' keys are taken on it) and `restore` puts every weight back bit for bit;
+`reverted` does so for a block only (a turn another job takes at a step boundary,
+`grom.turns`), then patches them again.
 
 (Was `grom/editor.py`. Its class `Editor` is now `LayerSolver` (`Editor` was also a ROME/MEMIT
 row).)
 """
 from __future__ import annotations
 
+import itertools
 import time
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -31,6 +35,7 @@ from grom.closed_form.solve import SystemSums
 from grom.edit import LayerKeys, LayerRecord
 from grom.model.arch import EditedMatrix, unembedding
 from grom.model.distributed import gather_by_index, share, world_size
+from grom.turns import Between, inside
 
 
 def _directions(model, gold: torch.Tensor, alpha, config: EditConfig, m: int, beta: float,
@@ -66,11 +71,46 @@ def local_batches(prep) -> tuple[list[int], list]:
     return mine, [batches[i] for i in mine]
 
 
+class TurnClock:
+    """A job's step boundaries (`grom.turns`) and its own clock: `give(as_found)` calls the
+    host's `between` (none: nothing), and `now` stops while it runs, so that the seconds
+    other jobs take in their turns stay out of the job's timings."""
+
+    def __init__(self, between: Between | None = None):
+        self.between, self.spent = between, 0.0
+
+    def give(self, as_found=nullcontext) -> None:
+        if self.between is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.between(as_found)
+        finally:
+            self.spent += time.perf_counter() - t0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.spent
+
+    @property
+    def turn(self) -> Between | None:
+        """The timed `between` for steps where the job has changed nothing (None without one)."""
+        return self.give if self.between is not None else None
+
+    def inside(self, as_found) -> Between | None:
+        """The timed `between` for steps in a state `as_found` undoes (`grom.turns.inside`)."""
+        return inside(self.turn, as_found)
+
+
 class LayerSolver:
     """Solves and applies one layer at a time; reverts everything in `restore`. prep: a
-    `grom.closed_form.pipeline.Prepared` (batches, alpha, example counts)."""
+    `grom.closed_form.pipeline.Prepared` (batches, alpha, example counts).
 
-    def __init__(self, model: nn.Module, prep, config: EditConfig):
+    between: a step boundary (`grom.turns`) between two key batches of a layer (`give`;
+    its as_found the caller's: `reverted` and whatever else the caller changed); clock: the
+    seconds of its timings (`TurnClock.now`, which leaves the turns out)."""
+
+    def __init__(self, model: nn.Module, prep, config: EditConfig, between: Between | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         if config.keep_keys and world_size() > 1:
             raise ValueError("keep_keys (the keys for the diagnostics) needs one process: run the "
                              "diagnostics without torch.distributed")
@@ -84,21 +124,30 @@ class LayerSolver:
         self.records: list[LayerRecord] = []
         self.keys: dict[str, LayerKeys] = {}
         self.timings = {"keys": 0.0, "solve": 0.0, "apply": 0.0}
+        self.between, self.clock = between, clock
         refusal = config.target == "refusal" and config.matrix != "lm_head"
         self.w_bar = mean_row(unembedding(model).detach()) if refusal else None
 
     def _timed(self, pairs: Iterator) -> Iterator:
-        """`pairs`, with the seconds spent making them added to timings["keys"]."""
+        """`pairs`, with the seconds spent making them added to timings["keys"], and a step
+        boundary (`give`) between two of them."""
         it = iter(pairs)
-        while True:
-            t0 = time.perf_counter()
+        for n in itertools.count():
+            if n:  # between two batches: no hook held, the key source waits at its yield
+                self.give()
+            t0 = self.clock()
             try:
                 item = next(it)
             except StopIteration:
-                self.timings["keys"] += time.perf_counter() - t0
+                self.timings["keys"] += self.clock() - t0
                 return
-            self.timings["keys"] += time.perf_counter() - t0
+            self.timings["keys"] += self.clock() - t0
             yield item
+
+    def give(self) -> None:
+        """A step boundary (`between`; none: nothing)."""
+        if self.between is not None:
+            self.between(nullcontext)
 
     def _beta(self, W: torch.Tensor, keys: KeySource, dev) -> float:
         """The absolute beta: config.beta, or with beta_relative that times the mean norm of
@@ -144,7 +193,7 @@ class LayerSolver:
 
     def solve_layer(self, t: EditedMatrix, keys: KeySource) -> torch.Tensor:
         """P for one matrix (math layout, weight dtype), applied to the model in place."""
-        t0, keys_before = time.perf_counter(), self.timings["keys"]
+        t0, keys_before = self.clock(), self.timings["keys"]
         param = self.model.get_parameter(t.param_name)
         W = t.from_param(param.detach())
         dev, cfg = _solve_device(param), self.config
@@ -154,9 +203,9 @@ class LayerSolver:
         DXt, system = sums.DXt, sums.system(cfg.rho)
         P = system.update(DXt).to(param.dtype)
         del DXt, sums
-        solve_s = time.perf_counter() - t0 - (self.timings["keys"] - keys_before)
+        solve_s = self.clock() - t0 - (self.timings["keys"] - keys_before)
         self.timings["solve"] += solve_s
-        t1 = time.perf_counter()
+        t1 = self.clock()
         patch = t.to_param(P).to(param.device)
         if not torch.isfinite(patch).all():
             raise FloatingPointError(f"the update for {t.param_name} is not finite; lower beta or raise rho")
@@ -164,13 +213,29 @@ class LayerSolver:
             self.saved[t.param_name] = param.detach().clone()
             param.add_(patch)
         self.patches[t.param_name] = patch.cpu()
-        self.timings["apply"] += time.perf_counter() - t1
+        self.timings["apply"] += self.clock() - t1
         self.records.append(LayerRecord(t.param_name, t.layer, beta, system.mu, self.s, self.r,
                                         float(P.double().norm()), float(W.double().norm()), solve_s,
                                         t.transposed))
         if cfg.keep_keys:
             self._keep(t.param_name, W, kept, beta)
         return P
+
+    @contextmanager
+    def reverted(self) -> Iterator[None]:
+        """The matrices patched so far back to their originals for the block, then patched
+        again: W0 + patch once more, the same sum in the same dtype, so the same bits (no
+        copy of the patched weights is kept meanwhile)."""
+        with torch.no_grad():
+            for name, W0 in self.saved.items():
+                self.model.get_parameter(name).copy_(W0)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, W0 in self.saved.items():
+                    param = self.model.get_parameter(name)
+                    param.copy_(W0).add_(self.patches[name].to(param.device))
 
     def restore(self) -> None:
         with torch.no_grad():

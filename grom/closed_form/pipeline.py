@@ -9,6 +9,10 @@
    then the stream advances one layer at a time;
 4. return the patches as data, with the model as it was found (also on failure).
 
+A host sharing the model (`grom.turns`) gets turns between the forward batches of each
+step (layer scores, the stream's opening pass, each layer's keys) and between layers,
+the layers patched so far reverted for the turn and patched again after.
+
 (Was `grom/pipeline.py`.)
 """
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -27,12 +32,13 @@ from grom.closed_form.config import EditConfig
 from grom.closed_form.directions import specificity_weights
 from grom.closed_form.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
 from grom.closed_form.layer_scores import LayerScores, score_layers
-from grom.closed_form.layer_solver import LayerSolver, local_batches
+from grom.closed_form.layer_solver import LayerSolver, TurnClock, local_batches
 from grom.closed_form.refusal import encode_refusals
 from grom.data.schema import as_examples
 from grom.edit import Edit
 from grom.model.arch import (
     EditedMatrix,
+    arch_spec,
     decoder_layers,
     edited_matrix,
     layer_kinds,
@@ -46,6 +52,7 @@ from grom.model.arch import (
 )
 from grom.model.distributed import world_size
 from grom.model.editable import check_edit_inputs
+from grom.turns import Between, modes, modes_as, random_kept
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +104,12 @@ def _batches(encoded, budget: int | None, seed: int, batch_size: int, pid: int) 
     return make_batches(kept, batch_size, pid)
 
 
-def compute_scores(model, prep: Prepared, config: EditConfig, progress=None) -> LayerScores:
+def compute_scores(model, prep: Prepared, config: EditConfig, progress=None,
+                   between: Between | None = None) -> LayerScores:
+    """The layer scores of `prep`'s keys; `between` between forward batches (`score_layers`)."""
     forget, alpha = prep.scored or (prep.forget, prep.alpha)
     return score_layers(model, forget, prep.retain, alpha, matrix=config.matrix,
-                        k=config.k, candidates=config.candidates, progress=progress)
+                        k=config.k, candidates=config.candidates, progress=progress, between=between)
 
 
 def _band(model, config: EditConfig, scores: LayerScores | None) -> list[int]:
@@ -134,16 +143,17 @@ def _batches_key(batches) -> str:
 
 
 def _open_stream(model, band: list[int], batches, cache: dict | None,
-                 budget: int | None = HIDDEN_CACHE_BYTES) -> LayerStream:
+                 budget: int | None = HIDDEN_CACHE_BYTES, between: Between | None = None) -> LayerStream:
     """The stream entering band[0]: one forward pass up to it, or the pass an earlier edit
     of the same (unedited) model made over the same batches, kept in `cache`. `budget`:
-    bytes of hidden states kept (`LayerStream`); batches beyond are replayed."""
+    bytes of hidden states kept (`LayerStream`); batches beyond are replayed. `between`
+    between the pass's batches."""
     layers = decoder_layers(model)
     key = (band[0], band[-1], _batches_key(batches), budget) if cache is not None else None
     if key is not None and key in cache:
         return LayerStream.resume(model, layers, batches, cache[key])
     stream = LayerStream(model, layers, band[0], batches, last=band[-1], kinds=layer_kinds(model),
-                         budget=budget)
+                         budget=budget, between=between)
     if stream.replayed:
         log.info("%d of %d batches replayed from the embeddings (hidden-state budget %s bytes)",
                  stream.replayed, len(batches), budget)
@@ -153,26 +163,32 @@ def _open_stream(model, band: list[int], batches, cache: dict | None,
 
 
 def warm_stream(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
-                band: Sequence[int], cache: dict, budget: int | None = HIDDEN_CACHE_BYTES) -> None:
+                band: Sequence[int], cache: dict, budget: int | None = HIDDEN_CACHE_BYTES,
+                between: Between | None = None) -> None:
     """Put into `cache` (see `run_edit`'s stream_cache) the hidden states entering `band`
-    for an edit of these examples with `config`, ahead of the edit itself."""
+    for an edit of these examples with `config`, ahead of the edit itself. `between`
+    between the forward batches (the model as found: nothing is changed)."""
     prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
     with torch.no_grad():
-        _open_stream(model, sorted(band), local_batches(prep)[1], cache, budget)
+        _open_stream(model, sorted(band), local_batches(prep)[1], cache, budget, between)
 
 
 def _edit_band(editor: LayerSolver, band: list[int], progress: Progress, cache: dict | None = None,
                budget: int | None = HIDDEN_CACHE_BYTES) -> float:
     """Edit the band's layers in order on one residual stream; returns the seconds spent
-    opening and advancing the stream (the keys' own are in editor.timings["keys"])."""
-    model, cfg = editor.model, editor.config
+    opening and advancing the stream (the keys' own are in editor.timings["keys"]). A step
+    boundary (`editor.between`) between two batches of every pass and between layers; the
+    stream is the edit's own (another job using the model meanwhile changes none of it)."""
+    model, cfg, clock = editor.model, editor.config, editor.clock
     gain = residual_gain(model, cfg.matrix)  # None: a patched layer must be re-run
-    t0 = time.perf_counter()
-    stream = _open_stream(model, band, editor.batches, cache, budget)
-    key_s = time.perf_counter() - t0
+    t0 = clock()
+    stream = _open_stream(model, band, editor.batches, cache, budget, editor.between)
+    key_s = clock() - t0
     for step, l in enumerate(range(band[0], band[-1] + 1)):
+        if step:
+            editor.give()
         if l not in band:
-            stream.advance()
+            stream.advance(editor.between)
             continue
         progress(0.3 + 0.65 * step / (band[-1] - band[0] + 1), f"layer {l}: keys, solve, apply")
         t = edited_matrix(model, cfg.matrix, l)
@@ -182,26 +198,47 @@ def _edit_band(editor: LayerSolver, band: list[int], progress: Progress, cache: 
         keep = linear and l != band[-1]
         P = editor.solve_layer(t, lambda only: stream.key_batches(matrix, keep and only is None, only))
         if l != band[-1]:
-            t2 = time.perf_counter()
-            stream.advance_linear(P, gain) if keep else stream.advance()
-            key_s += time.perf_counter() - t2
+            t2 = clock()
+            stream.advance_linear(P, gain) if keep else stream.advance(editor.between)
+            key_s += clock() - t2
     return key_s
 
 
 def _edit_by_replay(editor: LayerSolver, matrices: list[EditedMatrix], progress: Progress) -> float:
     """Edit each matrix in order, taking its keys by full forward passes (stopping right
-    after the matrix) on the model as already edited."""
+    after the matrix) on the model as already edited; a step boundary between two batches
+    (`LayerSolver`) and between two matrices."""
     model = editor.model
     for i, t in enumerate(matrices):
+        if i:
+            editor.give()
         progress(0.3 + 0.65 * i / len(matrices), f"{t.module_name}: keys, solve, apply")
         module = model.get_submodule(t.module_name)
         editor.solve_layer(t, lambda only: iter_keys(model, editor.batches, module, only))
     return 0.0
 
 
+@contextmanager
+def _as_found(model: nn.Module, editor: LayerSolver, found: dict, head: nn.Parameter | None):
+    """The model as `run_edit` found it for the block: the matrices patched so far as
+    they were (`LayerSolver.reverted`), the LM head tied again where the edit untied it
+    (`head`: the untied one, put back after), the modes as found and the random state
+    kept; then as the edit has it, bit for bit."""
+    with editor.reverted():
+        if head is not None:
+            retie_lm_head(model)
+        try:
+            with modes_as(model, found), random_kept():
+                yield
+        finally:
+            if head is not None:
+                model.get_submodule(arch_spec(model).lm_head).weight = head
+
+
 def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
              progress: Progress | None = None, scores: LayerScores | None = None,
-             stream_cache: dict | None = None, hidden_budget: int | None = HIDDEN_CACHE_BYTES) -> Edit:
+             stream_cache: dict | None = None, hidden_budget: int | None = HIDDEN_CACHE_BYTES,
+             between: Between | None = None) -> Edit:
     """Compute a GROM edit of `model`; the model is returned as it was found.
 
     forget / retain: sequences of benchmark examples (grom.data.schema). `scores`, if
@@ -211,7 +248,11 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     later edits of the same data and band (a hyperparameter search) skip that pass.
     `hidden_budget`: bytes of hidden states entering the band kept between layers (None:
     no bound); the batches beyond it are replayed from the embeddings at each layer.
-    `progress(fraction, message)` is called as the stages go. A matrix it may patch that
+    `progress(fraction, message)` is called as the stages go. `between` (`grom.turns`) is
+    called at every step boundary: between two forward batches of the layer scores, of the
+    stream's first pass and of each layer's keys, and between two layers; inside its
+    as_found the model is as found (the layers patched so far reverted, modes as found),
+    and the edit is the same bit for bit whatever ran there. A matrix it may patch that
     cannot take a float patch in place (quantized, offloaded: `grom.model.editable`) is a
     `NotEditable` error before any forward pass.
 
@@ -228,13 +269,19 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     vocab = unembedding(model).shape[0]
     prep = prepare(tokenizer, forget, retain, config, vocab)
     timings: dict[str, float] = {}
+    turns = TurnClock(between)  # its clock leaves the turns out of the timings
     if config.matrix != "lm_head" and config.layers is None and scores is None:
-        t0 = time.perf_counter()
-        scores = compute_scores(model, prep, config, lambda p: progress(0.05 + 0.25 * p, "layer scores"))
-        timings["scores"] = time.perf_counter() - t0
+        t0 = turns.now()
+        scores = compute_scores(model, prep, config, lambda p: progress(0.05 + 0.25 * p, "layer scores"),
+                                turns.turn)
+        timings["scores"] = turns.now() - t0
+        turns.give()  # between the scores' last batch and the edit's first (nothing changed yet)
     band = _band(model, config, scores)
-    editor = LayerSolver(model, prep, config)
+    found = modes(model) if between is not None else {}
+    editor = LayerSolver(model, prep, config, clock=turns.now)
     untied = config.matrix == "lm_head" and lm_head_is_tied(model) and untie_lm_head(model)
+    head = unembedding(model) if untied and between is not None else None
+    editor.between = turns.inside(lambda: _as_found(model, editor, found, head))
     was_training = model.training
     model.eval()
     try:

@@ -22,9 +22,9 @@ def grom_defaults(model=None) -> dict:
 
 def run_grom(model, tokenizer, forget, retain, settings: EditConfig | None = None, between=None, **kw):
     """GROM's edit (`grom.closed_form.pipeline.run_edit`) with `settings` (None: `EditConfig()`).
-    `between` (every method's run takes it, `grom.turns`) is not called: GROM's edit is one
-    closed-form step, its forward passes the key batches of one band."""
-    return run_edit(model, tokenizer, forget, retain, settings or EditConfig(), **kw)
+    `between` (every method's run takes it, `grom.turns`): between the forward batches of
+    the layer scores and of each layer's keys, and between layers (`run_edit`)."""
+    return run_edit(model, tokenizer, forget, retain, settings or EditConfig(), between=between, **kw)
 
 
 GROM = register(MethodEntry(

@@ -218,11 +218,14 @@ def _layer_outputs(model: nn.Module, batches, layer: int) -> torch.Tensor:
     return torch.cat(parts).float()
 
 
-def _band(model, config: EditorConfig, prep, scores: LayerScores | None) -> tuple[list[int], LayerScores | None]:
+def _band(model, config: EditorConfig, prep, scores: LayerScores | None,
+          between: Between | None = None) -> tuple[list[int], LayerScores | None]:
+    """The band (the given layers, else GROM's layer scores' band, `between` between their
+    forward batches: the model is as found there) and the scores it came from."""
     if config.layers is not None:
         band = sorted(config.layers)
     else:
-        scores = scores or compute_scores(model, prep, config.edit_config())
+        scores = scores or compute_scores(model, prep, config.edit_config(), between=between)
         band = list(scores.band)
     n = num_layers(model)
     if any(not 0 <= l < n for l in band):
@@ -282,7 +285,7 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
     progress(0.0, "tokenizing")
     prep = prepare(tokenizer, forget, retain, config.edit_config(), unembedding(model).shape[0])
     facts = [encode_fact(tokenizer, ex, config.prompt_format, config.max_length) for ex in forget]
-    band, scores = _band(model, config, prep, scores)
+    band, scores = _band(model, config, prep, scores, between)
     layers = band if editor.spreads else band[-1:]
     unreachable = unreachable_facts(facts, band[-1], num_layers(model))
     if unreachable:
