@@ -284,7 +284,8 @@ def test_wmdp_prompt_ids_and_accuracy_equal_lm_eval(tmp_path, which, bos_tok, pl
     model = tiny_llama(len(tok), seed=4)
     fed = []
     real = R.score_sequences
-    monkeypatch.setattr(R, "score_sequences", lambda m, t, seqs, bs=32, **kw: fed.extend(seqs) or real(m, t, seqs, bs, **kw))
+    monkeypatch.setattr(R, "score_sequences",
+                        lambda m, t, seqs, bs=32, **kw: fed.extend(seqs) or real(m, t, seqs, bs, **kw))
     lp = R.choice_logprobs(model, tok, bench.eval_sets["forget_mc"], prompt_format=bench.prompt_format, lm_eval=True)
     want = [(c + x, len(c)) for d in DOCS for c, x in (_lm_encode_pair(tok, _lm_context(d, "biology"), " " + L)
                                                        for L in "ABCD")]
