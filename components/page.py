@@ -19,7 +19,7 @@ import gradio as gr
 from components.core.allowed_sources import DEMO, REAL
 from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
 from components.core.comparison import warm_base_rows
-from components.core.device import ON_ZEROGPU, gave_way, wait_for_quiet, yielding
+from components.core.device import ON_ZEROGPU, UNWANTED, gave_way, wait_for_quiet, yielding
 from components.core.edits import warm_edit
 from components.core.errors import ui_errors
 from components.core.model_choices import ensure_model, n_layers, status_line, summary
@@ -98,10 +98,19 @@ def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session)
     the stream and prefix caches would stay in a worker."""
     if session.model_key is None or session.model_key.name != REAL or ON_ZEROGPU:
         return
-    # a page's own warm-up does not give way: what it computes is what that page's Run edit and
-    # card need next (the server's warm-up, `warm_first_page`, runs it as background work)
-    band = warm_edit(k, retain_examples, seed, session)
-    warm_base_rows(max_examples, session, min(band) if band else None)
+    # a page's own warm-up does not give way to other visitors: what it computes is what that
+    # page's Run edit and card need next (the server's warm-up, `warm_first_page`, runs it as
+    # background work); it stops once its page chose another model or benchmark, so that the
+    # page's own next job (a Run edit on the new split) does not wait minutes for it
+    key, bench = session.model_key, session.benchmark
+    unwanted = lambda: session.model_key != key or session.benchmark is not bench  # noqa: E731
+    token = UNWANTED.set(unwanted)
+    try:
+        band = warm_edit(k, retain_examples, seed, session)
+        if not unwanted():
+            warm_base_rows(max_examples, session, min(band) if band else None)
+    finally:
+        UNWANTED.reset(token)
 
 
 def warm_widgets(ui: SimpleNamespace) -> list:

@@ -4,9 +4,6 @@ no errors, and save screenshots (a temporary folder; the first also into
 /tmp/app_screens/ for a person to look at)."""
 from __future__ import annotations
 
-import csv
-import io
-import re
 import shutil
 from pathlib import Path
 
@@ -236,42 +233,6 @@ def test_the_diagnostics_read_in_full(url, browser, tmp_path):
     page.close()
 
 
-from tests.app_fixtures import real_url  # noqa: E402,F401  (the fixture)
-
-
-@pytest.mark.parametrize("width,height", [(1366, 768)])
-def test_the_real_model_from_page_to_result_card(real_url, browser, width, height, tmp_path):
-    """The default studio as a visitor sees it: SmolLM2 and real-knowledge load with the
-    page, Run edit ends in the plain-language result card beside the button, and the page
-    fits the width (no sideways scroll; the demo's page is checked at 390 px above)."""
-    import time
-
-    page = browser.new_page(viewport={"width": width, "height": height})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    t0 = time.perf_counter()
-    page.goto(real_url)
-    page.wait_for_function("document.querySelector('.status-line')?.innerText.includes('SmolLM2')",
-                           timeout=120_000)
-    page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
-    page.evaluate(WATCH_CARD)
-    page.click("#run-edit")
-    page.wait_for_selector(WHOLE_CARD, timeout=600_000)
-    seconds = time.perf_counter() - t0
-    card = text_of(page, "#result-card")
-    assert re.search(r"Forgot \d+ of the \d+ .* kept \d+ of \d+", card) and "before:" in card, card
-    first = page.evaluate("window.__card.first")  # the forget verdict came first, on its own
-    assert first and first.startswith("Forgot") and "counting" in first, first
-    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-    page.screenshot(path=str(tmp_path / f"real_card_{width}.png"))
-    SHARED.mkdir(parents=True, exist_ok=True)
-    shutil.copy(tmp_path / f"real_card_{width}.png", SHARED / f"real_card_{width}.png")
-    print(f"page to result card at {width}px: {seconds:.1f} s")
-    assert overflow <= 1, f"the page scrolls sideways by {overflow}px at {width}px"
-    assert not errors, f"page errors: {errors}"
-    page.close()
-
-
 def test_the_run_history_restores_a_run_in_the_browser(url, browser, tmp_path):
     """Two edits (β 150, then 60) make two history rows under Edit details; a click on the
     first run's row puts β 150 back into the Edit panel (screenshots in /tmp/app_screens/)."""
@@ -302,108 +263,6 @@ def test_the_run_history_restores_a_run_in_the_browser(url, browser, tmp_path):
     assert not errors, errors
     SHARED.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "history_1366.png", SHARED / "history_1366.png")
-    page.close()
-
-
-def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
-    """Issue 22's flow on the default page (SmolLM2, the solar system): the card's counts
-    equal the full evaluation's (the comparison's downloadable metrics) once Compare runs
-    on all examples, and the card says it counted every question."""
-
-    page, errors = open_page(browser, real_url, 1366, 768)
-    run_edit_to_card(page)
-
-    page.get_by_role("tab", name="5 · Compare").click()
-    # the card comes from the answers first; the comparison after the edit adds the scores
-    page.wait_for_function("document.querySelector('#compare-summary')?.innerText.startsWith('Compared')",
-                           timeout=600_000)
-    page.get_by_label("all examples").check()
-    page.click("#compare-button")
-    page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('(all examples)')"
-                           " && document.querySelector('#result-card .rc-sample')?.innerText.includes('all')",
-                           timeout=600_000)
-    card = text_of(page, "#result-card")
-    m = re.search(r"Forgot (\d+) of the (\d+) forget facts it knew(?: · (\d+) broke into degenerate text)?"
-                  r" · kept (\d+) of (\d+)", card)
-    assert m, card
-    forgot, known, broken, kept, kept_known = (int(g or 0) for g in m.groups())
-    # the full evaluation as the page offers it for download: its metrics CSV (rows: models)
-    page.wait_for_selector("a[href*='-metrics.csv']", timeout=300_000)
-    href = page.locator("a[href*='-metrics.csv']").first.get_attribute("href")
-    rows = {r[""]: r for r in csv.DictReader(io.StringIO(page.request.get(href).text()))}
-    assert known == float(rows["Base"]["Forget facts known"]), (card, rows["Base"])
-    recall = float(rows["Edited"]["Forget fact recall"])
-    # the card counts what the table counts
-    assert abs((known - forgot - broken) / known - recall) < 0.01, (card, recall)
-    # forgetting is the fluent kind only (another answer, a refusal), as the Knowledge score counts it
-    assert abs(forgot / known - float(rows["Edited"]["Forget clean forgetting"])) < 0.01, (card, rows["Edited"])
-    assert abs(kept / kept_known - float(rows["Edited"]["Kept fact recall"])) < 0.01, (card, rows["Edited"])
-    assert "all the split's questions" in card, card
-    page.screenshot(path=str(tmp_path / "real_card_all.png"))
-
-    SHARED.mkdir(parents=True, exist_ok=True)
-    for f in tmp_path.glob("real_*.png"):
-        shutil.copy(f, SHARED / f.name)
-    assert not errors, f"page errors: {errors}"
-    page.close()
-
-
-
-def test_the_default_edit_exported_then_imported_in_the_browser(real_url, browser, tmp_path):
-    """Issue 22's flow: the default edit on SmolLM2 exported from the Export tab, then its
-    edit.json alone (a few KB, no 17 MB patch) uploaded back: the app recomputes the patch
-    and says it is the exported one bit for bit."""
-    page, errors = open_page(browser, real_url, 1366, 768)
-    run_edit_to_card(page)
-    page.get_by_role("tab", name="7 · Export").click()
-    page.get_by_role("button", name="Export the edit").click()
-    page.wait_for_selector("a[href*='edit.json']", timeout=120_000)
-    href = page.locator("a[href*='edit.json']").first.get_attribute("href")
-    meta = tmp_path / "edit.json"
-    meta.write_bytes(page.request.get(href).body())
-    assert meta.stat().st_size < 20_000 and '"patch_sha256"' in meta.read_text()
-    page.locator("#import-files input[type=file]").set_input_files(str(meta))
-    page.click("#import-button")
-    page.wait_for_function("document.querySelector('#import-note')?.innerText.includes('The edit is loaded')",
-                           timeout=300_000)
-    note = text_of(page, "#import-note")
-    assert "identical to the exported edit bit for bit" in note, note
-    page.screenshot(path=str(tmp_path / "real_import.png"))
-    SHARED.mkdir(parents=True, exist_ok=True)
-    shutil.copy(tmp_path / "real_import.png", SHARED / "real_import.png")
-    assert not errors, f"page errors: {errors}"
-    page.close()
-
-
-def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_path):
-    """Issue 22's flow: the demo's invented authors chosen while SmolLM2 is loaded. The
-    page warns that this model cannot know them, keeps SmolLM2's own preset (not the demo
-    model's band 3-5 and beta 150), and the card after Run edit says there was nothing to
-    forget instead of a verdict."""
-    page, errors = open_page(browser, real_url, 1366, 768)
-    page.get_by_label("Benchmark", exact=True).click()
-    page.get_by_role("option", name="Demo: fictitious authors (bundled)").click()
-    page.get_by_label("Split", exact=True).click()  # its smallest split: 40 questions, not 400
-    page.get_by_role("option", name="forget01", exact=True).click()
-    page.get_by_role("button", name="Load benchmark").click()
-    page.wait_for_function("document.body.innerText.includes(\"never saw the demo's invented authors\")",
-                           timeout=120_000)
-    assert page.get_by_label("Preset (the paper's settings)").input_value() == "smollm2"
-    page.get_by_role("tab", name="5 · Compare").click()  # the card's comparison on 5 examples a set:
-    box = page.get_by_label("number input for Examples per evaluation set")  # TOFU's 200-token answers
-    box.fill("5")
-    box.press("Enter")
-    page.click("#run-edit")
-    cards = "Array.from(document.querySelectorAll('#result-card .result-card')).map(c => c.textContent).join(' ')"
-    page.wait_for_function(f"({cards}).includes('facts') || document.querySelector('.toast-body.error')",
-                           timeout=900_000)
-    card = page.evaluate(cards)
-    page.screenshot(path=str(tmp_path / "real_demo_bench.png"))
-    SHARED.mkdir(parents=True, exist_ok=True)
-    shutil.copy(tmp_path / "real_demo_bench.png", SHARED / "real_demo_bench.png")
-    assert page.locator("#result-card .result-card").count(), (card, text_of(page, ".toast-body.error"))
-    assert "stated none of these forget facts" in card and "nothing to forget" in card, card
-    assert not errors, f"page errors: {errors}"
     page.close()
 
 

@@ -72,23 +72,23 @@ def test_the_same_table_sent_again_is_the_same_files(served):  # noqa: F811
 # ---------------------------------------------------------------- 2: what made-up sessions keep
 
 def test_made_up_sessions_keep_no_more_than_their_bound(served, monkeypatch):  # noqa: F811
-    """25 requests of a table just under the request limit, each under a fresh session id of
-    one visitor: the table is refused past what a session keeps (nothing kept), and the
-    visitor holds at most its share of sessions."""
+    """Twelve requests of a table just under the request limit, each under a fresh session id
+    of one visitor (the issue's attack sent 25): the table is refused past what a session
+    keeps (nothing kept), and the visitor holds at most its share of sessions."""
     blocks, url = served
     monkeypatch.setenv("GROM_PROXY_HOPS", "1")
-    monkeypatch.setenv("GROM_SESSIONS_PER_VISITOR", "8")
+    monkeypatch.setenv("GROM_SESSIONS_PER_VISITOR", "4")
     kinds = {c["id"]: c["type"] for c in blocks.get_config_file()["components"]}
     dep = next(d for d in local_events(blocks) if [kinds[i] for i in d["inputs"]] == ["dataframe", "radio", "state"])
     row = ["x" * 30, "q", "qa", "forget", "s"]
     table = {"headers": ["text", "prompt", "kind", "side", "subject"], "data": [row] * 62_000}  # 3.9 MB
-    made = [uuid.uuid4().hex for _ in range(25)]
+    made = [uuid.uuid4().hex for _ in range(12)]
     with Measured() as cost:
         answers = [post(url, {"fn_index": dep["id"], "session_hash": s, "data": [table, "questions", None]},
                         visitor="203.0.113.77") for s in made]
     assert all(r.status_code in (200, 500) for r in answers)
     assert "a session keeps" in answers[0].text or "at most" in answers[0].text, answers[0].text[:300]
-    assert sum(s in blocks.state_holder.session_data for s in made) <= 8
+    assert sum(s in blocks.state_holder.session_data for s in made) <= 4
     assert all(s.extra.get("written", (None,))[0] is None for s in sessions_of(blocks, made))
     assert cost.grew < 300 * MB, cost.grew / MB  # before: +1.5 GB, kept for as long as it was watched
 
@@ -146,6 +146,10 @@ def test_a_newcomer_is_answered_while_three_visitors_hold_nine_long_jobs(served,
     assert not any(j.done() for j in jobs), f"the question ({waited:.1f} s) waited for a whole sweep"
     for j in jobs:
         j.cancel()
+    deadline = time.monotonic() + 120
+    while DEVICE_LOCK.holder is not None or DEVICE_LOCK.waiting:  # the next test finds the device free
+        assert time.monotonic() < deadline, "cancelled sweeps still hold the device"
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------- 8: memory the jobs hold at once
@@ -153,8 +157,7 @@ def test_a_newcomer_is_answered_while_three_visitors_hold_nine_long_jobs(served,
 def test_a_baseline_that_alone_would_not_fit_the_jobs_memory_is_refused_saying_so(served, monkeypatch):  # noqa: F811
     _, url = served
     monkeypatch.setenv("GROM_JOBS_MEMORY_MB", "1")
-    c = new_client(url)
-    c.predict(api_name="/run_edit", retain_examples=300)
+    c = new_client(url)  # a baseline needs no GROM edit first
     with pytest.raises(Exception, match=r"between its steps.*GROM_JOBS_MEMORY_MB"):
         c.predict("simnpo", 1, 1e-3, max_examples=8, api_name="/run_baseline")
     monkeypatch.delenv("GROM_JOBS_MEMORY_MB")

@@ -344,3 +344,39 @@ def test_grom_on_the_demo_gives_turns_in_its_layer_scores_and_stream_with_the_sa
     assert warmed.calls == batches - 1 and cache
     _same_edit(plain, run_edit(model, tok, forget, retain, config, scores=plain.scores, stream_cache=cache,
                                between=Lender(model)))
+
+
+def test_a_pages_warm_up_stops_once_its_page_chose_another_benchmark(monkeypatch):
+    """A page's warm-up (the stream and the unedited rows of its default split) stops at its
+    next step boundary once the page loads another benchmark: the page's own Run edit on
+    the new split, which waits for its session's earlier job, does not wait minutes for
+    rows nobody will read."""
+    from types import SimpleNamespace
+
+    import components.page as page
+    from components.core.device import UNWANTED, Superseded, give_turn
+    from components.core.session import Session
+
+    session = Session()
+    session.model_key = SimpleNamespace(name=page.REAL)
+    session.benchmark = first = object()
+    steps, rows = [], []
+
+    def warm_edit(k, retain_examples, seed, s):
+        for step in range(5):
+            if step == 2:
+                s.benchmark = object()  # the page loads another benchmark meanwhile
+            try:
+                give_turn()
+            except Superseded:
+                return None
+            steps.append(step)
+        return [1, 2]
+
+    monkeypatch.setattr(page, "warm_edit", warm_edit)
+    monkeypatch.setattr(page, "warm_base_rows", lambda *a: rows.append(a))
+    page.on_warm_comparison(10, 3, 64, 0, session)
+    assert steps == [0, 1] and rows == []
+    assert UNWANTED.get() is None  # the check does not outlive the warm-up
+    session.benchmark = first
+    give_turn()  # outside a warm-up nothing stops

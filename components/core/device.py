@@ -260,13 +260,27 @@ class DeviceLock:
         self.release()
 
 
+class Superseded(Exception):
+    """A job done ahead of need (a page's warm-up) stopped at a step boundary: what it was
+    computing is no longer what its page will ask for (`UNWANTED`)."""
+
+
+UNWANTED: ContextVar[Callable[[], bool] | None] = ContextVar("grom_unwanted", default=None)
+"""Set by a job done ahead of need: whether what it computes is no longer wanted (its
+page chose another benchmark or model); `give_turn` then stops it (`Superseded`)."""
+
+
 def give_turn(as_found: Callable[[], AbstractContextManager] = nullcontext) -> None:
     """The `between` of every long job under the lock (`grom.turns`), called at its step
     boundaries, per forward batch or decoding step: GROM's edit and layer scores, an
     evaluation's rows, the editors', LUNAR's and a baseline's steps, the attacks, the
     name-only writer. When visitors' jobs wait, they use the device now, on the model as
     it was found (`as_found`, where the job has the model changed: a training's weights,
-    the layers an edit has patched so far)."""
+    the layers an edit has patched so far). A job done ahead of need whose result is no
+    longer wanted (`UNWANTED`) stops here: its page's next job does not wait for it."""
+    unwanted = UNWANTED.get()
+    if unwanted is not None and unwanted():
+        raise Superseded("what this job computed ahead is no longer wanted")
     if DEVICE_LOCK.waiting and not in_gpu_worker():
         with as_found():
             DEVICE_LOCK.pass_turn()
