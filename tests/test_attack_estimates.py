@@ -71,9 +71,12 @@ def demo(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["heldout", "format"])
-def test_a_cheap_attacks_estimate_is_within_3x_of_its_time_on_the_demo(demo, name):
+def test_a_cheap_attacks_estimate_is_within_4x_of_its_time_on_the_demo(demo, name):
     """Timed as CPU seconds of this process (one torch thread, tests/conftest.py): what a quiet
-    machine's wall time is, whatever else runs on the cores; the best of two runs."""
+    machine's wall time is, whatever else runs on the cores; the best of two runs. Within 4x:
+    the constants were set on an AMD EPYC; on an Intel Xeon (AVX-512) the cheap attacks took
+    2.9-3.6x their estimate, the landed code and this round's alike (2026-11-28), so 3x failed
+    there by chance. Estimates measured on the host replace these constants (issue 49)."""
     handle = ensure_model(demo.model_key)
     guess = ap.attack_estimates(handle, demo.benchmark)[name]
     took = []
@@ -81,7 +84,7 @@ def test_a_cheap_attacks_estimate_is_within_3x_of_its_time_on_the_demo(demo, nam
         t0 = time.process_time()
         ap.attack_once(handle.key, demo.benchmark, demo.edit, name)
         took.append(time.process_time() - t0)
-    assert guess / 3 <= min(took) <= 3 * guess, (name, guess, took)
+    assert guess / 4 <= min(took) <= 4 * guess, (name, guess, took)
 
 
 def test_the_panel_opens_on_the_quick_set_and_says_what_it_costs(demo):
