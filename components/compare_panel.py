@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,6 +28,7 @@ from components.core.session import ModelKey, Session, current_benchmark, curren
 from components.core.wiring import LOCAL, Page, device_queue
 from components.views import text
 from components.views.card import (
+    Times,
     card_html,
     classes_line,
     counts,
@@ -80,17 +82,18 @@ def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
     return rows
 
 
-def summary_md(report, n, whole: bool = False, rho: float | None = None) -> str:
-    """The comparison in a paragraph: its size and time, the card's headline lines, the
-    retain set's state (with what to change where it broke, `retain_advice` with the
-    edit's `rho`) and the Final score."""
+def summary_md(report, n, whole: bool = False, rho: float | None = None, fitted: bool = True) -> str:
+    """The comparison in a paragraph: its size and time, the card's headline lines (the same
+    counts: `grom.eval.verdicts.Tally`), the retain set's state (with what to change where
+    it broke, `retain_advice` with the edit's `rho`) and the Final score. fitted: see
+    `probe_line`."""
     m = report.rows[EDITED].metrics
     size = ("all examples" if n is None else f"up to {n} examples per set"
             + (": every example of the split" if whole else ""))
     head = f"Compared on {report.benchmark}/{report.split} ({size}) in {report.seconds:.1f} s."
     if counts(report) is not None:
         head += f" {headline(report)}."
-        probes = probe_line(report, whole)
+        probes = probe_line(report, whole, fitted)
         head += f" {probes}" if probes else ""
         extra = classes_line(report)
         head += f" {extra}" if extra else ""
@@ -131,26 +134,60 @@ def with_wrong_values(rows: list[dict], bench) -> list[dict]:
     return rows
 
 
-def waited_s(session: Session, edit) -> tuple[float | None, bool, bool]:
-    """(seconds from pressing Run edit to the edit's first card, whether the press itself
-    was recorded, whether this is that first card), taken when the first card of `edit` is
-    drawn and kept for its later cards; (None, True, False) where `on_run_edit` recorded no
-    start for it."""
-    clicked = session.extra.get("clicked")  # (edit, start time, pressed): `on_run_edit`
-    if clicked is None or clicked[0] is not edit:
-        return None, True, False
-    first = session.extra.get("first_card")
-    if first is None or first[0] is not edit:
-        session.extra["first_card"] = (edit, max(0.0, time.time() - clicked[1]))
-        return session.extra["first_card"][1], clicked[2], True
-    return first[1], clicked[2], False
+STAGE_WORDS = {"forget": "the forget answers", "answers": "the answers", "full": "the comparison"}
+"""What each evaluation stage computed (`grom.eval.evaluate(stage=)`), as the card's times
+name it; a stage that built on the one before is named for what it added (`stage_time`)."""
+
+
+def stage_time(stages: list[dict], report) -> tuple[str, float]:
+    """(what, its own seconds) of a stage `report` of the edit whose earlier stages are
+    `stages` (dicts of stage, n_examples, seconds). The answers stage after a first verdict
+    of the same size decoded only the other answers, and its report's seconds hold the
+    first step's as well (`on_card_first` adds them): they are taken off. The comparison
+    after an answers stage of the same size added the probabilities and truth ratios."""
+    stage, seconds = getattr(report, "stage", "full"), float(getattr(report, "seconds", 0.0))
+    before = {s["stage"]: s for s in stages if s["n_examples"] == report.n_examples}
+    if stage == "answers" and "forget" in before:
+        return "the other answers", max(0.0, seconds - before["forget"]["seconds"])
+    if stage == "full" and "answers" in before:
+        return "the probabilities and truth ratios", seconds
+    if stages and stage == "full":
+        return "a larger comparison", seconds
+    return STAGE_WORDS.get(stage, "the comparison"), seconds
+
+
+def card_times(session: Session, edit, report) -> tuple[Times, bool]:
+    """The times the card of `edit` states, drawn from `report`, and whether this is the
+    edit's first card. Each stage's time is recorded once, the first time its report is
+    drawn, and never computed again; the wait is taken at the first card, from the press
+    of Run edit that `on_run_edit` recorded (`clicked`; none for an opened or imported
+    run), so a later draw adds the later stages and changes nothing shown before."""
+    log = session.extra.get("card_times")
+    if log is None or log["edit"] is not edit:
+        log = session.extra["card_times"] = {"edit": edit, "stages": [], "drawn": [], "first": None}
+    if not any(ref() is report for ref in log["drawn"]):
+        what, seconds = stage_time(log["stages"], report)
+        log["drawn"].append(weakref.ref(report))
+        log["stages"].append({"stage": getattr(report, "stage", "full"), "n_examples": dict(report.n_examples),
+                              "what": what, "seconds": seconds})
+    first = log["first"] is None
+    if first:
+        clicked = session.extra.get("clicked")  # (edit, start time, pressed): `on_run_edit`
+        started = clicked is not None and clicked[0] is edit
+        log["first"] = (len(log["stages"]), max(0.0, time.time() - clicked[1]) if started else None,
+                        bool(clicked[2]) if started else True)
+    n, waited, pressed = log["first"]
+    stages = tuple((s["what"], s["seconds"]) for s in log["stages"])
+    return Times(float(edit.timings.get("total", 0.0)), stages[:n], waited, pressed, stages[n:]), \
+        first and waited is not None
 
 
 def result_card(session: Session) -> str:
     """The plain-language result under Run edit, from the largest comparison of the edit:
     forgotten and kept with the counts behind them, the retain set's state, what the forget
     answers became, two before/after forget answers that stated their fact plainly
-    (`pick_examples`), and the times: the edit's, the comparison's and the visitor's wait."""
+    (`pick_examples`), and the times (`card_times`: each stage's, recorded once, and the
+    visitor's wait to the first card)."""
     held, edit = session.extra.get("card"), session.edit
     if held is None or edit is None or held[0] is not edit:
         return gr.skip()
@@ -158,11 +195,10 @@ def result_card(session: Session) -> str:
     rows = with_wrong_values(generation_rows(report, FORGET_SETS, n=SHOWN_CARD), session.benchmark)
     held = session.extra.get("attacks")  # (edit, {method: {attack: AttackResult}}) of the "Is it gone?" tab
     attacks = held[1].get("GROM") if held is not None and held[0] is edit else None
-    waited, pressed, first = waited_s(session, edit)
+    times, first = card_times(session, edit, report)
     rho = getattr(getattr(edit, "config", None), "rho", None)
     fitted = not (session.bench_label or "").startswith(NAME_ONLY + "/")  # name only: the model's text was fitted
-    return card_html(report, edit.timings.get("total", 0.0), whole, rows, attacks, waited=waited,
-                     pressed=pressed, rho=rho, first=first, fitted=fitted)
+    return card_html(report, times.edit_s, whole, rows, attacks, rho=rho, first=first, fitted=fitted, times=times)
 
 
 ANSWERS_FIRST = ("knowledge",)
@@ -229,7 +265,8 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
     forget = generation_rows(report, FORGET_SETS)
     retain = generation_rows(report, RETAIN_SETS)
     rho = getattr(getattr(edit, "config", None), "rho", None)
-    return (summary_md(report, n, whole, rho), styled(metrics_frame(report)),
+    fitted = not (session.bench_label or "").startswith(NAME_ONLY + "/")
+    return (summary_md(report, n, whole, rho, fitted), styled(metrics_frame(report)),
             generations_html(forget, "Forget examples: the answers should stop stating the fact, in words",
                              kind="forget"),
             generations_html(retain, "Retain examples: the answers should stay", kind="retain"))

@@ -112,8 +112,9 @@ def test_the_cards_probe_line_says_no_forget_question_was_fitted_in_the_name_onl
     from types import SimpleNamespace
 
     from components.views.card import probe_line
+    from grom.eval.verdicts import Tally
 
-    report = SimpleNamespace(known_facts=lambda: {"forget": (10, 4), "probes": (8, 6)})
+    report = SimpleNamespace(tallies=lambda: {"forget": Tally(10, 6, 0, 4), "probes": Tally(8, 2, 0, 6)})
     assert "against 60% of the fitted ones" in probe_line(report, True)
     line = probe_line(report, True, fitted=False)
     assert "forgot **2 of the 8**" in line and "against 60% of the other half, which it never saw either" in line

@@ -16,6 +16,7 @@ from components.compare_panel import remember, result_card, summary_md  # noqa: 
 from components.core.session import Session  # noqa: E402
 from components.views.card import (  # noqa: E402
     SCROLL_TO_CARD,
+    Times,
     card_html,
     doubtful_credit,
     pick_examples,
@@ -120,16 +121,26 @@ def test_the_card_from_the_session_picks_its_examples_with_the_benchmarks_wrong_
     assert card.index("closest to the Sun is Mercury") < card.index("Europa")  # the plain one first
 
 
-def test_every_time_on_the_card_is_named():
-    line = times_line(11.7, 24.3, 95.4)
-    assert line == ("Times: computing the edit 11.7 s · the comparison 24.3 s · 95 s from pressing Run edit "
-                    "to the first card.")
-    assert "from the edit’s start" in times_line(11.7, 24.3, 40, pressed=False)
-    assert times_line(3.0) == "Times: computing the edit 3.0 s."
+def test_every_time_on_the_card_is_named_and_its_parts_add_up_to_the_wait():
+    line = times_line(Times(11.7, (("the forget answers", 20.1),), 41.3))
+    assert line == ("Times: computing the edit 11.7 s + the forget answers 20.1 s + waiting for the device and "
+                    "the page 9.5 s = 41.3 s from pressing Run edit to the first card.")
+    later = times_line(Times(11.7, (("the forget answers", 20.1),), 41.3, True,
+                             (("the other answers", 39.5), ("the probabilities and truth ratios", 26.5))))
+    assert later.startswith(line[:-1]) and later.endswith(
+        "; then the other answers 39.5 s · the probabilities and truth ratios 26.5 s.")
+    assert "from the edit’s start" in times_line(Times(11.7, (), 40, pressed=False))
+    assert times_line(Times(3.0)) == "Times: computing the edit 3.0 s."
+    assert times_line(Times(3.0, (("the comparison", 2.0),))) == ("Times: computing the edit 3.0 s · the "
+                                                                  "comparison 2.0 s.")
+    # a wait shorter than its parts (clocks read apart): the parts, summed, and no negative rest
+    assert times_line(Times(3.04, (("the comparison", 2.04),), 4.0)) == (
+        "Times: computing the edit 3.0 s + the comparison 2.0 s = 5.0 s from pressing Run edit to the first card.")
     card = card_html(knowledge_report(["Mercury."]), 11.7, True, [], waited=95.4)
     head = card[:card.index("</div>")]
     assert " s" not in head.replace("facts", "")  # the headline holds no unnamed time
-    assert "computing the edit 11.7 s · the comparison 24.3 s · 95 s from pressing Run edit" in card
+    assert ("computing the edit 11.7 s + the comparison 24.3 s + waiting for the device and the page 59.4 s = "
+            "95.4 s from pressing Run edit") in card
 
 
 def test_the_wait_runs_from_the_press_to_the_first_card(monkeypatch):
@@ -143,12 +154,44 @@ def test_the_wait_runs_from_the_press_to_the_first_card(monkeypatch):
     session.extra["clicked"] = (edit, pressed - 40.0, True)  # as on_run_edit records it
     remember(session, edit, knowledge_report(["Mercury."]), True)
     first = result_card(session)
-    assert "40 s from pressing Run edit to the first card" in first or "41 s from pressing" in first
+    assert "= 40.0 s from pressing Run edit to the first card" in first or "= 40.1 s from pressing" in first
     now = time.time()
     monkeypatch.setattr(time, "time", lambda: now + 60)
     assert 'class="result-card rc-new"' in first  # the first card: scrolled into view
     later = result_card(session)
     assert later == first.replace(" rc-new", "")  # a later one keeps the first wait, and is not scrolled to
+
+
+def test_a_time_once_shown_is_final(monkeypatch):
+    """The three draws of one edit's card (the first verdict, the whole card, the comparison):
+    each adds its own stage's time and changes none shown before, and the first card's parts
+    add up to its wait (issue 49: 41.3 -> 80.8 -> 26.5 s)."""
+    import re
+
+    session = Session()
+    edit = SimpleNamespace(timings={"total": 11.7}, config=SimpleNamespace(rho=0.03))
+    session.edit = edit
+    session.extra["clicked"] = (edit, time.time() - 41.3, True)
+    first = knowledge_report(["Mercury."], seconds=20.1)
+    first.stage = "forget"
+    remember(session, edit, first, True)
+    times = [re.search(r"Times: [^<]*", result_card(session)).group(0)]
+    whole = knowledge_report(["Mercury."], seconds=20.1 + 39.5)  # on_card_first adds the first step's seconds
+    whole.stage = "answers"
+    remember(session, edit, whole, True)
+    times.append(re.search(r"Times: [^<]*", result_card(session)).group(0))
+    full = knowledge_report(["Mercury."], seconds=26.5)
+    remember(session, edit, full, True)
+    times.append(re.search(r"Times: [^<]*", result_card(session)).group(0))
+    times.append(re.search(r"Times: [^<]*", result_card(session)).group(0))  # drawn again (the attacks' line)
+    assert times[0].startswith("Times: computing the edit 11.7 s + the forget answers 20.1 s + waiting for the "
+                               "device and the page 9.")
+    for earlier, later in zip(times, times[1:]):
+        assert later.startswith(earlier[:-1])  # every time shown before, unchanged
+    assert times[2].endswith("; then the other answers 39.5 s · the probabilities and truth ratios 26.5 s.")
+    assert times[3] == times[2]
+    parts = [float(x) for x in re.findall(r"([\d.]+) s", times[0].split(" = ")[0])]
+    assert abs(sum(parts) - float(re.search(r"= ([\d.]+) s", times[0]).group(1))) < 0.05
 
 
 def test_run_edit_takes_the_press_once_and_else_its_own_start(monkeypatch):

@@ -9,9 +9,11 @@ from __future__ import annotations
 import html
 import math
 import re
+from dataclasses import dataclass
 
 from grom.eval.metrics import rouge_l_recall
 from grom.eval.report import BASE, EDITED, RETAIN_BROKEN, retain_drops
+from grom.eval.verdicts import NONE, Tally, pooled
 from grom.text import contains_phrase, normalise_text
 
 KEPT_SETS = ("neighbours", "general", "retain")
@@ -29,15 +31,20 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def counts(report) -> tuple[tuple[int, int], tuple[int, int] | None] | None:
-    """((forget facts known, still stated), (kept facts known, still stated)) of a knowledge
-    report, or None for a task without facts. The kept pair is None in a first verdict
-    (`pending`), which has the forget answers alone."""
-    facts = report.known_facts()
-    if "forget" not in facts or not (pending(report) or any(s in facts for s in KEPT_SETS)):
+def tallies(report) -> dict:
+    """The report's per-set `grom.eval.verdicts.Tally` (forgot, broke, still of the facts the
+    unedited model knew): the one rule every count on the card and in Compare reads."""
+    return report.tallies() if hasattr(report, "tallies") else {}
+
+
+def counts(report) -> tuple[Tally, Tally | None] | None:
+    """(forget facts' Tally, kept facts' Tally pooled over `KEPT_SETS`) of a knowledge report,
+    or None for a task without facts. The kept one is None in a first verdict (`pending`),
+    which has the forget answers alone."""
+    found = tallies(report)
+    if "forget" not in found or not (pending(report) or any(s in found for s in KEPT_SETS)):
         return None
-    kept = [facts[s] for s in KEPT_SETS if s in facts]
-    return facts["forget"], (sum(k for k, _ in kept), sum(s for _, s in kept)) if kept else None
+    return found["forget"], pooled(found, KEPT_SETS)
 
 
 def pending(report) -> bool:
@@ -51,10 +58,9 @@ PENDING_LINE = "Now answering the other questions, to count the facts it kept…
 
 def broken_count(report) -> int:
     """How many forget facts the unedited model knew are now answered with degenerate text
-    (loops, punctuation, noise): no longer stated, but broken rather than forgotten. The
-    headline counts them apart, as the Knowledge score does (`grom.eval.metrics.knowledge_score`)."""
-    classes = report.answer_classes().get("forget") if hasattr(report, "answer_classes") else None
-    return int((classes or {}).get("degenerate", 0))
+    (loops, punctuation, noise): no longer stated, but broken rather than forgotten
+    (`Tally.broke`, the Knowledge score's rule)."""
+    return tallies(report).get("forget", NONE).broke
 
 
 def bold(text: str) -> str:
@@ -66,18 +72,16 @@ def headline(report) -> str:
     """One sentence a stakeholder reads in five seconds: what was forgotten, what was kept."""
     found = counts(report)
     if found is not None:
-        (known, still), kept = found
-        k_known, k_still = kept or (None, None)
-        if known == 0:
+        forget, kept = found
+        if forget.known == 0:
             return ("The unedited model stated **none** of these forget facts here: there was nothing to "
                     "forget (does this benchmark fit this model?)")
-        broken = broken_count(report)
-        said = f"Forgot **{known - still - broken} of the {known}** forget facts it knew"
-        if broken:
-            said += f" · **{broken}** broke into degenerate text"
-        if k_known is None:
+        said = f"Forgot **{forget.forgot} of the {forget.known}** forget facts it knew"
+        if forget.broke:
+            said += f" · **{forget.broke}** broke into degenerate text"
+        if kept is None:
             return f"{said} · the facts it kept: counting…"
-        return f"{said} · kept **{k_still} of {k_known}** other facts it knew"
+        return f"{said} · kept **{kept.still} of {kept.known}** other facts it knew"
     base, after = report.rows[BASE].metrics, report.rows[EDITED].metrics
     pairs = [(k, base[k], after[k]) for k in ("Forget fact recall", "Retain fact recall", "Forget accuracy",
                                                "Utility accuracy", "Efficacy", "Specificity",
@@ -87,28 +91,31 @@ def headline(report) -> str:
 
 def probe_line(report, whole: bool, fitted: bool = True) -> str:
     """The held-out probes (the forget target's questions the edit never saw): how many of
-    those the unedited model knew are forgotten, beside the fitted ones; "" without probes.
-    A forgetting that holds only on the fitted questions masks the wording, not the fact.
-    fitted: whether the forget questions were the edit's (False in the name-only setting,
-    where the model's own text was fitted and both halves are held out)."""
-    facts = report.known_facts()
-    if "probes" not in facts:
+    those the unedited model knew are forgotten, beside the share forgotten of the fitted
+    ones, both by the headline's rule (`Tally`: degenerate text is broken, not forgotten,
+    and said apart); "" without probes. A forgetting that holds only on the fitted
+    questions masks the wording, not the fact. fitted: whether the forget questions were
+    the edit's (False in the name-only setting, where the model's own text was fitted and
+    both halves are held out)."""
+    found = tallies(report)
+    probes = found.get("probes")
+    if probes is None:
         return ""
-    known, still = facts["probes"]
-    if known == 0:
+    if probes.known == 0:
         return "Held-out probes: the unedited model stated none of them, so they tell nothing here."
-    share = (known - still) / known
-    interval = "" if whole else " (95%: {:.0%}–{:.0%})".format(*wilson(known - still, known))
-    other = facts.get("forget")
+    interval = "" if whole else " (95%: {:.0%}–{:.0%})".format(*wilson(probes.forgot, probes.known))
+    broke = f", {probes.broke} broke into degenerate text" if probes.broke else ""
+    other = found.get("forget")
     which = "the fitted ones" if fitted else "the other half, which it never saw either"
-    beside = f", against {(other[0] - other[1]) / other[0]:.0%} of {which}" if other and other[0] else ""
-    return (f"Held-out probes the edit never saw: forgot **{known - still} of the {known}** it knew "
-            f"({share:.0%}{interval}{beside}).")
+    beside = f", against {other.share('forgot'):.0%} of {which}" if other is not None and other.known else ""
+    return (f"Held-out probes the edit never saw: forgot **{probes.forgot} of the {probes.known}** it knew "
+            f"({probes.share('forgot'):.0%}{interval}{beside}){broke}.")
 
 
 def classes_line(report) -> str:
-    """What the forget answers that no longer state their fact became: another fluent answer,
-    a refusal or degenerate text (the Knowledge score counts degenerate text as a failure)."""
+    """What the forget answers that no longer state their fact became: another fluent answer
+    or a refusal (together `Tally.forgot`), or degenerate text (`Tally.broke`, which the
+    Knowledge score counts as a failure)."""
     classes = report.answer_classes().get("forget") if hasattr(report, "answer_classes") else None
     if not classes:
         return ""
@@ -123,22 +130,22 @@ def classes_line(report) -> str:
 
 def sample_line(report, whole: bool) -> str:
     """How many facts the verdict counted, and, for a sample, the 95% interval of each share
-    over the split it was drawn from."""
+    (forgotten by the headline's rule, kept) over the split it was drawn from."""
     found = counts(report)
     if found is None:
         return "Counted on every example of the split." if whole else ""
-    (known, still), kept = found
+    forget, kept = found
     if kept is None:  # a first verdict: the forget side alone
         if whole:
-            return f"Counted on all the split's forget questions: the {known} forget facts the unedited model stated."
+            return (f"Counted on all the split's forget questions: the {forget.known} forget facts the unedited "
+                    "model stated.")
         return ("A sample of {} questions per set: on the whole split, forgotten {:.0%}–{:.0%} (95% interval)."
-                .format(max(report.n_examples.values(), default=0), *wilson(known - still, known)))
-    k_known, k_still = kept
+                .format(max(report.n_examples.values(), default=0), *wilson(forget.forgot, forget.known)))
     if whole:
-        return (f"Counted on all the split's questions: the {known} forget and {k_known} other facts the "
-                "unedited model stated.")
-    f_lo, f_hi = wilson(known - still, known)
-    k_lo, k_hi = wilson(k_still, k_known)
+        return (f"Counted on all the split's questions: the {forget.known} forget and {kept.known} other facts "
+                "the unedited model stated.")
+    f_lo, f_hi = wilson(forget.forgot, forget.known)
+    k_lo, k_hi = wilson(kept.still, kept.known)
     return (f"A sample of {max(report.n_examples.values(), default=0)} questions per set: on the whole "
             f"split, forgotten {f_lo:.0%}–{f_hi:.0%} and kept {k_lo:.0%}–{k_hi:.0%} (95% intervals). "
             "Compare on all examples for the split's own count.")
@@ -287,30 +294,59 @@ def pick_examples(rows: list[dict], n: int = 2) -> list[dict]:
     return sorted(rows, key=key)[:n]
 
 
-def times_line(edit_s: float, compared_s: float | None = None, waited_s: float | None = None,
-               pressed: bool = True) -> str:
-    """Each time the card rests on, named: computing the edit (keys, solve, patch), the
-    comparison the card states, and the wait the visitor had from pressing Run edit (where
-    `pressed` is False, from the edit's start) to the first card, which also holds the
-    queue, the plan and the drawing."""
-    parts = [f"computing the edit {edit_s:.1f} s"]
-    if compared_s is not None:
-        parts.append(f"the comparison {compared_s:.1f} s")
-    if waited_s is not None:
-        parts.append(f"{waited_s:.0f} s from {'pressing Run edit' if pressed else 'the edit’s start'} "
-                     "to the first card")
-    return "Times: " + " · ".join(parts) + "."
+@dataclass(frozen=True)
+class Times:
+    """The times a card states, each recorded once, when its stage ended, and never computed
+    again (`components.compare_panel.card_times`): a later draw of the card adds the later
+    stages' times and changes none shown before."""
+
+    edit_s: float
+    """Computing the edit (keys, solve, patch)."""
+    first: tuple[tuple[str, float], ...] = ()
+    """(what, seconds) of each evaluation stage the first card rests on, its own time."""
+    waited_s: float | None = None
+    """From pressing Run edit (else from the edit's start: `pressed` False) to the first card;
+    None where no start was recorded (an opened or imported run)."""
+    pressed: bool = True
+    later: tuple[tuple[str, float], ...] = ()
+    """(what, seconds) of each stage that ended after the first card, its own time."""
+
+
+REST = "waiting for the device and the page"
+"""What the part of the wait that no stage accounts for was: the device's queue (other
+visitors' jobs, the plan), the events between the stages and the drawing."""
+
+
+def times_line(times: Times) -> str:
+    """Each time the card rests on, named. With a wait: the parts of the wait to the first
+    card (the edit, the first stages, and the rest, `REST`) summed to it, then what each
+    later stage took; the parts shown add up to the wait shown."""
+    parts = [("computing the edit", times.edit_s), *times.first]
+    shown = [f"{what} {seconds:.1f} s" for what, seconds in parts]
+    if times.waited_s is None:
+        line = " · ".join(shown + [f"{what} {seconds:.1f} s" for what, seconds in times.later])
+        return f"Times: {line}."
+    counted = sum(round(seconds, 1) for _, seconds in parts)
+    total = max(round(times.waited_s, 1), counted)
+    rest = round(total - counted, 1)
+    if rest > 0:
+        shown.append(f"{REST} {rest:.1f} s")
+    start = "pressing Run edit" if times.pressed else "the edit’s start"
+    line = f"{' + '.join(shown)} = {total:.1f} s from {start} to the first card"
+    if times.later:
+        line += "; then " + " · ".join(f"{what} {seconds:.1f} s" for what, seconds in times.later)
+    return f"Times: {line}."
 
 
 def card_html(report, seconds: float, whole: bool, examples: list[dict], attacks: dict | None = None, *,
               waited: float | None = None, pressed: bool = True, rho: float | None = None,
-              first: bool = False, fitted: bool = True) -> str:
+              first: bool = False, fitted: bool = True, times: Times | None = None) -> str:
     """The card: the headline, the retain line (its advice with the edit's ρ), what the
     forget answers became, how much was counted, the attack suite's line where it ran for
     this edit (`attack_line`), two before/after forget answers (`pick_examples` of
-    `examples`: rows of question, before, after) and the times, each named (`times_line`:
-    the edit's `seconds`, the comparison's, the visitor's wait). `first`: the edit's first
-    card, which `SCROLL_TO_CARD` brings into view (class "rc-new"); its later versions stay
+    `examples`: rows of question, before, after) and the times, each named (`times_line` of
+    `times`; without them, the edit's `seconds`, the report's and the visitor's `waited`).
+    `first`: the edit's first card, which `SCROLL_TO_CARD` brings into view (class "rc-new"); its later versions stay
     where the visitor left them. fitted: see `probe_line`."""
     card = [f'<div class="result-card{" rc-new" if first else ""}"><div class="rc-head">{bold(headline(report))}</div>']
     probes = probe_line(report, whole, fitted)
@@ -326,8 +362,10 @@ def card_html(report, seconds: float, whole: bool, examples: list[dict], attacks
     for row in pick_examples(examples):
         card.append(f'<div class="rc-ex"><b>{html.escape(row["question"])}</b><br>before: '
                     f'{html.escape(row["before"][:160])}<br>after: {html.escape(row["after"][:160])}</div>')
-    compared = getattr(report, "seconds", None)
-    card.append(f'<div class="rc-times">{html.escape(times_line(seconds, compared, waited, pressed))}</div>')
+    if times is None:  # no stages recorded: the edit and this comparison
+        compared = getattr(report, "seconds", None)
+        times = Times(seconds, (("the comparison", compared),) if compared is not None else (), waited, pressed)
+    card.append(f'<div class="rc-times">{html.escape(times_line(times))}</div>')
     card.append('<div class="rc-more">Every metric and more examples: <b>5 · Compare</b>.</div></div>')
     return "".join(card)
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from grom.eval import metrics as M
+from grom.eval.verdicts import Tally, tally_frames
 
 BASE, EDITED, REFERENCE = "Base", "Edited", "Retain model"
 
@@ -51,17 +52,25 @@ class Report:
             raise KeyError(f"no per-example values for {set_name!r}; sets: {', '.join(sets)}")
         return sets[set_name]
 
-    def known_facts(self, row: str = EDITED) -> dict[str, tuple[int, int]]:
-        """Per evaluation set with facts: (facts the unedited model knew, of those the ones
-        `row` still states), e.g. {"forget": (18, 2), "neighbours": (40, 39)}."""
+    def tallies(self, row: str = EDITED) -> dict[str, Tally]:
+        """Per evaluation set with facts: what `row`'s answers did with the facts the unedited
+        model knew (`grom.eval.verdicts.Tally`: forgot, broke into degenerate text, still
+        stated), e.g. {"forget": Tally(known=15, forgot=11, broke=2, still=2), ...}. Every
+        count the app and the exports show comes from here."""
         base, out = self.rows.get(BASE), {}
         if base is None or row not in self.rows:
             return out
         for name, df in self.rows[row].examples.items():
-            known = known_mask(base, name)
-            if known is not None and "fact_recall" in df:
-                out[name] = (int(known.sum()), int((df["fact_recall"].to_numpy()[known] == 1.0).sum()))
+            before = base.examples.get(name)
+            counted = tally_frames(before, df) if before is not None else None
+            if counted is not None:
+                out[name] = counted
         return out
+
+    def known_facts(self, row: str = EDITED) -> dict[str, tuple[int, int]]:
+        """Per evaluation set with facts: (facts the unedited model knew, of those the ones
+        `row` still states), e.g. {"forget": (18, 2), "neighbours": (40, 39)} (`tallies`)."""
+        return {name: (t.known, t.still) for name, t in self.tallies(row).items()}
 
     def answer_classes(self, row: str = EDITED) -> dict[str, dict[str, int]]:
         """Per evaluation set with answer classes: how many of the facts the unedited model
@@ -80,7 +89,8 @@ class Report:
     def to_dict(self) -> dict:
         return {"benchmark": self.benchmark, "split": self.split, "task": self.task,
                 "seconds": self.seconds, "n_examples": self.n_examples, "stage": self.stage,
-                "metrics": {k: v.metrics for k, v in self.rows.items()}}
+                "metrics": {k: v.metrics for k, v in self.rows.items()},
+                "tallies": {k: {s: t.to_dict() for s, t in self.tallies(k).items()} for k in self.rows if k != BASE}}
 
 
 def subset(examples: Sequence, limit: int | None) -> tuple:
