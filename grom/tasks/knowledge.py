@@ -492,7 +492,9 @@ def _decode_loops(run: ModelScorer, sets: dict[str, tuple], chosen: dict[str, tu
         for items in batches:
             if not items:
                 continue
-            step = None if run.answered is None else (lambda k, d=done: run.answered(d + k, total))
+            # generate's on_step hears (finished in this loop, this loop's size): the count goes on
+            # from the loops before, out of every loop's answers
+            step = None if run.answered is None else (lambda k, _size, d=done: run.answered(d + k, total))
             texts = generate(run.model, run.tok, [t for _, _, t, _ in items], prompt_format=run.fmt,
                              max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
                              stop_at=[f for _, _, _, f in items], on_step=step, between=run.between)
