@@ -163,6 +163,28 @@ def test_quantization_attack_scores_both_models_quantized(trained_llama, tokeniz
         quantization_attack(trained_llama, tokenizer, edit, score, bits=3)
 
 
+def test_patch_kept_reads_the_attack_own_quantized_weights(trained_llama, tokenizer, edit, monkeypatch):
+    """patch_kept = <Q(W + P) - Q(W), P> / ||P||^2, here from two quantizations of its own:
+    the attack's, read from the weights it scores (two passes over the weights, not four),
+    gives the same number bit for bit."""
+    from grom.robustness import weights
+
+    for bits in (4, 8):
+        with quantized(trained_llama, "rtn", bits=bits):
+            q0 = {n: trained_llama.get_parameter(n).detach().clone() for n in edit.patches}
+        num = den = 0.0
+        with edit.applied(trained_llama), quantized(trained_llama, "rtn", bits=bits):
+            for n, Q in q0.items():
+                P = edit.patches[n].double()
+                num += float(((trained_llama.get_parameter(n).detach().double() - Q.double()) * P).sum())
+                den += float((P * P).sum())
+        passes = []
+        monkeypatch.setattr(weights, "quantized", lambda *a, **k: passes.append(1) or quantized(*a, **k))
+        res = quantization_attack(trained_llama, tokenizer, edit, likelihood(tokenizer), bits=bits)
+        monkeypatch.undo()
+        assert res.details["patch_kept"] == num / den and len(passes) == 2
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where CUDA is missing")
 @pytest.mark.parametrize("method,bits", [("nf4", 4), ("int8", 8)])
 def test_bitsandbytes_methods_say_what_is_missing(trained_llama, tokenizer, edit, method, bits):

@@ -28,7 +28,7 @@ from grom.closed_form.keys import pad_id
 from grom.data.prompts import PromptFormat, encode_prompt
 from grom.data.schema import QAExample
 from grom.eval.prefix import first_changed_layer
-from grom.eval.quant import bnb_unavailable, quantizable_weights, quantized
+from grom.eval.quant import bnb_unavailable, quantized
 from grom.model.arch import decoder_layers, final_norm, finish_logits, model_device, unembedding
 from grom.model.hooks import capture_outputs, stop_after
 from grom.model.process_memory import releasing
@@ -100,25 +100,30 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
 
 # ---------------------------------------------------------------- quantization
 
-def _patch_kept(model: nn.Module, edit, method: str, bits: int, group_size: int) -> float | None:
+def _quantized_patches(model: nn.Module, edit, info) -> dict[str, torch.Tensor]:
+    """The weights the edit patches among those `info` (`quantized`'s) quantized, copied as
+    they are now (quantized): Q(W) for `_patch_kept`, read where the attack has them."""
+    names = {f"{name}.weight" for name in info.modules}
+    return {n: model.get_parameter(n).detach().clone() for n in edit.patches if n in names}
+
+
+def _patch_kept(model: nn.Module, edit, q0: dict[str, torch.Tensor]) -> float | None:
     """<Q(W + P) - Q(W), P> / ||P||^2 over the quantized matrices the edit patches: the
     share of the patch, along its own direction, that the quantized edited model still
     carries (1: all of it; 0: quantization snaps the edited weights back onto the base's
     grid, as Zhang et al. find for gradient unlearning). The rounding noise orthogonal to
     P is left out (||Q(W+P) - Q(W)|| alone exceeds ||P|| at 4 bits, since P moves each
-    group's scale and so re-rounds all of its weights). None where no patched matrix is
-    quantized. Changes nothing."""
-    names = {f"{name}.weight" for name, _, _ in quantizable_weights(model)[0]}
-    with quantized(model, method, group_size=group_size, bits=bits):
-        q0 = {n: model.get_parameter(n).detach().clone() for n in edit.patches if n in names}
+    group's scale and so re-rounds all of its weights). Read with the edited model
+    quantized now (Q(W + P)), `q0` the base's Q(W) (`_quantized_patches`): the attack's own
+    quantized weights, not quantized again (each pass over SmolLM2's weights is seconds).
+    None where no patched matrix is quantized. Changes nothing."""
     if not q0:
         return None
     num = den = 0.0
-    with edit.applied(model), quantized(model, method, group_size=group_size, bits=bits):
-        for n, Q in q0.items():
-            P = edit.patches[n].double()
-            num += float(((model.get_parameter(n).detach().double().cpu() - Q.double().cpu()) * P).sum())
-            den += float((P * P).sum())
+    for n, Q in q0.items():
+        P = edit.patches[n].double()
+        num += float(((model.get_parameter(n).detach().double().cpu() - Q.double().cpu()) * P).sum())
+        den += float((P * P).sum())
     return num / den if den > 0 else None
 
 
@@ -163,14 +168,15 @@ def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bi
 
     with Held(quant({} if between else None)) as held:
         base = scored(score, model, inside(between, held.left))
-    info = held.entered[0]
+        info = held.entered[0]
+        q0 = _quantized_patches(model, edit, info)
     give(between)
     with Held(lambda: edit.applied(model), quant({} if between else None)) as held:
         edited = scored(score, model, inside(between, held.left))
+        kept = _patch_kept(model, edit, q0)
     details = {"method": info.method, "quantizer": info.method, "quantizer_reason": _why(info, bits),
                "bits": bits, "group_size": info.group_size,
-               "n_matrices": info.n_matrices, "skipped": list(info.skipped),
-               "patch_kept": _patch_kept(model, edit, method, bits, group_size)}
+               "n_matrices": info.n_matrices, "skipped": list(info.skipped), "patch_kept": kept}
     return AttackResult(name, base.value, edited.value, time.perf_counter() - t0, len(edited.hits),
                         base.answers, edited.answers, details)
 
