@@ -191,7 +191,7 @@ def test_names_are_checked_before_any_work(monkeypatch):
 def _fake_weights(calls: list, fail: str | None = None):
     """A stand-in for grom.robustness.weights with its functions' signatures."""
     def relearn_attack(model, tokenizer, edit, train, score, *, steps=3, lr=1e-3, progress=None, fmt=None,
-                       relearn_base=True, between=None):
+                       relearn_base=True, between=None, start=(None, None)):
         calls.append(("relearn", len(train), score(model).value, lr))
         return AttackResult("relearn", 1.0, 0.5, 0.0, 4, details={"steps": [0, 1], "recall": [0.0, 0.5]})
 
@@ -225,6 +225,24 @@ def test_weight_attacks_are_called_by_name_with_their_signatures(edited, monkeyp
     json.dumps({n: r.to_dict() for n, r in out.items()})
     with pytest.raises(ValueError, match="relearn trains on the fitted questions"):
         run_attacks(model, tok, edit, PROBES, attacks="relearn")
+
+
+def test_relearning_starts_from_the_held_out_recall_the_suite_measured(edited, monkeypatch):
+    """With the held-out probes' attack before it, relearning's step 0 (both runs) is that
+    attack's recall, not generated again: the numbers are those of relearning alone."""
+    model, tok, edit = edited
+    generated = []
+    real = suite.probe_recall
+    monkeypatch.setattr(suite, "probe_recall", lambda *a, **k: generated.append(1) or real(*a, **k))
+    alone = run_attacks(model, tok, edit, PROBES, fitted=FORGET, attacks="relearn")["relearn"]
+    assert len(generated) == 6  # steps 0, 5 and 10 of the unedited and of the edited run
+    generated.clear()
+    both = run_attacks(model, tok, edit, PROBES, fitted=FORGET, attacks="heldout,relearn")
+    assert len(generated) == 2 + 4
+    r = both["relearn"]
+    assert (r.base, r.edited, r.n, r.base_answers, r.edited_answers, r.details) == \
+        (alone.base, alone.edited, alone.n, alone.base_answers, alone.edited_answers, alone.details)
+    assert (r.details["base_start"], r.details["recall"][0]) == (both["heldout"].base, both["heldout"].edited)
 
 
 def test_the_model_is_left_unedited_when_an_attack_fails(edited, monkeypatch):

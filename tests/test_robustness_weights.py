@@ -77,6 +77,32 @@ def test_relearning_raises_the_trained_answers_and_restores_the_model(trained_ll
     assert len(res.details["loss"]) == 6 and res.details["loss"][-1] < res.details["loss"][0]
 
 
+def test_relearning_from_known_starts_gives_the_same_run_without_scoring_step_zero(trained_llama, tokenizer, edit):
+    """start=(base, edited): the scores before any step, given by a caller that measured them
+    (the suite's held-out probes); the attack's numbers are those it measures itself, and
+    step 0 is not scored again."""
+    score = likelihood(tokenizer)
+    calls = []
+
+    def counted(model):
+        calls.append(1)
+        return score(model)
+    run = dict(steps=(2, 4), lr=3e-3, batch_size=2)
+    measured = relearn_attack(trained_llama, tokenizer, edit, FORGET, counted, **run)
+    assert len(calls) == 6
+    base0 = score(trained_llama)
+    with edit.applied(trained_llama):
+        edited0 = score(trained_llama)
+    calls.clear()
+    given = relearn_attack(trained_llama, tokenizer, edit, FORGET, counted, start=(base0, edited0), **run)
+    assert len(calls) == 4  # steps 2 and 4 of each run
+    assert (given.base, given.edited, given.details) == (measured.base, measured.edited, measured.details)
+    calls.clear()
+    no_control = relearn_attack(trained_llama, tokenizer, edit, FORGET, counted, relearn_base=False,
+                                start=(base0, None), **run)
+    assert no_control.base == base0.value and len(calls) == 3  # the edited run's steps 0, 2, 4
+
+
 def test_relearning_restores_the_model_when_cancelled(trained_llama, tokenizer, edit):
     snap = snapshot(trained_llama)
 

@@ -33,11 +33,13 @@ Progress = Callable[[float, str], None]
 
 
 def _relearn(model: nn.Module, tokenizer, train: Sequence[QAExample], score: ScoreFn, steps: Sequence[int],
-             s: Settings, tell: Progress, between: Between | None = None) -> tuple[list[Recall], list[float]]:
+             s: Settings, tell: Progress, between: Between | None = None,
+             start: Recall | None = None) -> tuple[list[Recall], list[float]]:
     """Fine-tune every parameter in place (AdamW as the baselines run it, constant lr),
-    scoring after each count of `steps`; (recalls, mean answer loss per optimizer step).
-    Sets train mode and requires_grad; the caller restores them and the weights. `between`
-    (its as_found the caller's) between two optimizer steps and inside each scoring."""
+    scoring after each count of `steps` (step 0: `start` where given); (recalls, mean
+    answer loss per optimizer step). Sets train mode and requires_grad; the caller restores
+    them and the weights. `between` (its as_found the caller's) between two optimizer steps
+    and inside each scoring."""
     enc = encode_sequences(tokenizer, train, s.prompt_format, s.max_length)
     if not enc:
         raise ValueError("the relearning questions produced no answer tokens (empty answers?)")
@@ -53,7 +55,9 @@ def _relearn(model: nn.Module, tokenizer, train: Sequence[QAExample], score: Sco
     order: list[int] = []
     recalls, losses = [], []
     for step in range(max(steps) + 1):
-        if step in steps:
+        if step == 0 and start is not None:
+            recalls.append(start)
+        elif step in steps:
             model.eval()
             with torch.no_grad():
                 recalls.append(scored(score, model, between))
@@ -95,8 +99,8 @@ def _untrained(model: nn.Module, originals: dict, state: ModelState, held: Held)
         now.restore()
 
 
-def _relearned(model, tokenizer, edit, train, score, steps, s, tell,
-               between: Between | None = None) -> tuple[list[Recall], list[float]]:
+def _relearned(model, tokenizer, edit, train, score, steps, s, tell, between: Between | None = None,
+               start: Recall | None = None) -> tuple[list[Recall], list[float]]:
     """`_relearn` with `edit` applied (None: the base model); the weights, modes and flags
     are put back in `finally`, the edit's patched weights by the edit's own revert.
     `between`'s as_found is `_untrained`; none for an edit that unties a tied LM head
@@ -109,7 +113,7 @@ def _relearned(model, tokenizer, edit, train, score, steps, s, tell,
         turn = inside(between, lambda: _untrained(model, originals, state, held))
         try:
             with torch.random.fork_rng(devices=[]):
-                return _relearn(model, tokenizer, train, score, steps, s, tell, turn)
+                return _relearn(model, tokenizer, train, score, steps, s, tell, turn, start)
         finally:
             with torch.no_grad():
                 for n, p in model.named_parameters():
@@ -120,14 +124,17 @@ def _relearned(model, tokenizer, edit, train, score, steps, s, tell,
 def relearn_curve(model: nn.Module, tokenizer, edit, train: Sequence[QAExample], score: ScoreFn,
                   steps: Sequence[int], *, lr: float, batch_size: int = RELEARN_BATCH,
                   fmt: PromptFormat | None = None, seed: int = 0, progress: Progress | None = None,
-                  between: Between | None = None) -> tuple[list[Recall], list[float]]:
+                  between: Between | None = None, start: Recall | None = None) -> tuple[list[Recall], list[float]]:
     """(`score` at each step count of `steps`, the training loss of each optimizer step) of
     one relearning run (`relearn_attack`'s optimizer, batches and seed) of `model` with
     `edit` applied, or of the unedited model where `edit` is None. The model comes back bit
     for bit, also on failure. between: a step boundary (`grom.turns`) between two optimizer
     steps and inside each scoring (`score(model, between=...)`), the model as found there
-    (`_untrained`); the curve does not depend on it."""
+    (`_untrained`); the curve does not depend on it. start: `score` of the model before
+    any step (step 0), where the caller has it already (the suite's held-out probes
+    attack): not scored again (a greedy generation of every probe, a sixth of the attack).
+    It must be what `score(model)` gives there."""
     s = Settings(method="relearn", lr=lr, batch_size=batch_size, seed=seed, weight_decay=0.01,
                  max_grad_norm=1.0, prompt_format=fmt)
     return _relearned(model, tokenizer, edit, train, score, sorted({0, *steps}), s, progress or (lambda *_: None),
-                      between)
+                      between, start)

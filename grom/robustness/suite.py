@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -51,16 +51,39 @@ class Context:
     fmt: PromptFormat | None
     holdout: tuple = ()
     between: Between | None = None  # the suite's step boundary, the model unedited there
+    measured: dict = field(default_factory=dict)
+    """The recalls this run has measured, by what they depend on (`_asked`): a generation
+    the suite would run twice (the held-out probes' attack, then relearning's step 0) runs once."""
 
     def score(self, model: nn.Module, between: Between | None = None) -> Recall:
         """The held-out probes' fact recall of `model` as it is now (`ScoreFn`); `between`
         the caller's, whose as_found undoes what it holds the model in."""
         return probe_recall(model, self.tokenizer, self.probes, fmt=self.fmt, between=between)
 
-    def recall_edited(self, asked, fmt) -> Recall:
-        """The recall of `asked` with the edit applied, which a turn reverts and applies again."""
-        with Held(lambda: self.edit.applied(self.model)) as held:
-            return probe_recall(self.model, self.tokenizer, asked, fmt=fmt, between=inside(self.between, held.left))
+    def recall(self, asked: Sequence[Probe], fmt: PromptFormat | None, edited: bool) -> Recall:
+        """The recall of `asked` in `fmt` by the unedited model, or with the edit applied
+        (which a turn reverts and applies again); measured once per run."""
+        key = _asked(asked, fmt, edited)
+        if key not in self.measured:
+            if edited:
+                with Held(lambda: self.edit.applied(self.model)) as held:
+                    got = probe_recall(self.model, self.tokenizer, asked, fmt=fmt,
+                                       between=inside(self.between, held.left))
+            else:
+                got = probe_recall(self.model, self.tokenizer, asked, fmt=fmt, between=self.between)
+            self.measured[key] = got
+        return self.measured[key]
+
+    def known(self, edited: bool) -> Recall | None:
+        """The held-out probes' recall (`score`) of the unedited or the edited model, where
+        this run has measured it already; else None."""
+        return self.measured.get(_asked(self.probes, self.fmt, edited))
+
+
+def _asked(probes: Sequence[Probe], fmt: PromptFormat | None, edited: bool) -> tuple:
+    """What a recall depends on: each probe's question (asked), answer (the generation's
+    budget) and fact (the hit), the prompt format, and whether the edit is applied."""
+    return tuple((p.question, p.answer, p.fact) for p in probes), fmt, edited
 
 
 def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
@@ -73,9 +96,9 @@ def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
             why = (f"no written {name} probes for what the probes are about (the bundled real-knowledge "
                    "targets have them)" if written else f"no probe could be made into a {name} probe")
             return AttackResult(name, math.nan, math.nan, 0.0, 0, details={"skipped": why})
-        base = probe_recall(ctx.model, ctx.tokenizer, asked, fmt=fmt, between=ctx.between)
+        base = ctx.recall(asked, fmt, edited=False)
         give(ctx.between)
-        edited = ctx.recall_edited(asked, fmt)
+        edited = ctx.recall(asked, fmt, edited=True)
         if written:
             details = {"by_reach": by_reach(asked, base, edited, ctx.fitted, ctx.probes)}
         else:
@@ -112,10 +135,12 @@ def _weights(fn: str):
 
 def _relearn(ctx: Context) -> AttackResult:
     """At the model family's calibrated lr (`grom.robustness.calibration.relearn_lr`), with
-    the unedited model relearned the same way as the control (its base)."""
+    the unedited model relearned the same way as the control (its base). Both runs start
+    from the held-out probes' recall where the suite measured it already (its heldout attack)."""
     from_model = relearn_lr(ctx.model)
     res = _weights("relearn_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.score, lr=from_model.lr,
-                                     fmt=ctx.fmt, relearn_base=True, between=ctx.between)
+                                     fmt=ctx.fmt, relearn_base=True, between=ctx.between,
+                                     start=(ctx.known(edited=False), ctx.known(edited=True)))
     return replace(res, details={**res.details, "lr_why": from_model.why, "lr_calibrated": from_model.calibrated})
 
 

@@ -33,7 +33,7 @@ from grom.model.arch import decoder_layers, final_norm, finish_logits, model_dev
 from grom.model.hooks import capture_outputs, stop_after
 from grom.model.process_memory import releasing
 from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, Progress, relearn_curve
-from grom.robustness.result import AttackResult, Probe, ScoreFn, scored
+from grom.robustness.result import AttackResult, Probe, Recall, ScoreFn, scored
 from grom.turns import Between, Held, give, inside
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
                    steps: Sequence[int] = RELEARN_STEPS, lr: float = RELEARN_LR,
                    batch_size: int = RELEARN_BATCH, progress: Progress | None = None,
                    relearn_base: bool = True, fmt: PromptFormat | None = None, seed: int = 0,
-                   between: Between | None = None) -> AttackResult:
+                   between: Between | None = None,
+                   start: tuple[Recall | None, Recall | None] = (None, None)) -> AttackResult:
     """Name "relearn": fine-tune the edited model on `train` (question -> answer, the loss
     on the answer tokens and EOS, prompts formatted as `grom.methods.trained.sequences` and
     `grom.eval.runner.encode_pair` do) and call `score` after each count of optimizer
@@ -70,6 +71,9 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     The model comes back bit for bit, also on failure or when `progress` raises.
     between: a step boundary (`grom.turns`) between two optimizer steps and inside each
     scoring (`relearn_curve`'s), the model as found there; the results do not depend on it.
+    start: (base, edited) `score` of the unedited and the edited model before any step,
+    where the caller has them (the suite, from its held-out probes attack; None: scored
+    here); what `score` would give there, so the results are the same.
     """
     if not train:
         raise ValueError("relearning needs at least one training question")
@@ -83,16 +87,19 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     run = dict(lr=lr, batch_size=batch_size, fmt=fmt, seed=seed, between=between)
     details: dict = {"steps": steps, "lr": lr, "batch_size": batch_size, "n_train": len(train)}
     if relearn_base:
-        base_curve, _ = relearn_curve(model, tokenizer, None, train, score, steps, progress=share(0.0, 0.5), **run)
+        base_curve, _ = relearn_curve(model, tokenizer, None, train, score, steps, progress=share(0.0, 0.5),
+                                      start=start[0], **run)
         details.update(base_recall=[r.value for r in base_curve], base_start=base_curve[0].value)
         base = base_curve[-1]
+    elif start[0] is not None:
+        base = start[0]
     else:
         tell(0.0, "relearn: the base model's recall")
         model.eval()
         base = scored(score, model, between)
     give(between)
     curve, losses = relearn_curve(model, tokenizer, edit, train, score, steps,
-                                  progress=share(0.5 if relearn_base else 0.1, 1.0), **run)
+                                  progress=share(0.5 if relearn_base else 0.1, 1.0), start=start[1], **run)
     details.update(recall=[r.value for r in curve], loss=losses)
     return AttackResult("relearn", base.value, curve[-1].value, time.perf_counter() - t0, len(curve[-1].hits),
                         base.answers, curve[-1].answers, details)
