@@ -48,8 +48,9 @@ from components.core.memory_budget import BUDGET, budget_bytes
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model, in_turn
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
-from components.views.tables import answers_table_html, download_box, empty_table, title_html
+from components.views.tables import TABLE_LABELS, answers_table_html, download_box, empty_table, title_html
 from grom.data.schema import QAExample
+from grom.eval.verdicts import Tally, tally_answers
 from grom.methods import get_method
 from grom.model.process_memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE
@@ -207,32 +208,68 @@ def progress_weights(key: ModelKey, bench, names: tuple[str, ...]) -> dict[str, 
     return {n: max(seconds[n], 0.0) / total for n in names}
 
 
-def results_frame(results: dict[str, dict], names: tuple[str, ...]) -> pd.DataFrame:
-    """Rows = attacks, columns = Base (from GROM's run), each method's recall, the probes
-    counted and GROM's seconds."""
+def asked(name: str, probes) -> tuple:
+    """The questions attack `name` asked, in the order of its answers: the held-out probes as
+    they are (the attacks on the weights, the teacher-forced ones), else transformed."""
+    return tuple(probes) if name in WEIGHT_ATTACKS + TEACHER_FORCED else transform(probes, name)
+
+
+def attack_tally(result, questions) -> Tally | None:
+    """What the attacked model's answers did with the facts the base model stated under the
+    same attack, by the card's rule (`grom.eval.verdicts.tally_answers`: degenerate text
+    is broken, not forgotten); None for an attack without answers."""
+    n = min(len(questions), len(result.base_answers), len(result.edited_answers))
+    if n == 0:
+        return None
+    return tally_answers([p.fact for p in questions[:n]], result.base_answers[:n], result.edited_answers[:n])
+
+
+def tally_text(t: Tally | None) -> str:
+    """"9 of 12" (forgotten of known), with " · 2 broke" where answers broke; "" for none."""
+    if t is None:
+        return ""
+    return f"{t.forgot} of {t.known}" + (f" · {t.broke} broke" if t.broke else "")
+
+
+def results_frame(results: dict[str, dict], names: tuple[str, ...], probes=None) -> pd.DataFrame:
+    """Rows = attacks, columns = Base (from GROM's run), each method's recall, with the
+    held-out `probes` each method's facts forgotten of those the base model stated under
+    the attack (`attack_tally`), the probes counted and GROM's seconds."""
     rows = []
+    methods = list(results)
     for name in names:
         grom = results[GROM][name]
         row = {"attack": LABELS.get(name, name), "Base": grom.base}
         for method, res in results.items():
             row[method] = res[name].edited
+        if probes is not None:
+            questions = asked(name, probes) if any(res[name].edited_answers for res in results.values()) else ()
+            for method, res in results.items():
+                row[f"{method} forgot"] = tally_text(attack_tally(res[name], questions))
         row["probes"] = grom.n
         row["seconds"] = sum(res[name].seconds for res in results.values())
         rows.append(row)
     frame = pd.DataFrame(rows)
-    for col in frame.columns[1:-2]:
+    for col in ["Base", *methods]:
         frame[col] = frame[col].map(lambda v: "" if v is None or math.isnan(v) else f"{v:.2f}")
     frame["seconds"] = frame["seconds"].map(lambda v: f"{v:.1f}")
     return frame
 
 
-def summary_md(results: dict[str, dict], names: tuple[str, ...]) -> str:
-    """The verdict in words: held-out recall, the worst attack, relearning's curve."""
+def summary_md(results: dict[str, dict], names: tuple[str, ...], probes=None) -> str:
+    """The verdict in words: held-out recall (with the held-out `probes`, the facts the base
+    model stated forgotten and broken, by the card's rule: `attack_tally`), the worst
+    attack, relearning's curve."""
     grom = results[GROM]
     parts = []
     if "heldout" in grom:
         h = grom["heldout"]
-        removed = f" (the edit removed {1 - h.edited / h.base:.0%} of it)" if h.base > 0 else ""
+        t = attack_tally(h, tuple(probes)) if probes is not None else None
+        if t is not None and t.known:
+            broke = f", {t.broke} broke into degenerate text" if t.broke else ""
+            removed = f" (of the {t.known} it stated before, it forgot {t.forgot}, {t.share('forgot'):.0%}{broke})"
+        else:
+            removed = f" (the edit removed {1 - h.edited / h.base:.0%} of it)" if h.base > 0 else ""
         parts.append(f"On **{h.n} held-out probes** the edit never saw, recall went from **{h.base:.2f}** to "
                      f"**{h.edited:.2f}**{removed}.")
     ran = {k: r for k, r in grom.items() if not math.isnan(r.edited) and k != "heldout" and k not in AUC_ATTACKS
@@ -331,7 +368,7 @@ def answers_html(session: Session, row: int) -> str:
         return ""
     name = names[row]
     grom = results[GROM][name]
-    asked = probes if name in WEIGHT_ATTACKS + TEACHER_FORCED else transform(probes, name)
+    questions = asked(name, probes)
     if name == "mia":
         return membership_html(results)
     if name in TEACHER_FORCED or not grom.edited_answers:
@@ -339,7 +376,7 @@ def answers_html(session: Session, row: int) -> str:
                           f'{grom.details.get("note", "no answers to show (teacher-forced)")}')
     methods = list(results)
     rows = []
-    for i, probe in enumerate(asked[:len(grom.edited_answers)]):
+    for i, probe in enumerate(questions[:len(grom.edited_answers)]):
         cells = [probe.question, probe.fact, grom.base_answers[i] if i < len(grom.base_answers) else ""]
         cells += [results[m][name].edited_answers[i] if i < len(results[m][name].edited_answers) else ""
                   for m in methods]
@@ -420,12 +457,12 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
                                   local_progress(lambda f, m: progress(f, desc=m)))
     session.extra["attacks"] = (edit, results, names, probes)
     release_memory()
-    frame = results_frame(results, names)
+    frame = results_frame(results, names, probes)
     shown = [n for n in names if n not in AUC_ATTACKS]  # the plot's axis is recall, not an AUC
     recall = {"Base": [results[GROM][n].base for n in shown]}
     recall |= {m: [res[n].edited for n in shown] for m, res in results.items()}
     figure = plots.plot_attacks([LABELS.get(n, n) for n in shown], recall)
-    return summary_md(results, names), frame, figure, lens_figure(results), answers_html(session, 0)
+    return summary_md(results, names, probes), frame, figure, lens_figure(results), answers_html(session, 0)
 
 
 def chosen(attacks) -> tuple[str, ...]:
@@ -558,8 +595,7 @@ def build_attack_panel() -> SimpleNamespace:
         run = gr.Button("Run the attacks", variant="primary", scale=1, min_width=160, elem_id="attack-run")
         stop = gr.Button("Stop", variant="stop", scale=0, min_width=80, elem_id="attack-stop")
     summary = gr.Markdown(START_SUMMARY, elem_id="attack-summary")
-    table = gr.Dataframe(empty_table("attacks"), label="Fact recall under each attack; "
-                                                       "the membership row is an AUC (click a row for its answers)",
+    table = gr.Dataframe(empty_table("attacks"), label=TABLE_LABELS["attacks"],
                          interactive=False, wrap=True, elem_id="attack-table")
     files = download_box("the attack table")
     plot = gr.Plot(plots.empty_figure("Run the attacks to see recall per attack."), show_label=False)

@@ -39,7 +39,7 @@ from components.views.card import (
     wrong_values,
 )
 from components.views.diff import answer_html, generations_html
-from components.views.tables import download_box, empty_table, metrics_frame, styled
+from components.views.tables import TABLE_LABELS, download_box, empty_table, metrics_frame, styled
 from grom.eval import compare_generations
 from grom.eval.report import BASE, EDITED
 from grom.eval.runner import generate
@@ -152,7 +152,7 @@ def stage_time(stages: list[dict], report) -> tuple[str, float]:
     if stage == "full" and "answers" in before:
         return "the probabilities and truth ratios", seconds
     if stages and stage == "full":
-        return "a larger comparison", seconds
+        return "a larger comparison", seconds  # `remember` keeps the largest
     return STAGE_WORDS.get(stage, "the comparison"), seconds
 
 
@@ -161,15 +161,17 @@ def card_times(session: Session, edit, report) -> tuple[Times, bool]:
     edit's first card. Each stage's time is recorded once, the first time its report is
     drawn, and never computed again; the wait is taken at the first card, from the press
     of Run edit that `on_run_edit` recorded (`clicked`; none for an opened or imported
-    run), so a later draw adds the later stages and changes nothing shown before."""
+    run), so a later draw adds the later stages and changes nothing shown before. A stage
+    of a size already recorded (Compare pressed again) adds nothing."""
     log = session.extra.get("card_times")
     if log is None or log["edit"] is not edit:
         log = session.extra["card_times"] = {"edit": edit, "stages": [], "drawn": [], "first": None}
-    if not any(ref() is report for ref in log["drawn"]):
+    stage, size = getattr(report, "stage", "full"), dict(report.n_examples)
+    again = any(s["stage"] == stage and s["n_examples"] == size for s in log["stages"])  # the same one, again
+    if not again and not any(ref() is report for ref in log["drawn"]):
         what, seconds = stage_time(log["stages"], report)
         log["drawn"].append(weakref.ref(report))
-        log["stages"].append({"stage": getattr(report, "stage", "full"), "n_examples": dict(report.n_examples),
-                              "what": what, "seconds": seconds})
+        log["stages"].append({"stage": stage, "n_examples": size, "what": what, "seconds": seconds})
     first = log["first"] is None
     if first:
         clicked = session.extra.get("clicked")  # (edit, start time, pressed): `on_run_edit`
@@ -340,7 +342,7 @@ def build_compare_panel(examples: int = 20) -> SimpleNamespace:
             full_set = gr.Checkbox(value=False, label="all examples")
             run = gr.Button("Compare", size="sm", elem_id="compare-button")
     summary = gr.Markdown("Run an edit: the comparison follows.", elem_id="compare-summary")
-    table = gr.Dataframe(empty_table("metrics"), label="Metrics before and after the edit", interactive=False,
+    table = gr.Dataframe(empty_table("metrics"), label=TABLE_LABELS["metrics"], interactive=False,
                          wrap=True,
                          max_height=420, elem_id="metrics-table")
     files = download_box("the comparison (metrics, every answer)")

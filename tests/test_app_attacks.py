@@ -41,8 +41,11 @@ def test_the_attack_suite_on_an_uploaded_benchmark_with_probes(url, tmp_path):  
     summary, table, plot, lens, answers = c.predict(ATTACKS, False, "npo", 1, 1e-3, api_name="/attacks")
     rows = {r[0]: r for r in table["data"]}
     assert table["headers"][:3] == ["attack", "Base", "GROM"] and len(rows) == len(ATTACKS)
-    held = rows["Held-out probes"]
-    assert held[3] == 8 and 0 <= float(held[2]) <= 1 and float(held[1]) > 0  # the base model knew some
+    held = dict(zip(table["headers"], rows["Held-out probes"]))
+    assert held["probes"] == 8 and 0 <= float(held["GROM"]) <= 1 and float(held["Base"]) > 0  # the base knew some
+    # of the facts the base model stated, those the edit forgot, by the card's rule (issue 49, item 3)
+    forgot, known = map(int, held["GROM forgot"].split(" · ")[0].split(" of "))
+    assert known == round(float(held["Base"]) * 8) and forgot <= known
     assert "held-out probes" in summary and "Worst attack" in summary
     assert "Relearning (lr 0.0003, calibrated for this model) on 16 fitted questions" in summary
     assert "The unedited model relearned the same way: 0 steps" in summary  # the control, beside the edit's

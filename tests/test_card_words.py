@@ -184,6 +184,8 @@ def test_a_time_once_shown_is_final(monkeypatch):
     remember(session, edit, full, True)
     times.append(re.search(r"Times: [^<]*", result_card(session)).group(0))
     times.append(re.search(r"Times: [^<]*", result_card(session)).group(0))  # drawn again (the attacks' line)
+    remember(session, edit, knowledge_report(["Mercury."], seconds=30.0), True)  # Compare pressed again
+    assert re.search(r"Times: [^<]*", result_card(session)).group(0) == times[2]  # the same stage: nothing added
     assert times[0].startswith("Times: computing the edit 11.7 s + the forget answers 20.1 s + waiting for the "
                                "device and the page 9.")
     for earlier, later in zip(times, times[1:]):

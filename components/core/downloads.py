@@ -128,7 +128,8 @@ def table_files(value, name: str) -> list[str] | None:
 def report_files(report, name: str) -> list[str]:
     """A comparison as files: its metrics table (CSV) and, per model row and evaluation set,
     every example's question, answer and generation with its per-example scores (CSV),
-    and the whole report (JSON: metrics and examples)."""
+    and the whole report (JSON: metrics, examples and the counts of the facts the unedited
+    model knew, `Report.tallies`: the card's)."""
     folder, stem = _folder(), safe_name(name)
     paths = []
     metrics = report.table()
@@ -144,7 +145,7 @@ def report_files(report, name: str) -> list[str]:
         answers[front].to_csv(folder / f"{stem}-answers.csv", index=False)
         paths.append(folder / f"{stem}-answers.csv")
     whole = {"benchmark": report.benchmark, "split": report.split, "task": report.task,
-             "seconds": report.seconds, "rows": {
+             "seconds": report.seconds, "tallies": report.to_dict()["tallies"], "rows": {
                  name: {"metrics": row.metrics,
                         "examples": {s: json.loads(df.to_json(orient="records")) for s, df in row.examples.items()}}
                  for name, row in report.rows.items()}}

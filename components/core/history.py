@@ -104,9 +104,16 @@ def shown_rows(session: Session) -> tuple[list[dict], int]:
     return list(reversed(mine)), len(rows) - len(mine)
 
 
+# the counts a row shows where its comparison has facts, by the card's rule (`grom.eval.verdicts`):
+# per set, the columns of the facts the unedited model knew, of those forgotten, and broken
+COUNTED = {"forget": ("Known", "Forgot", "Broke"), "probes": ("Probes known", "Probes forgot", "Probes broke")}
+
+
 def headline_metrics(report) -> dict[str, float]:
     """The row's metrics of the Edited model: the headline, one forget and one retain
-    metric, and the retain cost, as the report has them."""
+    metric, the retain cost, and the facts the unedited model knew of the forget set and
+    the held-out probes, with how many of them it forgot and how many broke
+    (`Report.tallies`, the card's counts), as the report has them."""
     m = report.rows[EDITED].metrics
     out = {}
     for names in (HEADLINE, FORGET, KEPT):
@@ -115,6 +122,10 @@ def headline_metrics(report) -> dict[str, float]:
             out[name] = float(m[name])
     if "Retain cost" in m:
         out["Retain cost"] = float(m["Retain cost"])
+    found = report.tallies() if hasattr(report, "tallies") else {}
+    for name, (known, forgot, broke) in COUNTED.items():
+        if name in found:
+            out |= {known: found[name].known, forgot: found[name].forgot, broke: found[name].broke}
     return out
 
 

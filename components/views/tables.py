@@ -146,7 +146,15 @@ EMPTY = {
     "sweep": ("point", "p(answer), forget", "p(answer), retain", "edit s"),
     "influence": ("rank", "share of ‖P‖", "example"),
     "quantization": ("metric", "Base", "Base 4-bit", "Edited", "Edited 4-bit"),
-    "attacks": ("attack", "Base", "GROM", "probes", "seconds"),
+    "attacks": ("attack", "Base", "GROM", "GROM forgot", "probes", "seconds"),
+}
+# The labels of the tables whose label may say that they show an earlier edit's results
+# (`components.core.staleness`), as they read otherwise.
+TABLE_LABELS = {
+    "metrics": "Metrics before and after the edit",
+    "attacks": ("Fact recall under each attack; \"forgot\": of the facts the base model stated under it, those "
+                "no longer stated in words (degenerate text counted apart as broke, as on the card); the "
+                "membership row is an AUC (click a row for its answers)"),
 }
 
 
