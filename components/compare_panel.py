@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import gradio as gr
 import numpy as np
 
+from components.core import cards
 from components.core.benchmarks import NAME_ONLY
 from components.core.comparison import FORGET_SETS, RETAIN_SETS, comparison_report, covers_split, examples_per_set
 from components.core.device import DEVICE_LOCK, device_progress, on_device
@@ -24,7 +25,16 @@ from components.core.downloads import report_files
 from components.core.durations import generate_s
 from components.core.errors import UserError, ui_errors
 from components.core.limits import limit
-from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model, in_turn, resident
+from components.core.session import (
+    REGISTRY,
+    ModelKey,
+    Session,
+    current_benchmark,
+    current_edit,
+    current_model,
+    in_turn,
+    resident,
+)
 from components.core.wiring import LOCAL, Page, device_queue
 from components.views import text
 from components.views.card import (
@@ -203,6 +213,36 @@ def result_card(session: Session) -> str:
     return card_html(report, times.edit_s, whole, rows, attacks, rho=rho, first=first, fitted=fitted, times=times)
 
 
+def card_key_of(session: Session, edit, n) -> str | None:
+    """The key (`cards.card_key`) of `edit`'s card on the session's model and benchmark with
+    `n` examples per set; None where the edit records no run or the weights are not known.
+    The fingerprint is read under the device lock: another visitor's edit may be applied
+    for a moment (it is computed once per model)."""
+    handle, bench = REGISTRY.get(session.model_key), session.benchmark
+    run = getattr(edit, "run", None)
+    if handle is None or bench is None or not run or getattr(edit, "method", "grom") != "grom":
+        return None
+    config = cards.config_of(edit.config.to_dict(), run)
+    return cards.card_key(cards.fingerprint_of(handle), handle.key.dtype, bench, config, run, n)
+
+
+def keep_card(session: Session, n) -> None:
+    """The session's whole card, kept on disk under its key (`cards.keep`) without this visit's
+    wait, so that a page asking the same opens with it. Not a first verdict."""
+    held, edit = session.extra.get("card"), session.edit
+    if held is None or edit is None or held[0] is not edit or pending(held[1]):
+        return
+    _, report, whole, _ = held
+    rows = with_wrong_values(generation_rows(report, FORGET_SETS, n=SHOWN_CARD), session.benchmark)
+    fitted = not (session.bench_label or "").startswith(NAME_ONLY + "/")
+    html = card_html(report, edit.timings.get("total", 0.0), whole, rows, None,
+                     rho=getattr(edit.config, "rho", None), fitted=fitted)
+    session.extra["card_html"] = (edit, html)  # a link to the run keeps it (export_panel.on_make_link)
+    key = card_key_of(session, edit, n)
+    if key is not None:
+        cards.keep(key, html, session.model_key.device)
+
+
 ANSWERS_FIRST = ("knowledge",)
 """The tasks whose card rests on the greedy answers alone (fact recall, answer classes):
 after an edit their answers are evaluated first and the card drawn from them
@@ -248,6 +288,7 @@ def on_card_first(max_examples: int, full_set: bool, session: Session, progress=
         report.seconds += first.seconds  # the card's answers took both steps
     session.extra["answers"] = (edit, bench, n, report)
     remember(session, edit, report, covers_split(bench, n))
+    keep_card(session, n)
     yield result_card(session)
 
 
@@ -264,6 +305,7 @@ def on_compare(max_examples: int, full_set: bool, session: Session, progress=gr.
     session.report, session.report_for = report, (bench, edit, n)
     whole = covers_split(bench, n)
     remember(session, edit, report, whole)
+    keep_card(session, n)
     forget = generation_rows(report, FORGET_SETS)
     retain = generation_rows(report, RETAIN_SETS)
     rho = getattr(getattr(edit, "config", None), "rho", None)

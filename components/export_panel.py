@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.core import form, links
+from components.core import cards, form, links
 from components.core.allowed_sources import DEMO
 from components.core.benchmarks import SESSION_DATA, read_benchmark, splits_for
 from components.core.device import device_progress, job_visitor, local_progress
@@ -291,7 +291,7 @@ OPEN_INTRO = "**Open a shared run.** Paste a link to a run of this server: the r
 COPY_LINK_JS = "(url) => { if (url && navigator.clipboard) { navigator.clipboard.writeText(url).catch(() => {}); } }"
 """The link into the clipboard after `on_make_link` (where the browser allows it; the box's
 copy button otherwise)."""
-LINK_OUTPUTS = 5 + len(RESTORED) + 6 + 3 + 3
+LINK_OUTPUTS = 5 + len(RESTORED) + 6 + 3 + 3 + 1
 """What opening a link sets, in this order: the Model panel's status, summary, choice,
 device and dtype; the Edit panel's widgets (`form.RESTORED`; k with the model's layers as
 its maximum); the Benchmark panel's name, split, source, info and the forget and retain
@@ -319,7 +319,9 @@ def on_make_link(session: Session, request: gr.Request):
         token = kept[1]  # the same edit again: its link
     else:
         _admit_export()
-        token = links.store(edit, session.edit_for.dtype if session.edit_for is not None else "", job_visitor())
+        card = session.extra.get("card_html")  # (edit, its whole card): compare_panel.keep_card
+        token = links.store(edit, session.edit_for.dtype if session.edit_for is not None else "", job_visitor(),
+                            card[1] if card is not None and card[0] is edit else "")
         session.extra["link"] = (weakref.ref(edit), token)  # weak: a dropped edit goes with its session's
     how = ("its patches kept bit for bit" if form == "patches" else
            "computed again when the link is opened (its patches are larger than a link keeps) and checked "
@@ -407,16 +409,19 @@ def _open_link(text, session: Session, progress) -> list:
             else:
                 session.extra["model_widgets"] = before[3]
             raise
-        age = link.age_s
+        age, card = link.age_s, link.card and cards.shown(cards.StoredCard(link.card, link.made, "", ""),
+                                                        "kept with the link when it was made")
     values, bench_out, restored, (forget, retain) = _restore_run(imp, edit, inputs, session, "the shared run", "link")
     k = RESTORED.index("k")
     values[k] = gr.Slider(value=values[k], maximum=num_layers(imp.handle.model))
     result = [edit_summary(edit) + data_line(session.bench_label, forget, retain), layer_table(edit),
               norms_figure(edit)]
+    what = ("its card, as it was when the link was made, is under Run edit; press **Compare** for every metric"
+            if card else "press **Compare** to see what it forgot and kept")
     note = (f"**Opened a shared run** (its link was made {links.age_text(age)} ago): **{imp.handle.key.shown}** on "
-            f"**{session.bench_label}**. {restored} {verdict} The edit is loaded: press **Compare** to see what "
-            "it forgot and kept; Diagnostics and Export use it too.")
-    return model_out + values + bench_out + result + [note, note, gr.Tabs(selected="edit")]
+            f"**{session.bench_label}**. {restored} {verdict} The edit is loaded: {what}; Diagnostics and Export "
+            "use it too.")
+    return model_out + values + bench_out + result + [note, note, gr.Tabs(selected="edit"), card or gr.skip()]
 
 
 @ui_errors
@@ -439,7 +444,7 @@ def on_page_link(session: Session, request: gr.Request, progress=gr.Progress()):
         return on_open_link(params.get(links.LINK_PARAM), session, progress)
     except gr.Error as err:
         note = f"⚠ {err.message} The page opened as usual, on its own model and benchmark."
-        return [gr.skip()] * (LINK_OUTPUTS - 3) + [note, note, gr.skip()]
+        return [gr.skip()] * (LINK_OUTPUTS - 4) + [note, note, gr.skip(), gr.skip()]
 
 
 def build_export_panel() -> SimpleNamespace:
@@ -473,11 +478,11 @@ def build_export_panel() -> SimpleNamespace:
 
 def link_outputs(ui: SimpleNamespace) -> list:
     """What opening a link to a run sets (`LINK_OUTPUTS`, in its order): the model, the Edit
-    panel's widgets, the benchmark, the result view, the notes, the tabs."""
+    panel's widgets, the benchmark, the result view, the notes, the tabs, the card."""
     m, b, r = ui.model, ui.bench, ui.result
     return ([m.status, m.summary, m.choice, m.device, m.dtype] + form.widgets(ui.edit, ui.layers, RESTORED)
             + [b.name, b.split, b.source, b.info, ui.data.forget_df, ui.data.retain_df, r.summary, r.table, r.norms,
-               ui.edit.status, ui.export.link_note, ui.tabs])
+               ui.edit.status, ui.export.link_note, ui.tabs, ui.edit.card])
 
 
 def wire(x: SimpleNamespace, page: Page) -> None:

@@ -243,8 +243,8 @@ def test_a_page_without_a_link_changes_nothing_and_a_bad_one_says_why(root):
     for query, said in (("run=..%2F..%2Fetc%2Fpasswd", "is not a link"), ("run=" + "Q" * 32, "unknown here"),
                         ("run=", "is not a link")):
         out = on_page_link(session, request(query=query), progress=lambda *a, **k: None)
-        assert len(out) == LINK_OUTPUTS and said in out[-3] and "The page opened as usual" in out[-3]
-        assert out[-3] == out[-2] and str(root) not in out[-3]
+        assert len(out) == LINK_OUTPUTS and said in out[-4] and "The page opened as usual" in out[-4]
+        assert out[-4] == out[-3] and str(root) not in out[-4] and isinstance(out[-1], type(gr.skip()))
     assert session.model_key is None and session.edit is None  # untouched
 
 
@@ -289,7 +289,8 @@ def outputs(out) -> SimpleNamespace:
 
     n = len(RESTORED)
     return SimpleNamespace(model=out[:5], widgets=dict(zip(RESTORED, out[5:5 + n])), bench=out[5 + n:11 + n],
-                           summary=out[11 + n], table=out[12 + n], note=out[14 + n], export_note=out[15 + n])
+                           summary=out[11 + n], table=out[12 + n], note=out[14 + n], export_note=out[15 + n],
+                           card=out[-1])
 
 
 def export_patches(client, folder: Path) -> tuple[dict, dict]:
@@ -436,3 +437,18 @@ def test_a_link_opened_in_a_fresh_page(wired_url, tmp_path):
         gone.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
         browser.close()
     assert not errors, errors
+
+
+def test_a_link_keeps_the_runs_card_and_opens_with_it(root):
+    """The card of the run when its link was made travels with the link (issue 49: a
+    stakeholder opening it sees the result, not a button to press); one larger than any the
+    app writes is not kept."""
+    card = '<div class="result-card"><div class="rc-head">Forgot <b>12 of the 15</b></div></div>'
+    with links.opened(links.store(tiny_edit(), card=card)) as link:
+        assert link.card == card and abs(link.made - time.time()) < 60
+    with links.opened(links.store(tiny_edit(), card="x" * (links.MAX_CARD_BYTES + 1))) as link:
+        assert link.card == ""
+    from components.core import cards
+
+    shown = cards.shown(cards.StoredCard(card, time.time(), "", ""), "kept with the link when it was made")
+    assert "rc-from-store" in shown and "kept with the link" in shown and "12 of the 15" in shown

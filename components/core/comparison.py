@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from dataclasses import replace
 
+from components.core import cards
 from components.core.allowed_sources import DEMO
 from components.core.costs import check_comparison
 from components.core.device import DEVICE_LOCK, ON_ZEROGPU, give_turn, kept_cache, on_device
@@ -15,6 +17,7 @@ from components.core.session import REGISTRY, ModelHandle, ModelKey, Session, cu
 from components.core.validate import whole_number
 from grom.demo import load_demo_model
 from grom.eval import evaluate
+from grom.eval.report import BASE, EDITED
 from grom.model.loading import resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -74,10 +77,29 @@ def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[
                         between=give_turn)  # a visitor waiting goes between the rows and their batches
 
 
+def _disk_key(key: ModelKey, bench, n) -> str | None:
+    """The key of the Base report of (model, benchmark, n) on disk (`cards.keep_object`): the
+    weights, their dtype, the data and the size; None where the model is not loaded."""
+    handle = REGISTRY.get(key)
+    if handle is None:
+        return None
+    return cards.object_key("base-report", cards.fingerprint_of(handle), key.dtype, bench.name, bench.split,
+                            cards.data_digest(bench), n)
+
+
 def base_report(key: ModelKey, bench, n):
-    """The first Report made for (model, benchmark, n) in this process, or None."""
+    """The first Report made for (model, benchmark, n) in this process, else the one kept on
+    disk by an earlier process on the same weights and data (a restarted server's first
+    comparison costs one row), or None."""
     hit = _BASE_CACHE.get((key, id(bench), n))
-    return hit[1] if hit is not None and hit[0] is bench else None
+    if hit is not None and hit[0] is bench:
+        return hit[1]
+    disk = _disk_key(key, bench, n)
+    report = cards.find_object("base-report", disk) if disk is not None else None
+    if report is not None and getattr(report, "stage", "") == "full" and BASE in getattr(report, "rows", {}):
+        _BASE_CACHE[(key, id(bench), n)] = (bench, report)
+        return report
+    return None
 
 
 def keep_base(key: ModelKey, bench, n, report) -> None:
@@ -89,6 +111,14 @@ def keep_base(key: ModelKey, bench, n, report) -> None:
         _BASE_CACHE[ck] = (bench, report)
         while len(_BASE_CACHE) > 6:
             _BASE_CACHE.popitem(last=False)
+        disk = _disk_key(key, bench, n)
+        if disk is not None:  # the unedited rows alone: an edit's row is the visitor's
+            cards.keep_object("base-report", disk, unedited(report))
+
+
+def unedited(report):
+    """`report` with its unedited rows only (Base, and the retain model's)."""
+    return replace(report, rows={k: v for k, v in report.rows.items() if k != EDITED})
 
 
 def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),

@@ -27,6 +27,7 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_LINKS | 500 | links to runs kept (the oldest go; GROM_LINK_DIR: where, components/core/links.py) |
 | GROM_LINKS_MAX_MB | 512 | links to runs kept on disk (the oldest go) |
 | GROM_LINK_DAYS | 30 | days a link to a run opens |
+| GROM_MAX_CARDS | 200 | result cards kept on disk, each a few kB, so that a page opens with its card (GROM_CARD_DIR: where, components/core/cards.py; the oldest go) |
 | GROM_UPLOADS_PER_MINUTE | 30 | uploads one client (address) may make per minute |
 | GROM_SERVER_UPLOADS_PER_MINUTE | 120 | uploads the whole server accepts per minute; past it, a visitor who has had less than an equal share still gets one, up to twice this |
 | GROM_MAX_REQUEST_MB | 4 | body of any request but an upload (the queue's inputs) |
@@ -64,7 +65,7 @@ DEFAULTS = {
     "GROM_MAX_EXAMPLE_TOKENS": 4096, "GROM_MAX_JOB_TOKENS": 500_000, "GROM_MAX_JOB_SECONDS": 900,
     "GROM_MAX_QUEUED_PER_VISITOR": 3, "GROM_LISTEN_SECONDS": 20, "GROM_MAX_PATCH_RANK": 1024,
     "GROM_MAX_MODEL_PARAMS": 2_000_000_000, "GROM_DEVICE_JOBS": 64,
-    "GROM_MAX_LINKS": 500, "GROM_LINKS_MAX_MB": 512, "GROM_LINK_DAYS": 30,
+    "GROM_MAX_LINKS": 500, "GROM_LINKS_MAX_MB": 512, "GROM_LINK_DAYS": 30, "GROM_MAX_CARDS": 200,
     "GROM_SESSIONS_PER_VISITOR": 32, "GROM_SESSION_IDLE_SECONDS": 900, "GROM_MAX_PAGE_SESSIONS": 2000,
     "GROM_DIRECT_CALLS_PER_VISITOR": 8, "GROM_VISITOR_EXPORTS_PER_MINUTE": 3,
 }

@@ -66,6 +66,8 @@ from grom import Edit
 from grom.edit import META_FILE, PATCH_FILE
 
 LINK_PARAM = "run"  # the page's query parameter: <page>?run=<token>
+CARD_FILE = "card.html"  # the run's result card as it was when the link was made (compare_panel.keep_card)
+MAX_CARD_BYTES = 256 << 10
 LINK_FILE = "link.json"  # beside the export's files: {"dtype": the model's, "by": who made it, hashed (owner_of)}
 DTYPES = ("float32", "bfloat16", "float16")
 TOKEN_CHARS = 32
@@ -218,12 +220,13 @@ def stored_form(edit: Edit) -> str:
                     "settings: press Export the edit and share its two files instead.")
 
 
-def store(edit: Edit, dtype: str = "", visitor: str = "") -> str:
+def store(edit: Edit, dtype: str = "", visitor: str = "", card: str = "") -> str:
     """A new link to `edit` (made on a model in `dtype`; "": not known) by `visitor`: its
     files (`stored_form`) written into a fresh folder, which becomes the link, named by a
     new token, only once complete; then the links are bounded (`_prune`: the largest
     holder's go first). Returns the token. A link larger than GROM_LINKS_MAX_MB alone is
-    refused."""
+    refused. `card`: the run's result card (HTML this app made), kept beside it where it
+    is at most MAX_CARD_BYTES, so that the link opens with it."""
     root = links_root()
     root.mkdir(parents=True, exist_ok=True)
     form = stored_form(edit)
@@ -233,6 +236,8 @@ def store(edit: Edit, dtype: str = "", visitor: str = "") -> str:
             edit.save(partial, factored=bool(edit.stored_ranks))  # full: bit for bit; factors stay factors
         else:
             (partial / META_FILE).write_text(json.dumps(edit.metadata(), indent=2))
+        if card and len(card.encode()) <= MAX_CARD_BYTES:
+            (partial / CARD_FILE).write_text(card)
         (partial / LINK_FILE).write_text(json.dumps({"dtype": dtype if dtype in DTYPES else "",
                                                      "by": owner_of(visitor)}))
         size = _bytes(partial)
@@ -262,6 +267,8 @@ class Link:
     patch_file: Path | None  # None: stored by its settings, computed again
     age_s: float
     dtype: str = ""  # the model's, where the link records it
+    card: str = ""  # the run's result card when the link was made, where it was kept
+    made: float = 0.0  # when the link was made (time.time())
 
 
 def _find(token: str) -> tuple[Path, float]:
@@ -298,12 +305,21 @@ def opened(text) -> Iterator[Link]:
     with tempfile.TemporaryDirectory(prefix="grom-link-") as tmp:
         with _lock:
             folder, age = _find(token)
-            for name in (META_FILE, PATCH_FILE, LINK_FILE):
+            for name in (META_FILE, PATCH_FILE, LINK_FILE, CARD_FILE):
                 source = folder / name
                 if source.is_file() and not source.is_symlink():
                     shutil.copyfile(source, Path(tmp) / name)
         patch = Path(tmp) / PATCH_FILE
-        yield Link(token, Path(tmp) / META_FILE, patch if patch.is_file() else None, age, _dtype(Path(tmp) / LINK_FILE))
+        yield Link(token, Path(tmp) / META_FILE, patch if patch.is_file() else None, age, _dtype(Path(tmp) / LINK_FILE),
+                   _card(Path(tmp) / CARD_FILE), time.time() - age)
+
+
+def _card(path: Path) -> str:
+    """The card a link keeps, else "" (none, or larger than any the app writes)."""
+    try:
+        return path.read_text() if path.stat().st_size <= MAX_CARD_BYTES else ""
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _dtype(path: Path) -> str:

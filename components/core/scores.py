@@ -1,6 +1,7 @@
 """The layer scores S_l of the unedited model, computed on the device and cached per model."""
 from __future__ import annotations
 
+from components.core import cards
 from components.core.device import DEVICE_LOCK, device_progress, give_turn, on_device
 from components.core.durations import scores_s
 from components.core.session import ModelKey, resident
@@ -24,12 +25,18 @@ SCORES_CACHE_SIZE = 16
 def cached_scores(handle, forget, retain, config, progress):
     """The layer scores of the unedited model, once per (forget, retain, config) and model:
     every new page of the demo, and every visitor of a Space, asks for the same ones. The
-    cache lives in this process (on ZeroGPU, `compute_scores` runs in another one)."""
+    cache lives in this process (on ZeroGPU, `compute_scores` runs in another one), and on
+    disk (`cards.keep_object`), keyed by the weights, so that a restart does not lose it."""
     key = (tuple(forget), tuple(retain), config)  # examples and configs are frozen dataclasses
     if key not in handle.scores_cache:
         if len(handle.scores_cache) >= SCORES_CACHE_SIZE:
             handle.scores_cache.pop(next(iter(handle.scores_cache)))  # the oldest
-        handle.scores_cache[key] = compute_scores(
-            handle.key, forget, retain, config,
-            device_progress(lambda f: progress(f, desc="logit lens over the keys")))
+        # kept on disk too, by the weights and the data: a restarted server's first page has them at once
+        disk = cards.object_key("layer-scores", cards.fingerprint_of(handle), handle.key.dtype, *map(repr, key))
+        scores = cards.find_object("layer-scores", disk)
+        if scores is None:
+            scores = compute_scores(handle.key, forget, retain, config,
+                                    device_progress(lambda f: progress(f, desc="logit lens over the keys")))
+            cards.keep_object("layer-scores", disk, scores)
+        handle.scores_cache[key] = scores
     return handle.scores_cache[key]
