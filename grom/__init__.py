@@ -4,18 +4,64 @@ The public names: the math (`solve_update`, `ridge_mu`, `specificity_weights`,
 `best_window`, `example_influence`, `example_influence_bruteforce`), the edit
 (`EditConfig`, `PRESETS`, `demo_preset`, `run_edit`, `Edit`) and the layer scores (`LayerScores`,
 `score_layers`).
+
+Each is imported on its first use (a module `__getattr__`, PEP 562, as PEFT loads its
+optional backends), so that `import grom` and `python -m grom --help` load no torch
+(seconds). The benchmarks' registry, `grom.data.BENCHMARKS`, is told here how to fill
+itself: before its first read it imports `grom.tasks`, whose modules register their
+benchmarks (and import the registry, which therefore cannot import them itself).
 """
-import grom.tasks  # noqa: F401 (registers the benchmarks and their tasks, which grom.data cannot import)
-from grom.closed_form.config import PRESETS, EditConfig, demo_preset, preset
-from grom.closed_form.directions import specificity_weights
-from grom.closed_form.influence import example_influence, example_influence_bruteforce
-from grom.closed_form.layer_scores import LayerScores, best_window, score_layers
-from grom.closed_form.pipeline import run_edit
-from grom.closed_form.solve import ridge_mu, solve_update
-from grom.edit import Edit
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from grom.data.loaders import fill_before_reading
 
 __all__ = [
     "Edit", "EditConfig", "LayerScores", "PRESETS", "best_window", "demo_preset", "example_influence",
     "example_influence_bruteforce", "preset", "ridge_mu", "run_edit", "score_layers",
     "solve_update", "specificity_weights",
 ]
+
+
+def __getattr__(name: str):
+    """`grom.X` for a public name X: its module imported now, the value kept."""
+    if name in ("PRESETS", "EditConfig", "demo_preset", "preset"):
+        from grom.closed_form import config as module
+    elif name in ("LayerScores", "best_window", "score_layers"):
+        from grom.closed_form import layer_scores as module
+    elif name in ("example_influence", "example_influence_bruteforce"):
+        from grom.closed_form import influence as module
+    elif name in ("ridge_mu", "solve_update"):
+        from grom.closed_form import solve as module
+    elif name == "specificity_weights":
+        from grom.closed_form import directions as module
+    elif name == "run_edit":
+        from grom.closed_form import pipeline as module
+    elif name == "Edit":
+        from grom import edit as module
+    else:
+        raise AttributeError(f"module 'grom' has no attribute {name!r}")
+    value = globals()[name] = getattr(module, name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def _register_tasks() -> None:
+    """Fill the benchmarks' registry: the tasks register their benchmarks when imported."""
+    import grom.tasks  # noqa: F401
+
+
+fill_before_reading(_register_tasks)
+
+if TYPE_CHECKING:  # what type checkers and editors read: the same names, as plain imports
+    from grom.closed_form.config import PRESETS, EditConfig, demo_preset, preset
+    from grom.closed_form.directions import specificity_weights
+    from grom.closed_form.influence import example_influence, example_influence_bruteforce
+    from grom.closed_form.layer_scores import LayerScores, best_window, score_layers
+    from grom.closed_form.pipeline import run_edit
+    from grom.closed_form.solve import ridge_mu, solve_update
+    from grom.edit import Edit

@@ -9,16 +9,17 @@ Each benchmark's module (grom/tasks/<name>.py, its loader and its task) document
 and local layout. Without a network the Hub fails with a `BenchmarkError` that says so;
 offline mode (HF_HUB_OFFLINE=1) is honoured.
 
-The benchmarks are registered by their tasks (grom/tasks/, which the `grom` package
-imports, so they are registered whatever is imported first): `grom.tasks.register_task`
-adds a task's `BenchmarkSpec`s here, the bundled demo world heads the list.
+The benchmarks are registered by their tasks (grom/tasks/): `grom.tasks.register_task`
+adds a task's `BenchmarkSpec`s here, the bundled demo world heads the list. The registry
+calls `fill_before_reading`'s fills before it is first read (the `grom` package gives it one
+that imports `grom.tasks`), so it is full whatever was imported first.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from grom.data.readers import BenchmarkError
 from grom.data.schema import Benchmark
@@ -51,8 +52,40 @@ class BenchmarkSpec:
 
 
 _REGISTRY: dict[str, BenchmarkSpec] = {}
+_fills: list[Callable[[], None]] = []  # called before the registry's next read (fill_before_reading)
+
+
+def fill_before_reading(fill: Callable[[], None]) -> None:
+    """Have `fill` called before the registry's next read. The `grom` package gives one
+    that imports the tasks: they register the benchmarks and import this module, so this
+    module cannot import them."""
+    _fills.append(fill)
+
+
+class _Registered(Mapping):
+    """`_REGISTRY`, read-only, with the fills done before it is read."""
+
+    def _full(self) -> Mapping[str, BenchmarkSpec]:
+        for fill in list(_fills):  # a read during a fill (the tasks' own import) finds what is there so far
+            fill()
+        _fills.clear()
+        return MappingProxyType(_REGISTRY)
+
+    def __getitem__(self, name: str) -> BenchmarkSpec:
+        return self._full()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._full())
+
+    def __len__(self) -> int:
+        return len(self._full())
+
+    def __repr__(self) -> str:
+        return f"BENCHMARKS({list(self)})"
+
+
 # Every registered benchmark, in the order a UI lists them; read-only (see register_benchmark).
-BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(_REGISTRY)
+BENCHMARKS: Mapping[str, BenchmarkSpec] = _Registered()
 
 
 def register_benchmark(spec: BenchmarkSpec, *, first: bool = False) -> BenchmarkSpec:
