@@ -24,6 +24,7 @@ from components.core.edits import warm_edit
 from components.core.errors import ui_errors
 from components.core.model_choices import ensure_model, n_layers, status_line, summary
 from components.core.session import REGISTRY, Session, in_turn
+from components.core.staleness import wire as wire_staleness
 from components.core.wiring import LINKS, LOCAL, Page, device_queue
 from components.diagnostics_panel import matrix_choices
 from components.export_panel import link_outputs, on_page_link
@@ -169,7 +170,8 @@ def on_data_changed():
 
 def wire(page: Page) -> None:
     """What spans panels: new data clears the comparison's and the baseline's results; an
-    edit done draws its status, plot, matrices and tab (`page.edit_done`, the card's start)."""
+    edit done draws its status, plot, matrices and tab (`page.edit_done`, the card's start);
+    Run edit pressed or the form changed: the results on show marked (`core.staleness`)."""
     ui = page.ui
     c, a, bl, e, ly = ui.compare, ui.answers, ui.baseline, ui.edit, ui.layers
     page.data_loaded.success(on_data_changed, None, [c.summary, c.table, a.forget_html, a.retain_html, a.prompt_html,
@@ -177,6 +179,7 @@ def wire(page: Page) -> None:
     page.edit_done = page.edit_run.success(on_edit_done, view_widgets(ly, page.session),
                                            [e.status, e.card, ly.plot, ly.band_info, ui.diag.matrix, page.tabs],
                                            **LOCAL)
+    wire_staleness(page)  # results of an earlier edit, or of other settings, said to be so
 
 
 # ------------------------------------------------------------------------------ the server's warm-up
