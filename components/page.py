@@ -16,17 +16,21 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from components.compare_panel import on_card_first, on_compare
+from components.core import cards, form
 from components.core.allowed_sources import DEMO, REAL
 from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
-from components.core.comparison import warm_base_rows
+from components.core.comparison import examples_per_set, warm_base_rows
 from components.core.device import ON_ZEROGPU, UNWANTED, gave_way, wait_for_quiet, yielding
 from components.core.edits import warm_edit
 from components.core.errors import ui_errors
 from components.core.model_choices import ensure_model, n_layers, status_line, summary
 from components.core.session import REGISTRY, Session, in_turn
 from components.core.staleness import wire as wire_staleness
+from components.core.validate import check_seed, retain_subset
 from components.core.wiring import LINKS, LOCAL, Page, device_queue
 from components.diagnostics_panel import matrix_choices
+from components.edit_panel import on_run_edit
 from components.export_panel import link_outputs, on_page_link
 from components.layers_panel import band_text_md, on_layer_scores, score_widgets, scores_figure, view_widgets
 from components.views.tables import describe, empty_table, examples_html
@@ -114,6 +118,67 @@ def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session)
         UNWANTED.reset(token)
 
 
+def stored_card_key(values: list, max_examples, full_set, session: Session) -> str | None:
+    """The key (`cards.card_key`) of the card that Run edit would give with the form's `values`
+    (in `form.NAMES` order) and the Compare panel's size, on the session's model and data;
+    None where the model's weights were not read yet (the warm-up reads them) or the form
+    does not make an edit."""
+    handle = REGISTRY.get(session.model_key) if session.model_key is not None else None
+    bench = session.benchmark
+    fingerprint = cards.known_fingerprint(handle.model) if handle is not None else None
+    if fingerprint is None or bench is None:
+        return None
+    v = form.read(values)
+    config = form.edit_config(v, n_layers=n_layers(handle), prompt_format=bench.prompt_format)
+    seed = check_seed(v["seed"])
+    run = {"retain_examples": int(v["retain_examples"] or 0), "seed": seed, "band_mode": v["band_mode"],
+           "n_retain": len(retain_subset(bench.retain, v["retain_examples"], seed)), "k": config.k}
+    n = examples_per_set(max_examples, full_set, bench)
+    return cards.card_key(fingerprint, handle.key.dtype, bench, cards.config_of(config.to_dict(), run), run, n)
+
+
+def on_stored_card(*args, request: gr.Request = None):
+    """A new page: the card its form would give, where one is kept on disk (`cards.find`),
+    shown at once and marked as computed ahead; nothing for a page opened with a link to a
+    run (the link shows its own) or where none is kept."""
+    *values, max_examples, full_set, session = args
+    params = getattr(request, "query_params", None) or {}
+    if "run" in params:
+        return gr.skip()
+    try:
+        key = stored_card_key(values, max_examples, full_set, session)
+    except Exception:  # noqa: BLE001  (a courtesy: Run edit says what is wrong with the form)
+        return gr.skip()
+    card = cards.find(key) if key is not None else None
+    return cards.shown(card) if card is not None else gr.skip()
+
+
+def card_widgets(ui: SimpleNamespace) -> list:
+    """`on_stored_card`'s inputs, less the session: the form, the Compare panel's size."""
+    return form.widgets(ui.edit, ui.layers) + [ui.compare.max_examples, ui.compare.full_set]
+
+
+def warm_card(values: list, max_examples, full_set, session: Session) -> None:
+    """The start page's card, computed as Run edit and the card after it would and kept on
+    disk (`compare_panel.keep_card`), unless one is kept for its key already. The weights'
+    fingerprint is read first (pages look cards up by it)."""
+    handle = REGISTRY.get(session.model_key)
+    if handle is None:
+        return
+    cards.fingerprint_of(handle)
+    key = stored_card_key(values, max_examples, full_set, session)
+    if key is None or cards.find(key) is not None:
+        return
+    quiet = lambda *_, **__: None  # noqa: E731
+    on_run_edit(*values, session, quiet)
+    for _ in on_card_first(max_examples, full_set, session, progress=quiet):
+        pass
+    if cards.find(key) is None:  # a benchmark whose card the comparison draws
+        on_compare(max_examples, full_set, session, progress=quiet)
+    if cards.find(key) is None:
+        log.warning("the start page's card was computed but not kept (key %s)", key)
+
+
 def warm_widgets(ui: SimpleNamespace) -> list:
     """The warm-up's inputs (`on_warm_comparison`'s, in order, less the session)."""
     return [ui.compare.max_examples, ui.layers.k, ui.edit.retain_examples, ui.edit.seed]
@@ -141,6 +206,8 @@ def wire_opening(demo: gr.Blocks, page: Page, start_key) -> None:
         .success(in_turn(on_warm_comparison), warm_widgets(ui) + [s], None,
                  api_visibility="private", **device_queue())
     page.page_linked = linked
+    # the card this page's form would give, where one is kept on disk: shown at once
+    linked.success(on_stored_card, card_widgets(ui) + [s], e.card, **LOCAL)
 
 
 # ------------------------------------------------------------------------------ across panels
@@ -197,7 +264,7 @@ def warmup_note() -> str:
             "clicks go first: it gives the device up to them.")
 
 
-def warm_first_page(start_key, score_values: list, warm_values: list) -> None:
+def warm_first_page(start_key, score_values: list, warm_values: list, card_values: list | None = None) -> None:
     """What a new page computes as it opens (`on_page_load`, `first_scores`,
     `warm_comparison`: the layer scores, the stream entering the suggested band, the
     unedited comparison rows), run once in the background as the server starts, with the
@@ -209,6 +276,8 @@ def warm_first_page(start_key, score_values: list, warm_values: list) -> None:
     steps = [("page", lambda: on_page_load(session, start_key)),
              ("layer scores", lambda: on_first_scores(*score_values, session, progress=lambda *_, **__: None)),
              ("comparison", lambda: on_warm_comparison(*warm_values, session))]
+    if card_values is not None:  # the start page's card, kept on disk: every first visitor sees it at once
+        steps.append(("card", lambda: warm_card(card_values[:-2], *card_values[-2:], session)))
     WARMUP.update(running=True, started=time.monotonic())
     try:
         for name, step in steps:
@@ -235,4 +304,4 @@ def warm_in_background(ui: SimpleNamespace, start_key) -> None:
     """`warm_first_page` in a daemon thread, with the page's default widget values."""
     threading.Thread(target=warm_first_page, name="warm-first-page", daemon=True,
                      args=(start_key, [c.value for c in score_widgets(ui)],
-                           [c.value for c in warm_widgets(ui)])).start()
+                           [c.value for c in warm_widgets(ui)], [c.value for c in card_widgets(ui)])).start()

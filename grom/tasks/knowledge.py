@@ -340,6 +340,14 @@ of the 86 unedited answers before their fact, which then counted as unknown. Ans
 stop once their fact is stated (`grom.eval.runner.greedy_until`), so only answers that
 never state it, and never end, run the whole budget."""
 KNOWLEDGE_MARGIN = 16  # tokens beyond the longest reference answer, where that is longer
+FIRST_VERDICT_BUDGET = 24
+"""New tokens of a first verdict's answers (the "forget" stage of an edited row, on a CPU:
+`split_decoding`): an answer that keeps its fact states it within 24 tokens in most cases
+(median 11 on SmolLM2's default split), while a forgotten one runs its whole budget, so
+the first verdict comes in about half the decoding. Its answers that do not state their
+fact (column "cut") are decoded again with the whole budget by the answers stage that
+follows, whose card replaces the first verdict: a fact stated only past token 24 is
+counted there (BENCHMARKS.md measures how often the two verdicts differ)."""
 KNOWLEDGE_GEN_BATCH = 128  # prompts per decoding loop: one loop serves every set of a row
 
 
@@ -381,17 +389,20 @@ def _knowledge_qa(run: ModelScorer, examples: tuple, gens: list[str], paraphrase
     return df
 
 
-def _given_answers(run: ModelScorer, chosen: dict[str, tuple]) -> dict[str, tuple[list[str], list[str] | None]]:
+def _given_answers(run: ModelScorer, chosen: dict[str, tuple]) -> dict[str, tuple[list, list[str] | None]]:
     """The answers `run.given` (an earlier evaluation of this model on these sets) holds,
-    per set it holds for the same questions: (the questions' answers, the forget set's
-    paraphrases' answers or None where it lacks them: the forget stage decodes none)."""
+    per set it holds for the same questions: (the questions' answers, None for each one a
+    first verdict cut short (`FIRST_VERDICT_BUDGET`, column "cut"): decoded again; the
+    forget set's paraphrases' answers or None where it lacks them: the forget stage
+    decodes none)."""
     out = {}
     for name, ex in chosen.items():
         df = run.given.get(name)
         if df is None or list(df.get("question", ())) != [e.question for e in ex]:
             continue
         para = list(df["paraphrase_generation"]) if name == "forget" and "paraphrase_generation" in df else None
-        out[name] = (list(df["generation"]), para)
+        cut = df["cut"].to_numpy(dtype=bool) if "cut" in df else np.zeros(len(df), dtype=bool)
+        out[name] = ([None if c else g for g, c in zip(df["generation"], cut)], para)
     return out
 
 
@@ -466,6 +477,8 @@ def _decoding_loops(chosen: dict[str, tuple], given: dict, paraphrased: bool) ->
     for name, ex in chosen.items():
         held, held_para = given.get(name, (None, None))
         parts = [("questions", [e.question for e in ex])] if held is None else []
+        if held is not None and None in held:  # a first verdict's answers cut short: again, with the whole budget
+            loops["rest"] += [(name, "again", e.question, e.fact) for e, h in zip(ex, held) if h is None]
         if name == "forget" and paraphrased and held_para is None:
             parts.append(("paraphrases", [e.paraphrased_question or e.question for e in ex]))
         for part, texts in parts:
@@ -486,6 +499,8 @@ def _decode_loops(run: ModelScorer, sets: dict[str, tuple], chosen: dict[str, tu
                     if isinstance(e, QAExample) and e.fact] if run.stage == "forget" else \
             [e for ex in chosen.values() for e in ex]
         budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for e in everyone])
+        if short_first(run):
+            budget = min(budget, FIRST_VERDICT_BUDGET)
         total, done = len(loops["first"]) + len(loops["rest"]), 0
         batches = (loops["first"], loops["rest"]) if split_decoding(run.model) else \
             (loops["first"] + loops["rest"],)
@@ -502,6 +517,12 @@ def _decode_loops(run: ModelScorer, sets: dict[str, tuple], chosen: dict[str, tu
                 gens.setdefault((name, part), []).append(text)
             done += len(items)
     return gens
+
+
+def short_first(run: ModelScorer) -> bool:
+    """Whether this row's answers are a first verdict's, cut at `FIRST_VERDICT_BUDGET`: the
+    forget stage on a CPU, where the evaluation fixed no budget of its own."""
+    return run.stage == "forget" and not run.max_new_tokens and split_decoding(run.model)
 
 
 def _add_set_metrics(row: Row, name: str, df: pd.DataFrame) -> None:
@@ -549,12 +570,16 @@ def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool =
 
     for name, ex in chosen.items():
         held, held_para = given.get(name, (None, None))
-        answers = list(held if held is not None else gens[name, "questions"])
+        again = iter(gens.get((name, "again"), ()))
+        answers = [h if h is not None else next(again) for h in held] if held is not None \
+            else list(gens[name, "questions"])
         paraphrase = name == "forget" and (paraphrased or held_para is not None)
         if paraphrase:
             answers += held_para if held_para is not None else gens[name, "paraphrases"]
-        df = _knowledge_qa(run, ex, answers, paraphrase=paraphrase,
-                           given=run.given.get(name) if held is not None else None)
+        lent = run.given.get(name) if held is not None and None not in held else None  # classes of the same answers
+        df = _knowledge_qa(run, ex, answers, paraphrase=paraphrase, given=lent)
+        if short_first(run):
+            df["cut"] = ~df["fact_recall"].astype(bool)  # not stated within the short budget: decoded again
         _add_set_metrics(row, name, df)
     if "forget" in row.examples:
         row.metrics["Forget repetition"] = float(row.examples["forget"]["repetition"].mean())
