@@ -5,10 +5,24 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from grom.closed_form.config import PRESETS, TARGETS, EditConfig
-from grom.model.sharding import DEVICE_MAP_HELP, MAX_MEMORY_HELP, ShardingError, parse_device_map, parse_max_memory
+if TYPE_CHECKING:
+    from grom.closed_form.config import EditConfig
+    from grom.edit import Edit
+
+# What the parser shows and checks, written out here: their sources (grom.closed_form.config,
+# grom.model.sharding) load torch, seconds before `--help` or a wrong option could answer.
+# tests/test_cli.py checks each against its source.
+PRESET_NAMES = ("demo", "demo-forget01", "demo-forget05", "muse-books", "muse-news", "smollm2", "tofu10", "tofu5",
+                "wmdp-bio", "zsre")
+TARGETS = ("suppression", "corruption", "refusal")
+DEVICE_MAP_HELP = ("auto, balanced or sequential (accelerate spreads the model over the GPUs, then the "
+                   "CPU, then disk), or one device: cpu, cuda, cuda:N")
+MAX_MEMORY_HELP = ('per device, comma separated: GPU index or cpu = size, e.g. "0=20GiB,1=20GiB,cpu=60GiB" '
+                   "(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
 
 
 def layer_indices(text: str) -> tuple[int, ...]:
@@ -33,24 +47,33 @@ def _budget(text: str) -> int | str:
     return value
 
 
-def _sharding_arg(parse):
-    """An argparse `type=` from a `grom.model.sharding` parser (its message on a bad value)."""
+def _sharding_arg(name: str):
+    """An argparse `type=` from the `grom.model.sharding` parser `name` (its message on a bad
+    value), imported when a value is given rather than to build the parser (torch)."""
     def convert(text: str):
+        from grom.model import sharding
+
         try:
-            return parse(text)
-        except ShardingError as err:
+            return getattr(sharding, name)(text)
+        except sharding.ShardingError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
     return convert
+
+
+def _json_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """`--json [FILE]`: `what` as JSON, for scripts."""
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help=f"{what} as JSON: without FILE on stdout instead of the summary; with FILE written there")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="local model folder or Hub id")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16")
-    p.add_argument("--device-map", type=_sharding_arg(parse_device_map), metavar="MAP",
+    p.add_argument("--device-map", type=_sharding_arg("parse_device_map"), metavar="MAP",
                    help=f"shard the model with accelerate: {DEVICE_MAP_HELP} (then --device is ignored; "
                         "edited layers must not land on disk)")
-    p.add_argument("--max-memory", type=_sharding_arg(parse_max_memory), metavar="BUDGETS",
+    p.add_argument("--max-memory", type=_sharding_arg("parse_max_memory"), metavar="BUDGETS",
                    help=f"with --device-map, the memory each device may hold: {MAX_MEMORY_HELP}")
 
 
@@ -71,7 +94,7 @@ def _model_and_sets(p: argparse.ArgumentParser) -> None:
 
 def _data_args(p: argparse.ArgumentParser) -> None:
     _model_and_sets(p)
-    p.add_argument("--preset", choices=sorted(PRESETS), help="start from the paper's settings")
+    p.add_argument("--preset", choices=PRESET_NAMES, help="start from the paper's settings")
     p.add_argument("--matrix", choices=["down_proj", "o_proj", "lm_head"])
     p.add_argument("--layers", type=layer_indices, help="layers to edit, e.g. 11-15 (default: automatic band)")
     p.add_argument("-k", type=int, help="width of the automatic band")
@@ -101,8 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     edit.add_argument("--out", help="folder to write the edit into (required unless --plan)")
     edit.add_argument("--plan", action="store_true",
                       help="print the memory plan (bytes per stage, from the model's config) and exit")
+    _json_arg(edit, "the result (folder, band, seconds, each layer's record; with --plan, the plan)")
     scores = sub.add_parser("scores", help="print the per-layer logit-lens scores S_l and the band")
     _data_args(scores)
+    _json_arg(scores, "the scores S_l, F_l, R_l and the band")
     attack = sub.add_parser("attack", help="is it really gone? held-out probes and attacks on a saved edit")
     _model_and_sets(attack)
     attack.add_argument("--edit", required=True, help="a folder `python -m grom edit` wrote")
@@ -111,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_argument("--attacks", default="all",
                         help="a comma list of attack names, or all; multi_hop and alias ask the questions written "
                              "for the bundled real-knowledge targets the probes are about (grom/robustness/written.py)")
-    attack.add_argument("--json", help="write the results to this JSON file")
+    _json_arg(attack, "every attack's results")
     evaluate = sub.add_parser("evaluate", help="a benchmark's metrics of the model, a saved edit applied; "
                                                "TOFU also as OpenUnlearning's TOFU_EVAL.json")
     _model_args(evaluate)
@@ -121,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "privacy leakage against it")
     evaluate.add_argument("--max-examples", type=int, metavar="N", help="at most N examples of each set, evenly "
                                                                          "spread (default: all)")
-    evaluate.add_argument("--json", help="write every row's metrics to this JSON file")
+    _json_arg(evaluate, "every row's metrics")
     evaluate.add_argument("--openunlearning", metavar="DIR",
                           help="TOFU and the demo: write the edited model's (else the model's) TOFU_EVAL.json and "
                                "TOFU_SUMMARY.json into DIR, as OpenUnlearning writes them")
@@ -164,6 +189,8 @@ def write_command(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> EditConfig:
+    from grom.closed_form.config import PRESETS, EditConfig
+
     base = PRESETS[args.preset] if args.preset else EditConfig()
     fields = ("matrix", "layers", "k", "target", "refusal", "beta", "w_r", "rho", "c", "beta_relative",
               "use_alpha", "batch_size", "seed")
@@ -231,18 +258,15 @@ def edit_or_scores(args: argparse.Namespace) -> int:
         config = config.replace(prompt_format=fmt)
     if args.command == "edit" and plan_before_loading(args, config, forget, retain):
         return 0
+    t0 = time.perf_counter()
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                                   max_memory=args.max_memory)
+    load_s = time.perf_counter() - t0
     if args.command == "scores":
         prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
         scores = compute_scores(model, prep, config)
-        if rank() != 0:
-            return 0
-        print(f"{'layer':>5} {'S_l':>10} {'F_l':>10} {'R_l':>10}")
-        for l, (s, f, r) in enumerate(zip(scores.S, scores.F, scores.R)):
-            mark = "  *" if l in scores.band else ""
-            print(f"{l:>5} {s:>10.4f} {f:>10.4f} {r:>10.4f}{mark}")
-        print(f"band (k={config.k}): {list(scores.band)}")
+        if rank() == 0:
+            _report(args, scores.to_dict(), scores_table(scores))
         return 0
     try:
         edit = grom.run(model, tokenizer, forget, retain, config)
@@ -251,9 +275,69 @@ def edit_or_scores(args: argparse.Namespace) -> int:
     if rank() != 0:
         return 0
     out = edit.save(Path(args.out))
-    print(json.dumps({"out": str(out), "band": edit.band, "timings": edit.timings,
-                      "patch_norm": edit.patch_norm()}, indent=2))
+    timings = {"load": load_s, **edit.timings}
+    doc = {"out": str(out), "model": args.model, "band": edit.band, "timings": timings,
+           "patch_norm": edit.patch_norm(), "n_forget": len(forget), "n_retain": len(retain),
+           "layers": [r.to_dict() for r in edit.layers]}
+    _report(args, doc, edit_summary(edit, out, args.model, len(forget), len(retain), timings))
     return 0
+
+
+def _report(args: argparse.Namespace, doc: dict, summary: str) -> None:
+    """`summary` on stdout, or `doc` as JSON instead with a bare --json; --json FILE writes
+    `doc` there as well."""
+    text = json.dumps(_json_safe(doc), indent=2) if args.json else ""
+    if args.json == "-":
+        print(text)
+        return
+    print(summary)
+    if args.json:
+        Path(args.json).write_text(text)
+
+
+def scores_table(scores) -> str:
+    """The layer scores, a row a layer (the band's marked *), and the band."""
+    lines = [f"{'layer':>5} {'S_l':>10} {'F_l':>10} {'R_l':>10}"]
+    for l, (s, f, r) in enumerate(zip(scores.S, scores.F, scores.R)):
+        mark = "  *" if l in scores.band else ""
+        lines.append(f"{l:>5} {s:>10.4f} {f:>10.4f} {r:>10.4f}{mark}")
+    lines.append(f"band (k={scores.k}): {list(scores.band)}")
+    return "\n".join(lines)
+
+
+def layers_text(layers) -> str:
+    """[11, 12, 13] -> '11-13'; [3, 5] -> '3, 5'."""
+    layers = list(layers)
+    if len(layers) > 1 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}-{layers[-1]}"
+    return ", ".join(map(str, layers))
+
+
+def _band_text(edit: Edit) -> str:
+    cfg = edit.config
+    if not edit.band:
+        return "the LM head"
+    how = "given" if cfg.layers is not None else f"automatic: the best {cfg.k} by the layer scores S_l"
+    return f"layers {layers_text(edit.band)} ({how})"
+
+
+def edit_summary(edit: Edit, out: Path, model: str, n_forget: int, n_retain: int, timings: dict) -> str:
+    """What `python -m grom edit` did, for a reader: where it went, the band, the times and
+    each edited matrix's record (beta, the ridge mu, the keys, how large the patch is)."""
+    cfg = edit.config
+    rows = [("written", f"{out} (patch.safetensors, edit.json)"), ("model", model),
+            ("data", f"{n_forget} forget and {n_retain} retain examples"),
+            ("edit", f"{cfg.matrix}, target {cfg.target}, {_band_text(edit)}"),
+            ("seconds", "  ".join(f"{k} {v:.2f}" for k, v in timings.items())),
+            ("|P|", f"{edit.patch_norm():.4g} (Frobenius, every matrix together)")]
+    lines = ["GROM edit"] + [f"  {k:<8} {v}" for k, v in rows] + [""]
+    head = f"  {'matrix':<34} {'beta':>9} {'mu':>9} {'forget keys':>11} {'retain keys':>11} {'|P|/|W|':>9}"
+    lines.append(head)
+    for r in edit.layers:
+        ratio = r.patch_norm / r.weight_norm if r.weight_norm else float("nan")
+        lines.append(f"  {r.param_name:<34} {r.beta:>9.4g} {r.mu:>9.3g} {r.n_forget_keys:>11} "
+                     f"{r.n_retain_keys:>11} {ratio:>9.3g}")
+    return "\n".join(lines)
 
 
 def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, retain) -> bool:
@@ -274,9 +358,11 @@ def plan_before_loading(args: argparse.Namespace, config: EditConfig, forget, re
     p = plan_edit(model_config, tokenizer, forget, retain, config, args.dtype)
     if args.plan:
         if rank() == 0:
-            print(json.dumps(p.settings))
-            print(p.describe())
-            print(f"peak: {p.peak / 2**30:.3f} GiB at stage {p.peak_stage!r}")
+            doc = {"settings": p.settings, "stages": p.stages, "parts": p.parts, "peak": p.peak,
+                   "peak_stage": p.peak_stage}
+            planned = ", ".join(f"{k} {v}" for k, v in p.settings.items())
+            _report(args, doc, f"memory plan for: {planned}\n\n{p.describe()}\n\n"
+                               f"peak: {p.peak / 2**30:.3f} GiB at stage {p.peak_stage!r}")
         return True
     # sharded: every device the map may use, the weights beyond the budgets on disk (grom.model.sharding)
     where = args.device_map or resolve_device(args.device)
@@ -345,12 +431,10 @@ def attack_command(args: argparse.Namespace) -> int:
                           progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg))
     doc = {"model": args.model, "edit": str(args.edit), "method": edit.method, "n_probes": len(probes),
            "n_fitted": len(fitted), "n_holdout": len(holdout),
-           "attacks": {n: _json_safe(r.to_dict()) for n, r in results.items()}}
-    print(f"{'attack':<20} {'base':>6} {'edited':>6} {'n':>4} {'seconds':>8}")
-    for n, r in results.items():
-        print(f"{n:<20} {r.base:>6.3f} {r.edited:>6.3f} {r.n:>4} {r.seconds:>8.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+           "attacks": {n: r.to_dict() for n, r in results.items()}}
+    table = [f"{'attack':<20} {'base':>6} {'edited':>6} {'n':>4} {'seconds':>8}"]
+    table += [f"{n:<20} {r.base:>6.3f} {r.edited:>6.3f} {r.n:>4} {r.seconds:>8.1f}" for n, r in results.items()]
+    _report(args, doc, "\n".join(table))
     return 0
 
 
@@ -387,13 +471,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
     log = logging.getLogger("grom.evaluate")
     report = evaluate(model, tokenizer, bench, edit=edit, reference=reference, max_examples=args.max_examples,
                       include_base=edit is None, progress=lambda f, msg: log.info("%3.0f%% %s", 100 * f, msg))
-    print(report.table().T.to_string(float_format=lambda v: f"{v:.4f}"))
-    if args.json:
-        Path(args.json).write_text(json.dumps(_json_safe(report.to_dict()), indent=2))
+    _report(args, report.to_dict(), report.table().T.to_string(float_format=lambda v: f"{v:.4f}"))
     if args.openunlearning:
         paths = write_openunlearning(report, args.openunlearning, EDITED if edit is not None else BASE,
                                      benchmark=bench, retain_logs=args.retain_logs)
-        print("OpenUnlearning log: " + ", ".join(str(p) for p in paths))
+        if args.json != "-":  # stdout holds the JSON alone
+            print("OpenUnlearning log: " + ", ".join(str(p) for p in paths))
     return 0
 
 
