@@ -15,7 +15,9 @@ The shared model is given back unedited whatever happens (the suite's promise).
 
 Before a run each attack's label carries its estimated seconds on the session's model and
 benchmark, and a line their sum for the ticked ones (`attack_estimates`: the work counted
-from the model's size and the probes' tokens, `components.core.durations`). The panel opens
+from the model's size and the probes' tokens, `components.core.durations`, priced at the
+pace this host measured, `components.core.pace`), and the device's queue ahead. Each
+attack run is timed into that pace. The panel opens
 on a quick set (`QUICK`), the rest one click away. While the suite runs, the summary says
 what runs, and the progress counts the ticked attacks (each is a call of its own).
 """
@@ -24,11 +26,13 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
 
+from components.core import pace
 from components.core.comparators import (
     check_editor,
     check_gpu_time,
@@ -41,7 +45,7 @@ from components.core.comparators import (
 from components.core.comparison import shared_model
 from components.core.costs import check_job
 from components.core.device import DEVICE_LOCK, device_progress, give_turn, local_progress, on_device
-from components.core.durations import attack_inputs, attack_memory, attack_s, attack_seconds, wall_rate
+from components.core.durations import AttackInputs, attack_inputs, attack_memory, attack_s, attack_work
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.limits import limit, over
 from components.core.memory_budget import BUDGET, budget_bytes
@@ -126,10 +130,10 @@ MAX_ESTIMATES = 16
 _ESTIMATES_LOCK = threading.Lock()  # sessions' events fill it from several threads
 
 
-def attack_estimates(handle, bench) -> dict[str, float]:
-    """{attack: estimated seconds on one edit} on the loaded model's device, for every
-    attack (`components.core.durations.attack_seconds`); a UserError where the benchmark has
-    no held-out probes (the attacks cannot run: it says what to load)."""
+def inputs_of(handle, bench) -> AttackInputs:
+    """The attacks' `AttackInputs` on the model and benchmark (tokenized once, kept in
+    `ESTIMATES`); a UserError where the benchmark has no held-out probes (the attacks
+    cannot run: it says what to load)."""
     key = (handle.key, id(bench))
     with _ESTIMATES_LOCK:
         held = ESTIMATES.get(key)
@@ -140,7 +144,38 @@ def attack_estimates(handle, bench) -> dict[str, float]:
             while len(ESTIMATES) >= MAX_ESTIMATES:
                 ESTIMATES.pop(next(iter(ESTIMATES)))
             held = ESTIMATES[key] = (bench, inputs)
-    return attack_seconds(held[1], attack_names("all"), wall_rate(handle.model))
+    return held[1]
+
+
+def attack_kind(name: str) -> str:
+    """The kind of work an attack is to the host's pace (`components.core.pace`)."""
+    return f"attack:{name}"
+
+
+def attack_estimates(handle, bench) -> dict[str, float]:
+    """{attack: estimated seconds on one edit} on the loaded model, for every attack: its
+    work counted (`components.core.durations.attack_work`) and priced at this host's pace
+    now (`components.core.pace.seconds`: the model's calibration, the attack's own measured
+    pace, the CPU's load); a UserError where the benchmark has no held-out probes."""
+    inputs = inputs_of(handle, bench)
+    return {name: pace.seconds(handle, attack_kind(name), attack_work(inputs, name), inputs.size)
+            for name in attack_names("all")}
+
+
+@contextmanager
+def paced(key: ModelKey, bench, name: str):
+    """Time one attack (`attack_once`) into the host's pace of its kind (nothing where the
+    model or its inputs are not at hand: the attack runs all the same)."""
+    handle = REGISTRY.get(key)
+    try:
+        inputs = inputs_of(handle, bench) if handle is not None else None
+    except Exception:  # noqa: BLE001  (no estimate, no record: the run does not depend on it)
+        inputs = None
+    if inputs is None:
+        yield
+        return
+    with pace.timed(handle, attack_kind(name), attack_work(inputs, name), inputs.size):
+        yield
 
 
 @on_device(duration=attack_s)
@@ -185,9 +220,10 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
             message = f"{method}: attack {j + 1}/{len(names)}: {LABELS.get(name, name)}"
             width = share * weight[name]
             progress(at, message)
-            step = device_progress(lambda f, _m, at=at, width=width, message=message: progress(at + width * f,
-                                                                                               message))
-            out[method] |= attack_once(key, bench, edit, name, step)
+            step = device_progress(lambda f, _m, at=at, width=width, message=message: progress(
+                min(1.0, at + width * f), message))  # the shares' float sum may pass 1 by a rounding
+            with paced(key, bench, name):
+                out[method] |= attack_once(key, bench, edit, name, step)
             at += width
     progress(1.0, "attacks done")
     return out
@@ -484,11 +520,11 @@ def estimate_md(names, seconds: dict[str, float], n_probes: int, with_baseline: 
         return "No attack ticked: tick some, or press **Quick set**."
     total = sum(seconds.get(n, 0.0) for n in names)
     text = (f"The {len(names)} ticked attack(s) take about **{about(total).lstrip('~')}** on GROM's edit here "
-            f"(each attack's estimate is beside its name: from the model's size and the {n_probes} held-out "
-            "probes; longer while the server is busy).")
+            f"(each attack's estimate is beside its name: its work from the model's size and the {n_probes} "
+            "held-out probes, at the pace this server measured, its load now included).")
     if with_baseline:
         text += f" With the baseline: {about(2 * total)} for the two edits, and its training first."
-    return text
+    return text + pace.queue_words()
 
 
 def attack_view(attacks, with_baseline: bool, session: Session):
@@ -559,7 +595,7 @@ def on_attacks_start(attacks, with_baseline: bool, session: Session) -> str:
         took = ""
     who = "GROM's edit and the baseline set in Compare (trained first)" if with_baseline else "GROM's edit"
     return (f"{RUNNING}{len(names)} attack(s) on {who}{took}: {', '.join(LABELS.get(n, n) for n in names)}. "
-            "The bar counts them; **Stop** ends the run at its next step.")
+            f"The bar counts them; **Stop** ends the run at its next step.{pace.queue_words()}")
 
 
 def on_attacks_stopped(summary: str):

@@ -15,13 +15,16 @@ one evaluation row.
 """
 from __future__ import annotations
 
+import logging
 import math
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
 
-from components.core.allowed_sources import DEMO, REAL
+from components.core import pace
+from components.core.allowed_sources import DEMO
 from components.core.comparators import (
     band_note,
     check_editor,
@@ -34,6 +37,7 @@ from components.core.comparators import (
     glossary,
     is_editor,
     is_redirection,
+    is_trained,
     key_note,
     parse_method,
     redirection_boxes,
@@ -43,7 +47,7 @@ from components.core.comparators import (
 from components.core.comparison import comparison_report, compute_report, examples_per_set, reference_for, shared_model
 from components.core.costs import check_job, evaluation_sets
 from components.core.device import device_progress, local_progress
-from components.core.durations import baseline_memory
+from components.core.durations import baseline_memory, training_work
 from components.core.errors import UserError, shorten, ui_errors
 from components.core.history import FORGET, add_comparator_run
 from components.core.limits import limit, over
@@ -58,6 +62,8 @@ from grom.methods.editors.locate_then_edit import editor_band
 from grom.methods.trained.starting_points import starting_point
 from grom.model.arch import num_layers
 from grom.model.process_memory import release_memory
+
+log = logging.getLogger(__name__)
 
 DEFAULT_METHOD = "simnpo"
 DEFAULT_EPOCHS = 10  # OpenUnlearning's TOFU recipe
@@ -126,25 +132,46 @@ def on_setting_change(method: str, epochs, lr, session: Session):
     return gr.update(info=default_note(epochs, d_epochs, editor)), gr.update(info=default_note(lr, d_lr, editor))
 
 
-CPU_S_PER_EPOCH = {DEMO: 10, REAL: 20}
-"""Seconds per epoch of the default method (SimNPO) on a 2-core CPU, measured
-(BENCHMARKS.md: the demo's forget10; SmolLM2's known solar-system facts, 98 s for 5)."""
+def training_kind(method: str) -> str:
+    """The kind of work a trained method's run is to the host's pace (`components.core.pace`)."""
+    return f"train:{method}"
 
 
-def placeholder(key: ModelKey | None = None) -> str:
-    """The summary before any run, with the time an epoch takes on the loaded model where it
-    was measured (on a CPU), so that it never quotes the demo's time for SmolLM2."""
-    key = key if key is not None else (REGISTRY.current.key if REGISTRY.current else None)
-    name = _model_name(key)
-    per_epoch = CPU_S_PER_EPOCH.get(name) if key is None or key.device == "cpu" else None
-    model = {DEMO: "the demo", REAL: "SmolLM2"}.get(name, "this model")
-    when = f" ({model} on a CPU: about {per_epoch} s per epoch)" if per_epoch else ""
-    return f"Pick a method and press **Train the baseline and compare**{when}."
+def training_seconds(handle, bench, method: str, epochs) -> float | None:
+    """Estimated seconds of `method`'s training on `bench` for `epochs` on `handle`'s model,
+    at this host's pace now (its work counted by `durations.training_work`, priced by
+    `pace.seconds`: the model's calibration, this method's measured pace, the CPU's load);
+    None for a method that trains nothing (an editor, LUNAR) or a split it cannot train on."""
+    if handle is None or bench is None or not bench.forget or not is_trained(method):
+        return None
+    try:
+        return pace.seconds(handle, training_kind(method), training_work(handle, bench, method, epochs))
+    except Exception:  # noqa: BLE001  (an estimate is a courtesy: the summary goes without one)
+        log.warning("no training estimate for %s", method, exc_info=True)
+        return None
+
+
+def placeholder(key: ModelKey | None = None, bench=None) -> str:
+    """The summary before any run; with the model loaded and a benchmark, the time an epoch
+    of the default method (SimNPO) takes on it on this server now, and its default run's."""
+    handle = REGISTRY.get(key) if key is not None else REGISTRY.current
+    epoch = training_seconds(handle, bench, DEFAULT_METHOD, 1)
+    epochs = default_epochs(DEFAULT_METHOD, handle.key if handle is not None else None)
+    run = training_seconds(handle, bench, DEFAULT_METHOD, epochs) if epoch is not None else None
+    if epoch is None or run is None:
+        return "Pick a method and press **Train the baseline and compare**."
+    return (f"Pick a method and press **Train the baseline and compare** ({comparator_label(DEFAULT_METHOD)} here "
+            f"now: about {_about(epoch)} per epoch, {epochs:g} epochs about {_about(run)}, at the pace this server "
+            f"measured).{pace.queue_words()}")
+
+
+def _about(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def on_baseline_model(session: Session) -> str:
     """After a model load: the summary's first words for it (`placeholder`)."""
-    return placeholder(session.model_key)
+    return placeholder(session.model_key, session.benchmark)
 
 
 def method_choices(bench=None) -> list[tuple[str, str]]:
@@ -237,13 +264,29 @@ def compute_baseline(key: ModelKey, bench, method: str, epochs: float, lr: float
     check_gpu_time(key, bench, method, epochs)
     reference_for(shared_model(key, "baseline"), bench)  # loaded here: every worker forked next has it
     band = grom_edit.band if grom_edit is not None else None
-    edit = train_comparator(key, bench, method, epochs, lr, band, _part(progress, 0.0, TRAIN_SHARE))
+    with paced_training(key, bench, method, epochs, progress):
+        edit = train_comparator(key, bench, method, epochs, lr, band, _part(progress, 0.0, TRAIN_SHARE))
     rest = 1 - TRAIN_SHARE
     report = cached or comparison_report(shared_model(key, "baseline"), bench, grom_edit, n,
                                          device_progress(_part(progress, TRAIN_SHARE, rest / 2)))
     last = device_progress(_part(progress, TRAIN_SHARE + rest / 2, rest / 2))
     mine = compute_report(key, bench, edit, n, last, prior=report, prefix=False)
     return edit, report, mine
+
+
+@contextmanager
+def paced_training(key: ModelKey, bench, method: str, epochs: float, progress):
+    """A trained method's training: its estimate said first (`progress`), its time recorded
+    into the host's pace of its kind (`pace.timed`); an editor or LUNAR simply runs."""
+    handle = REGISTRY.get(key)
+    seconds = training_seconds(handle, bench, method, epochs)
+    if seconds is None:
+        yield
+        return
+    if progress is not None:
+        progress(0.0, f"{comparator_label(method)}: about {_about(seconds)} of training here now")
+    with pace.timed(handle, training_kind(method), training_work(handle, bench, method, epochs)):
+        yield
 
 
 def _ratio(seconds: float, grom_seconds: float | None) -> str:

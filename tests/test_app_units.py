@@ -518,17 +518,51 @@ def test_the_model_panel_describes_the_loaded_model_not_the_demo(monkeypatch):
     assert mp.on_model_intro(session) == real  # after a load: the session's model
 
 
-def test_the_baseline_placeholder_quotes_the_loaded_models_time():
+def test_the_baseline_placeholder_quotes_the_hosts_pace(monkeypatch):
+    """Its time per epoch on the loaded model and data at the pace this server measured (not
+    a constant from another machine), and nothing where it cannot say (no model, no data)."""
     from components import baseline_panel as bp
-    from components.core.allowed_sources import DEMO, REAL
+    from components.core import durations as D
+    from components.core import pace
+    from components.core.model_choices import ensure_model, model_key
     from components.core.session import ModelKey
+    from grom.data import load_benchmark
 
-    assert "SmolLM2 on a CPU: about 20 s per epoch" in bp.placeholder(ModelKey(REAL, "cpu", "float32"))
-    assert "the demo on a CPU: about 10 s per epoch" in bp.placeholder(ModelKey(DEMO, "cpu", "float32"))
-    for key in (ModelKey(REAL, "cuda", "float32"), ModelKey("org/model", "cpu", "float32")):
-        assert bp.placeholder(key) == "Pick a method and press **Train the baseline and compare**."  # not measured
-    assert bp.on_baseline_model(SimpleNamespace(model_key=ModelKey(REAL, "cpu", "float32"))) == \
-        bp.placeholder(ModelKey(REAL, "cpu", "float32"))
+    handle = ensure_model(model_key("demo", "cpu", "float32"))
+    bench = load_benchmark("demo", "forget01")
+    monkeypatch.setattr(pace, "PACE", pace.PaceBook())
+    monkeypatch.setattr(pace, "load_now", lambda handle, calibration: 1.0)
+    pace.PACE.calibrated(handle.key, pace.Calibration(D.wall_rate(handle.model), 0.0, 0.0))
+    plain = "Pick a method and press **Train the baseline and compare**."
+    assert bp.placeholder(handle.key) == plain  # no data: nothing to count
+    assert bp.placeholder(ModelKey("org/model", "cpu", "float32"), bench) == plain  # not loaded
+    epoch, npo = (bp.training_seconds(handle, bench, m, 1) for m in ("simnpo", "npo"))
+    assert 0 < epoch < bp.training_seconds(handle, bench, "simnpo", 10)
+    line = bp.on_baseline_model(SimpleNamespace(model_key=handle.key, benchmark=bench))
+    assert line.startswith(plain[:-1]) and f"SimNPO here now: about {epoch:.0f} s per epoch" in line
+    pace.PACE.record(handle.key, "train:simnpo", 1.0, 4.0)  # SimNPO ran 4x slower than priced
+    assert bp.training_seconds(handle, bench, "simnpo", 1) == pytest.approx(4 * epoch)
+    assert bp.training_seconds(handle, bench, "npo", 1) == pytest.approx(4 * npo)  # the trainings' pace
+    assert bp.training_seconds(handle, bench, "rome", 5) is None  # an editor trains nothing
+
+
+def test_a_baselines_training_says_its_estimate_and_is_timed_into_the_pace(monkeypatch):
+    from components import baseline_panel as bp
+    from components.core import pace
+    from components.core.model_choices import ensure_model, model_key
+    from grom.data import load_benchmark
+
+    handle = ensure_model(model_key("demo", "cpu", "float32"))
+    bench = load_benchmark("demo", "forget01")
+    monkeypatch.setattr(pace, "PACE", pace.PaceBook())
+    said = []
+    with bp.paced_training(handle.key, bench, "npo", 2, lambda f, m: said.append((f, m))):
+        sum(range(100_000))  # some work to time
+    assert said and said[0][0] == 0.0 and said[0][1].startswith("NPO: about ") and "of training here now" in said[0][1]
+    assert pace.PACE.kinds[handle.key, "train:npo"].jobs == 1
+    with bp.paced_training(handle.key, bench, "rome", 5, lambda f, m: said.append((f, m))):
+        pass  # an editor: no estimate, nothing recorded
+    assert len(said) == 1 and (handle.key, "train:rome") not in pace.PACE.kinds
 
 
 def test_the_epochs_note_says_default_only_while_the_box_holds_it():

@@ -1,7 +1,8 @@
 """The "Is it gone?" panel before and during a run, without a server: each attack's estimate
-(it grows with the model and the probes, and is within 3x of what a cheap attack takes on
-the demo), the quick set ticked when the panel opens, the summary that says what runs, and
-the progress that counts the ticked attacks (i/n, not the suite's "1/1" per call)."""
+(it grows with the model and the probes, follows the host's measured pace, and is within
+1.5x of what a cheap attack takes on the demo once one run was timed), the quick set ticked
+when the panel opens, the summary that says what runs, and the progress that counts the
+ticked attacks (i/n, not the suite's "1/1" per call)."""
 from __future__ import annotations
 
 import time
@@ -12,6 +13,7 @@ gr = pytest.importorskip("gradio")
 
 from components import attack_panel as ap  # noqa: E402
 from components.core import durations as D  # noqa: E402
+from components.core import pace  # noqa: E402
 from components.core.model_choices import ensure_model, model_key  # noqa: E402
 from components.core.session import Session  # noqa: E402
 from grom.closed_form.config import PRESETS  # noqa: E402
@@ -71,20 +73,55 @@ def demo(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["heldout", "format"])
-def test_a_cheap_attacks_estimate_is_within_4x_of_its_time_on_the_demo(demo, name):
-    """Timed as CPU seconds of this process (one torch thread, tests/conftest.py): what a quiet
-    machine's wall time is, whatever else runs on the cores; the best of two runs. Within 4x:
-    the constants were set on an AMD EPYC; on an Intel Xeon (AVX-512) the cheap attacks took
-    2.9-3.6x their estimate, the landed code and this round's alike (2026-11-28), so 3x failed
-    there by chance. Estimates measured on the host replace these constants (issue 49)."""
+def test_a_cheap_attacks_estimate_is_within_1_5x_of_its_time_on_the_demo(demo, name):
+    """Wall time, as the estimate is: its work priced at this host's pace (the model's
+    calibration, the attack's own pace, the CPU's load now: components.core.pace). Each run
+    is timed into the pace, as every run in the app is, and the next one, estimated from
+    it, takes within 1.5x of its estimate: two runs of three, a CI machine's other test
+    worker being what it is (the estimate follows the load between runs, not a burst within
+    one). On this 2-core Xeon at a load of 15-18: 0.82-1.27x."""
     handle = ensure_model(demo.model_key)
-    guess = ap.attack_estimates(handle, demo.benchmark)[name]
-    took = []
-    for _ in range(2):
-        t0 = time.process_time()
-        ap.attack_once(handle.key, demo.benchmark, demo.edit, name)
-        took.append(time.process_time() - t0)
-    assert guess / 4 <= min(took) <= 4 * guess, (name, guess, took)
+    pace.calibrate(handle)
+    ap.compute_attacks(handle.key, demo.benchmark, demo.edit, (name,), None, None)  # timed into the pace
+    runs = []
+    for _ in range(3):
+        guess = ap.attack_estimates(handle, demo.benchmark)[name]
+        t0 = time.perf_counter()
+        ap.compute_attacks(handle.key, demo.benchmark, demo.edit, (name,), None, None)
+        runs.append((guess, time.perf_counter() - t0))
+    assert sum(guess / 1.5 <= took <= 1.5 * guess for guess, took in runs) >= 2, (name, runs)
+
+
+def test_the_estimates_follow_the_hosts_pace(demo, monkeypatch):
+    """Priced at the constants until the host is measured; then each attack at its own
+    measured pace (an attack not run yet at its family's), and all of them at the load now."""
+    handle = ensure_model(demo.model_key)
+    monkeypatch.setattr(pace, "PACE", pace.PaceBook())
+    load = {"now": 1.0}
+    monkeypatch.setattr(pace, "load_now", lambda handle, calibration: load["now"])
+    pace.PACE.calibrated(handle.key, pace.Calibration(D.wall_rate(handle.model), 0.0, 0.0))
+    before = ap.attack_estimates(handle, demo.benchmark)
+    inputs = ap.inputs_of(handle, demo.benchmark)
+    assert before == pytest.approx(D.attack_seconds(inputs, attack_names("all"), D.wall_rate(handle.model)))
+    pace.PACE.record(handle.key, "attack:heldout", 1.0, 3.0)  # heldout ran 3x slower than priced
+    after = ap.attack_estimates(handle, demo.benchmark)
+    assert after["heldout"] == pytest.approx(3 * before["heldout"])
+    assert after["relearn"] == pytest.approx(3 * before["relearn"])  # not run yet: the attacks' pace
+    pace.PACE.record(handle.key, "attack:relearn", 1.0, 1.0)
+    assert ap.attack_estimates(handle, demo.benchmark)["relearn"] == pytest.approx(before["relearn"])
+    load["now"] = 2.0  # the CPU twice as busy as when the model was measured
+    busy = ap.attack_estimates(handle, demo.benchmark)
+    assert busy["heldout"] == pytest.approx(6 * before["heldout"])
+    line = ap.on_attack_total(["heldout"], False, demo)
+    assert f"take about **{ap.about(busy['heldout']).lstrip('~')}**" in line and "at the pace this server" in line
+
+
+def test_each_attack_run_is_timed_into_its_kinds_pace(demo, monkeypatch):
+    handle = ensure_model(demo.model_key)
+    monkeypatch.setattr(pace, "PACE", pace.PaceBook())
+    ap.compute_attacks(handle.key, demo.benchmark, demo.edit, ("heldout", "logit_lens"), None, None)
+    kinds = {kind: p.jobs for (key, kind), p in pace.PACE.kinds.items() if key == handle.key}
+    assert kinds == {"attack:heldout": 1, "attack:logit_lens": 1, "attack": 2}
 
 
 def test_the_panel_opens_on_the_quick_set_and_says_what_it_costs(demo):

@@ -7,9 +7,10 @@ model is not loaded (the call then fails at once with the message that says so).
 baseline's training is priced per optimizer step (`train_plan`), so that it can be split
 into calls that each fit (components.core.train_parts).
 
-Beside them, what the attack panel shows before a run: each attack's wall time on the
-loaded model's device (`attack_inputs`, `attack_seconds`), counted from the work the suite
-does and priced at the device's `WallRate`."""
+Beside them, the work the wall-time estimates a visitor sees count (`Work`: each attack's,
+`attack_work`; a trained method's run, `training_work`) and its price at a `WallRate`
+(`wall_seconds`): the constants below until this host is measured, then the rate, the
+kind's pace and the load `components.core.pace` measures here."""
 from __future__ import annotations
 
 import math
@@ -290,10 +291,12 @@ def generate_s(key: ModelKey, prompt, edit, *_rest, **_kw) -> int:
 # attack's work is counted as the suite does it (grom.robustness: greedy answers to its
 # probes from the base model and the edited one, relearning's fine-tuning steps and scores,
 # quantization's sweeps over the weights, teacher-forced passes for the logit lens and the
-# membership attacks) and priced at the device's `WallRate`. The CPU's rates were measured
-# on the 2-core machine the studio is developed on, and the estimates checked against every
-# attack's time on the demo and on SmolLM2 (bench/attack_times.py prints the two side by
-# side; BENCHMARKS.md); the GPU's are `gpu_time.RATE`'s deliberately low guesses.
+# membership attacks) and priced at a `WallRate`: the one `components.core.pace` measures on
+# this host (a calibration of the loaded model, each kind's measured pace, the load now), or
+# before it has, the constants below. The CPU's were measured on the 2-core AMD EPYC the
+# studio was first developed on (an Intel Xeon here took 3-4x as long: why the host is now
+# measured; bench/bench_estimates.py, BENCHMARKS.md); the GPU's are `gpu_time.RATE`'s
+# deliberately low guesses.
 
 @dataclass(frozen=True)
 class WallRate:
@@ -503,6 +506,27 @@ def attack_work(inputs: AttackInputs, name: str) -> Work:
             return Work()
         return 2 * forced_work(size, inputs.scored, MIA_BATCH, 2.0 * size.head + MOMENT_OPS * size.vocab)
     raise ValueError(f"no estimate for the attack {name!r}")
+
+
+def training_work(handle, bench, method: str, epochs) -> Work:
+    """A trained method's run on `bench` for `epochs` (`_training`'s count), in `Work`
+    units: each optimizer step the forward and backward (TRAIN_PASSES) of its sequences, as
+    much again where the loss reads a retain, reference or hidden-state pass, and AdamW's
+    sweep of the trained weights; before them the reference log-probabilities of the
+    forget answers where the method compares with the unedited model (one forward), and
+    after them the patch (a copy and a difference of the trained weights)."""
+    s, trained, n, per_sequence = _training(handle, bench, method, epochs)
+    row, size = get_method(s.method), size_of(handle.model)
+    numel = sum(p.numel() for p in trained)
+    total, _ = planned_steps(s, n)
+    head = 2.0 * size.head
+    batch = Lengths(min(n, s.batch_size * s.grad_accum), per_sequence, per_sequence)
+    twice = row.needs_retain or row.needs_reference_logits or row.needs_hidden
+    step = (2 if twice else 1) * TRAIN_PASSES * forced_work(size, batch, s.batch_size, head)
+    fixed = Work(param_ops=2 * numel)
+    if row.needs_reference:
+        fixed = fixed + forced_work(size, Lengths(n, per_sequence, per_sequence), s.batch_size, head)
+    return fixed + total * (step + Work(param_ops=ADAMW_OPS * numel))
 
 
 def wall_rate(model) -> WallRate:
