@@ -153,6 +153,25 @@ def on_stored_card(*args, request: gr.Request = None):
     return cards.shown(card) if card is not None else gr.skip()
 
 
+def on_form_for_stored(*args):
+    """A setting changed on a page that has run no edit yet and shows a kept card: the card
+    kept for the new settings where there is one, else a line saying there is none (the
+    card shown was for the settings before). Nothing once the page has an edit of its own
+    (whose results the staleness lines follow) or shows no kept card."""
+    *values, max_examples, full_set, shown, session = args
+    before = cards.shown_key(shown)
+    if session.edit is not None or (before is None and shown != cards.STALE):
+        return gr.skip()
+    try:
+        key = stored_card_key(values, max_examples, full_set, session)
+    except Exception:  # noqa: BLE001  (a setting being typed: Run edit says what is wrong)
+        key = None
+    if key is not None and key == before:
+        return gr.skip()
+    card = cards.find(key) if key is not None else None
+    return cards.shown(card) if card is not None else cards.STALE
+
+
 def card_widgets(ui: SimpleNamespace) -> list:
     """`on_stored_card`'s inputs, less the session: the form, the Compare panel's size."""
     return form.widgets(ui.edit, ui.layers) + [ui.compare.max_examples, ui.compare.full_set]
@@ -208,6 +227,9 @@ def wire_opening(demo: gr.Blocks, page: Page, start_key) -> None:
     page.page_linked = linked
     # the card this page's form would give, where one is kept on disk: shown at once
     linked.success(on_stored_card, card_widgets(ui) + [s], e.card, **LOCAL)
+    # before the page's own first run: a setting changed, the kept card of the new settings (or none)
+    gr.on([w.change for w in card_widgets(ui)], on_form_for_stored, card_widgets(ui) + [e.card, s], e.card,
+          trigger_mode="always_last", show_progress="hidden", **LOCAL)
 
 
 # ------------------------------------------------------------------------------ across panels

@@ -91,7 +91,7 @@ def test_a_page_opens_with_the_card_the_warm_up_kept_and_not_for_other_settings(
     from components.core import form
     from components.core.allowed_sources import DEMO
     from components.core.session import REGISTRY
-    from components.page import card_widgets, on_stored_card, start_session, warm_card
+    from components.page import card_widgets, on_form_for_stored, on_stored_card, start_session, warm_card
 
     app.preload(DEMO, "cpu")
     key = REGISTRY.current.key
@@ -110,6 +110,14 @@ def test_a_page_opens_with_the_card_the_warm_up_kept_and_not_for_other_settings(
     other = list(values)
     other[beta] = float(other[beta]) * 2
     assert isinstance(on_stored_card(*other, start_session(key)), type(gr.skip()))
+    # before the page's first run, a setting changed: the kept card of the new settings, else a line saying
+    # there is none; back to the settings it opened with, its card again; nothing once the page has an edit
+    page = start_session(key)
+    assert isinstance(on_form_for_stored(*values, html, page), type(gr.skip()))
+    assert on_form_for_stored(*other, html, page) == cards.STALE
+    assert cards.shown_key(on_form_for_stored(*values, cards.STALE, page)) == cards.shown_key(html)
+    page.edit = object()
+    assert isinstance(on_form_for_stored(*other, html, page), type(gr.skip()))
 
     class Linked:
         query_params = {"run": "x" * 32}

@@ -168,10 +168,23 @@ def find(key: str) -> StoredCard | None:
     return None
 
 
+STALE = ('<div class="result-card rc-from-store"><div class="rc-stored">No card is kept for these settings: '
+         "press <b>Run edit</b> to compute it (the card shown before was for the settings the page opened "
+         "with).</div></div>")
+
+
+def shown_key(html) -> str | None:
+    """The key of the kept card `html` shows (`shown`), else None (a card of this visit, or none)."""
+    text = html if isinstance(html, str) else ""
+    start = text.find('data-card-key="')
+    return text[start + 15:start + 47] if start >= 0 and "rc-from-store" in text else None
+
+
 def shown(card: StoredCard, how: str = "computed ahead") -> str:
     """The kept card as the page shows it: marked as not computed for this visit, with when."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(card.made)) if card.made else "earlier"
-    note = (f'<div class="rc-stored">This card was {how} ({when}, on {card.device or "this server"}) for the '
+    where = card.device or "this server"
+    note = (f'<div class="rc-stored" data-card-key="{card.key}">This card was {how} ({when}, on {where}) for the '
             "model, data and settings shown: the same request always gives it. Press <b>Run edit</b> to "
             "compute it again live, or change a setting first.</div>")
     return card.html.replace('<div class="result-card', '<div class="result-card rc-from-store', 1) \
