@@ -1,8 +1,10 @@
 """A new user's first try of the library (issue 49, item 8): every public name of `grom`
 imports, though `import grom` loads no torch; the benchmarks' registry is full whatever is
-imported first; and README's "library in ten lines" runs as written from another folder."""
+imported first; README's "library in ten lines" runs as written from another folder; and
+`run_edit` says what it is doing (a bar on a terminal), the edit the same bit for bit."""
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -10,8 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import grom
+from grom import EditConfig, run_edit
+from tests.conftest import FORGET, RETAIN, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,3 +75,47 @@ def test_the_ten_lines_run_as_written_from_another_folder(real, tmp_path):
                          timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "out" / "my-edit" / "edit.json").is_file() and "total" in run.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    return tiny_llama(len(tokenizer))
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _same(a, b) -> bool:
+    return a.patches.keys() == b.patches.keys() and all(torch.equal(a.patches[n], b.patches[n]) for n in a.patches)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_run_edit_names_its_stages_in_order_and_edits_the_same(tiny, tokenizer, stream):
+    config = EditConfig(k=2, beta=0.5, beta_relative=True, w_r=10.0, stream=stream)
+    calls = []
+    told = run_edit(tiny, tokenizer, FORGET, RETAIN, config, progress=lambda f, m: calls.append((f, m)))
+    quiet = run_edit(tiny, tokenizer, FORGET, RETAIN, config, progress=False)
+    assert _same(told, quiet)
+    fractions, messages = [f for f, _ in calls], [m for _, m in calls]
+    assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert messages[0] == "tokenizing" and messages[-1] == "done"
+    said = "\n".join(messages)
+    for stage in ("scoring layers: forget batches", "scoring layers: retain batches", "beta from the forget outputs",
+                  "(forget)", "(retain)", ": solving"):
+        assert stage in said, stage
+    assert ("collecting keys up to layer" in said) == stream
+    assert sum(m.endswith(": solving") for m in messages) == 2  # one a layer of the band
+
+
+def test_run_edit_draws_a_bar_on_a_terminal_only(tiny, tokenizer, monkeypatch):
+    config = EditConfig(layers=(1, 2), beta=5.0, w_r=10.0)
+    plain = run_edit(tiny, tokenizer, FORGET, RETAIN, config, progress=None)
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    assert _same(run_edit(tiny, tokenizer, FORGET, RETAIN, config), plain)
+    drawn = sys.stderr.getvalue()
+    assert "layer 2 (2/2): solving" in drawn and "100%" in drawn
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file, a pipe: no bar
+    run_edit(tiny, tokenizer, FORGET, RETAIN, config)
+    assert sys.stderr.getvalue() == ""

@@ -13,26 +13,32 @@ A host sharing the model (`grom.turns`) gets turns between the forward batches o
 step (layer scores, the stream's opening pass, each layer's keys) and between layers,
 the layers patched so far reverted for the turn and patched again after.
 
+Progress is reported by stage (tokenizing, scoring layers, collecting keys, each layer's
+keys batch by batch and its solve): to the caller's `progress(fraction, message)`, or by
+default as a bar on stderr when it is a terminal (tqdm, as transformers draws its own).
+
 (Was `grom/pipeline.py`.)
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from grom.closed_form.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES, LayerStream, iter_keys
 from grom.closed_form.config import EditConfig
 from grom.closed_form.directions import specificity_weights
 from grom.closed_form.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
 from grom.closed_form.layer_scores import LayerScores, score_layers
-from grom.closed_form.layer_solver import LayerSolver, TurnClock, local_batches
+from grom.closed_form.layer_solver import KeySource, LayerSolver, TurnClock, local_batches
 from grom.closed_form.refusal import encode_refusals
 from grom.data.schema import as_examples
 from grom.edit import Edit
@@ -57,6 +63,53 @@ from grom.turns import Between, modes, modes_as, random_kept
 log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]
+
+
+def _quiet(fraction: float, message: str) -> None:
+    """Progress reported to no one."""
+
+
+@contextmanager
+def reporting(progress: Progress | bool | None) -> Iterator[Progress]:
+    """The `progress(fraction, message)` run_edit reports to: the caller's callable; for
+    True, a bar on stderr when it is a terminal (none in a log file, a pipe, a test or a
+    server's worker, where the bar's redraws would be noise); for False or None, no one."""
+    if callable(progress):
+        yield progress
+        return
+    if progress is not True or not sys.stderr.isatty():
+        yield _quiet
+        return
+    with tqdm(total=1.0, file=sys.stderr, desc="GROM edit", bar_format="{desc:<44.44} {percentage:3.0f}%|{bar}| "
+              "{elapsed}", dynamic_ncols=True) as bar:
+        def show(fraction: float, message: str) -> None:
+            bar.set_description_str(message, refresh=False)
+            bar.update(max(0.0, min(fraction, 1.0) - bar.n))  # forward only
+            bar.refresh()
+        yield show
+
+
+def _reporting_keys(keys: KeySource, editor: LayerSolver, progress: Progress, name: str,
+                    start: float, width: float) -> KeySource:
+    """`keys`, reporting each batch read ("layer 12 (1/5): keys 3/10 (forget)") within the
+    layer's share of the bar (`start`, `width`): a pass over the forget batches alone (a
+    beta relative to their outputs' norm) the first fifth, the pass over every batch up to
+    90%, then "solving". The batches are the key source's own, unchanged."""
+    def source(only: Sequence[int] | None) -> Iterator[tuple[int, torch.Tensor]]:
+        total = len(editor.batches) if only is None else len(only)
+        lo, span = (0.2, 0.7) if only is None else (0.0, 0.2)
+        it = keys(only)
+        try:
+            for done, (i, x) in enumerate(it, 1):
+                what = f"keys {done}/{total} ({'forget' if editor.is_forget[i] else 'retain'})" if only is None \
+                    else f"beta from the forget outputs {done}/{total}"
+                progress(start + width * (lo + span * done / total), f"{name}: {what}")
+                yield i, x
+        finally:
+            getattr(it, "close", lambda: None)()  # the source's own clean-up, whoever stops early
+        if only is None:
+            progress(start + 0.9 * width, f"{name}: solving")
+    return source
 
 
 @dataclass
@@ -182,21 +235,25 @@ def _edit_band(editor: LayerSolver, band: list[int], progress: Progress, cache: 
     model, cfg, clock = editor.model, editor.config, editor.clock
     gain = residual_gain(model, cfg.matrix)  # None: a patched layer must be re-run
     t0 = clock()
+    progress(0.3, f"collecting keys up to layer {band[0]}")
     stream = _open_stream(model, band, editor.batches, cache, budget, editor.between)
     key_s = clock() - t0
+    span = band[-1] - band[0] + 1
     for step, l in enumerate(range(band[0], band[-1] + 1)):
         if step:
             editor.give()
         if l not in band:
             stream.advance(editor.between)
             continue
-        progress(0.3 + 0.65 * step / (band[-1] - band[0] + 1), f"layer {l}: keys, solve, apply")
         t = edited_matrix(model, cfg.matrix, l)
         matrix = model.get_submodule(t.module_name)
         width = t.from_param(matrix.weight).shape[1]
         linear = gain is not None and stream.input_cache_bytes(width) <= MAX_INPUT_CACHE_BYTES
         keep = linear and l != band[-1]
-        P = editor.solve_layer(t, lambda only: stream.key_batches(matrix, keep and only is None, only))
+        name = f"layer {l} ({band.index(l) + 1}/{len(band)})"
+        keys = _reporting_keys(lambda only: stream.key_batches(matrix, keep and only is None, only), editor,
+                               progress, name, 0.3 + 0.65 * step / span, 0.65 / span)
+        P = editor.solve_layer(t, keys)
         if l != band[-1]:
             t2 = clock()
             stream.advance_linear(P, gain) if keep else stream.advance(editor.between)
@@ -212,9 +269,11 @@ def _edit_by_replay(editor: LayerSolver, matrices: list[EditedMatrix], progress:
     for i, t in enumerate(matrices):
         if i:
             editor.give()
-        progress(0.3 + 0.65 * i / len(matrices), f"{t.module_name}: keys, solve, apply")
         module = model.get_submodule(t.module_name)
-        editor.solve_layer(t, lambda only: iter_keys(model, editor.batches, module, only))
+        keys = _reporting_keys(lambda only: iter_keys(model, editor.batches, module, only), editor, progress,
+                               f"{t.module_name} ({i + 1}/{len(matrices)})", 0.3 + 0.65 * i / len(matrices),
+                               0.65 / len(matrices))
+        editor.solve_layer(t, keys)
     return 0.0
 
 
@@ -236,7 +295,7 @@ def _as_found(model: nn.Module, editor: LayerSolver, found: dict, head: nn.Param
 
 
 def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
-             progress: Progress | None = None, scores: LayerScores | None = None,
+             progress: Progress | bool | None = True, scores: LayerScores | None = None,
              stream_cache: dict | None = None, hidden_budget: int | None = HIDDEN_CACHE_BYTES,
              between: Between | None = None) -> Edit:
     """Compute a GROM edit of `model`; the model is returned as it was found.
@@ -248,7 +307,10 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     later edits of the same data and band (a hyperparameter search) skip that pass.
     `hidden_budget`: bytes of hidden states entering the band kept between layers (None:
     no bound); the batches beyond it are replayed from the embeddings at each layer.
-    `progress(fraction, message)` is called as the stages go. `between` (`grom.turns`) is
+    `progress(fraction, message)` is called as the stages go (tokenizing, scoring layers,
+    collecting keys, each layer's keys batch by batch and its solve); True, the default,
+    draws them as a bar on stderr when it is a terminal; False or None: not reported. The
+    edit is the same whatever reports. `between` (`grom.turns`) is
     called at every step boundary: between two forward batches of the layer scores, of the
     stream's first pass and of each layer's keys, and between two layers; inside its
     as_found the model is as found (the layers patched so far reverted, modes as found),
@@ -261,7 +323,15 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     torch.distributed every rank takes its share of the batches and the sums are reduced,
     so every rank computes the same patches.
     """
-    progress = progress or (lambda *_: None)
+    with reporting(progress) as report:
+        return _run_edit(model, tokenizer, forget, retain, config, report, scores, stream_cache, hidden_budget,
+                         between)
+
+
+def _run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig,
+              progress: Progress, scores: LayerScores | None, stream_cache: dict | None, hidden_budget: int | None,
+              between: Between | None) -> Edit:
+    """`run_edit`, reporting to `progress`."""
     t_start = time.perf_counter()
     check_edit_inputs(model, config.matrix, _layers_it_may_edit(config, scores),
                       reads_head=config.target == "suppression")
@@ -272,8 +342,8 @@ def run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, co
     turns = TurnClock(between)  # its clock leaves the turns out of the timings
     if config.matrix != "lm_head" and config.layers is None and scores is None:
         t0 = turns.now()
-        scores = compute_scores(model, prep, config, lambda p: progress(0.05 + 0.25 * p, "layer scores"),
-                                turns.turn)
+        scores = compute_scores(model, prep, config, lambda p: progress(
+            0.05 + 0.25 * p, f"scoring layers: {'forget' if p <= 0.5 else 'retain'} batches"), turns.turn)
         timings["scores"] = turns.now() - t0
         turns.give()  # between the scores' last batch and the edit's first (nothing changed yet)
     band = _band(model, config, scores)
