@@ -281,9 +281,10 @@ def warmup_note() -> str:
     """A line for a page opened while the server warms up, else ""."""
     if not WARMUP["running"]:
         return ""
-    return (f" · Warming up in the background ({time.monotonic() - WARMUP['started']:.0f} s so far): the layer "
-            "scores and the unedited answers of this page, so that the first card comes sooner. Your own "
-            "clicks go first: it gives the device up to them.")
+    since = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() - (time.monotonic() - WARMUP["started"])))
+    return (f" · Warming up in the background since {since}: the layer scores, the unedited answers and the "
+            "card of this page, so that the first card comes sooner. Your own clicks go first: it gives the "
+            "device up to them.")
 
 
 def warm_first_page(start_key, score_values: list, warm_values: list, card_values: list | None = None) -> None:
