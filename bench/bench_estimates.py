@@ -49,7 +49,7 @@ class Burners:
 
     def __enter__(self):
         self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
-        time.sleep(3.0)  # the scheduler shares the cores out before the first estimate
+        time.sleep(5.0)  # the scheduler shares the cores out before the first estimate
         return self
 
     def __exit__(self, *exc):

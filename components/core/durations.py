@@ -314,6 +314,10 @@ class WallRate:
     """Seconds per parameter per elementwise sweep (a copy, an AdamW update, quantization)."""
     start_s: float
     """Seconds per attack whatever it does (on ZeroGPU: a GPU call's start)."""
+    collect_s: float = 0.0
+    """Seconds of a garbage collection of this process (`release_memory`, after every
+    training and relearning run): the Python heap's size, not the model's, sets it; 0 until
+    measured (`components.core.pace.calibrate`)."""
 
 
 CPU_WALL = WallRate(flops_per_s=5e10, weight_bytes_per_s=1e10, layer_s=8e-4, token_s=5e-5, param_op_s=2.7e-9,
@@ -358,6 +362,8 @@ class Work:
     """Generated tokens."""
     param_ops: float = 0.0
     """Parameters touched by whole-model sweeps, summed over the sweeps."""
+    collects: float = 0.0
+    """Garbage collections of the process (a run's memory given back)."""
 
     def __add__(self, other: "Work") -> "Work":
         return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -367,8 +373,8 @@ class Work:
 
     __rmul__ = __mul__
 
-    def astuple(self) -> tuple[float, float, float, float]:
-        return self.flops, self.passes, self.tokens, self.param_ops
+    def astuple(self) -> tuple[float, float, float, float, float]:
+        return self.flops, self.passes, self.tokens, self.param_ops, self.collects
 
 
 @dataclass(frozen=True)
@@ -494,7 +500,7 @@ def attack_work(inputs: AttackInputs, name: str) -> Work:
         batch = min(RELEARN_BATCH, max(1, f.n))
         rows = Lengths(batch, f.mean, f.longest)
         step = TRAIN_PASSES * forced_work(size, rows, batch, 2.0 * size.head) + Work(param_ops=ADAMW_OPS * size.params)
-        copies = Work(param_ops=2 * size.params)  # the weights kept, then put back
+        copies = Work(param_ops=2 * size.params, collects=1)  # the weights kept, then put back; memory given back
         return 2 * (len(RELEARN_STEPS) * score + max(RELEARN_STEPS) * step + copies)
     if name in ("quant4", "quant8"):
         return 2 * score + Work(param_ops=QUANTIZATIONS * QUANT_OPS * size.body)
@@ -523,7 +529,7 @@ def training_work(handle, bench, method: str, epochs) -> Work:
     batch = Lengths(min(n, s.batch_size * s.grad_accum), per_sequence, per_sequence)
     twice = row.needs_retain or row.needs_reference_logits or row.needs_hidden
     step = (2 if twice else 1) * TRAIN_PASSES * forced_work(size, batch, s.batch_size, head)
-    fixed = Work(param_ops=2 * numel)
+    fixed = Work(param_ops=2 * numel, collects=1)  # the patch; the run's memory given back
     if row.needs_reference:
         fixed = fixed + forced_work(size, Lengths(n, per_sequence, per_sequence), s.batch_size, head)
     return fixed + total * (step + Work(param_ops=ADAMW_OPS * numel))
@@ -545,7 +551,7 @@ def wall_seconds(work: Work, size: Size, rate: WallRate) -> float:
     decoding step of a few rows, the layers' fixed cost on a tiny model)."""
     per_pass = size.weight_bytes / rate.weight_bytes_per_s + size.layers * rate.layer_s
     return (rate.start_s + work.flops / rate.flops_per_s + work.passes * per_pass + work.tokens * rate.token_s
-            + work.param_ops * rate.param_op_s)
+            + work.param_ops * rate.param_op_s + work.collects * rate.collect_s)
 
 
 def attack_seconds(inputs: AttackInputs, names, rate: WallRate) -> dict[str, float]:

@@ -13,7 +13,7 @@ at three things measured here, multiplied:
   relearn", "train:npo"), its measured seconds over the estimate at the pulse of its time,
   an exponential moving average in log space per (model, kind); a kind not seen yet takes
   its family's ("attack"), else 1;
-- the load now (`pulse`): a fixed matrix product on torch's threads, tens of milliseconds,
+- the load now (`pulse`): a fixed matrix product on torch's threads for a tenth of a second,
   timed now against its time when the rate was measured. Other visitors' jobs and other
   processes on a CPU show in it at once (on this 2-core Xeon one process burning a core
   made it and the demo's decoding both about 3x slower; bench/bench_estimates.py).
@@ -26,6 +26,7 @@ stand until jobs have run.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import statistics
@@ -61,11 +62,12 @@ did not see shows in the next estimate (a 2.5x slow-down is then within 1.5x), a
 job does not own it."""
 CLAMP = 50.0  # a job's measured / estimated within [1/CLAMP, CLAMP]: a stopped job or a clock jump is no pace
 PULSE_TTL_S = 2.0  # a pulse this young is taken as it is: several estimates in one event share one
-PULSE_TAU_S = 15.0  # the pulse's smoothing: the load of about the last quarter-minute
+PULSE_TAU_S = 3.0  # the pulse's smoothing: samples seconds apart merge, a new load shows in the next one
+PULSE_WINDOW_S = 0.1  # a sample's length: the products of a tenth of a second, averaged
 PULSE_SHAPE = (192, 576, 1536)  # (M, K, N) of the pulse's product: SmolLM2's MLP on 192 tokens, ~0.34 GFLOP
-PULSE_TRIES = 5
-CAL_ROWS, CAL_TOKENS, CAL_PROMPT, CAL_STEPS = 4, 32, 16, 6  # the calibration's batch: rows, tokens, decoding
+CAL_ROWS, CAL_TOKENS, CAL_PROMPT, CAL_STEPS = 2, 32, 16, 6  # the calibration's batch: rows, tokens, decoding
 CAL_TRIES = 3
+CAL_BUDGET_S = 3.0  # past it the calibration times each of its two runs once (SmolLM2 on a loaded CPU)
 MAX_MODELS = 16  # models whose pace is kept (the oldest forgotten)
 
 
@@ -145,23 +147,24 @@ _PULSE_LOCK = threading.Lock()
 
 
 def sample_pulse() -> float:
-    """Seconds of a fixed float32 product (`PULSE_SHAPE`) on torch's threads now, the median
-    of PULSE_TRIES."""
+    """Seconds of a fixed float32 product (`PULSE_SHAPE`) on torch's threads now: the mean
+    over back-to-back products for PULSE_WINDOW_S. A mean over a window, not the best of
+    short runs: a short run often falls between two of the other processes' turns on a
+    core, and would say the CPU is free when a job lasting seconds gets half of it."""
     m, k, n = PULSE_SHAPE
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
     a @ b  # the first product allocates
-    took = []
-    for _ in range(PULSE_TRIES):
-        t0 = time.perf_counter()
+    done, t0 = 0, time.perf_counter()
+    while not done or time.perf_counter() - t0 < PULSE_WINDOW_S:
         a @ b
-        took.append(time.perf_counter() - t0)
-    return statistics.median(took)
+        done += 1
+    return (time.perf_counter() - t0) / done
 
 
 def pulse(max_age: float = PULSE_TTL_S) -> float:
-    """The CPU's pace now: `sample_pulse`'s seconds, smoothed over the last PULSE_TAU_S (a
-    sample is a moment of a load that comes and goes; an older level weighs exp(-age/tau)),
+    """The CPU's pace now: `sample_pulse`'s seconds, smoothed over the last PULSE_TAU_S (an
+    older level weighs exp(-age/tau): the samples at either end of two jobs in a row merge),
     sampled again when the last sample is older than `max_age`."""
     with _PULSE_LOCK:  # one thread measures; the others take its result
         threads, now = torch.get_num_threads(), time.monotonic()
@@ -186,17 +189,19 @@ def load_now(handle, calibration: Calibration | None) -> float:
     return pulse() / calibration.pulse
 
 
-def _timed(fn, tries: int, sync) -> float:
-    """The median seconds of `fn()` over `tries` runs after one untimed run (the first
-    allocates and warms its caches)."""
+def _timed(fn, sync, budget: float) -> float:
+    """The median seconds of `fn()` over up to CAL_TRIES runs, after one untimed run (the
+    first allocates and warms its caches), fewer where they pass `budget` seconds (a busy
+    CPU: the device is held meanwhile), at least one."""
+    t0 = time.perf_counter()
     fn()
     took = []
-    for _ in range(tries):
+    while len(took) < CAL_TRIES and (not took or time.perf_counter() - t0 < budget):
         sync()
-        t0 = time.perf_counter()
+        start = time.perf_counter()
         fn()
         sync()
-        took.append(time.perf_counter() - t0)
+        took.append(time.perf_counter() - start)
     return statistics.median(took)
 
 
@@ -233,7 +238,7 @@ def fit_rate(base: WallRate, size: Size, forward: Work, decoding: Work, t_forwar
 
 def _measure(handle) -> Calibration:
     """Time the calibration's forward and decoding on `handle`'s model (eval mode, no grad,
-    the model unchanged) and fit its rate."""
+    the model unchanged) and fit its rate; and a garbage collection of the process."""
     model, size = handle.model, size_of(handle.model)
     device = model_device(model)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -244,12 +249,15 @@ def _measure(handle) -> Calibration:
     cpu = device.type == "cpu"
     before = sample_pulse() if cpu else 0.0  # the moment's own pace: the timings are of this moment
     with evaluating(model), torch.no_grad():
-        t_forward = _timed(lambda: model(input_ids=ids), CAL_TRIES, sync)
+        t_forward = _timed(lambda: model(input_ids=ids), sync, CAL_BUDGET_S / 2)
         t_decoding = _timed(lambda: greedy_until(model, handle.tokenizer, prompt, mask, CAL_STEPS, (),
-                                                 [None] * CAL_ROWS), CAL_TRIES, sync)
+                                                 [None] * CAL_ROWS), sync, CAL_BUDGET_S / 2)
     after = sample_pulse() if cpu else 0.0
     forward, decoding = calibration_work(size)
-    rate = fit_rate(wall_rate(model), size, forward, decoding, t_forward, t_decoding)
+    t1 = time.perf_counter()
+    gc.collect()  # what every training and relearning run pays after (`release_memory`)
+    collect_s = time.perf_counter() - t1
+    rate = replace(fit_rate(wall_rate(model), size, forward, decoding, t_forward, t_decoding), collect_s=collect_s)
     return Calibration(rate, math.sqrt(before * after), time.perf_counter() - t0)
 
 
