@@ -331,12 +331,12 @@ def edit_summary(edit: Edit, out: Path, model: str, n_forget: int, n_retain: int
             ("seconds", "  ".join(f"{k} {v:.2f}" for k, v in timings.items())),
             ("|P|", f"{edit.patch_norm():.4g} (Frobenius, every matrix together)")]
     lines = ["GROM edit"] + [f"  {k:<8} {v}" for k, v in rows] + [""]
-    head = f"  {'matrix':<34} {'beta':>9} {'mu':>9} {'forget keys':>11} {'retain keys':>11} {'|P|/|W|':>9}"
-    lines.append(head)
+    w = max([len("matrix"), *(len(r.param_name) for r in edit.layers)])
+    lines.append(f"  {'matrix':<{w}} {'beta':>9} {'mu':>9} {'forget keys':>12} {'retain keys':>12} {'|P|/|W|':>9}")
     for r in edit.layers:
         ratio = r.patch_norm / r.weight_norm if r.weight_norm else float("nan")
-        lines.append(f"  {r.param_name:<34} {r.beta:>9.4g} {r.mu:>9.3g} {r.n_forget_keys:>11} "
-                     f"{r.n_retain_keys:>11} {ratio:>9.3g}")
+        lines.append(f"  {r.param_name:<{w}} {r.beta:>9.4g} {r.mu:>9.3g} {r.n_forget_keys:>12} "
+                     f"{r.n_retain_keys:>12} {ratio:>9.3g}")
     return "\n".join(lines)
 
 
