@@ -9,8 +9,8 @@ format, incontext, prefix_injection, affirmative_suffix, role_play, and the writ
 multi_hop, alias, asked from the hand-written probes of the targets the held-out probes are
 about, `grom.robustness.written`), then the attacks on
 the weights of `grom.robustness.weights` (relearn, quant4, quant8, logit_lens), then the
-membership attacks (mia, `grom.robustness.membership`: AUCs, not recall). An unknown
-name is refused before any work, with the list of names. The model is left as it was
+membership attacks (mia, `grom.robustness.membership`: AUCs, not recall); "quick" names
+the cheap set `QUICK`. An unknown name is refused before any work, with the list of names. The model is left as it was
 found (unedited) whatever happens: an attack that raises with the edit applied still
 reverts it.
 """
@@ -171,6 +171,10 @@ TEACHER_FORCED = ("logit_lens", "mia")
 """The attacks that read likelihoods, not generated answers (no answers to show)."""
 AUC_ATTACKS = ("mia",)
 """The attacks whose `base`/`edited` are an AUC (0.5: cannot tell), not a recall."""
+QUICK = ("heldout", "paraphrase", "incontext", "affirmative_suffix", "logit_lens")
+"""`attacks="quick"`: the held-out probes (every other attack is read against them) and the
+cheap attacks that most often raised recall above them (BENCHMARKS.md, "Is it gone?"):
+about a fifth of the whole suite's time on SmolLM2."""
 
 
 def _short_name(name: str) -> str:
@@ -201,15 +205,17 @@ def check_edit_fits(model: nn.Module, edit) -> None:
 
 
 def attack_names(attacks: str | Sequence[str] = "all") -> tuple[str, ...]:
-    """The attacks to run, in the suite's order: "all", or names (a comma list or a
-    sequence); an unknown name is a ValueError that lists the names."""
+    """The attacks to run, in the suite's order: "all", "quick" (`QUICK`), or names (a
+    comma list or a sequence, "quick" among them); an unknown name is a ValueError that
+    lists the names."""
     if isinstance(attacks, str):
         attacks = [a.strip() for a in attacks.split(",") if a.strip()]
     everything = list(attacks) in (["all"], [])
-    wanted = list(ATTACKS) if everything else list(attacks)
+    wanted = list(ATTACKS) if everything else [n for a in attacks for n in (QUICK if a == "quick" else (a,))]
     unknown = [a for a in wanted if a not in ATTACKS]
     if unknown:
-        raise ValueError(f"unknown attack {unknown[0]!r}; the attacks: all, {', '.join(ATTACKS)}")
+        raise ValueError(f"unknown attack {unknown[0]!r}; the attacks: all, {', '.join(ATTACKS)}, or quick "
+                         f"({', '.join(QUICK)})")
     return tuple(a for a in ATTACKS if a in wanted)
 
 
