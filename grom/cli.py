@@ -317,7 +317,7 @@ def _band_text(edit: Edit) -> str:
     cfg = edit.config
     if not edit.band:
         return "the LM head"
-    how = "given" if cfg.layers is not None else f"automatic: the best {cfg.k} by the layer scores S_l"
+    how = "given" if cfg.layers is not None else f"automatic: the best window of {cfg.k} by the layer scores S_l"
     return f"layers {layers_text(edit.band)} ({how})"
 
 
