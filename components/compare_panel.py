@@ -222,8 +222,10 @@ def card_key_of(session: Session, edit, n) -> str | None:
     run = getattr(edit, "run", None)
     if handle is None or bench is None or not run or getattr(edit, "method", "grom") != "grom":
         return None
-    config = cards.config_of(edit.config.to_dict(), run)
-    return cards.card_key(cards.fingerprint_of(handle), handle.key.dtype, bench, config, run, n)
+    weights = cards.fingerprint_of(handle)
+    if weights is None:
+        return None
+    return cards.card_key(weights, handle.key.dtype, bench, cards.config_of(edit.config.to_dict(), run), run, n)
 
 
 def keep_card(session: Session, n) -> None:

@@ -244,9 +244,12 @@ def find_object(kind: str, key: str):
         return None
 
 
-def fingerprint_of(handle) -> str:
+def fingerprint_of(handle) -> str | None:
     """The weights' fingerprint of a loaded model (`weights_fingerprint`), read under the
-    device lock the first time (another visitor's edit may be applied for a moment)."""
+    device lock the first time (another visitor's edit may be applied for a moment); None
+    for a handle without a torch model (nothing is then kept on disk for it)."""
+    if not isinstance(getattr(handle, "model", None), torch.nn.Module):
+        return None
     known = known_fingerprint(handle.model)
     if known is not None:
         return known

@@ -32,11 +32,13 @@ def cached_scores(handle, forget, retain, config, progress):
         if len(handle.scores_cache) >= SCORES_CACHE_SIZE:
             handle.scores_cache.pop(next(iter(handle.scores_cache)))  # the oldest
         # kept on disk too, by the weights and the data: a restarted server's first page has them at once
-        disk = cards.object_key("layer-scores", cards.fingerprint_of(handle), handle.key.dtype, *map(repr, key))
-        scores = cards.find_object("layer-scores", disk)
+        weights = cards.fingerprint_of(handle)
+        disk = cards.object_key("layer-scores", weights, handle.key.dtype, *map(repr, key)) if weights else None
+        scores = cards.find_object("layer-scores", disk) if disk else None
         if scores is None:
             scores = compute_scores(handle.key, forget, retain, config,
                                     device_progress(lambda f: progress(f, desc="logit lens over the keys")))
-            cards.keep_object("layer-scores", disk, scores)
+            if disk:
+                cards.keep_object("layer-scores", disk, scores)
         handle.scores_cache[key] = scores
     return handle.scores_cache[key]
