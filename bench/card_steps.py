@@ -39,6 +39,8 @@ def main(argv=None) -> None:
     ap.add_argument("--retain-examples", type=int, default=128)
     ap.add_argument("--no-caches", action="store_true", help="no stream or prefix cache (as on ZeroGPU)")
     ap.add_argument("--profile", action="store_true", help="then profile one more click's two steps (cProfile)")
+    ap.add_argument("--betas", default="", help="comma-separated betas: for each, whether the first verdict "
+                    "(answers within FIRST_VERDICT_BUDGET tokens) counts the forget side as the whole card does")
     args = ap.parse_args(argv)
     import torch
 
@@ -100,6 +102,9 @@ def main(argv=None) -> None:
         print(f"| {run + 1} | {t_edit - t0:.2f} | {t_first - t0:.2f} | {t_whole - t0:.2f} | "
               f"{(t_edit - t0) + (t_one - t_whole):.2f} | {same} | forget {f['forget'][0] - f['forget'][1]} of "
               f"{f['forget'][0]} not stated | kept {sum(s for _, s in kept)} of {sum(k for k, _ in kept)} |")
+    if args.betas:
+        agree(model, tok, bench, retain, config, warm.scores, stream, prefix, base,
+              [float(b) for b in args.betas.split(",")])
     if args.profile:
         import cProfile
         import pstats
@@ -110,6 +115,34 @@ def main(argv=None) -> None:
             evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="answers", answers=first)
             clock()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def agree(model, tok, bench, retain, config, scores, stream, prefix, base, betas) -> None:
+    """Per beta: the first verdict's forget-side tallies (forgot / broke / still of the known
+    facts, `Report.tallies`) beside the whole card's, and whether they differ (the first
+    verdict answers within FIRST_VERDICT_BUDGET new tokens; the whole card replaces it)."""
+    from grom import run_edit
+    from grom.eval import evaluate
+    from grom.tasks.knowledge import FIRST_VERDICT_BUDGET
+
+    print(f"# the first verdict within {FIRST_VERDICT_BUDGET} new tokens against the whole card (forgot/broke/still)")
+    print("| beta | set | first verdict | whole card | same |")
+    print("|---|---|---|---|---|")
+    differ = 0
+    for beta in betas:
+        edit = run_edit(model, tok, bench.forget, retain, replace(config, beta=beta), scores=scores,
+                        stream_cache=stream)
+        first = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="forget")
+        whole = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="answers", answers=first)
+        f, w = first.tallies(), whole.tallies()
+        for name in ("forget", "probes"):
+            if name in f and name in w:
+                a, b = f[name], w[name]
+                same = (a.forgot, a.broke, a.still) == (b.forgot, b.broke, b.still)
+                differ += not same
+                print(f"| {beta:g} | {name} | {a.forgot}/{a.broke}/{a.still} of {a.known} | "
+                      f"{b.forgot}/{b.broke}/{b.still} of {b.known} | {'yes' if same else 'NO'} |")
+    print(f"# {differ} of {2 * len(betas)} forget-side verdicts differ")
 
 
 if __name__ == "__main__":
