@@ -3,6 +3,7 @@ back bit for bit; quantization's errors and the attack's bookkeeping; the logit 
 against the model's own output and HF's hidden states, and untouched below the band."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -209,6 +210,35 @@ def test_patch_kept_reads_the_attack_own_quantized_weights(trained_llama, tokeni
         res = quantization_attack(trained_llama, tokenizer, edit, likelihood(tokenizer), bits=bits)
         monkeypatch.undo()
         assert res.details["patch_kept"] == num / den and len(passes) == 2
+
+
+def test_the_edited_passes_replay_the_layers_below_the_edit_bit_for_bit(trained_llama, tokenizer, edit, monkeypatch):
+    """The quantization, logit-lens and membership attacks with the edited model's passes
+    replaying the layers below the edit (layers 0-1 of 4 here: `BelowTheEdit`) give what
+    they give with every layer run (lens probabilities and ranks, answers, AUCs, equal),
+    and do replay (their caches are hit)."""
+    from grom.robustness.membership import membership_attack
+    from grom.robustness.result import BelowTheEdit
+
+    snap = snapshot(trained_llama)
+    score = lambda m, between=None: probe_recall(m, tokenizer, PROBES, between=between)  # noqa: E731
+
+    def attacks():
+        q = quantization_attack(trained_llama, tokenizer, edit, score, bits=4)
+        lens_ = logit_lens_attack(trained_llama, tokenizer, edit, PROBES)
+        mia = membership_attack(trained_llama, tokenizer, edit, FORGET, PROBES, RETAIN)
+        return [(r.base, r.edited, r.base_answers, r.edited_answers, r.details) for r in (q, lens_, mia)]
+
+    caches = []
+    replaying = BelowTheEdit.replaying
+    monkeypatch.setattr(BelowTheEdit, "replaying", lambda self: caches.append(self.cache) or replaying(self))
+    replayed = attacks()
+    assert [c.hits > 0 for c in caches] == [True, True, True] and caches[1].hits == 1  # 4 probes: one lens batch
+    monkeypatch.setattr(BelowTheEdit, "recording", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(BelowTheEdit, "replaying", lambda self: contextlib.nullcontext())
+    assert replayed == attacks()
+    assert replayed[1][4]["first_changed_layer"] == 2
+    assert_bit_exact(trained_llama, snap)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where CUDA is missing")

@@ -38,7 +38,7 @@ from torch import nn
 from grom.data.prompts import PromptFormat
 from grom.eval import mia
 from grom.eval.runner import score_answers
-from grom.robustness.result import AttackResult
+from grom.robustness.result import AttackResult, BelowTheEdit
 from grom.turns import Between, Held, give, inside
 
 HEADLINE = "min_k"
@@ -75,7 +75,9 @@ def membership_attack(model: nn.Module, tokenizer, edit, fitted: Sequence, probe
     attack ("loss", "zlib", "min_k", "min_k++") -> {"base", "edited"}; "leak" -> side ->
     {"base", "edited"}: |Min-K AUC - 0.5|; "n_fitted", "n_probes", "n_holdout"; "measure":
     "auc". The model comes back unedited (the edit is applied in a `with`). between: a step
-    boundary (`grom.turns`) between the teacher-forced batches, the edit reverted there."""
+    boundary (`grom.turns`) between the teacher-forced batches, the edit reverted there.
+    The edited model's passes replay the layers below the edit from the unedited model's
+    (`BelowTheEdit`): the same scores."""
     sides = {"fitted": _pairs(fitted), "probes": _pairs(probes)}
     sides = {k: v for k, v in sides.items() if len(v) >= MIN_SIDE}
     hold = _pairs(holdout)
@@ -100,9 +102,11 @@ def membership_attack(model: nn.Module, tokenizer, edit, fitted: Sequence, probe
         return out
 
     model.eval()
-    base = measure(between)
+    below = BelowTheEdit(model, edit)  # the edited model's passes run only the layers the edit changed
+    with Held(below.recording) as held:
+        base = measure(inside(between, held.left))
     give(between)
-    with Held(lambda: edit.applied(model)) as held:
+    with Held(lambda: edit.applied(model), below.replaying) as held:
         edited = measure(inside(between, held.left))
     auc = {side: {a: {"base": base[side][a], "edited": edited[side][a]} for a in base[side]} for side in sides}
     leak = {side: {k: abs(auc[side][HEADLINE][k] - 0.5) for k in ("base", "edited")} for side in sides}

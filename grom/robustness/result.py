@@ -11,6 +11,7 @@ from torch import nn
 
 from grom.data.prompts import PromptFormat
 from grom.eval import metrics as M
+from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.runner import generate
 from grom.tasks.knowledge import KNOWLEDGE_GEN_BATCH, knowledge_budget
 from grom.turns import Between
@@ -73,6 +74,27 @@ def scored(score: ScoreFn, model: nn.Module, between: Between | None) -> Recall:
     """`score(model)`, given `between` only where there is one (a caller's own ScoreFn need
     not take it when no turns are asked for)."""
     return score(model) if between is None else score(model, between=between)
+
+
+class BelowTheEdit:
+    """The layers below the edit's first changed one (`first_changed_layer`), run once for
+    the unedited and the edited model: an attack scores the unedited model `recording`
+    them (`grom.eval.prefix.PrefixCache`) and the edited one `replaying` them on the same
+    input batches, so the edited model's prompt passes and teacher-forced passes run only
+    the layers the edit changed (SmolLM2's default band: 5 of 30). The same numbers bit for
+    bit: what is replayed is what those unchanged layers compute. Valid while the weights
+    below `first` are the same in both passes (also both quantized the same way); each
+    attack takes a fresh one. ``Held(below.recording)``, ``Held(edit_applied,
+    below.replaying)``: a turn (`grom.turns`) leaves the hooks off."""
+
+    def __init__(self, model: nn.Module, edit):
+        self.model, self.first, self.cache = model, first_changed_layer(model, edit), PrefixCache()
+
+    def recording(self):
+        return self.cache.reusing(self.model, None, capture=(self.first,))
+
+    def replaying(self):
+        return self.cache.reusing(self.model, self.first)
 
 
 @dataclass(frozen=True)

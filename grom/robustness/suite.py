@@ -33,7 +33,7 @@ from grom.robustness import weights
 from grom.robustness.calibration import relearn_lr
 from grom.robustness.membership import membership_attack
 from grom.robustness.probes import PROBE_TYPES, transform
-from grom.robustness.result import AttackResult, Probe, Recall, probe_recall
+from grom.robustness.result import AttackResult, BelowTheEdit, Probe, Recall, probe_recall
 from grom.turns import Between, Held, give, inside
 
 log = logging.getLogger(__name__)
@@ -60,18 +60,17 @@ class Context:
         the caller's, whose as_found undoes what it holds the model in."""
         return probe_recall(model, self.tokenizer, self.probes, fmt=self.fmt, between=between)
 
-    def recall(self, asked: Sequence[Probe], fmt: PromptFormat | None, edited: bool) -> Recall:
+    def recall(self, asked: Sequence[Probe], fmt: PromptFormat | None, edited: bool,
+               below: BelowTheEdit | None = None) -> Recall:
         """The recall of `asked` in `fmt` by the unedited model, or with the edit applied
-        (which a turn reverts and applies again); measured once per run."""
+        (which a turn reverts and applies again); measured once per run. below: the
+        unedited model records the layers below the edit, the edited one replays them."""
         key = _asked(asked, fmt, edited)
         if key not in self.measured:
-            if edited:
-                with Held(lambda: self.edit.applied(self.model)) as held:
-                    got = probe_recall(self.model, self.tokenizer, asked, fmt=fmt,
-                                       between=inside(self.between, held.left))
-            else:
-                got = probe_recall(self.model, self.tokenizer, asked, fmt=fmt, between=self.between)
-            self.measured[key] = got
+            reuse = None if below is None else below.replaying if edited else below.recording
+            with Held((lambda: self.edit.applied(self.model)) if edited else None, reuse) as held:
+                self.measured[key] = probe_recall(self.model, self.tokenizer, asked, fmt=fmt,
+                                                  between=inside(self.between, held.left))
         return self.measured[key]
 
     def known(self, edited: bool) -> Recall | None:
@@ -96,9 +95,10 @@ def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
             why = (f"no written {name} probes for what the probes are about (the bundled real-knowledge "
                    "targets have them)" if written else f"no probe could be made into a {name} probe")
             return AttackResult(name, math.nan, math.nan, 0.0, 0, details={"skipped": why})
-        base = ctx.recall(asked, fmt, edited=False)
+        below = BelowTheEdit(ctx.model, ctx.edit)
+        base = ctx.recall(asked, fmt, edited=False, below=below)
         give(ctx.between)
-        edited = ctx.recall(asked, fmt, edited=True)
+        edited = ctx.recall(asked, fmt, edited=True, below=below)
         if written:
             details = {"by_reach": by_reach(asked, base, edited, ctx.fitted, ctx.probes)}
         else:

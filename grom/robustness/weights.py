@@ -27,13 +27,12 @@ from torch import nn
 from grom.closed_form.keys import pad_id
 from grom.data.prompts import PromptFormat, encode_prompt
 from grom.data.schema import QAExample
-from grom.eval.prefix import first_changed_layer
 from grom.eval.quant import bnb_unavailable, quantized
 from grom.model.arch import decoder_layers, final_norm, finish_logits, model_device, unembedding
-from grom.model.hooks import capture_outputs, stop_after
+from grom.model.hooks import capture_outputs
 from grom.model.process_memory import releasing
 from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, Progress, relearn_curve
-from grom.robustness.result import AttackResult, Probe, Recall, ScoreFn, scored
+from grom.robustness.result import AttackResult, BelowTheEdit, Probe, Recall, ScoreFn, scored
 from grom.turns import Between, Held, give, inside
 
 log = logging.getLogger(__name__)
@@ -162,6 +161,8 @@ def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bi
     carries along the patch's direction; None where it patches no quantized matrix).
     between: a step boundary (`grom.turns`) inside each scoring (`score(model, between=)`)
     and between them, the weights put back (not quantized, the edit reverted) there.
+    The edited model's prompt passes replay the quantized layers below the edit from the
+    base's (`BelowTheEdit`): the same numbers.
     """
     if method == "rtn" and bits not in (4, 8):
         raise ValueError(f"round-to-nearest runs at 4 or 8 bits here, got {bits}")
@@ -173,12 +174,13 @@ def quantization_attack(model: nn.Module, tokenizer, edit, score: ScoreFn, *, bi
     def quant(keep: dict | None):  # the quantized weights kept for a turn, not computed again after it
         return lambda: quantized(model, method, group_size=group_size, bits=bits, keep=keep)
 
-    with Held(quant({} if between else None)) as held:
+    below = BelowTheEdit(model, edit)  # the layers below the edit: quantized alike in both models
+    with Held(quant({} if between else None), below.recording) as held:
         base = scored(score, model, inside(between, held.left))
         info = held.entered[0]
         q0 = _quantized_patches(model, edit, info)
     give(between)
-    with Held(lambda: edit.applied(model), quant({} if between else None)) as held:
+    with Held(lambda: edit.applied(model), quant({} if between else None), below.replaying) as held:
         edited = scored(score, model, inside(between, held.left))
         kept = _patch_kept(model, edit, q0)
     details = {"method": info.method, "quantizer": info.method, "quantizer_reason": _why(info, bits),
@@ -229,13 +231,14 @@ def _readout(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def lens(model: nn.Module, ids: Sequence[Sequence[int]], tokens: Sequence[int], *, pad: int = 0,
-         batch_size: int = 16, between: Between | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(prob, rank), each (L, P) float64: at the output of every decoder layer l and for
-    every sequence p, the probability of tokens[p] read from the residual stream at the
-    sequence's last position (`_readout`), and its rank (1 = the most likely token; a tie
-    counts for it). The last layer's row is the model's own next-token distribution.
-    between: a step boundary (`grom.turns`) between two batches."""
-    layers, dev = decoder_layers(model), model_device(model)
+         batch_size: int = 16, between: Between | None = None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prob, rank), each (L - start, P) float64: at the output of every decoder layer l
+    from `start` on and for every sequence p, the probability of tokens[p] read from the
+    residual stream at the sequence's last position (`_readout`), and its rank (1 = the most
+    likely token; a tie counts for it). The last layer's row is the model's own next-token
+    distribution. The decoder stack runs without the head (`_readout` reads the last
+    positions only). between: a step boundary (`grom.turns`) between two batches."""
+    layers, dev = decoder_layers(model)[start:], model_device(model)
     prob, rank = [], []
     for b in range(0, len(ids), batch_size):
         if b:
@@ -249,13 +252,19 @@ def lens(model: nn.Module, ids: Sequence[Sequence[int]], tokens: Sequence[int], 
         at = lambda h: h[torch.arange(len(chunk), device=h.device), (lengths - 1).to(h.device)]  # noqa: E731
         with ExitStack() as stack:
             got = [stack.enter_context(capture_outputs(layer, at)) for layer in layers]
-            stack.enter_context(stop_after(layers[-1]))  # the head runs in _readout, at `at` only
-            model(input_ids=x.to(dev), attention_mask=mask.to(dev), use_cache=False)
+            model.base_model(input_ids=x.to(dev), attention_mask=mask.to(dev), use_cache=False)
         z = torch.stack([_readout(model, g[0]) for g in got]).cpu()  # (L, B, vocab)
         gold = z.gather(2, t.expand(len(layers), -1)[..., None])  # (L, B, 1)
         prob.append(torch.softmax(z, -1).gather(2, t.expand(len(layers), -1)[..., None])[..., 0].double())
         rank.append(1 + (z > gold).sum(2).double())
     return torch.cat(prob, 1), torch.cat(rank, 1)
+
+
+def _head_patched(model: nn.Module, edit) -> bool:
+    """Whether `edit` changes the LM head, which the lens reads every layer through."""
+    head = model.get_output_embeddings()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    return bool(getattr(edit, "unties_lm_head", False)) or any(params.get(n) is head.weight for n in edit.patches)
 
 
 def logit_lens_attack(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
@@ -280,11 +289,17 @@ def logit_lens_attack(model: nn.Module, tokenizer, edit, probes: Sequence[Probe]
     read = [fact_position(tokenizer, p, fmt) for p in probes]
     ids, tokens = [r[0] for r in read], [r[1] for r in read]
     model.eval()
-    pb, rb = lens(model, ids, tokens, pad=pad_id(tokenizer), between=between)
+    below = BelowTheEdit(model, edit)
+    first = below.first
+    # the edited model's residual stream below its first changed layer is the base's, read through
+    # the same head: those rows are the base's, and its passes replay those layers (`BelowTheEdit`)
+    start = first if 0 < first < len(decoder_layers(model)) and not _head_patched(model, edit) else 0
+    with Held(below.recording if start else None) as held:
+        pb, rb = lens(model, ids, tokens, pad=pad_id(tokenizer), between=inside(between, held.left))
     give(between)
-    with Held(lambda: edit.applied(model)) as held:
-        pe, re_ = lens(model, ids, tokens, pad=pad_id(tokenizer), between=inside(between, held.left))
-    first = first_changed_layer(model, edit)
+    with Held(lambda: edit.applied(model), below.replaying if start else None) as held:
+        pe, re_ = lens(model, ids, tokens, pad=pad_id(tokenizer), between=inside(between, held.left), start=start)
+    pe, re_ = torch.cat([pb[:start], pe]), torch.cat([rb[:start], re_])
     if first >= pb.shape[0]:
         note = ("The edit changes only the LM head: the residual stream is the base model's at every "
                 "layer by construction, and the lens differs only through the edited head.")
