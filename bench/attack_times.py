@@ -5,6 +5,7 @@ the panel runs it (`attack_once`, one attack at a time, on GROM's edit).
     python bench/attack_times.py                                   # the demo model
     python bench/attack_times.py --model smollm2-135m-instruct --json smol.json
     python bench/attack_times.py --model smollm2-135m-instruct --measured smol.json
+    python bench/attack_times.py --model smollm2-135m-instruct --suite --json suite.json
 
 Demo: the bundled demo model (one thread, as the studio runs it on a CPU) on an upload of
 demo/forget01 with held-out probe rows (16 forget, 8 probe, 24 retain rows, as
@@ -16,6 +17,9 @@ estimate as it is now, running nothing but the tokenizer (SmolLM2's suite is min
 CPU). Also counted per attack: the model's forward passes, estimated and seen (a hook on
 its first layer; a training step's backward not counted), which says whether a wrong
 estimate is the work or its price; and the load average when each attack started.
+`--suite`: the attacks in one `run_attacks` call, as `python -m grom attack` runs them (the
+suite shares what two attacks both compute: relearning starts from the held-out probes'
+recall), each attack's seconds from the suite's progress calls.
 """
 from __future__ import annotations
 
@@ -114,6 +118,39 @@ def measure(handle, bench, preset, names) -> dict:
     return out
 
 
+def measure_suite(handle, bench, preset, names) -> dict:
+    """The attacks of `names` in one `run_attacks` call (the CLI's way), each timed from
+    one progress call to the next; the edit first."""
+    from components.attack_panel import probes_of
+    from grom import run_edit
+    from grom.robustness.membership import holdout_of
+    from grom.robustness.suite import run_attacks
+
+    t0 = time.perf_counter()
+    edit = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain, preset)
+    out = {"edit_s": round(time.perf_counter() - t0, 2), "attacks": {}}
+    probes, fitted = probes_of(bench)
+    marks = []  # (wall, cpu, load) at each attack's start and at the end
+    counts, remove = counted(handle.model)
+    passes = []
+
+    def progress(_fraction, _message):
+        marks.append((time.perf_counter(), time.process_time(), os.getloadavg()[0]))
+        passes.append(counts["passes"])
+    try:
+        results = run_attacks(handle.model, handle.tokenizer, edit, probes, fitted=fitted,
+                              holdout=holdout_of(bench.eval_sets, bench.retain), attacks=names,
+                              fmt=bench.prompt_format, progress=progress)
+    finally:
+        remove()
+    for i, (name, result) in enumerate(results.items()):
+        (w0, c0, load), (w1, c1, _) = marks[i], marks[i + 1]
+        out["attacks"][name] = {"seconds": round(w1 - w0, 2), "cpu_seconds": round(c1 - c0, 2), "n": result.n,
+                                "passes": passes[i + 1] - passes[i], "load": round(load, 2)}
+        print(f"{name}: {out['attacks'][name]}", file=sys.stderr, flush=True)
+    return out
+
+
 def table(run: dict, seconds: dict, passes: dict) -> str:
     """Markdown: per attack the estimate, the wall and CPU seconds measured (CPU: the
     process's, every thread's; on one thread under load, nearer a quiet machine's wall time
@@ -142,6 +179,9 @@ def main() -> None:
                     help="torch threads (default: 1 for the demo, as the studio; torch's otherwise)")
     ap.add_argument("--json", help="save the run (measured seconds) here")
     ap.add_argument("--measured", help="a run saved with --json: print it against the estimate, run nothing")
+    ap.add_argument("--suite", action="store_true",
+                    help="run the attacks in one suite call, as python -m grom attack does (default: one call each, "
+                         "as the panel runs them)")
     args = ap.parse_args()
     threads = args.threads or (1 if args.model == "demo" else None)
     if threads:
@@ -154,7 +194,8 @@ def main() -> None:
         run = {"model": args.model, "benchmark": f"{bench.name}/{bench.split}", "threads": torch.get_num_threads(),
                "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-               **measure(handle, bench, preset, attack_names(args.attacks))}
+               "how": "one suite call" if args.suite else "one call per attack",
+               **(measure_suite if args.suite else measure)(handle, bench, preset, attack_names(args.attacks))}
         if args.json:
             Path(args.json).write_text(json.dumps(run, indent=1))
     print(f"{run['model']} on {run['benchmark']}, {run['threads']} thread(s), {run['machine']}, {run['when']}; "
