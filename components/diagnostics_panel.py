@@ -75,7 +75,8 @@ def with_keys(key: ModelKey, edit, inputs):
     forget, retain = inputs
     config = edit.config.replace(keep_keys=True, layers=tuple(edit.band) or None)
     return run_edit(handle.model, handle.tokenizer, forget, retain, config,
-                    scores=edit.scores, stream_cache=kept_cache(handle.stream_cache), between=give_turn)
+                    scores=edit.scores, stream_cache=kept_cache(handle.stream_cache), between=give_turn,
+                    progress=False)  # a server draws no terminal bar for a visitor's diagnostics
 
 
 # ---------------------------------------------------------------- where the outputs moved
