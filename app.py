@@ -25,6 +25,7 @@ if os.environ.get("SPACES_ZERO_GPU") or os.environ.get("SPACE_ID"):
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,7 +49,7 @@ from components import (
 )
 from components import page as page_wiring
 from components.core.allowed_sources import DEMO, REAL
-from components.core.benchmarks import preset_for
+from components.core.benchmarks import preset_for, warm_bundled
 from components.core.comparison import default_examples
 from components.core.device import ON_ZEROGPU, watch_queue
 from components.core.guard import BodyLimit, NoDeepLinks, QueueGuard, UploadGuard
@@ -70,9 +71,12 @@ def theme() -> gr.themes.Base:
 
 
 def build_layout(start_model: str = DEMO, template: Session | None = None) -> SimpleNamespace:
-    """The components, laid out: settings on the left, views in tabs on the right; the
-    widgets start on `start_model`'s benchmark and preset, and every session starts as a
-    copy of `template` (its model and benchmark: `start_session`)."""
+    """The components, laid out for a laptop's first screen (1366 x 768): a one-line intro
+    (how it works and the math folded beside it), the model and the benchmark on one row,
+    then the Edit form (β, w_r, ρ, Run edit and the result card first) on the left and the
+    views in tabs on the right; one column on a phone. The widgets start on `start_model`'s
+    benchmark and preset, and every session starts as a copy of `template` (its model and
+    benchmark: `start_session`)."""
     start, split = start_benchmark(start_model)
     preset = preset_for(start, split, start_model)
     # one Session per browser tab (deep-copied from this empty one); gradio frees it an hour
@@ -81,30 +85,30 @@ def build_layout(start_model: str = DEMO, template: Session | None = None) -> Si
     with gr.Row(elem_id="hero", equal_height=False):
         with gr.Column(scale=3, min_width=300):
             text.md(text.INTRO, elem_id="intro")
-        with gr.Column(scale=2, min_width=300):
-            text.md(text.HERO_STEPS, elem_id="hero-steps")
-            with gr.Accordion("The math: one closed-form solve per matrix", open=False, elem_id="hero-math-fold"):
+        with gr.Column(scale=1, min_width=280):
+            with gr.Accordion("How it works, and the math", open=False, elem_id="hero-math-fold"):
+                text.md(text.HERO_STEPS, elem_id="hero-steps")
                 text.md(text.HERO_MATH, elem_id="hero-math")
     with gr.Row(equal_height=False, elem_id="setup-row"):
-        with gr.Group(elem_classes="panel"):
+        with gr.Column(scale=1, min_width=300, elem_id="model-panel"), gr.Group(elem_classes="panel"):
             ui.model = model_panel.build_model_panel(start_model)
-        with gr.Group(elem_classes="panel"):
+        with gr.Column(scale=1, min_width=300, elem_id="bench-panel"), gr.Group(elem_classes="panel"):
             ui.bench = benchmark_panel.build_benchmark_panel(start, split)
     with gr.Row(equal_height=False, elem_id="main-row"):
         with gr.Column(scale=2, min_width=360, elem_id="controls"):
-            with gr.Group(elem_classes="panel", elem_id="edit-panel"):
+            with gr.Column(elem_id="edit-panel"), gr.Group(elem_classes="panel"):
                 ui.edit = edit_panel.build_edit_panel(preset)
         with gr.Column(scale=3, min_width=480, elem_id="views"):
             with gr.Tabs(selected="layers", elem_id="tabs") as ui.tabs:
                 with gr.Tab("Data", id="data"):
                     ui.data = benchmark_panel.build_examples_panel()
-                with gr.Tab("3 · Layers", id="layers"):
+                with gr.Tab("Layers", id="layers"):
                     ui.layers = layers_panel.build_layers_panel(preset)
                 with gr.Tab("Edit details", id="edit"):
                     ui.result = edit_panel.build_result_view()
                     ui.runs = history_panel.build_history_panel()  # the session's runs, under the last edit
                     ui.sweep = sweep_panel.build_sweep_panel()  # sweeps of one setting, under the history
-                with gr.Tab("5 · Compare", id="compare", elem_id="compare-tab"):
+                with gr.Tab("Compare", id="compare", elem_id="compare-tab"):
                     # the real model's first verdict counts every example of a small split
                     ui.compare = compare_panel.build_compare_panel(default_examples(ui.session.value.benchmark,
                                                                                     start_model == REAL))
@@ -112,9 +116,9 @@ def build_layout(start_model: str = DEMO, template: Session | None = None) -> Si
                     ui.answers = compare_panel.build_answers_panel()
                 with gr.Tab("Is it gone?", id="attacks", elem_id="attacks-tab"):
                     ui.attack = attack_panel.build_attack_panel()
-                with gr.Tab("6 · Diagnostics", id="diagnostics"):
+                with gr.Tab("Diagnostics", id="diagnostics"):
                     ui.diag = diagnostics_panel.build_diagnostics_panel()
-                with gr.Tab("7 · Export", id="export"):
+                with gr.Tab("Export", id="export"):
                     ui.export = export_panel.build_export_panel()
     return ui
 
@@ -222,6 +226,8 @@ def main(argv=None) -> None:
     if threads:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
+    # the demo's world generated while the model loads: choosing the demo later reads it at once
+    threading.Thread(target=warm_bundled, name="warm-bundled", daemon=True).start()
     if ON_ZEROGPU:  # in this process, before any GPU worker is forked: every worker has them
         preload_allowed(args.device)
     preload(args.model, args.device)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components.core import form
+from components.core.benchmarks import check_choice
 from components.core.device import device_progress
 from components.core.edits import compute_edit, scores_key
 from components.core.errors import ui_errors
@@ -45,6 +46,7 @@ def on_run_edit(v: dict, session: Session, progress):
     pressed = pressed if isinstance(pressed, float) and pressed <= started else None
     handle = current_model(session)
     bench = current_benchmark(session)
+    check_choice(session)  # not the old data while the Benchmark boxes show new ones
     seed = check_seed(v["seed"])
     retain = retain_subset(bench.retain, v["retain_examples"], seed)
     check_examples(bench.forget, retain, handle.tokenizer)
@@ -114,6 +116,22 @@ def on_preset(preset: str):
     return [gr.skip() if value is None else value for value in form.preset_values(preset)]
 
 
+def on_preset_chosen(preset: str):
+    """A preset chosen in its box: the run's settings it has a default for
+    (`form.RUN_DEFAULTED`: batch size, key budgets, retain sample) take it, as those it sets
+    do (`on_preset`). Choosing "(custom)" changes nothing."""
+    if preset not in PRESETS:
+        return [gr.skip()] * len(form.RUN_DEFAULTED)
+    return form.run_defaults(preset)
+
+
+def on_run_defaults(preset: str):
+    """New data loaded: the run's settings take the defaults of the preset the load chose
+    (the demo's presets 1600 retain examples, SmolLM2's 128): a split loaded on another
+    model's numbers broke the demo's retain set (issue 49, item 6)."""
+    return form.run_defaults(preset if isinstance(preset, str) else "")
+
+
 def on_benchmark_loaded(session: Session) -> str:
     """The line under Run edit once a benchmark loaded: which data the next edit uses."""
     return f"Loaded **{session.bench_label}**: press **Run edit** to unlearn its forget set."
@@ -128,7 +146,7 @@ def _log_pair(name: str, label: str, value: float, info: str):
     with gr.Row(equal_height=True, elem_classes="log-pair"):
         slider = gr.Slider(lo, hi, value=form.log10(value), step=0.01, label=f"log₁₀ {label.split()[0]}", scale=3,
                            info=info, buttons=[])
-        number = gr.Number(value=value, label=label, scale=1, min_width=90)
+        number = gr.Number(value=value, label=label, scale=1, min_width=110)
     slider.input(lambda v: round(10 ** v, 6 if v < 0 else 3), slider, number, queue=False,
                  api_visibility="private")
     number.input(lambda v: form.log10(v) if v and v > 0 else gr.skip(), number, slider, queue=False,
@@ -137,32 +155,31 @@ def _log_pair(name: str, label: str, value: float, info: str):
 
 
 def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
-    demo = PRESETS[start_preset]
-    text.md(text.EDIT_SHORT, elem_classes="panel-intro")
-    # Run edit first: on a laptop's first screen (1366 x 768) it is the one thing to press
-    with gr.Row():
+    """The Edit form, in the order a laptop's first screen (1366 x 768) needs it: the preset
+    and the three settings the studio is for (β, w_r, ρ), Run edit, its status and the result
+    card; then the rest of the form. Every box a preset has a value for starts on
+    `start_preset`'s (those it sets, and `form.run_defaults`)."""
+    demo, d = PRESETS[start_preset], dict(zip(form.RUN_DEFAULTED, form.run_defaults(start_preset)))
+    preset = gr.Dropdown(preset_choices(), value=start_preset, label="Preset (the paper's settings)",
+                         info="fills the boxes below; a model or split loaded picks the one that fits")
+    beta_log, beta = _log_pair("beta", beta_label(demo.beta_relative), demo.beta,
+                               "higher: forgets harder (too high: noise)")
+    w_r_log, w_r = _log_pair("w_r", "w_r", demo.w_r, "higher: keeps the retain set (w_f = 1)")
+    rho_log, rho = _log_pair("rho", "ρ", demo.rho, "higher: a smaller, smoother edit (ridge)")
+    with gr.Row(elem_id="run-row"):
         run = gr.Button("Run edit", variant="primary", scale=3, elem_id="run-edit")
         reset_btn = gr.Button("Reset", variant="secondary", scale=1, min_width=90, elem_id="reset-edit")
     status = gr.Markdown("No edit yet: press **Run edit**.", elem_id="edit-status")
     # the result card: its own box, which no event shows progress on, so that it stays in view while
     # later jobs run (the status above it shows their progress and hides what it said before)
     card = gr.HTML("", elem_id="result-card")
-    preset = gr.Dropdown(preset_choices(), value=start_preset, label="Preset (the paper's settings)",
-                         info="the paper's tofu10, tofu5, muse-news, muse-books, wmdp-bio, zsre; smollm2 "
-                              "(the real chat model); demo, demo-forget05, demo-forget01 (the toy's splits)")
+    text.md(text.EDIT_SHORT, elem_classes="panel-intro")
     text.md(text.EDIT, elem_classes="panel-intro")
     with gr.Row(equal_height=True):
         target = gr.Radio(TARGETS, value=demo.target, label="Target D", scale=2, min_width=150)
         matrix = gr.Radio(MATRICES, value=demo.matrix, label="Edited matrix W", scale=3, min_width=200)
-    beta_log, beta = _log_pair("beta", beta_label(demo.beta_relative), demo.beta,
-                               "raise it to forget harder (too high and answers turn to noise); "
-                               "paper, absolute: 20 to 1000")
     beta_relative = gr.Checkbox(value=demo.beta_relative, label="β relative: in units of the mean ‖W x‖ "
-                                "on the forget keys (off: absolute, as in the paper)")
-    w_r_log, w_r = _log_pair("w_r", "w_r", demo.w_r,
-                             "raise it to protect the retain set more (w_f = 1); paper: 10 to 1000")
-    rho_log, rho = _log_pair("rho", "ρ", demo.rho,
-                             "raise it for a smoother, smaller edit (ridge μ = ρ · mean diag A); paper: 0.03")
+                                "on the forget keys (off: absolute, as in the paper, 20 to 1000)")
     c = gr.Slider(0, 200, value=demo.c, step=0.5, label="c (corruption strength; paper 45)",
                   visible=demo.target == "corruption")
     use_alpha = gr.Checkbox(value=demo.use_alpha, label="Specificity weights α (off: the paper's ablation)",
@@ -173,15 +190,17 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
     with gr.Accordion("Advanced: keys, budgets, speed", open=False):
         with gr.Row():
             seed = gr.Number(value=0, label="seed", min_width=80)
-            batch_size = gr.Number(value=demo.batch_size, label="batch size", min_width=80)
+            batch_size = gr.Number(value=d["batch_size"], label="batch size", min_width=80,
+                                   info=form.FOLLOWS_PRESET)
         with gr.Row():
-            forget_budget = gr.Number(value=demo.forget_budget, label="forget key budget (0: all)",
-                                      min_width=120)
-            retain_budget = gr.Number(value=demo.retain_budget, label="retain key budget (0: all)",
-                                      min_width=120)
-        retain_examples = gr.Number(value=RETAIN_EXAMPLES_FOR.get(start_preset, DEFAULT_RETAIN_EXAMPLES),
-                                    label="retain examples "
-                                    "giving keys (a seeded sample, for speed; 0: all)")
+            forget_budget = gr.Number(value=d["forget_budget"], label="forget key budget (0: all)",
+                                      min_width=120, info=form.FOLLOWS_PRESET)
+            retain_budget = gr.Number(value=d["retain_budget"], label="retain key budget (0: all)",
+                                      min_width=120, info=form.FOLLOWS_PRESET)
+        retain_examples = gr.Number(value=d["retain_examples"],
+                                    label="retain examples giving keys (a seeded sample, for speed; 0: all)",
+                                    info=f"{form.FOLLOWS_PRESET}: {RETAIN_EXAMPLES_FOR['smollm2']} for smollm2 "
+                                         f"(a real model's keys cost ~100x the demo's), else {DEFAULT_RETAIN_EXAMPLES}")
         memory_plan = gr.Markdown("Memory plan: computed when you press **Run edit** (bytes per stage, "
                                   "checked against the device's free memory before any work).",
                                   elem_id="memory-plan")
@@ -215,6 +234,10 @@ def wire(e: SimpleNamespace, page: Page) -> None:
     s, ui = page.session, page.ui
     ly, r, c, a = ui.layers, ui.result, ui.compare, ui.answers
     e.preset.change(on_preset, e.preset, form.widgets(e, ly, form.PRESET_FILLED), **LOCAL)
+    # a preset, or data (with the preset chosen for them), puts every box it has a value for back to it
+    run_boxes = form.widgets(e, ly, form.RUN_DEFAULTED)
+    e.preset.input(on_preset_chosen, e.preset, run_boxes, **LOCAL)
+    page.data_loaded.success(on_run_defaults, e.preset, run_boxes, **LOCAL)
     # any setting a preset sets, changed (typed, filled or restored): the Preset box names the preset the
     # values are, else "(custom)"
     preset_fields = form.widgets(e, ly, form.PRESET_FIELDS)

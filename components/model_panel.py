@@ -59,7 +59,7 @@ def on_load_model(choice: str, device: str, dtype: str, device_map: str, max_mem
 def on_restore_model(session: Session):
     """After a failed load: the model box, device, dtype, device map and max memory show the
     model that is still loaded (not the one that failed), and the status line says so."""
-    handle = REGISTRY.get(session.model_key) if session.model_key is not None else REGISTRY.current
+    handle = REGISTRY.peek(session.model_key) if session.model_key is not None else REGISTRY.current
     if handle is None:
         return (*[gr.skip()] * 5, "No model is loaded: pick one and press **Load model**.")
     choice, device, dtype, *shard = session.extra.get("model_widgets", (handle.key.name, "auto", "auto"))
@@ -86,39 +86,41 @@ def model_intro(name: str | None, shown: str | None = None) -> str:
     SmolLM2 is loaded."""
     loaded = MODEL_WORDS.get(name) or (f"`{shown or name}`" if name else "no model yet")
     others = [words for n, words in OTHER_WORDS.items() if n != name]
-    return (f"**1 · Model.** GROM edits the weights of a causal language model. Loaded: {loaded}. Or pick "
+    return (f"GROM edits the weights of a causal language model. Loaded: {loaded}. Or pick "
             f"{', '.join(others)}, a paper target, or type a Hub id or a folder in `models/`.")
 
 
 def on_model_intro(session: Session) -> str:
     """After a load: the panel's first lines for the session's model (`model_intro`)."""
-    handle = REGISTRY.get(session.model_key) if session.model_key is not None else REGISTRY.current
+    handle = REGISTRY.peek(session.model_key) if session.model_key is not None else REGISTRY.current
     return model_intro(handle.key.name, handle.key.shown) if handle is not None else gr.skip()
 
 
 def build_model_panel(start: str = REAL) -> SimpleNamespace:
-    intro = text.md(model_intro(start), elem_classes="panel-intro", elem_id="model-intro")
+    """The model box with its device and dtype and Load model on one line, the status line
+    under them, and folded: sharding for large models, and what the loaded model is."""
     policy = ModelPolicy.from_env()
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=True, elem_classes="choice-row"):
         choice = gr.Dropdown(model_choices(policy), value=start, label="Model",
                              allow_custom_value=policy.allowed is None,
                              scale=4, min_width=220)
         device = gr.Dropdown(DEVICES, value="auto", label="Device", scale=1, min_width=90)
         dtype = gr.Dropdown(DTYPES, value="auto", label="dtype", scale=1, min_width=100)
-    with gr.Accordion("Large models: shard over devices (accelerate)", open=False):
-        with gr.Row(equal_height=True):
-            device_map = gr.Dropdown(DEVICE_MAP_CHOICES, value="none", label="Device map", scale=1, min_width=120,
+        load = gr.Button("Load model", variant="secondary", scale=0, min_width=110, size="sm",
+                         elem_classes="row-button")
+    status = gr.Markdown("Loading the model…", elem_classes="status-line")
+    with gr.Row(elem_classes="folds"):
+        with gr.Accordion("What this model is", open=False):
+            intro = text.md(model_intro(start), elem_classes="panel-intro", elem_id="model-intro")
+            info = gr.Markdown("", elem_classes="model-summary")
+        with gr.Accordion("Large models: shard over devices", open=False):
+            device_map = gr.Dropdown(DEVICE_MAP_CHOICES, value="none", label="Device map", min_width=120,
                                      info="none: the whole model on Device; auto / balanced / sequential: "
-                                          "over the GPUs, then the CPU, then disk")
-            max_memory = gr.Textbox("", label="Max memory per device", scale=2, min_width=200,
+                                          "over the GPUs, then the CPU, then disk (accelerate)")
+            max_memory = gr.Textbox("", label="Max memory per device", min_width=200,
                                     placeholder="0=20GiB,cpu=60GiB",
                                     info="GPU index or cpu = size; what does not fit goes to disk, and "
                                          "edited layers must not")
-    with gr.Row(equal_height=True):
-        status = gr.Markdown("Loading the model…", elem_classes="status-line")
-        load = gr.Button("Load model", variant="secondary", scale=0, min_width=130, size="sm")
-    with gr.Accordion("Model details", open=False):
-        info = gr.Markdown("", elem_classes="model-summary")
     return SimpleNamespace(intro=intro, choice=choice, device=device, dtype=dtype, device_map=device_map,
                            max_memory=max_memory, load=load, status=status, summary=info)
 

@@ -176,10 +176,11 @@ def studio_defaults(model_name: str, name: str, bench) -> dict:
     from components.core.allowed_sources import DEMO
     from components.core.benchmarks import preset_for
     from components.core.comparison import default_examples
-    from components.core.form import DEFAULT_RETAIN_EXAMPLES, RETAIN_EXAMPLES_FOR
+    from components.core.form import RUN_DEFAULTED, run_defaults
 
     preset = preset_for(name, bench.split, model_name)
-    return {"preset": preset, "retain_examples": RETAIN_EXAMPLES_FOR.get(preset, DEFAULT_RETAIN_EXAMPLES),
+    run = dict(zip(RUN_DEFAULTED, run_defaults(preset)))  # what the Edit panel's boxes take for the preset
+    return {"preset": preset, "retain_examples": run["retain_examples"],
             "seed": 0, "max_examples": default_examples(bench, real=model_name != DEMO)}
 
 

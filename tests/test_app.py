@@ -272,3 +272,20 @@ def make_unsupported_model(folder: Path) -> None:
     OPTForCausalLM(cfg).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(demo_model_dir("full") / name, folder / name)
+
+
+def test_the_demo_preset_keeps_its_retain_set_on_the_page_s_boxes(url):
+    """Issue 49, item 6: the demo model, the demo benchmark's default split (forget10) and Run
+    edit with every box as the page sets it (the demo preset's values and its 1600 retain
+    examples: a page opened on SmolLM2 gets the same once the demo is loaded,
+    tests/test_app_form_follows.py), compared on 50 examples a set as the SmolLM2 page's
+    Compare box has it: the retain set holds (retain cost 0.04: one retain metric lost 4%).
+    With SmolLM2's 128 retain examples left in the box the same edit lost 34% ("The retain set
+    broke"), as the library's path never did."""
+    c = new_client(url)
+    summary, _, _ = c.predict(api_name="/run_edit")  # every field at the page's value
+    assert "Data: **demo/forget10**, 400 forget and 1600 retain examples" in summary, summary
+    _, metrics, _, _ = c.predict(max_examples=50, api_name="/compare")
+    rows = {r[0]: r for r in metrics["data"]}
+    cost = float(rows["Retain cost"][2])
+    assert 0.02 <= cost <= 0.06 and float(rows["Retain broken"][2]) == 0, (cost, rows["Retain broken"])

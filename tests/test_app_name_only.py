@@ -84,10 +84,11 @@ def test_an_unknown_target_is_refused_before_the_model_writes():
 
 
 def test_the_box_shows_with_its_benchmark():
-    split, box = benchmark_panel.on_benchmark_change("name-only")
+    split, box, _, asked = benchmark_panel.on_benchmark_change("name-only", 0, Session())
     assert split.value == "the-solar-system" and box.visible is True  # the target SmolLM2 knows best
-    _, box = benchmark_panel.on_benchmark_change("demo")
-    assert box.visible is False
+    assert not isinstance(asked, int)  # gr.skip(): not loaded, nothing is written yet
+    _, box, _, asked = benchmark_panel.on_benchmark_change("demo", 0, Session())
+    assert box.visible is False and asked == 1  # chosen: loaded
 
 
 def test_write_fills_the_table_and_loading_it_fits_only_what_was_written():
@@ -96,7 +97,7 @@ def test_write_fills_the_table_and_loading_it_fits_only_what_was_written():
     table, line = benchmark_panel.on_write("the-solar-system", 2, 2, 1, session)
     assert list(table.columns) == list(COLUMNS)
     assert set(table.side) == {"forget", "retain"} and set(table.subject) == {"the-solar-system", "the-human-body"}
-    assert "The model wrote" in line and "Load benchmark" in line
+    assert "The model wrote" in line and "Load what was written" in line
     kept = benchmark_panel.written_frame(session.extra["written"][0])
     assert kept.equals(table)  # kept for Load benchmark (an API client has no change event), as JSON text
     again, _ = benchmark_panel.on_write("the-solar-system", 2, 2, 1, session)

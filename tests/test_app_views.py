@@ -170,7 +170,7 @@ def test_a_benchmark_starts_on_its_default_split():
 
     assert default_split("demo") == "forget10" and default_split("tofu") == "forget01"
     assert default_split("real-knowledge") == "the-solar-system" and default_split("nope") is None
-    assert on_benchmark_change("demo")[0].value == "forget10"
+    assert on_benchmark_change("demo", 0, Session())[0].value == "forget10"
     assert start_benchmark("demo") == ("demo", "forget10")
 
 

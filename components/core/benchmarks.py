@@ -4,9 +4,13 @@ grom/tasks/ fills), uploads (size- and row-limited), each with its preset."""
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
+from collections import defaultdict
 from pathlib import Path
 
 from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
+from components.core.costs import check_loaded
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, upload_bytes
 from components.core.written import written_benchmark
@@ -160,7 +164,18 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
     if local is None and BENCHMARKS[name].hub_id:
         require_hub(splits_hub_id(name), "data set")
     known_only = name == "real-knowledge" and local is None and model_name == REAL
-    return _load_shared(name, split or None, local, known_only)
+    return _shared(name, split or None, local, known_only)
+
+
+_LOADING = defaultdict(threading.Lock)  # per benchmark: a second reader waits for the first's copy
+
+
+def _shared(name: str, split: str | None, local: str | None, known_only: bool = False):
+    """`_load_shared`, one reader per benchmark at a time: a visitor who chooses the demo
+    while the server reads it at start (`warm_bundled`) waits for that copy instead of
+    generating its world a second time beside it."""
+    with _LOADING[name]:
+        return _load_shared(name, split, local, known_only)
 
 
 @functools.lru_cache(maxsize=8)
@@ -170,6 +185,81 @@ def _load_shared(name: str, split: str | None, local: str | None, known_only: bo
     facts SmolLM2 was probed to know (grom/data/knowledge/known.json), so that every
     example a quick comparison evaluates is a fact the model knew."""
     return load_benchmark(name, split, source=local, **({"known_only": True} if known_only else {}))
+
+
+def warm_bundled() -> None:
+    """The bundled demo read once as the server starts: its world of invented authors is
+    generated in Python (1.3 s on a quiet 2-core CPU; beside a running edit on a busy one,
+    long enough that choosing the demo took 96 s), after which each of its splits is read in
+    milliseconds. A failure is left to the visitor's own load, which says what is wrong."""
+    try:
+        _shared("demo", default_split("demo"), None)
+    except Exception:  # noqa: BLE001  (a warm-up: a visitor's load reports the problem)
+        pass
+
+
+_CHECKED: dict[int, tuple] = {}  # id(benchmark) -> (a weak reference to it, what it was checked with)
+
+
+def check_once(bench, tokenizer, model_key) -> None:
+    """`check_loaded(bench, tokenizer)` (its examples' lengths against the limits), once
+    per benchmark object, model and limits: a registered benchmark is one shared copy, so
+    choosing it again, or a second visitor choosing it on the same model, tokenizes
+    nothing (0.1-0.8 s of CPU, seconds on a busy one). An upload is a new object each
+    load, checked each time."""
+    seen = (model_key, limit("GROM_MAX_EXAMPLE_TOKENS"), limit("GROM_MAX_JOB_TOKENS"))
+    entry = _CHECKED.get(id(bench))
+    alive = entry is not None and entry[0]() is bench
+    if alive and seen in entry[1]:
+        return
+    check_loaded(bench, tokenizer)
+    for key in [key for key, (ref, _) in list(_CHECKED.items()) if ref() is None]:
+        _CHECKED.pop(key, None)
+    _CHECKED[id(bench)] = (weakref.ref(bench), (entry[1] if alive else frozenset()) | {seen})
+
+
+def note_choice(session, name: str, split: str | None) -> bool:
+    """The Benchmark boxes now show `name`/`split` (chosen on the page): kept beside the
+    data loaded at that moment, so that Run edit can tell the two apart until the next load
+    (`check_choice`). Bounded: two short names and a weak reference. False where that was
+    already the last choice (a dropdown reports one choice twice): nothing new to load."""
+    chosen = f"{shorten(str(name or ''), 60)}/{shorten(str(split or ''), 60)}"
+    last = session.extra.get("chosen")
+    session.extra["chosen"] = (chosen, weakref.ref(session.benchmark) if session.benchmark is not None else None)
+    return last is None or last[0] != chosen
+
+
+def note_load(session) -> None:
+    """The boxes' load just ended: a choice made since it was asked (a split chosen while the
+    benchmark loaded) still waits for its own load, which the page runs next."""
+    chosen = session.extra.get("chosen")
+    if chosen and session.benchmark is not None:
+        session.extra["chosen"] = (chosen[0], weakref.ref(session.benchmark))
+
+
+def forget_choice(session) -> None:
+    """The boxes show the loaded data again (a failed load restored them)."""
+    session.extra.pop("chosen", None)
+
+
+def check_choice(session) -> None:
+    """A `UserError` where the Benchmark boxes show other data than the session has loaded:
+    a choice of your own files or of name only waits for its Load press, and a registered
+    benchmark for its load to end (the last of several chosen in a row), and Run edit must
+    not run on the old data meanwhile. Data loaded another way (a link, an imported run)
+    end the difference: those put the boxes on what they loaded."""
+    chosen = session.extra.get("chosen")
+    if not chosen:
+        return
+    label, ref = chosen
+    loaded = ref() if ref is not None else None
+    if loaded is not session.benchmark or label == session.bench_label:
+        return
+    name = label.split("/", 1)[0]
+    todo = {"custom": "upload your files and press Load benchmark",
+            NAME_ONLY: "press Write with the model, then Load what was written"}.get(name, "wait for it to load")
+    raise UserError(f"The Benchmark boxes show {label}, but the data loaded are {session.bench_label or 'none'}: "
+                    f"{todo} (or choose {session.bench_label or 'a benchmark'} again), then press Run edit.")
 
 
 def splits_hub_id(name: str) -> str | None:

@@ -40,9 +40,15 @@ MATRICES = list(MATRIX_KINDS)
 BAND_MODES = ["suggested", "manual"]
 LOG_SLIDERS = {"beta": (-1.0, 4.0), "w_r": (-1.0, 4.0), "rho": (-4.0, 0.0)}  # log10 ranges of the sliders
 DEFAULT_RETAIN_EXAMPLES = 1600
-# A 135M model costs ~2 ms of CPU per key token (the toy: ~0.02 ms): its page starts with a
-# smaller seeded retain sample so that Run edit answers in seconds (BENCHMARKS.md).
+# A 135M model costs ~2 ms of CPU per key token (the toy: ~0.02 ms): its preset starts with a
+# smaller seeded retain sample so that Run edit answers in seconds (BENCHMARKS.md). The demo's
+# presets need their 1600: with 128 the demo edit of forget10 lost 30-34% of its retain facts.
 RETAIN_EXAMPLES_FOR = {"smollm2": 128}
+RUN_DEFAULTED = ("batch_size", "forget_budget", "retain_budget", "retain_examples")
+"""The settings a preset gives a default for besides those it sets (`PRESET_FILLED`): a preset
+chosen, a model loaded or a split loaded puts them back to the preset's (`run_defaults`);
+changed by hand they leave the preset's name as it is (they are how the edit runs)."""
+FOLLOWS_PRESET = "set by the preset; a model, split or preset chosen puts it back"
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,15 @@ def preset_values(preset: str) -> list:
     values |= {"band_mode": mode, "band_text": band or None, "k": k}
     return [values[name] if not name.endswith("_log") else log10(values[name.removesuffix("_log")])
             for name in PRESET_FILLED]
+
+
+def run_defaults(preset: str) -> list:
+    """The values of `RUN_DEFAULTED` for `preset` (its batch size and key budgets, 0 for
+    none; its retain sample, `RETAIN_EXAMPLES_FOR` else `DEFAULT_RETAIN_EXAMPLES`);
+    "(custom)" or an unknown name: EditConfig()'s."""
+    p = PRESETS.get(preset, EditConfig())
+    return [p.batch_size, p.forget_budget or 0, p.retain_budget or 0,
+            RETAIN_EXAMPLES_FOR.get(preset, DEFAULT_RETAIN_EXAMPLES)]
 
 
 def band_widgets(preset: str) -> tuple[str, str, int]:

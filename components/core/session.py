@@ -132,6 +132,12 @@ class ModelRegistry:
     def _visitors(self) -> int:
         return sum(k not in self._pinned for k in self._handles)
 
+    def peek(self, key: ModelKey | None) -> ModelHandle | None:
+        """The loaded model for `key`, or None, without the device lock and without marking
+        it used: for an event that only reads its tokenizer or name (a benchmark's load
+        counting tokens), which must not wait for another visitor's job between its turns."""
+        return self._handles.get(key) if key is not None else None
+
     def get(self, key: ModelKey | None) -> ModelHandle | None:
         """The loaded model for `key` (now the most recently used), or None."""
         with DEVICE_LOCK:

@@ -14,17 +14,15 @@ def md(value: str = "", **kw) -> gr.Markdown:
 
 INTRO = """\
 # GROM Studio
-Make a language model **forget** chosen facts while it **keeps** everything else, in seconds and
-without retraining. Pick what to forget (the *forget set*) and what to keep (the *retain set*);
-GROM changes a few of the model's weight matrices in one calculation, and you see the answers
-before and after side by side. Press **Run edit** to try it on the loaded example.
+Make a language model **forget** chosen facts and **keep** the rest, in one closed-form weight edit.
 """
 
 HERO_STEPS = """\
-**How it works:** ① find the layers that write the forget answers (3 · Layers) · ② solve once
-for a small weight change that steers those answers away and leaves the retain answers alone
-(4 · Edit) · ③ ask both models the same questions (5 · Compare). No gradient steps; the original
-weights come back exactly with **Reset**.
+Pick what to forget (the *forget set*) and what to keep (the *retain set*). ① The **Layers** tab finds
+the layers that write the forget answers; ② **Run edit** solves once for a small weight change that
+steers those answers away and leaves the retain answers alone; ③ **Compare** asks both models the
+same questions, side by side. No gradient steps; the original weights come back exactly with
+**Reset**.
 """
 
 HERO_MATH = r"""
@@ -32,13 +30,13 @@ $$P=\frac{w_f}{s}\,D X_f^{\top} A^{-1},\quad A=\frac{w_r}{r}X_rX_r^{\top}+\frac{
 <div class="hero-caption">one ridge least-squares solve per edited matrix · no gradients · exact revert</div>
 """
 
-BENCHMARK = ("**2 · Benchmark.** The *forget* set is what the model should no longer say, the "
+BENCHMARK = ("**Benchmark.** The *forget* set is what the model should no longer say, the "
              "*retain* set what it must keep saying; both give the keys of the edit.")
 
 NAME_ONLY = ("**Name only** (RWKU's setting, Jin et al. 2024): the method is given only the target's name and "
              "a sentence saying what it is. The loaded model writes passages and questions about it (and "
              "answers its own questions), and the same about a few neighbouring targets, which the edit keeps. "
-             "Read what it wrote, fix or delete rows, choose what to fit on, then **Load benchmark**. The edit "
+             "Read what it wrote, fix or delete rows, choose what to fit on, then **Load what was written**. The edit "
              "is fitted only on the table; the comparison scores it on the target's bundled questions, which "
              "the model did not write: both halves are held out here.")
 
@@ -47,7 +45,7 @@ NAME_ONLY_TIME = ("On a GPU the writing takes seconds; on a CPU minutes (SmolLM2
                   "half of the facts it knows, so the edit reaches fewer of them than the benchmark's own questions "
                   "do (BENCHMARKS.md, \"LUNAR beside GROM, and RWKU's name-only setting\").")
 
-LAYERS = ("**3 · Layers.** The logit lens asks how much each layer writes the forget answers' "
+LAYERS = ("**Layers.** The logit lens asks how much each layer writes the forget answers' "
           "tokens straight into the logits, beyond what it does for the retain answers: where "
           "pushing the forget answers down is most direct. The contiguous band of width $k$ with "
           "the largest mean score is edited.")
@@ -55,7 +53,7 @@ LAYERS = ("**3 · Layers.** The logit lens asks how much each layer writes the f
 LAYERS_SIGN = ("**Reading the bars.** $S_l$ measures how much layer $l$'s edited matrix writes the "
                "forget answers' tokens into the logits, beyond the retain answers': where suppression "
                "is most direct. A negative $S_l$ means the layer writes the *retain* answers' tokens "
-               "more; it does not measure what an edit there costs of what you keep (**5 · Compare** "
+               "more; it does not measure what an edit there costs of what you keep (**Compare** "
                "measures that). On SmolLM2's default edit (BENCHMARKS.md, bands by $S_l$), at the same "
                "β, three bands of negative $S_l$ kept 90–97% of the other known facts (the suggested "
                "band: 93%) but left 41–52% of the forget facts recalled (the suggested band: 7%); made "
@@ -73,7 +71,7 @@ $o_l(j)$ is the output of layer $l$'s edited matrix at position $j$, $w_{g}$ the
 of the gold next token $g_j$, and $\alpha_j$ its specificity weight.
 """  # noqa: E501  a display formula is one line of LaTeX
 
-EDIT_SHORT = ("**4 · Edit.** One linear solve per edited matrix: the forget answers move away, the retain "
+EDIT_SHORT = ("**Edit.** One linear solve per edited matrix: the forget answers move away, the retain "
               "answers stay.")
 
 EDIT = ("The keys $X_f$ (forget) and $X_r$ (retain) are the inputs of the edited "
@@ -95,9 +93,9 @@ $W \leftarrow W + P$, layer by layer through the band.
 PATCH_RATIO = ("**‖P‖/‖W‖** is the size of the patch against the size of the matrix (Frobenius norms, "
                "summed over every input direction). Tens of percent sound large, but P is solved to act "
                "only where the forget keys lie: an input feels just the part of P along its own "
-               "direction. How far each set's outputs actually moved is in **6 · Diagnostics**.")
+               "direction. How far each set's outputs actually moved is in **Diagnostics**.")
 
-COMPARE = ("**5 · Compare.** The same questions go to the model before and after the edit (and, "
+COMPARE = ("**Compare.** The same questions go to the model before and after the edit (and, "
            "for the demo, to its twin trained without the forget set, the gold standard): forget "
            "answers should stop stating their facts, in words (another answer or a refusal; broken "
            "text is not forgetting), retain answers should not move.")
@@ -127,7 +125,7 @@ BASELINE_RECIPE = ("OpenUnlearning's recipe for the benchmark: AdamW on the weig
                    "use the examples set above; the shared model is left unchanged and the "
                    "GROM edit stays as it is.")
 
-DIAGNOSTICS = ("**6 · Diagnostics.** Look inside the edit: where the edited matrix sends each "
+DIAGNOSTICS = ("**Diagnostics.** Look inside the edit: where the edited matrix sends each "
                "example, which forget examples shaped the patch most, and whether the edit survives "
                "4-bit quantization. (How one setting, β or another, trades forgetting against "
                "keeping is the **sweep**, under Edit details.)")
@@ -183,7 +181,7 @@ ATTACKS = ("**Is it gone?** The edit was fitted on some of the target's question
            "conspicuously unlikely, which gives away what was unlearned. **Stop** ends a run at its next "
            "step; the model is left unedited either way.")
 
-EXPORT = ("**7 · Export.** The edit is data: the settings in JSON (the model by its name, the benchmark, "
+EXPORT = ("**Export.** The edit is data: the settings in JSON (the model by its name, the benchmark, "
           "split, retain sample and seed, every setting, the band, and the sha256 of the patch) and the "
           "patch $P$ per matrix in safetensors, as two thin factors $U V$ where that is smaller ($P$ has "
           "rank at most the number of forget keys $s$); apply it to the same base model with the "
