@@ -197,7 +197,7 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
     epochs, lr), that baseline trained now on the same data (its patch not kept). One
     compute function per attack and per edit, and one for the training (refused first on
     ZeroGPU where it cannot fit one call), so that each fits ZeroGPU's limit."""
-    progress = progress or (lambda *_: None)
+    progress = rising(progress or (lambda *_: None))
     edits = {GROM: grom_edit}
     start = 0.0
     if baseline is not None:
@@ -221,12 +221,24 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
             width = share * weight[name]
             progress(at, message)
             step = device_progress(lambda f, _m, at=at, width=width, message=message: progress(
-                min(1.0, at + width * f), message))  # the shares' float sum may pass 1 by a rounding
+                at + width * f, message))
             with paced(key, bench, name):
                 out[method] |= attack_once(key, bench, edit, name, step)
             at += width
     progress(1.0, "attacks done")
     return out
+
+
+def rising(progress):
+    """`progress` that never goes back nor past 1: the attacks' shares are sums of floats, so
+    the end of one edit's last attack (0.7000000000000001) may pass the start of the next
+    edit's first (0.7) by a rounding."""
+    last = [0.0]
+
+    def said(fraction, message=None):
+        last[0] = min(1.0, max(last[0], fraction))
+        return progress(last[0], message)
+    return said
 
 
 def progress_weights(key: ModelKey, bench, names: tuple[str, ...]) -> dict[str, float]:

@@ -514,7 +514,7 @@ def test_the_model_panel_describes_the_loaded_model_not_the_demo(monkeypatch):
     assert "Loaded: `org/model`" in mp.model_intro("org/model", "org/model")
     session = Session()
     session.model_key = ModelKey(REAL, "cpu", "float32")
-    monkeypatch.setattr(REGISTRY, "get", lambda key: SimpleNamespace(key=key))
+    monkeypatch.setattr(REGISTRY, "peek", lambda key: SimpleNamespace(key=key))
     assert mp.on_model_intro(session) == real  # after a load: the session's model
 
 

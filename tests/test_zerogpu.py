@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_spaces"
 
 
-def test_every_flow_of_the_app_runs_under_zerogpu():
+def test_every_flow_of_the_app_runs_under_zerogpu(tmp_path):
     """Page load, Run edit, Compare (twice: the Base report kept in the parent), a typed
     question, the three diagnostics, a sweep (a call per point), a baseline (training and
     evaluation apart; one priced above a call trained in 3 calls, equal to the plain run),
@@ -49,6 +49,7 @@ def test_every_flow_of_the_app_runs_under_zerogpu():
     parent no CUDA call, no model loaded in a worker, the base weights unchanged, every
     call asking for 1..300 s."""
     env = dict(os.environ, SPACES_ZERO_GPU="true", GROM_MODELS="demo", OMP_NUM_THREADS="1",
+               GROM_CARD_DIR=str(tmp_path / "cards"),  # none kept by this worker's earlier tests
                PYTHONPATH=os.pathsep.join([str(FAKE), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-m", "tests.zerogpu_flows"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
