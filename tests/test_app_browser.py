@@ -45,10 +45,12 @@ def open_page(browser, url: str, width: int = 1366, height: int = 900):
     return page, errors
 
 
-WHOLE_CARD = "#result-card .result-card:not(:has(.rc-pending))"  # not the first verdict alone
+RUN_CARD = "#result-card .result-card:not(.rc-from-store)"  # this visit's card: not one kept on disk (cards.py)
+WHOLE_CARD = RUN_CARD + ":not(:has(.rc-pending))"  # not the first verdict alone
 
-WATCH_CARD = """() => { window.__card = {gone: !document.querySelector('#result-card .result-card')};
-  new MutationObserver(() => { const c = document.querySelector('#result-card .result-card'), w = window.__card;
+WATCH_CARD = """() => { const run = '#result-card .result-card:not(.rc-from-store)';
+  window.__card = {gone: !document.querySelector(run)};
+  new MutationObserver(() => { const c = document.querySelector(run), w = window.__card;
     if (!c) { w.gone = true; return; }
     if (w.gone && c.querySelector('.rc-pending') && !w.first) w.first = c.querySelector('.rc-head').textContent;
   }).observe(document.querySelector('#result-card'), {subtree: true, childList: true, characterData: true}); }"""
@@ -80,7 +82,7 @@ def test_demo_edit_in_the_browser(url, browser, width, height, tmp_path):
     assert "Base" in summary and "Edited" in summary and "Retain model" in summary
     assert "Final score" in text_of(page, "#metrics-table")
     assert page.locator("#forget-generations .w-del").count() > 0  # changed words are marked
-    page.wait_for_selector("#result-card .result-card", timeout=60_000)  # the card follows the comparison
+    page.wait_for_selector(RUN_CARD, timeout=60_000)  # the card follows the comparison
     card = text_of(page, "#result-card")  # the result card under Run edit
     assert "Forgot" in card and "forget facts it knew" in card and "kept" in card, card
     page.screenshot(path=str(tmp_path / f"compare_{width}.png"))
@@ -138,7 +140,7 @@ OVERFLOW = "document.documentElement.scrollWidth - window.innerWidth"
 
 
 def test_the_layers_panel_in_the_browser(url, browser, tmp_path):
-    """After Load benchmark the old plot goes and the text says what to press; a band the
+    """After another split is chosen (which loads it) the old plot goes and the text says what to press; a band the
     demo's 6 layers do not have is said inline at once (no Error badge); k typed and Enter
     redraws; with F_l and R_l shown they get their own axis."""
     page, errors = open_page(browser, url)
@@ -160,11 +162,13 @@ def test_the_layers_panel_in_the_browser(url, browser, tmp_path):
         "document.querySelector('#layer-plot')?.innerText.replaceAll('\\u200b', '').includes('Fl, Rl')",
         timeout=30_000)
     shot(page, "layers_parts.png", tmp_path, full_page=False)
-    page.get_by_role("button", name="Load benchmark").click()
+    page.get_by_label("Split", exact=True).click()  # choosing the split loads it: no Load press
+    page.get_by_role("option", name="forget05", exact=True).click()
     page.wait_for_function("document.querySelector('#layer-plot')?.innerText.includes('New data loaded')",
                            timeout=60_000)
     assert "Press Compute layer scores" in page.evaluate(band_info)
-    assert "Loaded demo/forget10" in text_of(page, "#edit-status")
+    page.wait_for_function("document.querySelector('#edit-status')?.innerText.includes('Loaded demo/forget05')",
+                           timeout=30_000)
     assert not errors, errors
     page.close()
 
@@ -188,10 +192,10 @@ def test_no_sideways_scroll_at_phone_width(url, browser, tmp_path):
     assert page.evaluate(OVERFLOW) <= 0
     shot(page, "phone_start.png", tmp_path)
     page.click("#run-edit")
-    page.wait_for_selector("#result-card .result-card", timeout=240_000)
+    page.wait_for_selector(RUN_CARD, timeout=240_000)
     assert page.evaluate(OVERFLOW) <= 0, "the page scrolls sideways with the comparison shown"
     shot(page, "phone_result.png", tmp_path)
-    page.get_by_role("tab", name="5 · Compare").click()
+    page.get_by_role("tab", name="Compare", exact=True).click()
     page.wait_for_function("document.querySelector('#metrics-table tbody td')", timeout=60_000)
     wide = page.evaluate("""(() => { const t = document.querySelector('#metrics-table');
         return t.querySelector('table').scrollWidth - t.clientWidth; })()""")
@@ -208,8 +212,8 @@ def test_the_diagnostics_read_in_full(url, browser, tmp_path):
     verdict: nothing clipped (scrollHeight <= clientHeight, cells as wide as their text)."""
     page, errors = open_page(browser, url)
     page.click("#run-edit")
-    page.wait_for_selector("#result-card .result-card", timeout=240_000)
-    page.get_by_role("tab", name="6 · Diagnostics").click()
+    page.wait_for_selector(RUN_CARD, timeout=240_000)
+    page.get_by_role("tab", name="Diagnostics", exact=True).click()
     page.click("#pca-button")
     page.wait_for_function("document.body.innerText.includes('outputs by')", timeout=120_000)
     page.get_by_role("button", name="Influence", exact=True).click()
@@ -218,7 +222,9 @@ def test_the_diagnostics_read_in_full(url, browser, tmp_path):
     page.get_by_role("button", name="Check", exact=True).click()
     page.wait_for_function("document.querySelector('#quant-note')?.innerText.includes('4-bit quantization')",
                            timeout=300_000)
+    # the model's and benchmark's status lines on top are one line by design (all of it on hover, and on a phone)
     clipped = page.evaluate("""[...document.querySelectorAll('.prose')].filter(e => e.offsetParent &&
+        !e.closest('#setup-row .status-line') &&
         e.scrollHeight > e.clientHeight + 1).map(e => e.innerText.slice(0, 60))""")
     assert not clipped, f"text clipped in its box: {clipped}"
     cut = page.evaluate("""[...document.querySelectorAll('#influence-table td, #quant-table td')]
@@ -242,13 +248,12 @@ def test_the_run_history_restores_a_run_in_the_browser(url, browser, tmp_path):
     page.goto(url)
     page.wait_for_function("document.body.innerText.includes('Band (')", timeout=120_000)
     beta = page.get_by_label("β (relative)")
-    page.click("#run-edit")
-    page.wait_for_function("document.querySelector('#result-card')?.innerText.includes('Forgot')", timeout=300_000)
+    run_edit_to_card(page)  # this visit's card, not the one kept for the page's settings
     beta.fill("60")
     beta.press("Tab")
     page.click("#run-edit")
     page.wait_for_function("!document.querySelector('#result-card')?.innerText.includes('Forgot')", timeout=60_000)
-    page.wait_for_function("document.querySelector('#result-card')?.innerText.includes('Forgot')", timeout=300_000)
+    page.wait_for_selector(WHOLE_CARD, timeout=300_000)
     page.get_by_role("tab", name="Edit details").click()
     page.locator("#history-table").scroll_into_view_if_needed()
     page.wait_for_function("document.querySelector('#history-table [data-testid=\"cell-1-0\"]')?.innerText === '1'",
@@ -269,7 +274,7 @@ def test_the_run_history_restores_a_run_in_the_browser(url, browser, tmp_path):
 def test_name_only_from_the_written_table_to_a_card(url, browser, tmp_path):
     """RWKU's name-only setting in the browser, on the demo model (it writes passages; it
     knows no real fact, so the card says there was nothing to forget): the box shows with
-    its benchmark, the model writes the table, Load benchmark fits what it holds, and Run
+    its benchmark, the model writes the table, Load what was written fits what it holds, and Run
     edit gives a card."""
     page, errors = open_page(browser, url, 1366, 900)
     assert not page.locator("#name-only").is_visible()
@@ -288,10 +293,10 @@ def test_name_only_from_the_written_table_to_a_card(url, browser, tmp_path):
     assert "The model wrote 3 texts about" in table, (table, text_of(page, ".toast-body.error"))
     assert "the-solar-system" in table and "the-human-body" in table and "passage" in table
     page.get_by_label("passages", exact=True).check()  # the demo model writes no question that reads as one
-    page.get_by_role("button", name="Load benchmark").click()
+    page.get_by_role("button", name="Load what was written").click()
     page.wait_for_function("document.body.innerText.includes('name only (RWKU')", timeout=120_000)
     shot(page, "name_only_loaded.png", tmp_path, full_page=False)
-    cards = "Array.from(document.querySelectorAll('#result-card .result-card')).map(c => c.textContent).join(' ')"
+    cards = f"Array.from(document.querySelectorAll('{RUN_CARD}')).map(c => c.textContent).join(' ')"
     page.click("#run-edit")
     page.wait_for_function(f"({cards}).includes('facts') || document.querySelector('.toast-body.error')",
                            timeout=600_000)
@@ -299,3 +304,36 @@ def test_name_only_from_the_written_table_to_a_card(url, browser, tmp_path):
     assert "nothing to forget" in card, (card, text_of(page, ".toast-body.error"))
     assert not errors, f"page errors: {errors}"
     page.close()
+
+
+DOC_BOX = ("e => { const r = e.getBoundingClientRect(); "
+           "return [r.top + window.scrollY, r.bottom + window.scrollY, r.height]; }")
+"""An element's top, bottom and height on the page (not the window: the card scrolls itself into view)."""
+
+
+def test_the_first_screen_holds_the_choices_the_settings_run_edit_and_the_card(url, browser, tmp_path):
+    """Issue 49, item 7. At 1366 x 768 the first screen holds the model and the split, the β,
+    w_r and ρ sliders with their boxes, Run edit and, once it ran, the result card's headline;
+    the tabs are not numbered, the Edit panel is one element; at 390 x 844 a button is a
+    button's height (Load model was a tall empty box beside its status)."""
+    page, errors = open_page(browser, url, 1366, 768)
+    assert page.locator("#edit-panel").count() == 1
+    assert page.locator("#tabs [role=tab]").all_inner_texts() == ["Data", "Layers", "Edit details", "Compare",
+                                                                  "Is it gone?", "Diagnostics", "Export"]
+    run_edit_to_card(page)
+    shot(page, "first_screen_1366.png", tmp_path, full_page=False)
+    first = {"model": page.get_by_label("Model", exact=True), "split": page.get_by_label("Split", exact=True),
+             "beta": page.get_by_label("β (relative)", exact=True), "w_r": page.get_by_label("w_r", exact=True),
+             "rho": page.get_by_label("ρ", exact=True), "sliders": page.locator(".log-pair input[type=range]").last,
+             "run": page.locator("#run-edit"), "headline": page.locator(f"{RUN_CARD} .rc-head")}
+    where = {name: loc.evaluate(DOC_BOX) for name, loc in first.items()}
+    below = {name: box for name, box in where.items() if box[1] > 768 or box[2] <= 0}
+    assert not below, f"below the first screen (top, bottom, height): {below}"
+    assert not errors, errors
+    page.close()
+    phone, errors = open_page(browser, url, 390, 844)
+    tall = phone.evaluate("[...document.querySelectorAll('button')].filter(b => b.offsetParent && "
+                          "b.getBoundingClientRect().height > 64).map(b => b.innerText.trim())")
+    assert not tall, f"buttons taller than a button at 390 px: {tall}"
+    assert phone.evaluate(OVERFLOW) <= 0 and not errors, errors
+    phone.close()

@@ -15,6 +15,7 @@ import pytest
 from tests.app_fixtures import real_url  # noqa: E402,F401  (the fixture)
 from tests.test_app_browser import (  # noqa: F401  (browser: the fixture)
     CHROMIUM,
+    RUN_CARD,
     SHARED,
     WATCH_CARD,
     WHOLE_CARD,
@@ -67,7 +68,7 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     page, errors = open_page(browser, real_url, 1366, 768)
     run_edit_to_card(page)
 
-    page.get_by_role("tab", name="5 · Compare").click()
+    page.get_by_role("tab", name="Compare", exact=True).click()
     # the card comes from the answers first; the comparison after the edit adds the scores
     page.wait_for_function("document.querySelector('#compare-summary')?.innerText.startsWith('Compared')",
                            timeout=600_000)
@@ -108,7 +109,7 @@ def test_the_default_edit_exported_then_imported_in_the_browser(real_url, browse
     and says it is the exported one bit for bit."""
     page, errors = open_page(browser, real_url, 1366, 768)
     run_edit_to_card(page)
-    page.get_by_role("tab", name="7 · Export").click()
+    page.get_by_role("tab", name="Export", exact=True).click()
     page.get_by_role("button", name="Export the edit").click()
     page.wait_for_selector("a[href*='edit.json']", timeout=120_000)
     href = page.locator("a[href*='edit.json']").first.get_attribute("href")
@@ -137,24 +138,53 @@ def test_the_demo_benchmark_on_smollm2_in_the_browser(real_url, browser, tmp_pat
     page.get_by_label("Benchmark", exact=True).click()
     page.get_by_role("option", name="Demo: fictitious authors (bundled)").click()
     page.get_by_label("Split", exact=True).click()  # its smallest split: 40 questions, not 400
-    page.get_by_role("option", name="forget01", exact=True).click()
-    page.get_by_role("button", name="Load benchmark").click()
+    page.get_by_role("option", name="forget01", exact=True).click()  # chosen: loaded, no Load press
+    page.wait_for_function("document.querySelector('#edit-status')?.innerText.includes('Loaded demo/forget01')",
+                           timeout=120_000)
     page.wait_for_function("document.body.innerText.includes(\"never saw the demo's invented authors\")",
                            timeout=120_000)
     assert page.get_by_label("Preset (the paper's settings)").input_value() == "smollm2"
-    page.get_by_role("tab", name="5 · Compare").click()  # the card's comparison on 5 examples a set:
+    page.get_by_role("tab", name="Compare", exact=True).click()  # the card's comparison on 5 examples a set:
     box = page.get_by_label("number input for Examples per evaluation set")  # TOFU's 200-token answers
     box.fill("5")
     box.press("Enter")
     page.click("#run-edit")
-    cards = "Array.from(document.querySelectorAll('#result-card .result-card')).map(c => c.textContent).join(' ')"
+    cards = f"Array.from(document.querySelectorAll('{RUN_CARD}')).map(c => c.textContent).join(' ')"
     page.wait_for_function(f"({cards}).includes('facts') || document.querySelector('.toast-body.error')",
                            timeout=900_000)
     card = page.evaluate(cards)
     page.screenshot(path=str(tmp_path / "real_demo_bench.png"))
     SHARED.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "real_demo_bench.png", SHARED / "real_demo_bench.png")
-    assert page.locator("#result-card .result-card").count(), (card, text_of(page, ".toast-body.error"))
+    assert page.locator(RUN_CARD).count(), (card, text_of(page, ".toast-body.error"))
     assert "stated none of these forget facts" in card and "nothing to forget" in card, card
+    assert not errors, f"page errors: {errors}"
+    page.close()
+
+
+def test_the_demo_model_and_benchmark_chosen_on_the_smollm2_page_keep_the_retain_set(real_url, browser, tmp_path):
+    """Issue 49, items 5 and 6, as a visitor met them: on the default page (SmolLM2), the demo
+    model loaded and the demo benchmark chosen (no Load press: choosing loads it); the form takes
+    the demo's values (retain examples 1600, not SmolLM2's 128) and Run edit's card says the
+    retain set held (it said "The retain set broke: it lost 34%")."""
+    page, errors = open_page(browser, real_url, 1366, 768)
+    page.get_by_label("Model", exact=True).click()
+    page.get_by_role("option", name="Demo: tiny Llama", exact=False).first.click()
+    page.get_by_role("button", name="Load model").click()
+    page.wait_for_function("document.body.innerText.includes('Loaded the bundled demo model')", timeout=300_000)
+    page.get_by_label("Benchmark", exact=True).click()
+    page.get_by_role("option", name="Demo: fictitious authors (bundled)").click()
+    page.wait_for_function("document.querySelector('#edit-status')?.innerText.includes('Loaded demo/forget10')",
+                           timeout=120_000)
+    page.get_by_text("Advanced: keys, budgets, speed").click()
+    retain = page.get_by_label("retain examples giving keys", exact=False)
+    assert retain.input_value() == "1600" and page.get_by_label("Preset (the paper's settings)").input_value() == "demo"
+    page.click("#run-edit")  # compared on the page's 50 examples a set
+    page.wait_for_selector(WHOLE_CARD, timeout=1_500_000)
+    card = text_of(page, "#result-card")
+    page.screenshot(path=str(tmp_path / "real_then_demo.png"))
+    SHARED.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "real_then_demo.png", SHARED / "real_then_demo.png")
+    assert "Retain set held" in card and "The retain set broke" not in card, card
     assert not errors, f"page errors: {errors}"
     page.close()

@@ -403,11 +403,11 @@ def test_a_link_opened_in_a_fresh_page(wired_url, tmp_path):
         beta.fill("60")  # not the preset's: the preset box says "(custom)"
         beta.press("Tab")
         maker.click("#run-edit")
-        maker.wait_for_function("document.querySelector('#result-card')?.innerText.includes('Forgot')",
-                                timeout=300_000)
+        maker.wait_for_selector("#result-card .result-card:not(.rc-from-store):not(:has(.rc-pending))",
+                                timeout=300_000)  # the whole card (the link keeps it), not the first verdict
         maker.get_by_role("tab", name="Edit details").click()
         summary = maker.locator("#result-summary").inner_text()
-        maker.get_by_role("tab", name="7 · Export").click()
+        maker.get_by_role("tab", name="Export", exact=True).click()
         maker.click("#link-button")
         maker.wait_for_function("(document.querySelector('#run-link textarea, #run-link input')?.value || '')"
                                 ".includes('?run=')", timeout=60_000)
@@ -425,7 +425,7 @@ def test_a_link_opened_in_a_fresh_page(wired_url, tmp_path):
         page.wait_for_function(f"document.querySelector('#result-summary')?.innerText === {json.dumps(summary)}",
                                timeout=60_000)  # the result as the maker saw it (Edit details, shown)
         page.screenshot(path=str(tmp_path / "link_opened.png"))
-        page.get_by_role("tab", name="3 · Layers").click()  # the page goes on: the layer scores of the run's data
+        page.get_by_role("tab", name="Layers", exact=True).click()  # the page goes on: the run data's layer scores
         page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
 
         gone = browser.new_context().new_page()

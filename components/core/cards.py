@@ -181,14 +181,22 @@ def shown_key(html) -> str | None:
 
 
 def shown(card: StoredCard, how: str = "computed ahead") -> str:
-    """The kept card as the page shows it: marked as not computed for this visit, with when."""
+    """The kept card as the page shows it: marked, under its headline (which stays on the
+    first screen), as not computed for this visit, with when."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(card.made)) if card.made else "earlier"
     where = card.device or "this server"
     note = (f'<div class="rc-stored" data-card-key="{card.key}">This card was {how} ({when}, on {where}) for the '
             "model, data and settings shown: the same request always gives it. Press <b>Run edit</b> to "
             "compute it again live, or change a setting first.</div>")
-    return card.html.replace('<div class="result-card', '<div class="result-card rc-from-store', 1) \
-        .replace('">', '">' + note, 1) if card.html.startswith('<div class="result-card') else note + card.html
+    html = card.html
+    if not html.startswith('<div class="result-card'):
+        return note + html
+    html = html.replace('<div class="result-card', '<div class="result-card rc-from-store', 1)
+    head = html.find('<div class="rc-head">')
+    end = html.find("</div>", head) + len("</div>") if head >= 0 else -1
+    if end < len("</div>"):  # no headline: the note first
+        return html.replace('">', '">' + note, 1)
+    return html[:end] + note + html[end:]
 
 
 # ------------------------------------------------------------------ what a card rests on
