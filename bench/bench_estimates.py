@@ -6,6 +6,7 @@ thread, SmolLM2 on torch's threads).
 
     python bench/bench_estimates.py                              # both models, quiet then loaded
     python bench/bench_estimates.py --models demo --burn 1 --rounds 3 --json demo.json
+    python bench/bench_estimates.py --models smollm2-135m-instruct --conditions loaded --rounds 1
 
 Each model is calibrated first (`components.core.pace.calibrate`: what the server's warm-up
 does once a model is loaded). Then for each condition, quiet, then loaded (`--burn`
@@ -87,7 +88,7 @@ def epoch_round(handle, bench) -> list[dict]:
     return [{"job": "NPO, one epoch", "estimate": estimate, "measured": time.perf_counter() - t0, "load": load}]
 
 
-def run_model(model: str, burn: int, rounds: int, jobs: list[str]) -> dict:
+def run_model(model: str, burn: int, rounds: int, jobs: list[str], conditions: list[str]) -> dict:
     """Every round of every condition on `model`."""
     from components.core import pace
     from grom import run_edit
@@ -99,6 +100,8 @@ def run_model(model: str, burn: int, rounds: int, jobs: list[str]) -> dict:
     out = {"model": model, "threads": torch.get_num_threads(), "calibration_s": round(calibration.seconds, 2),
            "rows": []}
     for condition, burners in (("quiet", 0), (f"loaded ({burn} core{'s' * (burn != 1)} burnt)", burn)):
+        if condition.split()[0] not in conditions:
+            continue
         with Burners(burners):
             for r in range(1, rounds + 1):
                 made = (attack_round(handle, bench, edit) if "attacks" in jobs else []) + \
@@ -127,6 +130,7 @@ def main() -> None:
     parser.add_argument("--burn", type=int, default=1, help="processes spinning a core each, when loaded")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs", default="attacks,epoch", help="attacks, epoch or both")
+    parser.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded or both (in that order)")
     parser.add_argument("--json", help="save the rows here")
     parser.add_argument("--measured", help="a --json file: print its table, run nothing")
     args = parser.parse_args()
@@ -137,7 +141,8 @@ def main() -> None:
         saved = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                  "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                             f"torch {torch.__version__}",
-                 "runs": [run_model(m, args.burn, args.rounds, jobs) for m in args.models.split(",")]}
+                 "runs": [run_model(m, args.burn, args.rounds, jobs, args.conditions.split(","))
+                          for m in args.models.split(",")]}
         if args.json:
             Path(args.json).write_text(json.dumps(saved, indent=1))
     print(f"{saved['machine']}, {saved['when']}; " +
