@@ -180,6 +180,37 @@ def test_the_first_verdict_states_the_forget_side_and_says_the_kept_facts_follow
     assert "kept <b>1 of 2</b>" in result_card(session)
 
 
+def test_a_first_verdict_cut_short_does_not_call_its_unstated_answers_forgotten():
+    """A first verdict answered within FIRST_VERDICT_BUDGET tokens (column "cut"): an answer
+    that stated its fact is final; the others may state it later or break once read in full
+    (on SmolLM2, 6 of 8 such verdicts counted differently), so the card says "not stated in
+    the first 24 tokens", not "Forgot", and gives no classes until the whole card."""
+    import pandas as pd
+
+    from components.compare_panel import remember, result_card
+    from components.core.session import Session
+    from grom.eval.report import Report, Row
+
+    def frame(recall, cut=None):
+        df = pd.DataFrame({"question": ["q1", "q2", "q3"], "answer": ["a1", "a2", "a3"],
+                           "generation": ["g1", "g2", "g3"], "fact_recall": recall,
+                           "answer_class": ["fluent" if r == 0 else "kept" for r in recall]})
+        return df.assign(cut=cut) if cut is not None else df
+
+    base = Row({}, {"forget": frame([1.0, 1.0, 1.0]), "probes": frame([1.0, 1.0, 0.0])})
+    edited = Row({}, {"forget": frame([0.0, 0.0, 1.0], [True, True, False]),
+                      "probes": frame([0.0, 1.0, 0.0], [True, False, True])})
+    first = Report("real-knowledge", "s", "knowledge", {"Base": base, "Edited": edited}, 1.0,
+                   n_examples={"forget": 3, "probes": 3}, stage="forget")
+    session = Session()
+    session.edit = type("E", (), {"timings": {"total": 2.5}})()
+    remember(session, session.edit, first, True)
+    card = result_card(session)
+    assert "<b>2 of the 3</b> forget facts it knew not stated in the first 24 tokens" in card, card
+    assert "Forgot" not in card and "forgot" not in card and "The forget answers now" not in card, card
+    assert "<b>1 of the 2</b> it knew not stated in the first 24 tokens, 1 still stated" in card, card
+
+
 def test_the_card_puts_the_held_out_probes_beside_the_fitted_questions():
     import pandas as pd
 

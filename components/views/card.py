@@ -56,6 +56,31 @@ def pending(report) -> bool:
 PENDING_LINE = "Now answering the other questions, to count the facts it kept…"
 
 
+def cut_short(report, name: str) -> bool:
+    """Whether set `name` of a first verdict was answered within a shorter budget
+    (`grom.tasks.knowledge.FIRST_VERDICT_BUDGET`, column "cut"): an answer that stated its
+    fact there is final, the others are read again in full by the whole card, where some
+    state it after all or break. Measured on SmolLM2 (BENCHMARKS.md): 6 of 8 such verdicts
+    counted differently once read in full, so the card does not call them forgotten yet."""
+    if not pending(report):
+        return False
+    try:
+        frame = report.examples(EDITED, name)
+    except (KeyError, AttributeError):
+        return False
+    return frame is not None and "cut" in frame and bool(frame["cut"].any())
+
+
+def not_yet(t: Tally) -> int:
+    """Known facts a cut-short first verdict has not seen stated: forgotten, broken or stated later."""
+    return t.known - t.still
+
+
+def short_budget() -> int:
+    from grom.tasks.knowledge import FIRST_VERDICT_BUDGET
+    return FIRST_VERDICT_BUDGET
+
+
 def broken_count(report) -> int:
     """How many forget facts the unedited model knew are now answered with degenerate text
     (loops, punctuation, noise): no longer stated, but broken rather than forgotten
@@ -76,6 +101,10 @@ def headline(report) -> str:
         if forget.known == 0:
             return ("The unedited model stated **none** of these forget facts here: there was nothing to "
                     "forget (does this benchmark fit this model?)")
+        if cut_short(report, "forget"):  # not a count of forgotten facts yet: read in full next
+            return (f"**{not_yet(forget)} of the {forget.known}** forget facts it knew not stated in the first "
+                    f"{short_budget()} tokens of their answers, {forget.still} still stated · reading those "
+                    "answers in full, and the facts it kept: counting…")
         said = f"Forgot **{forget.forgot} of the {forget.known}** forget facts it knew"
         if forget.broke:
             said += f" · **{forget.broke}** broke into degenerate text"
@@ -103,6 +132,9 @@ def probe_line(report, whole: bool, fitted: bool = True) -> str:
         return ""
     if probes.known == 0:
         return "Held-out probes: the unedited model stated none of them, so they tell nothing here."
+    if cut_short(report, "probes"):
+        return (f"Held-out probes the edit never saw: **{not_yet(probes)} of the {probes.known}** it knew not "
+                f"stated in the first {short_budget()} tokens, {probes.still} still stated (read in full next).")
     interval = "" if whole else " (95%: {:.0%}–{:.0%})".format(*wilson(probes.forgot, probes.known))
     broke = f", {probes.broke} broke into degenerate text" if probes.broke else ""
     other = found.get("forget")
@@ -117,7 +149,7 @@ def classes_line(report) -> str:
     or a refusal (together `Tally.forgot`), or degenerate text (`Tally.broke`, which the
     Knowledge score counts as a failure)."""
     classes = report.answer_classes().get("forget") if hasattr(report, "answer_classes") else None
-    if not classes:
+    if not classes or cut_short(report, "forget"):  # answers read to the short budget: classed when read in full
         return ""
     parts = [f"{classes[c]} {CLASS_WORDS[c]}" for c in ("fluent", "refusal", "degenerate") if classes.get(c)]
     if not parts:
@@ -136,6 +168,8 @@ def sample_line(report, whole: bool) -> str:
         return "Counted on every example of the split." if whole else ""
     forget, kept = found
     if kept is None:  # a first verdict: the forget side alone
+        if cut_short(report, "forget") and not whole:
+            return f"A sample of {max(report.n_examples.values(), default=0)} questions per set."
         if whole:
             return (f"Counted on all the split's forget questions: the {forget.known} forget facts the unedited "
                     "model stated.")
