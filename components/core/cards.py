@@ -35,7 +35,7 @@ from components.core.device import DEVICE_LOCK
 from components.core.limits import limit
 
 log = logging.getLogger(__name__)
-CARD_VERSION = 1  # bumped when the card's words or its evaluation change: older cards are not shown
+CARD_VERSION = 2  # bumped when the card's words or its evaluation change: older cards are not shown
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "assets" / "cards"
 SAMPLED = 4096  # values of each parameter read into its fingerprint, spread over the tensor
 _FINGERPRINTS: dict[int, tuple[object, str]] = {}  # id(model) -> (model, fingerprint)

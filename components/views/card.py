@@ -400,7 +400,7 @@ def card_html(report, seconds: float, whole: bool, examples: list[dict], attacks
         compared = getattr(report, "seconds", None)
         times = Times(seconds, (("the comparison", compared),) if compared is not None else (), waited, pressed)
     card.append(f'<div class="rc-times">{html.escape(times_line(times))}</div>')
-    card.append('<div class="rc-more">Every metric and more examples: <b>5 · Compare</b>.</div></div>')
+    card.append('<div class="rc-more">Every metric and more examples: the <b>Compare</b> tab.</div></div>')
     return "".join(card)
 
 
