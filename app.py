@@ -219,6 +219,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if os.environ.get("GROM_TRACE_DEVICE"):  # each turn on the device as it ends (components/core/device.py)
+        logging.getLogger("grom.device").setLevel(logging.DEBUG)
     args = parse_args(argv)
 
     on_cpu = args.device == "cpu" or (not ON_ZEROGPU and not torch.cuda.is_available())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,8 @@ CARD_IN_VIEW = """() => { const c = document.querySelector('.result-card:not(.rc
 def serve(model: str, port: int, log: Path) -> subprocess.Popen:
     # both pages come from 127.0.0.1, one visitor to the server's per-visitor job limit: raised so
     # that they count as the two visitors they stand for (on a Space they have two addresses)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", GROM_MAX_QUEUED_PER_VISITOR="100")
+    # each turn on the device logged as it ends (GROM_TRACE_DEVICE): who held it while A waited
+    env = dict(os.environ, PYTHONUNBUFFERED="1", GROM_MAX_QUEUED_PER_VISITOR="100", GROM_TRACE_DEVICE="1")
     return subprocess.Popen([sys.executable, "app.py", "--model", model, "--port", str(port)], cwd=ROOT, env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -127,6 +129,22 @@ def main(argv=None) -> None:
     text = log.read_text()
     print("warm-up:", "; ".join(line.split(" INFO ")[-1] for line in text.splitlines()
                                 if "warm-up" in line or "first page" in line)[:400])
+    print(turns(text))
+
+
+def turns(text: str) -> str:
+    """The device's turns in the server log (GROM_TRACE_DEVICE), summed per job kind: seconds
+    held, number of turns, seconds waited; in the order each kind first held it."""
+    held: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        m = re.search(r"device turn: (.+?) held ([\d.]+) s after waiting ([\d.]+) s", line)
+        if m:
+            h = held.setdefault(m.group(1), [0.0, 0, 0.0])
+            h[0] += float(m.group(2))
+            h[1] += 1
+            h[2] += float(m.group(3))
+    return "device turns (kind: held s / turns / waited s): " + "; ".join(
+        f"{kind}: {h:.1f} / {n} / {w:.1f}" for kind, (h, n, w) in held.items())
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from components.core.session import REGISTRY, ModelHandle, ModelKey, Session, cu
 from components.core.validate import whole_number
 from grom.demo import load_demo_model
 from grom.eval import evaluate
-from grom.eval.report import BASE, EDITED
+from grom.eval.report import BASE, EDITED, record_drafts
 from grom.model.loading import resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,27 @@ def warm_base_rows(max_examples: int, session: Session, band_start: int | None =
         return
     try:
         handle, bench = current_model(session), current_benchmark(session)
-        if base_report(handle.key, bench, int(max_examples)) is None:
+        report = base_report(handle.key, bench, int(max_examples))
+        if report is None:
             comparison_report(handle, bench, None, int(max_examples), None,
                               () if band_start is None else (int(band_start),))
+        elif band_start is not None:
+            record_ahead(handle, bench, report, int(max_examples), int(band_start))
     except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
         log.info("base rows not precomputed: %s", err)
+
+
+def record_ahead(handle: ModelHandle, bench, report, n, band_start: int) -> None:
+    """Where the Base report came from disk or another band (nothing recorded for a band from
+    `band_start` in this model's prefix cache), record the passes the Edited row's card
+    reads on its answers (`grom.eval.report.record_drafts`), at the evaluation's batch
+    size: the first verdict then reads the forget side in one pass of the band's layers."""
+    cache = kept_cache(handle.prefix_cache)
+    if cache is None or cache.covers(band_start):
+        return
+    with DEVICE_LOCK:
+        record_drafts(handle.model, handle.tokenizer, bench, report, cache, (band_start,), max_examples=n,
+                      between=give_turn)
 
 
 WHOLE_SPLIT_UP_TO = 60

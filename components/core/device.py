@@ -57,6 +57,10 @@ from components.core.guard import client_of
 from components.core.limits import limit
 from grom.model.arch import decoder_layers
 
+TRACE = logging.getLogger("grom.device")
+"""Each turn on the device as it ends (its job kind, held and waited seconds), at DEBUG: on
+with `GROM_TRACE_DEVICE=1` (app.py), for a trace of who held the device."""
+
 
 @dataclass(eq=False)
 class Turn:
@@ -204,6 +208,8 @@ class DeviceLock:
                 seen = self.typical.get(turn.kind)
                 took = now - turn.since
                 self.typical[turn.kind] = took if seen is None else 0.7 * seen + 0.3 * took
+                TRACE.debug("device turn: %s%s held %.1f s after waiting %.1f s", turn.kind,
+                            " (background)" if turn.background else "", took, turn.since - turn.asked)
             self.released_at = now
             self._cond.notify_all()
 

@@ -40,7 +40,7 @@ from grom.eval.prefix import PrefixCache
 
 log = logging.getLogger(__name__)
 
-PREFIX_CACHE_BYTES = 512 << 20
+PREFIX_CACHE_BYTES = 1 << 30
 """Per resident model. The Base row of SmolLM2's default page on every known fact (50 a set,
 the truth ratio's wrong answers included) records 258 MiB below the suggested band (its
 largest entry, the decoding's prompt pass, 208 MiB): with 256 MiB the Edited row missed

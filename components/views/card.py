@@ -57,11 +57,13 @@ PENDING_LINE = "Now answering the other questions, to count the facts it kept…
 
 
 def cut_short(report, name: str) -> bool:
-    """Whether set `name` of a first verdict was answered within a shorter budget
-    (`grom.tasks.knowledge.FIRST_VERDICT_BUDGET`, column "cut"): an answer that stated its
-    fact there is final, the others are read again in full by the whole card, where some
-    state it after all or break. Measured on SmolLM2 (BENCHMARKS.md): 6 of 8 such verdicts
-    counted differently once read in full, so the card does not call them forgotten yet."""
+    """Whether set `name` of a first verdict has answers not read in full yet (column "cut"):
+    on a CPU the first verdict reads each forget-side answer as far as it agrees with the
+    unedited model's (`grom.eval.runner.greedy_answers`; without those, its first
+    `grom.tasks.knowledge.FIRST_VERDICT_BUDGET` tokens). An answer that stated its fact
+    there is final; the others are read in full by the whole card, where some state it
+    after all, break or are forgotten, so the card does not call them forgotten yet
+    (BENCHMARKS.md: read to 24 tokens, 6 of 8 such verdicts counted differently in full)."""
     if not pending(report):
         return False
     try:
@@ -74,11 +76,6 @@ def cut_short(report, name: str) -> bool:
 def not_yet(t: Tally) -> int:
     """Known facts a cut-short first verdict has not seen stated: forgotten, broken or stated later."""
     return t.known - t.still
-
-
-def short_budget() -> int:
-    from grom.tasks.knowledge import FIRST_VERDICT_BUDGET
-    return FIRST_VERDICT_BUDGET
 
 
 def broken_count(report) -> int:
@@ -102,9 +99,9 @@ def headline(report) -> str:
             return ("The unedited model stated **none** of these forget facts here: there was nothing to "
                     "forget (does this benchmark fit this model?)")
         if cut_short(report, "forget"):  # not a count of forgotten facts yet: read in full next
-            return (f"**{not_yet(forget)} of the {forget.known}** forget facts it knew not stated in the first "
-                    f"{short_budget()} tokens of their answers, {forget.still} still stated · reading those "
-                    "answers in full, and the facts it kept: counting…")
+            return (f"**{not_yet(forget)} of the {forget.known}** forget facts it knew not stated so far, "
+                    f"{forget.still} still stated · reading those answers in full, and the facts it kept: "
+                    "counting…")
         said = f"Forgot **{forget.forgot} of the {forget.known}** forget facts it knew"
         if forget.broke:
             said += f" · **{forget.broke}** broke into degenerate text"
@@ -134,7 +131,7 @@ def probe_line(report, whole: bool, fitted: bool = True) -> str:
         return "Held-out probes: the unedited model stated none of them, so they tell nothing here."
     if cut_short(report, "probes"):
         return (f"Held-out probes the edit never saw: **{not_yet(probes)} of the {probes.known}** it knew not "
-                f"stated in the first {short_budget()} tokens, {probes.still} still stated (read in full next).")
+                f"stated so far, {probes.still} still stated (read in full next).")
     interval = "" if whole else " (95%: {:.0%}–{:.0%})".format(*wilson(probes.forgot, probes.known))
     broke = f", {probes.broke} broke into degenerate text" if probes.broke else ""
     other = found.get("forget")

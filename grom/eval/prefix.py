@@ -130,6 +130,10 @@ class PrefixCache:
     def clear(self) -> None:
         self._entries.clear()
 
+    def covers(self, layer: int) -> bool:
+        """Whether an entry replays the layers below `layer` (some batch was recorded there)."""
+        return any(key[1] == layer for key in self._entries)
+
     def _store(self, key: tuple, entry: _Entry) -> None:
         entry.nbytes = _bytes(entry.output) + sum(_bytes(a) + _bytes(k) for a, k in entry.updates)
         if entry.nbytes > self.max_bytes:

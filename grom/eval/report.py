@@ -22,6 +22,7 @@ from grom.eval.quant import quantized
 from grom.eval.results import BASE, EDITED, REFERENCE, Report, Row, subset
 from grom.eval.runner import ModelScorer
 from grom.eval.shared_rows import MIA_COLUMNS
+from grom.model.arch import model_device
 from grom.tasks.base import TASKS, get_task
 from grom.turns import Between, Held, evaluating, give, inside
 
@@ -108,7 +109,8 @@ def _reference_pair(reference, tokenizer):
 def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_tokens, only_forget=False,
          quantize: str | None = None, group_size: int = 128, prefix: PrefixCache | None = None,
          record_at: tuple[int, ...] = (), stage: str = "full", given: dict | None = None,
-         answered: Callable[[int, int], None] | None = None, between: Between | None = None) -> Row:
+         answered: Callable[[int, int], None] | None = None, between: Between | None = None,
+         drafts: dict | None = None) -> Row:
     """One model's row: the task's row builder (`Task.row`) run with `edit` applied (and
     reverted), in eval mode, optionally quantized or replaying the layers below the edit.
 
@@ -116,7 +118,11 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
     batches and decoding steps, teacher-forced batches); its as_found leaves the row's
     state (`Held`: the quantized weights restored, the prefix cache's hooks off, the edit
     reverted, the modes as found) and takes it again after, so another job meanwhile sees
-    the model as found and the cache records nothing of it."""
+    the model as found and the cache records nothing of it. drafts: the unedited row's
+    answers frames (`Row.examples`), which a task may read as each answer's likely start
+    (the knowledge task: `grom.eval.runner.greedy_answers`, the same answers sooner), where
+    `prefix` replays the layers below the edit on batches recorded before: the unedited
+    row on a CPU records its drafted passes for the layers in `record_at`."""
     fn = get_task(benchmark.task).row
     run = ModelScorer(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens, stage, given)
     run.answered = answered
@@ -125,6 +131,11 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
     if prefix is not None and not quantize:  # quantizing changes every layer
         first = first_changed_layer(model, edit) if edit is not None else None
         replay = lambda: prefix.reusing(model, first, capture=record_at)  # noqa: E731
+        # drafts pay where their pass replays the layers below the edit, on a CPU (`split_decoding`):
+        # there a decoding step costs what its rows cost; on a GPU a step costs its launches
+        on_cpu = model_device(model).type == "cpu"
+        run.drafts = (drafts or {}) if edit is not None and first and prefix.covers(first) and on_cpu else {}
+        run.record = edit is None and bool(record_at) and on_cpu
     keep = {} if between is not None else None  # the quantized weights, not computed again after a turn
     held = Held(lambda: evaluating(model), (lambda: edit.applied(model)) if edit is not None else None, replay,
                 (lambda: quantized(model, method=quantize, group_size=group_size, keep=keep)) if quantize else None)
@@ -133,6 +144,27 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
         row = fn(run, sets, only_forget)
     row.seconds = time.perf_counter() - t0
     return row
+
+
+def record_drafts(model, tokenizer, benchmark: Benchmark, report: Report, prefix: PrefixCache,
+                  record_at: tuple[int, ...], *, max_examples: int | None = None, batch_size: int = 32,
+                  between: Between | None = None) -> bool:
+    """Record in `prefix`, for a band starting at each layer of `record_at`, the passes an
+    edited row reads on top of the unedited answers of `report`'s Base row, where the
+    task has such passes (`Task.record`; the knowledge task's drafts, on a CPU): what
+    evaluating the Base row with `record_at` records of them, without evaluating it again
+    (a Base report kept on disk by an earlier process, say). The same batch size and
+    examples as the evaluations that will replay them. Returns whether it recorded."""
+    task = get_task(benchmark.task)
+    if task.record is None or BASE not in report.rows or not record_at or model_device(model).type != "cpu":
+        return False
+    sets = eval_sets(benchmark, max_examples)
+    run = ModelScorer(model, tokenizer, benchmark.prompt_format, batch_size, None, "answers")
+    held = Held(lambda: evaluating(model), lambda: prefix.reusing(model, None, capture=tuple(record_at)))
+    run.between = inside(between, held.left)
+    with held:
+        task.record(run, sets, report.rows[BASE].examples)
+    return True
 
 
 def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, *,
@@ -224,7 +256,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         rows[name] = model_row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens,
                           prefix=mine, record_at=record_at, stage=stage if edited else base_stage,
                           given=given if edited else None, answered=answered,
-                          only_forget=edited and stage == "forget", between=between)
+                          only_forget=edited and stage == "forget", between=between,
+                          drafts=rows[BASE].examples if edited and BASE in rows else None)
     if task.judge is not None:
         give(between)
         task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, base_stage, between=between)

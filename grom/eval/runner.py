@@ -236,7 +236,8 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
              prompt_format: PromptFormat | None = None, max_new_tokens: int = 64,
              batch_size: int = 32, max_length: int = 1024,
              stop_at: Sequence[str | None] | None = None,
-             on_step: Callable[[int, int], None] | None = None, between: Between | None = None) -> list[str]:
+             on_step: Callable[[int, int], None] | None = None, between: Between | None = None,
+             drafts: Sequence[str | None] | None = None) -> list[str]:
     """Greedy continuations of the formatted prompts (left padding; stops at EOS).
 
     stop_at: per prompt, a phrase (a fact) or None; an answer then ends as soon as it
@@ -244,19 +245,47 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
     phrase, or EOS) leaves the running batch (`greedy_until`): the text is the full-length
     answer's start, so whether the phrase is in it (`grom.eval.metrics.fact_recall`) is
     what the full-length answer gives. Without it, `model.generate` runs every row to
-    EOS or the budget. on_step (with stop_at): called after each decoding step with (the
-    prompts finished, all prompts), for a progress line. between: a step boundary
-    (`grom.turns`) between two batches and after each decoding step; the texts are the
-    same with or without it."""
+    EOS or the budget. drafts (with stop_at): per prompt, a text its answer is guessed to
+    be (another model's answer, None for none), read in one teacher-forced pass
+    (`greedy_answers`): the same answers, in fewer decoding steps where the guesses hold.
+    on_step (with stop_at): called after each decoding step with (the prompts finished,
+    all prompts), for a progress line. between: a step boundary (`grom.turns`) between two
+    batches and after each decoding step; the texts are the same with or without it."""
+    return [t for t, _ in answers_until(model, tokenizer, prompts, prompt_format=prompt_format,
+                                        max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                        max_length=max_length, stop_at=stop_at, on_step=on_step,
+                                        between=between, drafts=drafts)]
+
+
+def draft_ids(tokenizer, text: str | None) -> list[int]:
+    """A draft answer's tokens (`greedy_answers`): the text encoded without special tokens
+    (an answer as `generate` returns it, decoded and stripped: where that does not give
+    back the tokens it was decoded from, the draft departs there and decoding goes on)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+@torch.no_grad()
+def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
+                  prompt_format: PromptFormat | None = None, max_new_tokens: int = 64,
+                  batch_size: int = 32, max_length: int = 1024,
+                  stop_at: Sequence[str | None] | None = None,
+                  on_step: Callable[[int, int], None] | None = None, between: Between | None = None,
+                  drafts: Sequence[str | None] | None = None, decode: bool = True,
+                  wanted: Sequence[bool] | None = None) -> list[tuple[str, bool]]:
+    """`generate`'s texts, each with whether it finished (EOS, its phrase, the budget; with
+    `decode` False, after the drafts' pass alone, and those not `wanted` likewise:
+    `greedy_answers`)."""
     if stop_at is not None and len(stop_at) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(stop_at)} stop phrases")
+    if drafts is not None and (stop_at is None or len(drafts) != len(prompts)):
+        raise ValueError("drafts need stop_at and one draft (or None) per prompt")
     device = model_device(model)
     pad = pad_id(tokenizer)
     eos = _eos_ids(model, tokenizer)
     encoded = [encode_prompt(tokenizer, p, prompt_format)[-(max_length - max_new_tokens):]
                for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
-    out: list[str] = [""] * len(encoded)
+    out: list[tuple[str, bool]] = [("", True)] * len(encoded)
     for b in range(0, len(order), batch_size):
         if b:
             give(between)
@@ -264,8 +293,11 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
         ids, mask = _left_padded([encoded[i] for i in idx], pad)
         if stop_at is not None:
             step = None if on_step is None else (lambda done, b=b: on_step(b + done, len(encoded)))
-            new = greedy_until(model, tokenizer, ids.to(device), mask.to(device), max_new_tokens,
-                               eos, [stop_at[i] for i in idx], on_step=step, between=between)
+            new, done = greedy_answers(model, tokenizer, ids.to(device), mask.to(device), max_new_tokens,
+                                       eos, [stop_at[i] for i in idx], on_step=step, between=between,
+                                       drafts=None if drafts is None else [draft_ids(tokenizer, drafts[i])
+                                                                           for i in idx], decode=decode,
+                                       wanted=None if wanted is None else [wanted[i] for i in idx])
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         else:
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
@@ -273,8 +305,9 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
                                  eos_token_id=eos or None, temperature=None, top_p=None, top_k=None,
                                  **_turns(between))
             texts = tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
+            done = [True] * len(idx)
         for r, i in enumerate(idx):
-            out[i] = texts[r].strip()
+            out[i] = (texts[r].strip(), done[r])
     return out
 
 
@@ -360,7 +393,8 @@ def _cache_kwargs(model: nn.Module) -> tuple[str, bool]:
 @torch.no_grad()
 def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Tensor,
                  max_new_tokens: int, eos: Sequence[int], stops: Sequence[str | None],
-                 on_step: Callable[[int], None] | None = None, between: Between | None = None) -> list[list[int]]:
+                 on_step: Callable[[int], None] | None = None, between: Between | None = None,
+                 drafts: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
     """Greedy decoding of a left-padded batch, ids and mask (B, W), that drops each row
     from the batch once it is finished: it produced EOS (not kept), or its new text
     states its phrase in `stops` (`phrase_settled`), or it has `max_new_tokens` tokens.
@@ -371,46 +405,149 @@ def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Ten
     (cumsum - 1), a dynamic cache built from the config, argmax of the last position's
     logits (no logits processor: the plain greedy answer), so the tokens are those of
     `model.generate(do_sample=False)` on the same prompts, cut where the row finished.
+    drafts: per row, tokens its answer is guessed to begin with (`greedy_answers`).
     on_step: called after each step with the number of rows finished so far. between: a
     step boundary (`grom.turns`) between two steps (the cache is this call's own)."""
+    return greedy_answers(model, tokenizer, ids, mask, max_new_tokens, eos, stops, drafts=drafts,
+                          on_step=on_step, between=between)[0]
+
+
+def _argmax_at(model: nn.Module, hidden: torch.Tensor, rows: list[int], cols: list[int],
+               chunk: int = 512) -> list[int]:
+    """The LM head's argmax at positions (rows[i], cols[i]) of `hidden` (B, T, d), in
+    chunks of positions (a (positions, vocab) logit tensor of a long batch would not fit)."""
+    head = model.get_output_embeddings()
+    out: list[int] = []
+    for c in range(0, len(rows), chunk):
+        r = torch.tensor(rows[c:c + chunk], device=hidden.device)
+        k = torch.tensor(cols[c:c + chunk], device=hidden.device)
+        out += head(hidden[r, k].to(head.weight.device)).float().argmax(-1).tolist()
+    return out
+
+
+def _drafted_pass(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, drafts: list[list[int]], cache,
+                  goes_on: Callable[[int, int], bool]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """`greedy_answers`' pass over the prompts (left-padded, (B, W)) and their drafts after
+    them (right-padded): each row's tokens given to `goes_on` as long as they agree with
+    its draft. Returns the rows still running, the mask (B, W + longest draft) with each
+    of those rows' draft masked out from its first departing token on, and each row's
+    last position in `cache`."""
+    n, width = ids.shape
+    d_width = max((len(d) for d in drafts), default=0)
+    extra = torch.zeros((n, d_width), dtype=ids.dtype)
+    extra_mask = torch.zeros((n, d_width), dtype=mask.dtype)
+    for r, d in enumerate(drafts):
+        extra[r, :len(d)] = torch.tensor(d, dtype=ids.dtype)
+        extra_mask[r, :len(d)] = 1
+    ids = torch.cat([ids, extra.to(ids.device)], dim=1)
+    mask = torch.cat([mask, extra_mask.to(mask.device)], dim=1)
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    name = "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
+    out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{name: cache})
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    read = iter(_argmax_at(model, hidden, [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)],
+                           [width - 1 + j for d in drafts for j in range(len(d) + 1)]))
+    guessed = [[next(read) for _ in range(len(d) + 1)] for d in drafts]
+    live, last = [], pos[:, width - 1].clone()
+    for r, d in enumerate(drafts):
+        j = 0
+        while goes_on(r, guessed[r][j]):
+            if j < len(d) and guessed[r][j] == d[j]:
+                j += 1
+                continue
+            mask[r, width + j:] = 0  # the draft from its first departing token on is not this answer
+            last[r] = pos[r, width - 1] + j
+            live.append(r)
+            break
+    return live, mask, last
+
+
+@torch.no_grad()
+def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Tensor,
+                   max_new_tokens: int, eos: Sequence[int], stops: Sequence[str | None], *,
+                   drafts: Sequence[Sequence[int]] | None = None, decode: bool = True,
+                   wanted: Sequence[bool] | None = None, on_step: Callable[[int], None] | None = None,
+                   between: Between | None = None) -> tuple[list[list[int]], list[bool]]:
+    """`greedy_until`'s answers and, per row, whether it finished (EOS, its phrase settled,
+    or the budget).
+
+    drafts: per row, the tokens its answer is guessed to begin with (e.g. the unedited
+    model's answer, for an edited model that mostly leaves it alone). They are read in
+    one teacher-forced pass with the prompts (the prompts left-padded, the drafts after
+    them right-padded; the pass a `grom.eval.prefix.PrefixCache` can replay, being a
+    prompt pass on an empty key/value cache). A row's greedy tokens are then read off that
+    pass as long as each agrees with its draft: the argmax after the prompt and the
+    draft's first j tokens is the greedy token j exactly when the first j agreed. A row
+    that finishes within its agreeing tokens costs no decoding step; one that departs
+    from its draft (or runs past it) goes on decoding from the first token that departs,
+    its draft's tokens from there on masked out of the cache. So the answers are the
+    greedy answers, up to the float rounding of a wider batch (an argmax tie may fall the
+    other way); a draft of no use costs its share of one pass. An empty draft is a prompt
+    pass for that row. decode: False stops after the draft pass (the rows not finished
+    there are marked so, their tokens those read so far, the last one departing).
+    wanted: per row, whether to decode it past the first pass (the others stop there, as
+    with `decode` False: a row whose answer is known already, kept in the batch so the
+    pass is the one a prefix cache recorded)."""
     cache_name, keep_arg = _cache_kwargs(model)
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
         else model.config
     cache = DynamicCache(config=config)
     eos = set(eos)
-    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W)
-    live = list(range(ids.shape[0]))  # the original row of each running row
-    new: list[list[int]] = [[] for _ in live]
-    step_ids, step_pos = ids, pos
-    for t in range(max_new_tokens):
+    n = ids.shape[0]
+    new: list[list[int]] = [[] for _ in range(n)]
+    done = [False] * n
+    if max_new_tokens <= 0 or n == 0:
+        return new, [True] * n
+
+    def goes_on(row: int, token: int) -> bool:
+        """Take `token` as `row`'s next; whether the row is still running."""
+        if token in eos:
+            done[row] = True
+            return False
+        new[row].append(token)
+        if len(new[row]) >= max_new_tokens or phrase_settled(tokenizer.decode(new[row], skip_special_tokens=True),
+                                                             stops[row]):
+            done[row] = True
+            return False
+        return True
+
+    if drafts is None:
+        pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W)
         kwargs = {cache_name: cache, "logits_to_keep": 1} if keep_arg else {cache_name: cache}
-        logits = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, use_cache=True,
-                       **kwargs).logits[:, -1, :]
-        nxt = logits.float().argmax(-1).tolist()  # (b,)
-        keep = []
-        for r, token in enumerate(nxt):
-            row = live[r]
-            if token in eos:
-                continue
-            new[row].append(token)
-            if t + 1 < max_new_tokens and not phrase_settled(
-                    tokenizer.decode(new[row], skip_special_tokens=True), stops[row]):
-                keep.append(r)
-        if on_step is not None:
-            on_step(len(new) - len(keep))
-        if not keep:
-            break
+        first = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                      **kwargs).logits[:, -1, :].float().argmax(-1).tolist()
+        live = [r for r in range(n) if goes_on(r, first[r])]
+        last = pos[:, -1]
+    else:
+        if len(drafts) != n:
+            raise ValueError(f"{n} rows but {len(drafts)} drafts")
+        live, mask, last = _drafted_pass(model, ids, mask, [list(d)[:max_new_tokens] for d in drafts], cache,
+                                         goes_on)
+    if not decode:
+        live = []
+    elif wanted is not None:
+        live = [r for r in live if wanted[r]]
+    if on_step is not None:
+        on_step(n - len(live))
+    running = list(range(n))  # the original row of each row in the batch (cache, mask, last)
+    while live:
         give(between)
-        last = step_pos[:, -1]
-        if len(keep) < len(live):
-            sel = torch.tensor(keep)  # on the CPU: it indexes every layer's cache, on whatever device each is
+        if len(live) < len(running):
+            at = {r: i for i, r in enumerate(running)}
+            sel = torch.tensor([at[r] for r in live])  # on the CPU: it indexes every layer's cache
             cache.batch_select_indices(sel)
-            mask, last = mask[sel], last[sel]
-            live = [live[r] for r in keep]
-        step_ids = torch.tensor([[nxt[r]] for r in keep], dtype=torch.long, device=mask.device)
-        step_pos = (last + 1)[:, None]
+            mask, last = mask[sel.to(mask.device)], last[sel.to(last.device)]
+            running = live
+        step_ids = torch.tensor([[new[r][-1]] for r in running], dtype=torch.long, device=mask.device)
+        last = last + 1
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-    return new
+        kwargs = {cache_name: cache, "logits_to_keep": 1} if keep_arg else {cache_name: cache}
+        nxt = model(input_ids=step_ids, attention_mask=mask, position_ids=last[:, None], use_cache=True,
+                    **kwargs).logits[:, -1, :].float().argmax(-1).tolist()
+        live = [r for r, token in zip(running, nxt) if goes_on(r, token)]
+        if on_step is not None:
+            on_step(n - len(live))
+    return new, done
 
 
 def answer_budget(tokenizer, answers: Sequence[str], cap: int = 200) -> int:
@@ -476,6 +613,8 @@ class ModelScorer:
         self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
         self.stage = stage  # "full", "answers" or "forget" (`grom.eval.report.evaluate`)
         self.given = given or {}  # set name -> an earlier frame of this model's answers to reuse
+        self.drafts: dict = {}  # set name -> the unedited model's answers frame, whose answers are read as drafts
+        self.record = False  # the unedited row under a recording prefix cache: record the drafted passes too
         self.answered: Callable[[int, int], None] | None = None  # (finished, all) after each decoding step
         self.between: Between | None = None  # the row's step boundary, its as_found the row's state undone
 

@@ -71,6 +71,9 @@ class Task:
     recipe: the name of the training recipe OpenUnlearning runs for it
     (grom/methods/trained/recipes.py RECIPES).
     stages: the `evaluate(stage=)` values it takes besides "full".
+    record: `record(scorer, sets, frames)`, where the task's edited rows read passes on top
+    of the unedited row's answers (`frames`, its `Row.examples`): run those passes on the
+    unedited model, for a prefix cache to record (`grom.eval.report.record_drafts`).
     """
 
     name: str
@@ -84,6 +87,7 @@ class Task:
     quant_sets: tuple[str, ...] | None = None
     recipe: str = "tofu"
     stages: tuple[str, ...] = ()
+    record: Callable[..., None] | None = None
 
 
 _TASKS: dict[str, Task] = {}

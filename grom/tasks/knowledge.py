@@ -48,6 +48,7 @@ from grom.eval import metrics as M
 from grom.eval.results import BASE, Row, known_mask
 from grom.eval.runner import (
     ModelScorer,
+    answers_until,
     encode_pair,
     generate,
     score_answers,
@@ -359,6 +360,7 @@ def knowledge_budget(tokenizer, answers) -> int:
 
 
 JUDGED = ("answer_perplexity", "answer_class")  # `_judge_answers`'s columns
+PENDING = "pending"  # the class of a first verdict's answer cut short (column "cut"): not read in full yet
 
 
 def _knowledge_qa(run: ModelScorer, examples: tuple, gens: list[str], paraphrase: bool,
@@ -519,6 +521,102 @@ def _decode_loops(run: ModelScorer, sets: dict[str, tuple], chosen: dict[str, tu
     return gens
 
 
+def _draft_batch(chosen: dict[str, tuple], forget_only: bool) -> list[tuple[str, str, int, QAExample]]:
+    """The questions of one drafted pass (`_decode_drafted`) as (set, part, index, example),
+    in an order the unedited row and an edited one build alike, so that the edited row's
+    pass is the very batch the unedited one recorded in a prefix cache: the forget side's
+    questions, then, unless `forget_only`, the forget set's paraphrases and the kept sets'
+    questions."""
+    items = [(name, "questions", i, e) for name in FORGET_SIDE if name in chosen for i, e in enumerate(chosen[name])]
+    if not forget_only:
+        items += [("forget", "paraphrases", i, e) for i, e in enumerate(chosen.get("forget", ()))]
+        items += [(name, "questions", i, e) for name, ex in chosen.items() if name not in FORGET_SIDE
+                  for i, e in enumerate(ex)]
+    return items
+
+
+def _asked(item: tuple) -> str:
+    _, part, _, e = item
+    return e.question if part == "questions" else (e.paraphrased_question or e.question)
+
+
+def _drafts_for(frames: Mapping[str, pd.DataFrame], chosen: dict[str, tuple], items: list) -> list[str | None]:
+    """Each item's draft: the answer `frames` (the unedited row's, on the same questions)
+    gave it; None where they hold none."""
+    same = {name: df for name, df in frames.items()
+            if name in chosen and list(df.get("question", ())) == [e.question for e in chosen[name]]}
+    out = []
+    for name, part, i, _ in items:
+        col = "generation" if part == "questions" else "paraphrase_generation"
+        df = same.get(name)
+        out.append(None if df is None or col not in df else str(df[col].iloc[i]))
+    return out
+
+
+def _decode_drafted(run: ModelScorer, chosen: dict[str, tuple], given: dict, paraphrased: bool,
+                    budget: int) -> tuple[dict[tuple[str, str], list[str]], dict[str, np.ndarray]]:
+    """The answers a row still needs, read off one drafted pass (`grom.eval.runner.greedy_answers`):
+    each question's draft is the unedited model's answer to it (`run.drafts`), so an
+    answer the edit left alone costs no decoding step, and only those that depart from
+    it decode on, in one loop. In the "forget" stage (a first verdict) only the forget
+    side's questions, and nothing is decoded past the pass: an answer that departs from
+    the unedited one before stating its fact is "cut" (read in full by the next stage).
+    Returns `_decode_loops`' answers (the "again" part: the cut answers of a given first
+    verdict) and, in the forget stage, each set's cut flags."""
+    first = run.stage == "forget"
+    items = _draft_batch(chosen, forget_only=first)
+    held = {name: given.get(name, (None, None)) for name in chosen}
+    wanted = []
+    for name, part, i, _ in items:
+        answers, para = held[name]
+        if part == "questions":
+            wanted.append(answers is None or answers[i] is None)
+        else:
+            wanted.append(paraphrased and para is None)
+    gens: dict[tuple[str, str], list[str]] = {}
+    cut: dict[str, np.ndarray] = {}
+    if not any(wanted):
+        return gens, cut
+    total = sum(wanted) if not first else len(items)
+    step = None if run.answered is None else (lambda k, _size: run.answered(min(k, total), total))
+    out = answers_until(run.model, run.tok, [_asked(it) for it in items], prompt_format=run.fmt,
+                        max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
+                        stop_at=[e.fact for *_, e in items], on_step=step, between=run.between,
+                        drafts=_drafts_for(run.drafts, chosen, items), decode=not first, wanted=wanted)
+    for (name, part, i, _), w, (text, done) in zip(items, wanted, out):
+        if not w:
+            continue
+        answers = held[name][0]
+        key = (name, "again") if part == "questions" and answers is not None else (name, part)
+        gens.setdefault(key, []).append(text)
+        if first:
+            cut.setdefault(name, np.zeros(len(chosen[name]), dtype=bool))[i] = not done
+    return gens, cut
+
+
+def _record(run: ModelScorer, sets: dict[str, tuple], frames: Mapping[str, pd.DataFrame]) -> None:
+    """`Task.record`: the unedited row's drafted passes on its answers `frames`
+    (`_record_drafted`), as evaluating it with a recording prefix cache runs them."""
+    _record_drafted(run, _chosen_sets(sets, False), frames, run.max_new_tokens or knowledge_budget(
+        run.tok, [e.answer for name in KNOWLEDGE_SETS for e in sets.get(name, ()) if isinstance(e, QAExample)
+                  and e.fact]))
+
+
+def _record_drafted(run: ModelScorer, chosen: dict[str, tuple], frames: Mapping[str, pd.DataFrame],
+                    budget: int) -> None:
+    """The unedited row's drafted passes on its own answers (nothing decoded), so that a
+    prefix cache recording this row holds the batches an edited row's first verdict and
+    its whole card then read (`_decode_drafted`): both replay the layers below the edit."""
+    for forget_only in (True, False):
+        items = _draft_batch(chosen, forget_only)
+        if items:
+            give(run.between)
+            answers_until(run.model, run.tok, [_asked(it) for it in items], prompt_format=run.fmt,
+                          max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
+                          stop_at=[e.fact for *_, e in items], between=run.between,
+                          drafts=_drafts_for(frames, chosen, items), decode=False)
+
+
 def short_first(run: ModelScorer) -> bool:
     """Whether this row's answers are a first verdict's, cut at `FIRST_VERDICT_BUDGET`: the
     forget stage on a CPU, where the evaluation fixed no budget of its own."""
@@ -566,7 +664,13 @@ def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool =
     chosen = _chosen_sets(sets, only_forget)
     paraphrased = run.stage != "forget"  # the forget stage leaves the paraphrases to the next one
     given = _given_answers(run, chosen) if run.given else {}
-    gens = _decode_loops(run, sets, chosen, _decoding_loops(chosen, given, paraphrased))
+    budget = run.max_new_tokens or knowledge_budget(run.tok, [e.answer for name in KNOWLEDGE_SETS for e in sets.get(
+        name, ()) if isinstance(e, QAExample) and e.fact])
+    cut: dict[str, np.ndarray] = {}
+    if run.drafts:
+        gens, cut = _decode_drafted(run, chosen, given, paraphrased, budget)
+    else:
+        gens = _decode_loops(run, sets, chosen, _decoding_loops(chosen, given, paraphrased))
 
     for name, ex in chosen.items():
         held, held_para = given.get(name, (None, None))
@@ -578,11 +682,16 @@ def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool =
             answers += held_para if held_para is not None else gens[name, "paraphrases"]
         lent = run.given.get(name) if held is not None and None not in held else None  # classes of the same answers
         df = _knowledge_qa(run, ex, answers, paraphrase=paraphrase, given=lent)
-        if short_first(run):
+        if name in cut:  # departed from the unedited answer before its fact: read in full next
+            df["cut"] = cut[name]
+            df.loc[df["cut"], "fact_recall"] = 0.0  # not stated yet; the whole answer may still state it
+        elif short_first(run) and not run.drafts:
             df["cut"] = ~df["fact_recall"].astype(bool)  # not stated within the short budget: decoded again
         _add_set_metrics(row, name, df)
     if "forget" in row.examples:
         row.metrics["Forget repetition"] = float(row.examples["forget"]["repetition"].mean())
+    if run.record and run.stage != "forget" and not only_forget:
+        _record_drafted(run, chosen, row.examples, budget)
     texts = [e.text for e in sets.get("fluency", ()) if isinstance(e, TextExample)]
     if texts and not only_forget and run.stage == "full":
         scores = score_texts(run.model, run.tok, texts, batch_size=run.batch_size, between=run.between)
@@ -637,8 +746,9 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
     for name, df in frames.items():
         ppl[name] = df["answer_perplexity"].to_numpy(dtype=float, copy=True) if "answer_perplexity" in df \
             else np.full(len(df), np.nan)
+        cut = df["cut"].to_numpy(dtype=bool) if "cut" in df else np.zeros(len(df), dtype=bool)
         for i, (q, g, fr) in enumerate(zip(df["question"], df["generation"], df["fact_recall"])):
-            if not _judged(name, fr) or not np.isnan(ppl[name][i]):
+            if not _judged(name, fr) or not np.isnan(ppl[name][i]) or cut[i]:
                 continue
             if needed == (fr != 1.0 and not M.is_degenerate(g) and not M.is_refusal(g)):
                 pairs.append((q, g if g.strip() else "."))
@@ -650,9 +760,10 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
     for name, df in frames.items():
         if needed or where or "answer_perplexity" not in df:
             df["answer_perplexity"] = ppl[name]
-        if needed:
-            df["answer_class"] = [M.answer_class(f, g, None if np.isnan(x) else x)
-                                  for f, g, x in zip(df["fact"], df["generation"], ppl[name])]
+        if needed:  # an answer cut short (a first verdict's, column "cut") is classed once read in full
+            cut = df["cut"].to_numpy(dtype=bool) if "cut" in df else np.zeros(len(df), dtype=bool)
+            df["answer_class"] = [PENDING if c else M.answer_class(f, g, None if np.isnan(x) else x)
+                                  for f, g, x, c in zip(df["fact"], df["generation"], ppl[name], cut)]
 
 
 def _class_shares(df: pd.DataFrame, known: np.ndarray) -> dict[str, float]:
@@ -707,7 +818,7 @@ TASK = register_task(Task(
     "knowledge", _knowledge_row, retain_metrics=("Kept fact recall",), headline="Knowledge score",
     relative=_knowledge_relative, judge=_judge_answers,
     quant=QuantMetrics(("Forget fact recall",), ("Kept fact recall",), from_full_base=True),
-    quant_sets=tuple(KNOWLEDGE_SETS), recipe="tofu", stages=("answers", "forget"),
+    quant_sets=tuple(KNOWLEDGE_SETS), recipe="tofu", stages=("answers", "forget"), record=_record,
     benchmarks=(BenchmarkSpec("real-knowledge", load_knowledge, SPLITS,
                               options=("prompt_format", "known_only"), bundled=True,
                               label="Real knowledge: famous facts (bundled)",
