@@ -21,9 +21,9 @@ from components.core import cards, form
 from components.core.allowed_sources import DEMO, REAL
 from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
 from components.core.comparison import examples_per_set, warm_base_rows
-from components.core.device import ON_ZEROGPU, UNWANTED, gave_way, wait_for_quiet, yielding
+from components.core.device import ON_ZEROGPU, UNWANTED, deferring, gave_way, wait_for_quiet, yielding
 from components.core.edits import warm_edit
-from components.core.errors import ui_errors
+from components.core.errors import JOB_NAME, ui_errors
 from components.core.model_choices import ensure_model, n_layers, status_line, summary
 from components.core.session import REGISTRY, Session, in_turn
 from components.core.staleness import wire as wire_staleness
@@ -110,12 +110,16 @@ def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session)
     key, bench = session.model_key, session.benchmark
     unwanted = lambda: session.model_key != key or session.benchmark is not bench  # noqa: E731
     token = UNWANTED.set(unwanted)
+    named = JOB_NAME.set("on_warm_comparison") if JOB_NAME.get() is None else None  # its turns, named
     try:
-        band = warm_edit(k, retain_examples, seed, session)
-        if not unwanted():
-            warm_base_rows(max_examples, session, min(band) if band else None)
+        with deferring():  # every visitor's click goes first, this page's too (it resumes after)
+            band = warm_edit(k, retain_examples, seed, session)
+            if not unwanted():
+                warm_base_rows(max_examples, session, min(band) if band else None)
     finally:
         UNWANTED.reset(token)
+        if named is not None:
+            JOB_NAME.reset(named)
 
 
 def stored_card_key(values: list, max_examples, full_set, session: Session) -> str | None:
@@ -222,8 +226,8 @@ def wire_opening(demo: gr.Blocks, page: Page, start_key) -> None:
                             show_progress_on=[e.status], **LINKS)
     linked.success(in_turn(on_first_scores), score_widgets(ui) + [s], [ly.plot, ly.band_info],
                    api_visibility="private", **device_queue()) \
-        .success(in_turn(on_warm_comparison), warm_widgets(ui) + [s], None,
-                 api_visibility="private", **device_queue())
+        .success(on_warm_comparison, warm_widgets(ui) + [s], None,  # not in the page's turn: its clicks
+                 api_visibility="private", **device_queue())  # do not wait for it (they go first: `deferring`)
     page.page_linked = linked
     # the card this page's form would give, where one is kept on disk: shown at once
     linked.success(on_stored_card, card_widgets(ui) + [s], e.card, **LOCAL)

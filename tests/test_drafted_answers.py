@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from grom.data.prompts import encode_prompt
 from grom.eval import evaluate
 from grom.eval.prefix import PrefixCache
-from grom.eval.report import BASE, EDITED
+from grom.eval.report import BASE, DRAFTS, EDITED, record_drafts
 from grom.eval.runner import _eos_ids, _left_padded, generate, greedy_answers, greedy_until
 from tests.conftest import FORGET, RETAIN
 from tests.test_eval_knowledge import _knowledge_bench
@@ -73,8 +74,8 @@ def test_generate_reads_text_drafts(trained_llama, tokenizer):
 
 
 def test_the_card_stages_read_drafts_where_a_prefix_cache_replays_them(trained_llama, tokenizer, monkeypatch):
-    """On a CPU, a Base row recorded in a prefix cache for the edit's first layer records its
-    drafted passes too; the edited row's first verdict (stage "forget") then reads the
+    """On a CPU, with the Base row's drafted passes recorded in a prefix cache for the edit's
+    first layer (`record_drafts`), the edited row's first verdict (stage "forget") reads the
     forget side off one replayed pass: what it calls stated is final, the rest is "cut"
     (not stated yet, no class); the answers stage after it gives the answers a plain
     evaluation gives, and so does a full evaluation."""
@@ -87,6 +88,9 @@ def test_the_card_stages_read_drafts_where_a_prefix_cache_replays_them(trained_l
     plain = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers")
     cache = PrefixCache()
     base = evaluate(trained_llama, tokenizer, bench, batch_size=8, stage="answers", prefix=cache, record_at=(1,))
+    assert not cache.marked(DRAFTS, 1)  # evaluate records its own passes, not the drafted ones
+    assert record_drafts(trained_llama, tokenizer, bench, base, cache, (1,), batch_size=8)
+    assert cache.marked(DRAFTS, 1) and not cache.marked(DRAFTS, 2)
     recorded = len(cache)
     drafted, real = [], R.greedy_answers
 
@@ -112,7 +116,7 @@ def test_the_card_stages_read_drafts_where_a_prefix_cache_replays_them(trained_l
 
 
 def test_no_drafts_without_a_replay_or_off_the_cpu(trained_llama, tokenizer, monkeypatch):
-    """Without a prefix cache that recorded at the edit's first layer the edited row decodes
+    """Without the drafted passes recorded at the edit's first layer the edited row decodes
     as before (a drafted pass that runs every layer costs more than it saves on a CPU)."""
     from grom import EditConfig, run_edit
     from grom.eval import runner as R
@@ -122,6 +126,7 @@ def test_no_drafts_without_a_replay_or_off_the_cpu(trained_llama, tokenizer, mon
                     EditConfig(layers=(1, 2), beta=30.0, w_r=30.0))
     cache = PrefixCache()
     base = evaluate(trained_llama, tokenizer, bench, batch_size=8, stage="answers", prefix=cache, record_at=(3,))
+    record_drafts(trained_llama, tokenizer, bench, base, cache, (3,), batch_size=8)  # another band's
     drafted, real = [], R.greedy_answers
 
     def spying(*args, **kwargs):
@@ -139,14 +144,12 @@ def test_a_base_report_from_elsewhere_records_its_drafts_without_being_evaluated
     process, say) records the same drafted passes, and the first verdict then replays them."""
     from grom import EditConfig, run_edit
     from grom.eval import runner as R
-    from grom.eval.report import record_drafts
-
     bench = _knowledge_bench()
     edit = run_edit(trained_llama, tokenizer, bench.forget, bench.retain,
                     EditConfig(layers=(1, 2), beta=30.0, w_r=30.0))
     base = evaluate(trained_llama, tokenizer, bench, batch_size=8)
     cache = PrefixCache()
-    assert not cache.covers(1)
+    assert not cache.marked(DRAFTS, 1)
     calls, real = [], R.greedy_answers
 
     def spying(*args, **kwargs):
@@ -154,10 +157,20 @@ def test_a_base_report_from_elsewhere_records_its_drafts_without_being_evaluated
         return real(*args, **kwargs)
     monkeypatch.setattr(R, "greedy_answers", spying)
     assert record_drafts(trained_llama, tokenizer, bench, base, cache, (1,), batch_size=8)
-    assert calls == [(True, False), (True, False)] and cache.covers(1)  # the forget side's pass, then every set's
+    assert calls == [(True, False), (True, False)] and cache.marked(DRAFTS, 1)  # the forget side's, every set's
     calls.clear()
     hits = cache.hits
     first = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="forget", reuse=base, prefix=cache)
     assert calls == [(True, False)] and cache.hits == hits + 1
     assert not record_drafts(trained_llama, tokenizer, bench, base, cache, ())  # nowhere to record for
     assert first.stage == "forget"
+
+
+def test_an_eviction_unmarks_its_layer():
+    cache = PrefixCache(max_bytes=1000)
+    cache.mark(DRAFTS, (3,))
+    assert cache.marked(DRAFTS, 3)
+    from grom.eval.prefix import _Entry
+    cache._store(("kv", 3, "a"), _Entry(3, torch.zeros(100)))  # 400 bytes
+    cache._store(("kv", 3, "b"), _Entry(3, torch.zeros(200)))  # 800 bytes: "a" goes
+    assert not cache.marked(DRAFTS, 3)

@@ -4,20 +4,30 @@ Shared by the Compare panel and the baseline panel."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import replace
 
 from components.core import cards
 from components.core.allowed_sources import DEMO
 from components.core.costs import check_comparison
-from components.core.device import DEVICE_LOCK, ON_ZEROGPU, give_turn, kept_cache, on_device
+from components.core.device import (
+    DEVICE_LOCK,
+    ON_ZEROGPU,
+    deferring,
+    give_turn,
+    kept_cache,
+    on_device,
+    wait_for_quiet,
+)
 from components.core.durations import report_s
+from components.core.flights import shared, wait_for
 from components.core.limits import limit, over
 from components.core.session import REGISTRY, ModelHandle, ModelKey, Session, current_benchmark, current_model, resident
 from components.core.validate import whole_number
 from grom.demo import load_demo_model
 from grom.eval import evaluate
-from grom.eval.report import BASE, EDITED, record_drafts
+from grom.eval.report import BASE, DRAFTS, EDITED, record_drafts
 from grom.model.loading import resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -106,6 +116,11 @@ def base_report(key: ModelKey, bench, n):
     return None
 
 
+def base_flight(key: ModelKey, bench, n) -> tuple:
+    """The `flights` key of the Base report of (model, benchmark, n) being computed."""
+    return ("base report", key, id(bench), n)
+
+
 def keep_base(key: ModelKey, bench, n, report) -> None:
     """Keep `report` as the Base report of (model, benchmark, n) unless there is one (the
     six most recent kept). In the main process: a compute function only returns it."""
@@ -134,7 +149,10 @@ def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: 
     here first, so that a ZeroGPU worker forked next inherits it."""
     check_comparison(handle.tokenizer, bench, n)
     reference_for(handle, bench)
-    prior = base_report(handle.key, bench, n) or answers
+    prior = base_report(handle.key, bench, n)
+    if prior is None and edit is not None and wait_for(base_flight(handle.key, bench, n), "the unedited answers"):
+        prior = base_report(handle.key, bench, n)  # a page's warm-up was computing them: read, not computed again
+    prior = prior or answers
     report = compute_report(handle.key, bench, edit, n, progress, record_at, prior,
                             stage=stage, answers=answers)
     keep_base(handle.key, bench, n, report)
@@ -151,27 +169,47 @@ def warm_base_rows(max_examples: int, session: Session, band_start: int | None =
         return
     try:
         handle, bench = current_model(session), current_benchmark(session)
-        report = base_report(handle.key, bench, int(max_examples))
-        if report is None:
-            comparison_report(handle, bench, None, int(max_examples), None,
-                              () if band_start is None else (int(band_start),))
-        elif band_start is not None:
-            record_ahead(handle, bench, report, int(max_examples), int(band_start))
+        n = int(max_examples)
+
+        def compute():
+            return comparison_report(handle, bench, None, n, None, () if band_start is None else (int(band_start),))
+        # pages opened at once compute it once: the others wait for it (`flights`) and read it
+        report = shared(base_flight(handle.key, bench, n), lambda: base_report(handle.key, bench, n), compute,
+                        "the unedited answers")
+        if band_start is not None:  # after the Base report, apart: a card waiting for it need not wait for these
+            threading.Thread(target=record_ahead, args=(handle, bench, report, n, int(band_start)),
+                             name="record_ahead", daemon=True).start()
     except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
         log.info("base rows not precomputed: %s", err)
 
 
+RECORD_QUIET_S = 10.0
+
+
 def record_ahead(handle: ModelHandle, bench, report, n, band_start: int) -> None:
-    """Where the Base report came from disk or another band (nothing recorded for a band from
-    `band_start` in this model's prefix cache), record the passes the Edited row's card
-    reads on its answers (`grom.eval.report.record_drafts`), at the evaluation's batch
-    size: the first verdict then reads the forget side in one pass of the band's layers."""
+    """Unless this model's prefix cache holds them for a band from `band_start`, record the
+    passes the Edited row's card reads on the Base report's answers
+    (`grom.eval.report.record_drafts`), at the evaluation's batch size: the first verdict then
+    reads the forget side in one pass of the band's layers, and the whole card decodes only
+    the answers the edit changed."""
     cache = kept_cache(handle.prefix_cache)
-    if cache is None or cache.covers(band_start):
+    if cache is None:
         return
-    with DEVICE_LOCK:
-        record_drafts(handle.model, handle.tokenizer, bench, report, cache, (band_start,), max_examples=n,
-                      between=give_turn)
+
+    def record():
+        # background work, started once the device has been quiet a while: each of its two passes is one
+        # forward (28 s on SmolLM2's default page on a 2-core CPU) that a visitor's job waits behind
+        wait_for_quiet(RECORD_QUIET_S)
+        with deferring(), DEVICE_LOCK:
+            if not cache.marked(DRAFTS, band_start):
+                record_drafts(handle.model, handle.tokenizer, bench, report, cache, (band_start,), max_examples=n,
+                              between=give_turn)
+        return True
+    try:
+        shared(("drafts", id(cache), band_start), lambda: True if cache.marked(DRAFTS, band_start) else None, record,
+               "the drafted passes")
+    except Exception as err:  # noqa: BLE001  (work ahead of need: the card decodes without it)
+        log.info("drafted passes not recorded: %s", err)
 
 
 WHOLE_SPLIT_UP_TO = 60

@@ -120,7 +120,8 @@ class DeviceLock:
                 self._depth += 1
                 return True
             now = time.monotonic()
-            turn = Turn(job_kind(), now, me, getattr(_background, "on", False), job_visitor(), now)
+            turn = Turn(job_kind(), now, me, getattr(_background, "on", False) or getattr(_background, "defer", False),
+                        job_visitor(), now)
             if self._owner is None and not self.line:
                 self._take(turn)
                 return True
@@ -234,6 +235,10 @@ class DeviceLock:
             with self._cond:
                 self._depth = depth
         return True
+
+    def held_here(self) -> bool:
+        """Whether this thread holds it."""
+        return self._owner == threading.get_ident()
 
     def is_free(self) -> bool:
         """Whether no other thread holds it now (asking does not count as a release)."""
@@ -549,6 +554,19 @@ def yielding():
         yield
     finally:
         _background.on = before
+
+
+@contextmanager
+def deferring():
+    """Run the block's device turns as background work without stopping it: each visitor's
+    job waiting goes first at every step boundary (`give_turn`), and the block resumes when
+    none waits (a page's warm-up: ahead-of-need work whose progress is worth keeping)."""
+    before = getattr(_background, "defer", False)
+    _background.defer = True
+    try:
+        yield
+    finally:
+        _background.defer = before
 
 
 def gave_way() -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from components.core import cards
 from components.core.device import DEVICE_LOCK, device_progress, give_turn, on_device
 from components.core.durations import scores_s
+from components.core.flights import shared
 from components.core.session import ModelKey, resident
 from grom.closed_form.pipeline import compute_scores as score
 from grom.closed_form.pipeline import prepare
@@ -26,9 +27,11 @@ def cached_scores(handle, forget, retain, config, progress):
     """The layer scores of the unedited model, once per (forget, retain, config) and model:
     every new page of the demo, and every visitor of a Space, asks for the same ones. The
     cache lives in this process (on ZeroGPU, `compute_scores` runs in another one), and on
-    disk (`cards.keep_object`), keyed by the weights, so that a restart does not lose it."""
+    disk (`cards.keep_object`), keyed by the weights, so that a restart does not lose it.
+    Pages that ask at once compute them once (`flights.shared`): the others wait and read."""
     key = (tuple(forget), tuple(retain), config)  # examples and configs are frozen dataclasses
-    if key not in handle.scores_cache:
+
+    def compute():
         if len(handle.scores_cache) >= SCORES_CACHE_SIZE:
             handle.scores_cache.pop(next(iter(handle.scores_cache)))  # the oldest
         # kept on disk too, by the weights and the data: a restarted server's first page has them at once
@@ -41,4 +44,6 @@ def cached_scores(handle, forget, retain, config, progress):
             if disk:
                 cards.keep_object("layer-scores", disk, scores)
         handle.scores_cache[key] = scores
-    return handle.scores_cache[key]
+        return scores
+    return shared(("layer scores", id(handle), key), lambda: handle.scores_cache.get(key), compute,
+                  "the layer scores")

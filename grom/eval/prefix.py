@@ -119,6 +119,7 @@ class PrefixCache:
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self.hits = self.misses = 0
         self._model_id: int | None = None
+        self._marks: dict[str, set[int]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -129,10 +130,18 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._marks.clear()
 
-    def covers(self, layer: int) -> bool:
-        """Whether an entry replays the layers below `layer` (some batch was recorded there)."""
-        return any(key[1] == layer for key in self._entries)
+    def mark(self, name: str, layers) -> None:
+        """Note that the batches of `name` (a kind of pass, e.g. an evaluation's drafted passes)
+        were recorded for a band starting at each of `layers`; an eviction at a layer drops
+        its marks (`marked` then says False: a caller may not count on a replay there)."""
+        for layer in layers:
+            self._marks.setdefault(name, set()).add(int(layer))
+
+    def marked(self, name: str, layer: int) -> bool:
+        """Whether `name`'s batches were recorded at `layer` and nothing there was evicted since."""
+        return int(layer) in self._marks.get(name, ())
 
     def _store(self, key: tuple, entry: _Entry) -> None:
         entry.nbytes = _bytes(entry.output) + sum(_bytes(a) + _bytes(k) for a, k in entry.updates)
@@ -141,7 +150,9 @@ class PrefixCache:
         self._entries[key] = entry
         self._entries.move_to_end(key)
         while self.nbytes > self.max_bytes:
-            self._entries.popitem(last=False)
+            (_, layer, _), _ = self._entries.popitem(last=False)
+            for layers in self._marks.values():
+                layers.discard(layer)
 
     @contextmanager
     def reusing(self, model: nn.Module, first: int | None, capture: tuple[int, ...] = ()) -> Iterator[None]:

@@ -121,8 +121,7 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
     the model as found and the cache records nothing of it. drafts: the unedited row's
     answers frames (`Row.examples`), which a task may read as each answer's likely start
     (the knowledge task: `grom.eval.runner.greedy_answers`, the same answers sooner), where
-    `prefix` replays the layers below the edit on batches recorded before: the unedited
-    row on a CPU records its drafted passes for the layers in `record_at`."""
+    `prefix` replays the layers below the edit on those passes (`record_drafts` recorded them)."""
     fn = get_task(benchmark.task).row
     run = ModelScorer(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens, stage, given)
     run.answered = answered
@@ -131,11 +130,11 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
     if prefix is not None and not quantize:  # quantizing changes every layer
         first = first_changed_layer(model, edit) if edit is not None else None
         replay = lambda: prefix.reusing(model, first, capture=record_at)  # noqa: E731
-        # drafts pay where their pass replays the layers below the edit, on a CPU (`split_decoding`):
+        # drafts pay where their pass replays the layers below the edit (`record_drafts`), on a CPU:
         # there a decoding step costs what its rows cost; on a GPU a step costs its launches
         on_cpu = model_device(model).type == "cpu"
-        run.drafts = (drafts or {}) if edit is not None and first and prefix.covers(first) and on_cpu else {}
-        run.record = edit is None and bool(record_at) and on_cpu
+        run.drafts = (drafts or {}) if edit is not None and first and prefix.marked(DRAFTS, first) and on_cpu \
+            else {}
     keep = {} if between is not None else None  # the quantized weights, not computed again after a turn
     held = Held(lambda: evaluating(model), (lambda: edit.applied(model)) if edit is not None else None, replay,
                 (lambda: quantized(model, method=quantize, group_size=group_size, keep=keep)) if quantize else None)
@@ -146,15 +145,20 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
     return row
 
 
+DRAFTS = "drafts"  # the `PrefixCache.mark` of a task's drafted passes (`record_drafts`)
+
+
 def record_drafts(model, tokenizer, benchmark: Benchmark, report: Report, prefix: PrefixCache,
                   record_at: tuple[int, ...], *, max_examples: int | None = None, batch_size: int = 32,
                   between: Between | None = None) -> bool:
     """Record in `prefix`, for a band starting at each layer of `record_at`, the passes an
     edited row reads on top of the unedited answers of `report`'s Base row, where the
-    task has such passes (`Task.record`; the knowledge task's drafts, on a CPU): what
-    evaluating the Base row with `record_at` records of them, without evaluating it again
-    (a Base report kept on disk by an earlier process, say). The same batch size and
-    examples as the evaluations that will replay them. Returns whether it recorded."""
+    task has such passes (`Task.record`; the knowledge task's drafts), on a CPU. Apart from
+    `evaluate` (on SmolLM2's default page they cost a third of the Base row again, which a
+    first card need not wait for), and for a Base report from anywhere (kept on disk by an
+    earlier process, say). The same batch size and examples as the evaluations that will
+    replay them; an edited row reads drafts only where they were recorded and are still
+    held (`PrefixCache.marked`). Returns whether it recorded."""
     task = get_task(benchmark.task)
     if task.record is None or BASE not in report.rows or not record_at or model_device(model).type != "cpu":
         return False
@@ -164,6 +168,7 @@ def record_drafts(model, tokenizer, benchmark: Benchmark, report: Report, prefix
     run.between = inside(between, held.left)
     with held:
         task.record(run, sets, report.rows[BASE].examples)
+    prefix.mark(DRAFTS, record_at)
     return True
 
 

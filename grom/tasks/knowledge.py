@@ -690,8 +690,6 @@ def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool =
         _add_set_metrics(row, name, df)
     if "forget" in row.examples:
         row.metrics["Forget repetition"] = float(row.examples["forget"]["repetition"].mean())
-    if run.record and run.stage != "forget" and not only_forget:
-        _record_drafted(run, chosen, row.examples, budget)
     texts = [e.text for e in sets.get("fluency", ()) if isinstance(e, TextExample)]
     if texts and not only_forget and run.stage == "full":
         scores = score_texts(run.model, run.tok, texts, batch_size=run.batch_size, between=run.between)

@@ -1,0 +1,77 @@
+"""One computation of a shared result at a time (a single flight per key).
+
+Every page of the real model asks for the same layer scores and the same unedited
+comparison rows, and on a fresh server they ask at once: page A's and page B's warm-ups,
+then A's Run edit and card. Each checked its cache, found nothing and computed the same
+result, the device shared between them by turns (bench/first_click.py, 2026-11-29: the
+page warm-ups held the device 386 s, two Base rows among it, while A's card waited 480 s).
+`shared` lets the first caller of a key compute it and the others wait for it to finish
+(off the device: they hold no lock while they wait) and then read the cache it filled; if
+it failed or gave way, the next one computes it."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Hashable, TypeVar
+
+from components.core.device import DEVICE_LOCK, WAIT_REPORT, check_wanted
+from components.core.errors import JOB_STARTED
+
+T = TypeVar("T")
+_LOCK = threading.Lock()
+_RUNNING: dict[Hashable, threading.Event] = {}
+WAIT_CHECK_S = 0.5
+SHOWN_AFTER_S = 2.0
+
+
+def running(key: Hashable) -> bool:
+    """Whether some thread computes `key` now."""
+    with _LOCK:
+        return key in _RUNNING
+
+
+def wait_for(key: Hashable, what: str) -> bool:
+    """Block until no thread computes `key` (checking meanwhile that this job is still
+    wanted, and saying what it waits for after SHOWN_AFTER_S). The wait is not the job's own
+    time (`JOB_STARTED` moves by it, as for a wait for the device). Returns whether it
+    waited. A thread holding the device does not wait (the one computing needs it)."""
+    with _LOCK:
+        event = _RUNNING.get(key)
+    if event is None or DEVICE_LOCK.held_here():
+        return False
+    t0, told = time.monotonic(), False
+    while not event.wait(WAIT_CHECK_S):
+        check_wanted()
+        if not told and time.monotonic() - t0 >= SHOWN_AFTER_S:
+            told = True
+            report = WAIT_REPORT.get()
+            if report is not None:
+                report(f"Waiting for {what}, which another job is computing now (then read, not computed again).")
+    started = JOB_STARTED.get()
+    if started is not None:
+        JOB_STARTED.set(started + time.monotonic() - t0)
+    return True
+
+
+def shared(key: Hashable, lookup: Callable[[], T | None], compute: Callable[[], T], what: str) -> T:
+    """`lookup()` where it finds the result; else `compute()` (which fills what `lookup`
+    reads), by one thread at a time per key: a caller that finds `key` being computed
+    waits for it (`wait_for`) and looks again."""
+    while True:
+        found = lookup()
+        if found is not None:
+            return found
+        with _LOCK:
+            event = _RUNNING.get(key)
+            mine = event is None
+            if mine:
+                event = _RUNNING[key] = threading.Event()
+        if mine:
+            try:
+                return compute()
+            finally:
+                with _LOCK:
+                    _RUNNING.pop(key, None)
+                event.set()
+        if not wait_for(key, what):  # holding the device: compute it here rather than wait forever
+            return compute()
