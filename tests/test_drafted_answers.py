@@ -5,6 +5,8 @@ in fewer decoding steps; and the knowledge task's card stages that use them on a
 them: `grom.tasks.knowledge._decode_drafted`)."""
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -107,8 +109,14 @@ def test_the_card_stages_read_drafts_where_a_prefix_cache_replays_them(trained_l
     assert (mine["fact_recall"][cut] == 0.0).all() and (mine["answer_class"][cut] == "pending").all()
     for g, w in zip(mine["generation"][cut], whole["generation"][cut]):
         assert w.startswith(g)  # read as far as it agreed, then one token
+    said = []
     rest = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers", reuse=first,
-                    answers=first, prefix=cache)
+                    answers=first, prefix=cache, progress=lambda f, m: said.append(m))
+    counts = [tuple(map(int, re.search(r"(\d+) of (\d+) answers", m).groups())) for m in said if "answers" in m]
+    assert counts and all(d <= t for d, t in counts) and [d for d, _ in counts] == sorted(d for d, _ in counts)
+    sets = bench.eval_sets  # decoded now: the cut forget answers, the paraphrases, the kept sets' questions
+    assert counts[-1][0] == counts[-1][1] == sum(cut) + len(sets["forget"]) + len(sets["neighbours"]) + len(
+        sets["general"])
     assert rest.rows[EDITED].metrics == plain.rows[EDITED].metrics
     for name in plain.rows[EDITED].examples:
         pd.testing.assert_frame_equal(rest.examples(EDITED, name), plain.examples(EDITED, name))

@@ -578,7 +578,8 @@ def _decode_drafted(run: ModelScorer, chosen: dict[str, tuple], given: dict, par
     if not any(wanted):
         return gens, cut
     total = sum(wanted) if not first else len(items)
-    step = None if run.answered is None else (lambda k, _size: run.answered(min(k, total), total))
+    skipped = len(items) - total  # given already: finished after the pass, not counted as answered here
+    step = None if run.answered is None else (lambda k, _size: run.answered(max(0, min(k - skipped, total)), total))
     out = answers_until(run.model, run.tok, [_asked(it) for it in items], prompt_format=run.fmt,
                         max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
                         stop_at=[e.fact for *_, e in items], on_step=step, between=run.between,
