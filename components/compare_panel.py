@@ -77,8 +77,11 @@ def generation_rows(report, names, n: int = SHOWN) -> list[dict]:
     for i in range(min(n, len(after))):
         pb = before["prob"].iloc[i] if "prob" in before else None
         pa = after["prob"].iloc[i] if "prob" in after else None
+        said = str(after[col].iloc[i])
+        if "cut" in after and bool(after["cut"].iloc[i]):  # a first verdict's answer not read in full yet
+            said = f"{said} … (still being read)"
         row = {"question": str(after["question"].iloc[i]), "answer": str(after["answer"].iloc[i]),
-               "before": str(before[col].iloc[i]), "after": str(after[col].iloc[i]),
+               "before": str(before[col].iloc[i]), "after": said,
                "prob_before": None if pb is None else float(pb),
                "prob_after": None if pa is None else float(pa)}
         if "fact" in after:  # the keyword fact recall looks for

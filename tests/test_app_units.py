@@ -210,6 +210,7 @@ def test_a_first_verdict_cut_short_does_not_call_its_unstated_answers_forgotten(
     assert "<b>2 of the 3</b> forget facts it knew not stated so far, 1 still stated" in card, card
     assert "Forgot" not in card and "forgot" not in card and "The forget answers now" not in card, card
     assert "<b>1 of the 2</b> it knew not stated so far, 1 still stated" in card, card
+    assert "g1 … (still being read)" in card and "g3 … (still" not in card, card  # the answers not read in full
 
 
 def test_the_card_puts_the_held_out_probes_beside_the_fitted_questions():
