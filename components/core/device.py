@@ -544,29 +544,28 @@ def visitors_waiting() -> bool:
 
 
 @contextmanager
+def _marked(flag: str):
+    """This thread's `_background.<flag>` set for the block, as it was after."""
+    before = getattr(_background, flag, False)
+    setattr(_background, flag, True)
+    try:
+        yield
+    finally:
+        setattr(_background, flag, before)
+
+
 def yielding():
     """Run the block as background work: at its next forward pass after a visitor's job
     starts waiting for the device, it stops (`Yielded`, its patches reverted as on a
     cancel) so that the visitor goes first."""
-    before = getattr(_background, "on", False)
-    _background.on = True
-    try:
-        yield
-    finally:
-        _background.on = before
+    return _marked("on")
 
 
-@contextmanager
 def deferring():
     """Run the block's device turns as background work without stopping it: each visitor's
     job waiting goes first at every step boundary (`give_turn`), and the block resumes when
     none waits (a page's warm-up: ahead-of-need work whose progress is worth keeping)."""
-    before = getattr(_background, "defer", False)
-    _background.defer = True
-    try:
-        yield
-    finally:
-        _background.defer = before
+    return _marked("defer")
 
 
 def gave_way() -> bool:
