@@ -18,7 +18,6 @@ from components.core.device import (
     give_turn,
     kept_cache,
     on_device,
-    wait_for_quiet,
 )
 from components.core.durations import report_s
 from components.core.flights import shared, wait_for
@@ -183,9 +182,6 @@ def warm_base_rows(max_examples: int, session: Session, band_start: int | None =
         log.info("base rows not precomputed: %s", err)
 
 
-RECORD_QUIET_S = 10.0
-
-
 def record_ahead(handle: ModelHandle, bench, report, n, band_start: int) -> None:
     """Unless this model's prefix cache holds them for a band from `band_start`, record the
     passes the Edited row's card reads on the Base report's answers
@@ -197,9 +193,8 @@ def record_ahead(handle: ModelHandle, bench, report, n, band_start: int) -> None
         return
 
     def record():
-        # background work, started once the device has been quiet a while: each of its two passes is one
-        # forward (28 s on SmolLM2's default page on a 2-core CPU) that a visitor's job waits behind
-        wait_for_quiet(RECORD_QUIET_S)
+        # background work: every visitor's job goes first between its two passes, but each pass is one
+        # forward (28 s on SmolLM2's default page on a 2-core CPU) that a job arriving during it waits behind
         with deferring(), DEVICE_LOCK:
             if not cache.marked(DRAFTS, band_start):
                 record_drafts(handle.model, handle.tokenizer, bench, report, cache, (band_start,), max_examples=n,
