@@ -73,12 +73,17 @@ def demo_tokenizer():
     return AutoTokenizer.from_pretrained(demo_model_dir("full"))
 
 
-def test_each_prompt_is_rendered_once_per_tokenizer(monkeypatch):
-    tok = demo_tokenizer()
+def count_renders(monkeypatch, tok) -> list:
     calls = []
     render = type(tok).apply_chat_template
     monkeypatch.setattr(type(tok), "apply_chat_template",
                         lambda self, *a, **kw: calls.append(1) or render(self, *a, **kw))
+    return calls
+
+
+def test_each_prompt_is_rendered_once_per_tokenizer(monkeypatch):
+    tok = demo_tokenizer()
+    calls = count_renders(monkeypatch, tok)
     first = [encode_prompt(tok, f"question {i}?") for i in range(30)]
     again = [encode_prompt(tok, f"question {i}?") for i in range(30)]
     assert first == again and len(calls) == 30
@@ -86,14 +91,34 @@ def test_each_prompt_is_rendered_once_per_tokenizer(monkeypatch):
     assert format_prompt(tok, "question 0?").endswith(" ") and len(calls) == 31
 
 
-def test_a_slow_chat_template_is_refused_and_never_run_again():
+def test_a_slow_chat_template_is_refused_and_never_run_again(monkeypatch):
     tok = demo_tokenizer()
     tok.chat_template = SLOW_TEMPLATE  # ~0.5 s a render (0.25 s allowed)
-    start = time.perf_counter()
-    for i in range(30):  # 30 prompts: before, 30 renders (15 s); now one, then refused at once
+    calls = count_renders(monkeypatch, tok)
+    for i in range(30):  # 30 prompts: before, 30 renders (15 s); now the first prompt's tries, then refused at once
         with pytest.raises(TemplateError, match="CPU time"):
             format_prompt(tok, f"q{i}")
-    assert time.perf_counter() - start < 7.5  # half of the 30 renders (on a loaded machine one takes ~2 s)
+    assert len(calls) == prompts.RENDER_TRIES
+
+
+def test_one_slow_render_of_a_fast_template_is_not_a_refusal(monkeypatch):
+    """CI (2026-11-29): the demo model's one-line template was refused mid-suite, one render
+    timed at 0.07 s of CPU time (a garbage collection, or a recompiled template, under load).
+    A render over the limit is timed again; only a template slow each time is refused."""
+    tok = demo_tokenizer()
+    format_prompt(tok, "warm")  # the first render (its own limit)
+    render, slow = type(tok).apply_chat_template, [True]
+
+    def once_slow(self, *a, **kw):
+        if slow.pop() if slow else False:
+            end = time.thread_time() + 2 * prompts.MAX_RENDER_SECONDS
+            while time.thread_time() < end:
+                pass
+        return render(self, *a, **kw)
+
+    monkeypatch.setattr(type(tok), "apply_chat_template", once_slow)
+    assert format_prompt(tok, "q") == "<|bos|><|user|>q<|assistant|>" and not slow
+    assert format_prompt(tok, "q2") == "<|bos|><|user|>q2<|assistant|>"
 
 
 def test_a_chat_template_that_writes_too_much_is_refused():
@@ -105,7 +130,7 @@ def test_a_chat_template_that_writes_too_much_is_refused():
     assert format_prompt(tok, "q" * 100_000) == "q" * 100_000
 
 
-def test_an_edit_on_a_model_with_a_slow_template_fails_fast():
+def test_an_edit_on_a_model_with_a_slow_template_fails_fast(monkeypatch):
     from grom import run_edit
     from grom.data import load_benchmark
     from grom.demo import load_demo_model
@@ -114,10 +139,10 @@ def test_an_edit_on_a_model_with_a_slow_template_fails_fast():
     tok = copy.deepcopy(tok)
     tok.chat_template = SLOW_TEMPLATE
     bench = load_benchmark("demo", "forget10")
-    start = time.perf_counter()
+    calls = count_renders(monkeypatch, tok)
     with pytest.raises(TemplateError):
         run_edit(model, tok, bench.forget[:30], bench.retain[:100], EditConfig(layers=(3, 4), batch_size=32))
-    assert time.perf_counter() - start < 7.5  # half of rendering its 30 prompts (one render, then refused)
+    assert len(calls) == prompts.RENDER_TRIES  # not its 130 prompts: the first one's tries, then refused
 
 
 def test_the_limits_leave_real_templates_alone(monkeypatch):
