@@ -169,7 +169,7 @@ def test_sessions_that_never_open_a_page_go_once_idle(served, monkeypatch):
     assert len(kept) == 5 and all(s.extra["written"][0] for s in kept)
     monkeypatch.setenv("GROM_SESSION_IDLE_SECONDS", "1")
     time.sleep(1.5)
-    assert BOOK.sweep(blocks.server_app, force=True) >= 5
+    BOOK.sweep(blocks.server_app, force=True)  # the server's own sweeper may have taken some already
     assert not any(s in blocks.state_holder.session_data for s in made)
 
 
