@@ -616,6 +616,7 @@ class ModelScorer:
         self.drafts: dict = {}  # set name -> the unedited model's answers frame, whose answers are read as drafts
         self.answered: Callable[[int, int], None] | None = None  # (finished, all) after each decoding step
         self.between: Between | None = None  # the row's step boundary, its as_found the row's state undone
+        self.ahead: dict[tuple, dict[str, str]] = {}  # (format, budget) -> prompt -> answer (`answer_ahead`)
 
     def losses(self, pairs, fmt=None, add_eos=True, moments=False):
         return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,
@@ -625,5 +626,27 @@ class ModelScorer:
         """Greedy answers; `budget` new tokens (None: `answer_budget` of the references),
         unless the evaluation fixed `max_new_tokens`."""
         budget = self.max_new_tokens or budget or answer_budget(self.tok, references)
+        known = self.ahead.get((fmt or self.fmt, budget), {})
+        if all(p in known for p in prompts):
+            return [known[p] for p in prompts]
         return generate(self.model, self.tok, prompts, prompt_format=fmt or self.fmt,
                         max_new_tokens=budget, batch_size=self.batch_size, between=self.between)
+
+    def answer_ahead(self, requests) -> None:
+        """Answer, in one batched run per (format, budget), the prompts of every later
+        `generate` call a row will make: requests are (prompts, references, fmt, budget) as
+        `generate` takes them. A decoding step costs about as much for 5 rows as for 30 on a
+        CPU (SmolLM2: 0.10 s against 0.2 s), so a row of six sets of 5 questions with 200-token
+        answers decodes 200 steps, not 1,200. The answers are the ones `generate` gives
+        (greedy; each row's own, whatever else is in its batch, up to float noise)."""
+        wanted: dict[tuple, dict[str, None]] = {}
+        for prompts, references, fmt, budget in requests:
+            budget = self.max_new_tokens or budget or answer_budget(self.tok, references)
+            wanted.setdefault((fmt or self.fmt, budget), {}).update(dict.fromkeys(prompts))
+        for (fmt, budget), prompts in wanted.items():
+            known = self.ahead.setdefault((fmt, budget), {})
+            todo = [p for p in prompts if p not in known]
+            if todo:
+                known.update(zip(todo, generate(self.model, self.tok, todo, prompt_format=fmt,
+                                                max_new_tokens=budget, batch_size=self.batch_size,
+                                                between=self.between)))

@@ -28,8 +28,7 @@ def qa_set(run: ModelScorer, examples: tuple, name: str, *, options: bool,
     the answers unchanged), as OpenUnlearning's TOFU evaluation with ``question_key:
     paraphrased_question`` (configs/eval/tofu.yaml, commit d3d7cf9). budget: new tokens
     per answer (None: room for the set's longest answer, `answer_budget`)."""
-    qs = [ex.paraphrased_question if paraphrased else ex.question for ex in examples]
-    answers = [ex.answer for ex in examples]
+    qs, answers = qa_prompts(examples, paraphrased)
     gens = run.generate(qs, answers, budget=budget)
     main = run.losses(list(zip(qs, answers)), moments=name == "forget" and not paraphrased)
     rouge = np.array([M.rouge_l_recall(a, g) for a, g in zip(answers, gens)])
@@ -69,6 +68,12 @@ def qa_set(run: ModelScorer, examples: tuple, name: str, *, options: bool,
         out["ES"] = float(es.mean())
         out["EM"] = float(np.mean(em[~np.isnan(em)])) if (~np.isnan(em)).any() else float("nan")
     return out, df, raw
+
+
+def qa_prompts(examples: tuple, paraphrased: bool = False) -> tuple[list[str], list[str]]:
+    """(the questions `qa_set` asks, their gold answers): for `ModelScorer.answer_ahead`."""
+    return ([ex.paraphrased_question if paraphrased else ex.question for ex in examples],
+            [ex.answer for ex in examples])
 
 
 def attack_raw(run: ModelScorer, scores) -> dict[str, np.ndarray]:

@@ -67,7 +67,7 @@ from grom.data.schema import Benchmark, QAExample
 from grom.eval import metrics as M
 from grom.eval.results import REFERENCE, Row
 from grom.eval.runner import ModelScorer
-from grom.eval.shared_rows import attack_aucs, attack_raw, qa_set, reference_attack
+from grom.eval.shared_rows import attack_aucs, attack_raw, qa_prompts, qa_set, reference_attack
 from grom.tasks.base import Task, register_task
 
 logger = logging.getLogger(__name__)
@@ -260,6 +260,9 @@ PARA_Q = "para-Q"  # the metric names of the paraphrased-question evaluation: "F
 def _tofu_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool = False) -> Row:
     row = Row()
     utility = []
+    asked = [(sets[n], False) for n in TOFU_SETS if n in sets and not (only_forget and n != "forget")]
+    asked += [(sets[n], True) for n in _paraphrased_sets(sets, only_forget)]
+    run.answer_ahead([(*qa_prompts(ex, para), None, TOFU_NEW_TOKENS) for ex, para in asked])
     for name, label in TOFU_SETS.items():
         if name not in sets or (only_forget and name != "forget"):
             continue
@@ -293,16 +296,21 @@ def _tofu_paraphrased(run: ModelScorer, sets: dict[str, tuple], row: Row, only_f
     and per-example frames "forget_paraphrased" ... OpenUnlearning runs it as a second
     evaluation (``question_key: paraphrased_question``); here it sits beside the first.
     Model utility stays that of the original questions, as in OpenUnlearning's default."""
-    for name in ("forget", "retain"):
-        ex = sets.get(name, ())
-        if not ex or (only_forget and name != "forget") or not all(e.paraphrased_question for e in ex):
-            continue
+    for name in _paraphrased_sets(sets, only_forget):
+        ex = sets[name]
         vals, df, raw = qa_set(run, ex, name, options=False, paraphrased=True, budget=TOFU_NEW_TOKENS)
         row.examples[f"{name}_paraphrased"] = df
         for k, v in raw.items():
             row.raw[f"{name}_paraphrased/{k}"] = v
         for k, v in vals.items():
             row.metrics[f"{TOFU_SETS[name]} {PARA_Q} {k}"] = v
+
+
+def _paraphrased_sets(sets: dict[str, tuple], only_forget: bool) -> list[str]:
+    """The sets the paraphrased-question evaluation asks: forget and retain, where each pair
+    has a paraphrased question (and only forget in the forget stage)."""
+    return [n for n in ("forget", "retain") if sets.get(n) and not (only_forget and n != "forget")
+            and all(e.paraphrased_question for e in sets[n])]
 
 
 def _tofu_relative(rows: dict[str, Row]) -> None:
