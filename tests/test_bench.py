@@ -39,7 +39,8 @@ def test_bench_scaling_and_influence_quick(tmp_path):
 
 
 @pytest.mark.parametrize("script, args", [
-    ("bench_baselines.py", ["--quick"]),
+    # its plumbing on GROM and two trained methods (each method has its own tests): all 16 at 20 examples took 199 s
+    ("bench_baselines.py", ["--quick", "--methods", "npo,simnpo", "--max-examples", "8"]),
     ("bench_eval.py", ["--split", "forget01", "--max-examples", "2"]),
 ])
 def test_bench_demo_scripts_quick(tmp_path, script, args):
