@@ -635,10 +635,11 @@ class ModelScorer:
     def answer_ahead(self, requests) -> None:
         """Answer, in one batched run per (format, budget), the prompts of every later
         `generate` call a row will make: requests are (prompts, references, fmt, budget) as
-        `generate` takes them. A decoding step costs about as much for 5 rows as for 30 on a
-        CPU (SmolLM2: 0.10 s against 0.2 s), so a row of six sets of 5 questions with 200-token
-        answers decodes 200 steps, not 1,200. The answers are the ones `generate` gives
-        (greedy; each row's own, whatever else is in its batch, up to float noise)."""
+        `generate` takes them. A decoding step's cost grows far slower than its rows on a CPU
+        (SmolLM2: 151 ms for 10 rows, 278 ms for 50), so a row of six sets of 5 questions with
+        200-token answers decodes ~200 steps of 30 rows, not ~1,200 of 5 (BENCHMARKS.md). The
+        answers are the ones `generate` gives (greedy; each row's own, whatever else is in its
+        batch, up to float noise)."""
         wanted: dict[tuple, dict[str, None]] = {}
         for prompts, references, fmt, budget in requests:
             budget = self.max_new_tokens or budget or answer_budget(self.tok, references)
