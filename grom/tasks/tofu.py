@@ -260,12 +260,11 @@ PARA_Q = "para-Q"  # the metric names of the paraphrased-question evaluation: "F
 def _tofu_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool = False) -> Row:
     row = Row()
     utility = []
-    asked = [(sets[n], False) for n in TOFU_SETS if n in sets and not (only_forget and n != "forget")]
+    asked = [(sets[n], False) for n in _plain_sets(sets, only_forget)]
     asked += [(sets[n], True) for n in _paraphrased_sets(sets, only_forget)]
     run.answer_ahead([(*qa_prompts(ex, para), None, TOFU_NEW_TOKENS) for ex, para in asked])
-    for name, label in TOFU_SETS.items():
-        if name not in sets or (only_forget and name != "forget"):
-            continue
+    for name in _plain_sets(sets, only_forget):
+        label = TOFU_SETS[name]
         vals, df, raw = qa_set(run, sets[name], name, options=name in ("real_authors", "world_facts"),
                                 budget=TOFU_NEW_TOKENS)
         row.examples[name] = df
@@ -304,6 +303,11 @@ def _tofu_paraphrased(run: ModelScorer, sets: dict[str, tuple], row: Row, only_f
             row.raw[f"{name}_paraphrased/{k}"] = v
         for k, v in vals.items():
             row.metrics[f"{TOFU_SETS[name]} {PARA_Q} {k}"] = v
+
+
+def _plain_sets(sets: dict[str, tuple], only_forget: bool) -> list[str]:
+    """The TOFU sets a row asks with their own questions (only forget in the forget stage)."""
+    return [n for n in TOFU_SETS if n in sets and not (only_forget and n != "forget")]
 
 
 def _paraphrased_sets(sets: dict[str, tuple], only_forget: bool) -> list[str]:
