@@ -49,3 +49,20 @@ def test_a_tofu_row_decodes_once(demo, monkeypatch):
                  if all(e.paraphrased_question for e in bench.eval_sets[n]))
     assert calls == [asked], calls  # one call, every set's questions (paraphrases included)
     assert report.rows["Base"].examples["forget"]["generation"].str.len().gt(0).all()
+
+
+def test_a_budget_a_prompt_gives_each_prompts_own_answer(demo):
+    """`generate` with one budget per prompt (questions of several sets in one run): each
+    answer is the one its budget alone gives; without stop phrases one budget is asked for."""
+    model, tok, bench = demo
+    questions = [e.question for e in bench.eval_sets["forget"][:3]]
+    budgets = [3, 11, 6]
+    together = runner.generate(model, tok, questions, prompt_format=bench.prompt_format, max_new_tokens=budgets,
+                               stop_at=[None] * 3)
+    alone = [runner.generate(model, tok, [q], prompt_format=bench.prompt_format, max_new_tokens=b, stop_at=[None])[0]
+             for q, b in zip(questions, budgets)]
+    assert together == alone and len({len(a) for a in alone}) == 3
+    with pytest.raises(ValueError, match="one budget per prompt needs stop_at"):
+        runner.generate(model, tok, questions, max_new_tokens=budgets)
+    with pytest.raises(ValueError, match="3 prompts but 2 budgets"):
+        runner.generate(model, tok, questions, max_new_tokens=budgets[:2], stop_at=[None] * 3)

@@ -175,8 +175,41 @@ def test_the_suite_scores_each_probe_type_as_a_direct_scoring_does(edited):
         assert (r.base, r.edited, r.n, r.base_answers, r.edited_answers) == \
             (base.value, after.value, len(asked), base.answers, after.answers)
         assert r.seconds > 0 and 0 <= r.base <= 1
-    assert [m for _, m in seen] == ["attack 1/3: heldout", "attack 2/3: cloze", "attack 3/3: format", "attacks done"]
+    told = [m for _, m in seen]
+    assert [m for m in told if m.startswith("attack")] == \
+        ["attack 1/3: heldout", "attack 2/3: cloze", "attack 3/3: format", "attacks done"]
+    # the three attacks' questions answered together first (4 each, unedited and edited), said as they finish
+    ahead = [m for m in told if m.startswith("answering the questions of 3 attacks together")]
+    assert ahead[-1].endswith(": 24 of 24") and len(ahead) <= 24 + 2 * 2
+    fractions = [f for f, _ in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and not edit.is_applied
+
+
+def test_the_probe_attacks_answer_together_in_one_run_a_side(edited, monkeypatch):
+    """Every probe attack's questions are answered in one decoding run per prompt format for
+    the unedited model and one for the edited (not two runs an attack), each with its own
+    budget, and each attack's answers are those of its own run; each attack's seconds
+    share that run's time."""
+    from grom.robustness import result
+
+    model, tok, edit = edited
+    names = ("heldout", "paraphrase", "cloze", "reverse", "format", "role_play")
+    alone = {n: run_attacks(model, tok, edit, PROBES, attacks=(n,))[n] for n in names}
+    runs = []
+    real = result.generate
+    monkeypatch.setattr(result, "generate", lambda *a, **k: runs.append((len(a[2]), k["prompt_format"],
+                                                                          k["max_new_tokens"])) or real(*a, **k))
+    out = run_attacks(model, tok, edit, PROBES, attacks=names)
+    asked = sum(r.n for r in out.values())
+    # the chat-template questions of five attacks, then the plain ones of "format"; unedited, then edited
+    assert [(n, fmt) for n, fmt, _ in runs] == [(asked - 4, None), (4, PLAIN_QA)] * 2
+    assert len(runs[0][2]) == asked - 4  # a budget a question (`knowledge_budget` of its attack's answers)
+    for n in names:
+        r, a = out[n], alone[n]
+        assert (r.base, r.edited, r.n, r.base_answers, r.edited_answers) == \
+            (a.base, a.edited, a.n, a.base_answers, a.edited_answers), n
+        assert r.seconds > 0
 
 
 def test_names_are_checked_before_any_work(monkeypatch):

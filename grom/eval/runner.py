@@ -233,7 +233,7 @@ def _left_padded(encoded: list[list[int]], pad: int) -> tuple[torch.Tensor, torc
 
 @torch.no_grad()
 def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
-             prompt_format: PromptFormat | None = None, max_new_tokens: int = 64,
+             prompt_format: PromptFormat | None = None, max_new_tokens: int | Sequence[int] = 64,
              batch_size: int = 32, max_length: int = 1024,
              stop_at: Sequence[str | None] | None = None,
              on_step: Callable[[int, int], None] | None = None, between: Between | None = None,
@@ -248,9 +248,11 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
     EOS or the budget. drafts (with stop_at): per prompt, a text its answer is guessed to
     be (another model's answer, None for none), read in one teacher-forced pass
     (`greedy_answers`): the same answers, in fewer decoding steps where the guesses hold.
-    on_step (with stop_at): called after each decoding step with (the prompts finished,
-    all prompts), for a progress line. between: a step boundary (`grom.turns`) between two
-    batches and after each decoding step; the texts are the same with or without it."""
+    max_new_tokens: one budget for every prompt, or (with stop_at) one per prompt, so that
+    questions of several budgets share one decoding run. on_step (with stop_at): called
+    after each decoding step with (the prompts finished, all prompts), for a progress line.
+    between: a step boundary (`grom.turns`) between two batches and after each decoding
+    step; the texts are the same with or without it."""
     return [t for t, _ in answers_until(model, tokenizer, prompts, prompt_format=prompt_format,
                                         max_new_tokens=max_new_tokens, batch_size=batch_size,
                                         max_length=max_length, stop_at=stop_at, on_step=on_step,
@@ -266,7 +268,7 @@ def draft_ids(tokenizer, text: str | None) -> list[int]:
 
 @torch.no_grad()
 def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
-                  prompt_format: PromptFormat | None = None, max_new_tokens: int = 64,
+                  prompt_format: PromptFormat | None = None, max_new_tokens: int | Sequence[int] = 64,
                   batch_size: int = 32, max_length: int = 1024,
                   stop_at: Sequence[str | None] | None = None,
                   on_step: Callable[[int, int], None] | None = None, between: Between | None = None,
@@ -279,10 +281,14 @@ def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
         raise ValueError(f"{len(prompts)} prompts but {len(stop_at)} stop phrases")
     if drafts is not None and (stop_at is None or len(drafts) != len(prompts)):
         raise ValueError("drafts need stop_at and one draft (or None) per prompt")
+    budgets = _budgets(max_new_tokens, len(prompts))
+    if stop_at is None and len(set(budgets)) > 1:
+        raise ValueError("one budget per prompt needs stop_at (model.generate takes one budget)")
+    longest = max(budgets, default=0)
     device = model_device(model)
     pad = pad_id(tokenizer)
     eos = _eos_ids(model, tokenizer)
-    encoded = [encode_prompt(tokenizer, p, prompt_format)[-(max_length - max_new_tokens):]
+    encoded = [encode_prompt(tokenizer, p, prompt_format)[-(max_length - longest):]
                for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     out: list[tuple[str, bool]] = [("", True)] * len(encoded)
@@ -293,15 +299,16 @@ def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
         ids, mask = _left_padded([encoded[i] for i in idx], pad)
         if stop_at is not None:
             step = None if on_step is None else (lambda done, b=b: on_step(b + done, len(encoded)))
-            new, done = greedy_answers(model, tokenizer, ids.to(device), mask.to(device), max_new_tokens,
-                                       eos, [stop_at[i] for i in idx], on_step=step, between=between,
+            new, done = greedy_answers(model, tokenizer, ids.to(device), mask.to(device),
+                                       [budgets[i] for i in idx], eos, [stop_at[i] for i in idx],
+                                       on_step=step, between=between,
                                        drafts=None if drafts is None else [draft_ids(tokenizer, drafts[i])
                                                                            for i in idx], decode=decode,
                                        wanted=None if wanted is None else [wanted[i] for i in idx])
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         else:
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                 do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                 do_sample=False, max_new_tokens=longest, pad_token_id=pad,
                                  eos_token_id=eos or None, temperature=None, top_p=None, top_k=None,
                                  **_turns(between))
             texts = tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)
@@ -309,6 +316,17 @@ def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
         for r, i in enumerate(idx):
             out[i] = (texts[r].strip(), done[r])
     return out
+
+
+def _budgets(max_new_tokens: int | Sequence[int], n: int) -> list[int]:
+    """One budget of new tokens per row: `max_new_tokens` for each, or its own where a
+    sequence gives one per row."""
+    if isinstance(max_new_tokens, int):
+        return [max_new_tokens] * n
+    budgets = [int(b) for b in max_new_tokens]
+    if len(budgets) != n:
+        raise ValueError(f"{n} prompts but {len(budgets)} budgets")
+    return budgets
 
 
 @torch.no_grad()
@@ -464,12 +482,12 @@ def _drafted_pass(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, draft
 
 @torch.no_grad()
 def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Tensor,
-                   max_new_tokens: int, eos: Sequence[int], stops: Sequence[str | None], *,
+                   max_new_tokens: int | Sequence[int], eos: Sequence[int], stops: Sequence[str | None], *,
                    drafts: Sequence[Sequence[int]] | None = None, decode: bool = True,
                    wanted: Sequence[bool] | None = None, on_step: Callable[[int], None] | None = None,
                    between: Between | None = None) -> tuple[list[list[int]], list[bool]]:
     """`greedy_until`'s answers and, per row, whether it finished (EOS, its phrase settled,
-    or the budget).
+    or the budget: `max_new_tokens`, one for every row or one per row).
 
     drafts: per row, the tokens its answer is guessed to begin with (e.g. the unedited
     model's answer, for an edited model that mostly leaves it alone). They are read in
@@ -494,9 +512,10 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
     cache = DynamicCache(config=config)
     eos = set(eos)
     n = ids.shape[0]
+    budget = _budgets(max_new_tokens, n)
     new: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
-    if max_new_tokens <= 0 or n == 0:
+    if n == 0 or max(budget) <= 0:
         return new, [True] * n
 
     def goes_on(row: int, token: int) -> bool:
@@ -505,7 +524,7 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
             done[row] = True
             return False
         new[row].append(token)
-        if len(new[row]) >= max_new_tokens or phrase_settled(tokenizer.decode(new[row], skip_special_tokens=True),
+        if len(new[row]) >= budget[row] or phrase_settled(tokenizer.decode(new[row], skip_special_tokens=True),
                                                              stops[row]):
             done[row] = True
             return False
@@ -521,7 +540,7 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
     else:
         if len(drafts) != n:
             raise ValueError(f"{n} rows but {len(drafts)} drafts")
-        live, mask, last = _drafted_pass(model, ids, mask, [list(d)[:max_new_tokens] for d in drafts], cache,
+        live, mask, last = _drafted_pass(model, ids, mask, [list(d)[:b] for d, b in zip(drafts, budget)], cache,
                                          goes_on)
     if not decode:
         live = []
