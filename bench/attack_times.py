@@ -19,7 +19,9 @@ its first layer; a training step's backward not counted), which says whether a w
 estimate is the work or its price; and the load average when each attack started.
 `--suite`: the attacks in one `run_attacks` call, as `python -m grom attack` runs them (the
 suite shares what two attacks both compute: relearning starts from the held-out probes'
-recall), each attack's seconds from the suite's progress calls.
+recall; the probe attacks answer their questions in one run a side), each attack's seconds the
+suite's own (the probe attacks share that run's time by their questions), its CPU seconds and
+passes from one "attack i/n" progress call to the next (the shared run counted in the first's).
 """
 from __future__ import annotations
 
@@ -134,18 +136,25 @@ def measure_suite(handle, bench, preset, names) -> dict:
     counts, remove = counted(handle.model)
     passes = []
 
-    def progress(_fraction, _message):
+    def mark():
         marks.append((time.perf_counter(), time.process_time(), os.getloadavg()[0]))
         passes.append(counts["passes"])
+
+    def progress(_fraction, message):
+        if message.startswith("attack"):  # "attack i/n: name", "attacks done"; not the answers' count
+            mark()
+    mark()  # the probe attacks' questions, answered together, count towards the first attack's CPU and passes
     try:
         results = run_attacks(handle.model, handle.tokenizer, edit, probes, fitted=fitted,
                               holdout=holdout_of(bench.eval_sets, bench.retain), attacks=names,
                               fmt=bench.prompt_format, progress=progress)
     finally:
         remove()
+    del marks[1], passes[1]  # the first attack's mark: its interval starts with the run
     for i, (name, result) in enumerate(results.items()):
-        (w0, c0, load), (w1, c1, _) = marks[i], marks[i + 1]
-        out["attacks"][name] = {"seconds": round(w1 - w0, 2), "cpu_seconds": round(c1 - c0, 2), "n": result.n,
+        (_, c0, load), (_, c1, _) = marks[i], marks[i + 1]
+        # wall: the suite's own seconds (the probe attacks share their run's time by their questions)
+        out["attacks"][name] = {"seconds": round(result.seconds, 2), "cpu_seconds": round(c1 - c0, 2), "n": result.n,
                                 "passes": passes[i + 1] - passes[i], "load": round(load, 2)}
         print(f"{name}: {out['attacks'][name]}", file=sys.stderr, flush=True)
     return out

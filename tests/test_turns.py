@@ -166,7 +166,10 @@ def test_the_value_steps_in_chunks_are_the_steps_of_one_batch(trained_llama, tok
     whole = optimise_values(trained_llama, facts, 2, pad_id(tokenizer), settings)
     monkeypatch.setattr(value_optimisation, "VALUE_CHUNK", 3)
     chunked = optimise_values(trained_llama, facts, 2, pad_id(tokenizer), settings)
-    assert chunked.steps == whole.steps and torch.equal(chunked.h, whole.h)
+    # the same keys up to float rounding: a forward of 3 rows and one of 4 need not round alike (bit-equal on
+    # the Intel Xeon; 2026-11-29 on an AMD EPYC they differed in the last bits)
+    assert chunked.steps == whole.steps
+    torch.testing.assert_close(chunked.h, whole.h, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(chunked.delta, whole.delta, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(chunked.p_before, whole.p_before)
 
