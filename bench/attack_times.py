@@ -179,8 +179,6 @@ def table(run: dict, seconds: dict, passes: dict) -> str:
 
 
 def main() -> None:
-    from grom.robustness.suite import attack_names
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="demo", help="demo or smollm2-135m-instruct")
     ap.add_argument("--attacks", default="all", help="a comma list (default: every attack)")
@@ -188,6 +186,9 @@ def main() -> None:
                     help="torch threads (default: 1 for the demo, as the studio; torch's otherwise)")
     ap.add_argument("--json", help="save the run (measured seconds) here")
     ap.add_argument("--measured", help="a run saved with --json: print it against the estimate, run nothing")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N other processes keep a core busy each, started once the model is loaded and calibrated "
+                         "(a server calibrated quiet, then loaded): the estimates and the run both see them")
     ap.add_argument("--suite", action="store_true",
                     help="run the attacks in one suite call, as python -m grom attack does (default: one call each, "
                          "as the panel runs them)")
@@ -196,18 +197,50 @@ def main() -> None:
     if threads:
         torch.set_num_threads(threads)
     handle, bench, preset = setup(args.model)
+    burners = busy(args.busy)
+    try:
+        report(args, handle, bench, preset)
+    finally:
+        for b in burners:
+            b.terminate()
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def busy(n: int) -> list:
+    """`n` processes that each keep a core busy, given a few seconds to show in the CPU's
+    pulse (`components.core.pace`) before anything is estimated."""
+    import multiprocessing
+
+    procs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    if procs:
+        time.sleep(5.0)
+    return procs
+
+
+def report(args, handle, bench, preset) -> None:
+    """Estimate, then measure (or read --measured), and print the table."""
+    from grom.robustness.suite import attack_names
+
     seconds, passes, took = estimates(handle, bench)
     if args.measured:
         run = json.loads(Path(args.measured).read_text())
     else:
         run = {"model": args.model, "benchmark": f"{bench.name}/{bench.split}", "threads": torch.get_num_threads(),
+               "busy": args.busy,
                "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
                "how": "one suite call" if args.suite else "one call per attack",
                **(measure_suite if args.suite else measure)(handle, bench, preset, attack_names(args.attacks))}
         if args.json:
             Path(args.json).write_text(json.dumps(run, indent=1))
-    print(f"{run['model']} on {run['benchmark']}, {run['threads']} thread(s), {run['machine']}, {run['when']}; "
+    print(f"{run['model']} on {run['benchmark']}, {run['threads']} thread(s), {run.get('busy', 0)} busy "
+          f"process(es) beside it, {run['machine']}, {run['when']}; "
           f"edit {run['edit_s']} s; the estimates took {took:.2f} s")
     print(table(run, seconds, passes))
 
