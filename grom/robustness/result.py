@@ -61,9 +61,10 @@ def probe_recalls(model: nn.Module, tokenizer, groups: Sequence[Sequence[Probe]]
                   max_new_tokens: int | None = None, batch_size: int = KNOWLEDGE_GEN_BATCH,
                   between: Between | None = None, on_step: Callable[[int, int], None] | None = None) -> list[Recall]:
     """`probe_recall` of each group of probes, every group's questions answered in one
-    decoding run: a CPU decoding step costs little more for a hundred rows than for ten.
-    Each group keeps its own budget (`knowledge_budget` of its answers, unless given), so
-    each answer is the one `probe_recall` of its group alone gives (up to the float
+    decoding run: on a GPU a step costs about the same for 250 rows as for 25 (on a CPU,
+    where prompt passes and steps are bound by arithmetic, it saves less: BENCHMARKS.md,
+    "Is it gone? The attack suite"). Each group keeps its own budget (`knowledge_budget`
+    of its answers, unless given), so each answer is the one `probe_recall` of its group alone gives (up to the float
     rounding of another batch). on_step: (answers finished, all answers) after each step."""
     groups = [tuple(g) for g in groups]
     asked = [p for g in groups for p in g]
