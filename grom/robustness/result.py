@@ -64,8 +64,9 @@ def probe_recalls(model: nn.Module, tokenizer, groups: Sequence[Sequence[Probe]]
     decoding run: on a GPU a step costs about the same for 250 rows as for 25 (on a CPU,
     where prompt passes and steps are bound by arithmetic, it saves less: BENCHMARKS.md,
     "Is it gone? The attack suite"). Each group keeps its own budget (`knowledge_budget`
-    of its answers, unless given), so each answer is the one `probe_recall` of its group alone gives (up to the float
-    rounding of another batch). on_step: (answers finished, all answers) after each step."""
+    of its answers, unless given), so each answer is the one `probe_recall` of its group
+    alone gives (up to the float rounding of another batch). on_step: (answers finished,
+    all answers) after each step."""
     groups = [tuple(g) for g in groups]
     asked = [p for g in groups for p in g]
     if not asked:
