@@ -197,7 +197,7 @@ def main() -> None:
     if threads:
         torch.set_num_threads(threads)
     handle, bench, preset = setup(args.model)
-    burners = busy(args.busy)
+    burners = busy(0 if args.measured else args.busy)  # --measured runs nothing: nothing to load
     try:
         report(args, handle, bench, preset)
     finally:
