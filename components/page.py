@@ -96,9 +96,10 @@ def on_first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, reta
 
 def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session) -> None:
     """On the real model, while the visitor reads the page: the forward pass up to the
-    suggested band (Run edit then runs only the band) and the unedited rows of the
-    comparison, keeping what the layers below that band give on its batches (then only
-    the Edited row is left, on the band and above); all cached for every later page.
+    suggested band (Run edit then runs only the band), then the unedited rows of the
+    comparison, their answers first (what a first card waits for), keeping what the layers
+    below that band give on its batches (then only the Edited row is left, on the band and
+    above), then their scores; all cached for every later page.
     Nothing on ZeroGPU: it would spend the visitor's GPU time on opening the page, and
     the stream and prefix caches would stay in a worker."""
     if session.model_key is None or session.model_key.name != REAL or ON_ZEROGPU:
@@ -113,9 +114,15 @@ def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session)
     named = JOB_NAME.set("on_warm_comparison") if JOB_NAME.get() is None else None  # its turns, named
     try:
         with deferring():  # every visitor's click goes first, this page's too (it resumes after)
+            # the stream into the band first (a first Run edit's keys: 15 s without it on SmolLM2's default
+            # page on a 2-core CPU, 4 s with it), then what its card waits for: the unedited answers (and
+            # the passes its Edited row reads on them), then the scores only the comparison adds
             band = warm_edit(k, retain_examples, seed, session)
+            start = min(band) if band else None
             if not unwanted():
-                warm_base_rows(max_examples, session, min(band) if band else None)
+                warm_base_rows(max_examples, session, start, answers_only=True)
+            if not unwanted():
+                warm_base_rows(max_examples, session, start)
     finally:
         UNWANTED.reset(token)
         if named is not None:

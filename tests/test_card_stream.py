@@ -90,3 +90,51 @@ def test_the_card_comes_in_two_steps_on_a_knowledge_benchmark():
     assert session.extra["card"][1].stage == "answers"
     assert any(d and d.startswith("the forget answers:") for d in progress), progress
     assert any(d and d.startswith("the other answers:") for d in progress), progress
+
+
+def test_a_card_waits_for_the_warm_ups_unedited_answers_not_for_its_scores(tmp_path, monkeypatch):
+    """A page's warm-up computes the unedited rows in two stages (`comparison.BASE_STAGES`):
+    the answers, then the scores the comparison adds with those answers lent. A card asked
+    meanwhile reads the answers as soon as they are kept, not computed again, while the
+    scores are still being computed (on SmolLM2's default page on a 2-core CPU, 17 s
+    against 49 s); the comparison after it reads the full Base report."""
+    import app
+    from components.core import comparison, flights
+    from components.core.allowed_sources import DEMO
+    from components.core.session import REGISTRY
+    from grom import EditConfig, run_edit
+    from grom.data import load_benchmark
+
+    monkeypatch.setenv("GROM_CARD_DIR", str(tmp_path))
+    app.preload(DEMO, "cpu")
+    handle = REGISTRY.current
+    session = Session()
+    session.model_key = handle.key
+    session.benchmark = bench = load_benchmark("real-knowledge")
+    comparison._BASE_CACHE.clear()
+    calls, scoring, release = [], threading.Event(), threading.Event()
+    original = comparison.compute_report
+
+    def watched(key, bench, edit, n, progress, record_at=(), prior=None, prefix=True, stage="full", answers=None):
+        calls.append((edit is None, stage, prior is not None and prior.stage))
+        if edit is None and stage == "full":  # the warm-up's scores: held until the card is done
+            scoring.set()
+            assert release.wait(60)
+        return original(key, bench, edit, n, progress, record_at, prior, prefix, stage, answers)
+    monkeypatch.setattr(comparison, "compute_report", watched)
+    warm = threading.Thread(target=comparison.warm_base_rows, args=(5, session))
+    warm.start()
+    try:
+        assert scoring.wait(120)
+        edit = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain[:24],
+                        EditConfig(layers=(3, 4), beta=30.0, w_r=30.0, prompt_format=bench.prompt_format))
+        first = comparison.comparison_report(handle, bench, edit, 5, None, stage="forget")
+        assert first.stage == "forget" and flights.running(comparison.base_flight(handle.key, bench, 5))
+    finally:
+        release.set()
+        warm.join(120)
+    assert calls[:3] == [(True, "answers", False), (True, "full", "answers"), (False, "forget", "answers")]
+    full = comparison.base_report(handle.key, bench, 5)
+    assert full is not None and full.stage == "full" and "Forget prob" in full.rows["Base"].metrics
+    assert full.rows["Base"].examples["forget"]["generation"].tolist() == \
+        first.rows["Base"].examples["forget"]["generation"].tolist()

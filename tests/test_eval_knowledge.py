@@ -411,11 +411,25 @@ def test_the_forget_stage_then_the_answers_stage_equal_one_answers_stage(trained
         pd.testing.assert_frame_equal(rest.examples(EDITED, name), one.examples(EDITED, name))
 
 
-def test_an_answers_stage_report_is_not_reused_for_a_full_base_row(trained_llama, tokenizer):
+def test_an_answers_stage_report_lends_a_full_base_row_its_answers_not_its_row(trained_llama, tokenizer,
+                                                                               monkeypatch):
+    """A full evaluation given an answers-stage report (the server's warm-up: the card's
+    answers first, the comparison's scores after) takes its unedited answers, not its rows
+    (they lack the scores): no answer decoded again, every number a full Base row's."""
+    from grom.tasks import knowledge as K
+
     bench = _knowledge_bench()
     quick = evaluate(trained_llama, tokenizer, bench, batch_size=8, stage="answers")
+    alone = evaluate(trained_llama, tokenizer, bench, batch_size=8)
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the answers were decoded again")
+    monkeypatch.setattr(K, "generate", no_decoding)
     full = evaluate(trained_llama, tokenizer, bench, reuse=quick, batch_size=8)
     assert "Forget prob" not in quick.rows[BASE].metrics and "Forget prob" in full.rows[BASE].metrics
+    assert full.stage == "full" and full.rows[BASE].metrics == alone.rows[BASE].metrics
+    for name in alone.rows[BASE].examples:
+        pd.testing.assert_frame_equal(full.examples(BASE, name), alone.examples(BASE, name))
     with pytest.raises(ValueError, match="real-knowledge"):
         evaluate(trained_llama, tokenizer, dataclasses.replace(bench, task="custom"), stage="answers")
 

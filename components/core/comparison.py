@@ -4,7 +4,6 @@ Shared by the Compare panel and the baseline panel."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -28,6 +27,7 @@ from grom.demo import load_demo_model
 from grom.eval import evaluate
 from grom.eval.report import BASE, DRAFTS, EDITED, record_drafts
 from grom.model.loading import resolve_dtype
+from grom.tasks import get_task
 
 log = logging.getLogger(__name__)
 FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")
@@ -37,7 +37,11 @@ RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc", "real_aut
                "general")
 
 
-_BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n) -> (benchmark, first Report)
+_BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n, stage) -> (benchmark, first Report)
+BASE_STAGES = ("answers", "full")
+"""The unedited rows kept: their answers alone (what the card reads: 17 s of SmolLM2's default
+page on a 2-core CPU), then every score (31 s more, the answers lent): a card need not wait
+for the scores only the comparison reads."""
 
 
 def _reference_loader(key: ModelKey):
@@ -86,52 +90,68 @@ def report_rows(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[
                         between=give_turn)  # a visitor waiting goes between the rows and their batches
 
 
-def _disk_key(key: ModelKey, bench, n) -> str | None:
-    """The key of the Base report of (model, benchmark, n) on disk (`cards.keep_object`): the
-    weights, their dtype, the data and the size; None where the model is not loaded."""
+def _disk_key(key: ModelKey, bench, n, stage: str = "full") -> str | None:
+    """The key of the Base report of (model, benchmark, n) at `stage` on disk
+    (`cards.keep_object`): the weights, their dtype, the data and the size; None where the
+    model is not loaded."""
     handle = REGISTRY.get(key)
     weights = cards.fingerprint_of(handle) if handle is not None else None
     if weights is None:
         return None
     try:
-        return cards.object_key("base-report", weights, key.dtype, bench.name, bench.split, cards.data_digest(bench),
+        return cards.object_key(_KIND[stage], weights, key.dtype, bench.name, bench.split, cards.data_digest(bench),
                                 n)
     except (AttributeError, TypeError):  # not a benchmark of examples (a test's stand-in): kept in memory only
         return None
 
 
-def base_report(key: ModelKey, bench, n):
-    """The first Report made for (model, benchmark, n) in this process, else the one kept on
-    disk by an earlier process on the same weights and data (a restarted server's first
-    comparison costs one row), or None."""
-    hit = _BASE_CACHE.get((key, id(bench), n))
+_KIND = {"full": "base-report", "answers": "base-answers"}  # `cards.keep_object`'s kinds
+
+
+def _kept(key: ModelKey, bench, n, stage: str):
+    """The Base report of exactly `stage` made in this process, else kept on disk, or None."""
+    hit = _BASE_CACHE.get((key, id(bench), n, stage))
     if hit is not None and hit[0] is bench:
         return hit[1]
-    disk = _disk_key(key, bench, n)
-    report = cards.find_object("base-report", disk) if disk is not None else None
-    if report is not None and getattr(report, "stage", "") == "full" and BASE in getattr(report, "rows", {}):
-        _BASE_CACHE[(key, id(bench), n)] = (bench, report)
+    disk = _disk_key(key, bench, n, stage)
+    report = cards.find_object(_KIND[stage], disk) if disk is not None else None
+    if report is not None and getattr(report, "stage", "") == stage and BASE in getattr(report, "rows", {}):
+        _BASE_CACHE[(key, id(bench), n, stage)] = (bench, report)
         return report
     return None
 
 
-def base_flight(key: ModelKey, bench, n) -> tuple:
-    """The `flights` key of the Base report of (model, benchmark, n) being computed."""
-    return ("base report", key, id(bench), n)
+def base_report(key: ModelKey, bench, n, stage: str = "full"):
+    """The unedited rows of (model, benchmark, n) for an evaluation at `stage`, made in this
+    process or kept on disk by an earlier one on the same weights and data (a restarted
+    server's first comparison costs one row), or None: for "full" a full Base report; for
+    the card's stages ("answers", "forget") a full one or one of the answers stage."""
+    if stage == "full":
+        return _kept(key, bench, n, "full")
+    return _kept(key, bench, n, "full") or _kept(key, bench, n, "answers")
+
+
+def base_flight(key: ModelKey, bench, n, stage: str = "full") -> tuple:
+    """The `flights` key of the Base report of (model, benchmark, n) at `stage` ("answers"
+    or "full") being computed."""
+    return ("base report", key, id(bench), n, "full" if stage == "full" else "answers")
 
 
 def keep_base(key: ModelKey, bench, n, report) -> None:
-    """Keep `report` as the Base report of (model, benchmark, n) unless there is one (the
-    six most recent kept). In the main process: a compute function only returns it."""
-    ck = (key, id(bench), n)
+    """Keep `report`'s unedited rows as the Base report of (model, benchmark, n) at its stage
+    (a forget stage's are the answers stage's) unless one is kept (the six most recent
+    kept). In the main process: a compute function only returns it."""
+    stage = "full" if report.stage == "full" else "answers"
+    ck = (key, id(bench), n, stage)
     hit = _BASE_CACHE.get(ck)
-    if (hit is None or hit[0] is not bench) and report.stage == "full":  # an answers-stage Base lacks scores
-        _BASE_CACHE[ck] = (bench, report)
-        while len(_BASE_CACHE) > 6:
+    if (hit is None or hit[0] is not bench) and BASE in report.rows:
+        kept = replace(unedited(report), stage=stage)
+        _BASE_CACHE[ck] = (bench, kept)
+        while len(_BASE_CACHE) > 12:
             _BASE_CACHE.popitem(last=False)
-        disk = _disk_key(key, bench, n)
+        disk = _disk_key(key, bench, n, stage)
         if disk is not None:  # the unedited rows alone: an edit's row is the visitor's
-            cards.keep_object("base-report", disk, unedited(report))
+            cards.keep_object(_KIND[stage], disk, kept)
 
 
 def unedited(report):
@@ -141,43 +161,55 @@ def unedited(report):
 
 def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),
                       stage: str = "full", answers=None):
-    """`compute_report` with the Base report of this process (`base_report`; else the
-    unedited rows of `answers`, an earlier stage's report of this edit) and the result
-    kept (`keep_base`). The evaluation examples are checked first against the token
-    limits (`components.core.costs`); the reference model, where there is one, is loaded
-    here first, so that a ZeroGPU worker forked next inherits it."""
+    """`compute_report` with the Base report of this process for `stage` (`base_report`;
+    for a full one, else the answers of an answers-stage one, lent: the Base row then costs
+    its scores only; else the unedited rows of `answers`, an earlier stage's report of this
+    edit) and the result kept (`keep_base`). Where a page's warm-up computes the unedited
+    rows now, an edit's report waits for the stage it needs and reads them. The evaluation
+    examples are checked first against the token limits (`components.core.costs`); the
+    reference model, where there is one, is loaded here first, so that a ZeroGPU worker
+    forked next inherits it."""
     check_comparison(handle.tokenizer, bench, n)
     reference_for(handle, bench)
-    prior = base_report(handle.key, bench, n)
-    if prior is None and edit is not None and wait_for(base_flight(handle.key, bench, n), "the unedited answers"):
-        prior = base_report(handle.key, bench, n)  # a page's warm-up was computing them: read, not computed again
+    key = handle.key
+    prior = base_report(key, bench, n, stage)
+    if prior is None and edit is not None:  # read, not computed again: the card waits for the answers alone
+        for step in BASE_STAGES[:1 + (stage == "full")]:
+            if wait_for(base_flight(key, bench, n, step), "the unedited answers" if step == "answers"
+                        else "the unedited model's scores"):
+                prior = base_report(key, bench, n, stage)
+    if prior is None and stage == "full":
+        prior = base_report(key, bench, n, "answers")
     prior = prior or answers
-    report = compute_report(handle.key, bench, edit, n, progress, record_at, prior,
-                            stage=stage, answers=answers)
-    keep_base(handle.key, bench, n, report)
+    report = compute_report(key, bench, edit, n, progress, record_at, prior, stage=stage, answers=answers)
+    keep_base(key, bench, n, report)
     return report
 
 
-def warm_base_rows(max_examples: int, session: Session, band_start: int | None = None) -> None:
+def warm_base_rows(max_examples: int, session: Session, band_start: int | None = None,
+                   answers_only: bool = False) -> None:
     """Compute the unedited rows of the session's benchmark ahead of the first comparison
     (a new page of the real model: the first Run edit then costs only the Edited row, and
-    on the layers from `band_start` on, the suggested band's first). Cached per model,
-    benchmark and size for every session; silent on any problem. Skipped on ZeroGPU: it
-    would spend a visitor's GPU time on opening the page."""
+    on the layers from `band_start` on, the suggested band's first): their answers first,
+    on which a card waits (`BASE_STAGES`), then the drafted passes (`record_ahead`), then
+    (unless `answers_only`) the scores the comparison adds. Cached per model, benchmark
+    and size for every session, so a second call reads what the first kept; silent on any
+    problem. Skipped on ZeroGPU: it would spend a visitor's GPU time on opening the page."""
     if ON_ZEROGPU:
         return
     try:
         handle, bench = current_model(session), current_benchmark(session)
         n = int(max_examples)
-
-        def compute():
-            return comparison_report(handle, bench, None, n, None, () if band_start is None else (int(band_start),))
-        # pages opened at once compute it once: the others wait for it (`flights`) and read it
-        report = shared(base_flight(handle.key, bench, n), lambda: base_report(handle.key, bench, n), compute,
-                        "the unedited answers")
-        if band_start is not None:  # after the Base report, apart: a card waiting for it need not wait for these
-            threading.Thread(target=record_ahead, args=(handle, bench, report, n, int(band_start)),
-                             name="record_ahead", daemon=True).start()
+        record_at = () if band_start is None else (int(band_start),)
+        stages = BASE_STAGES if "answers" in get_task(bench.task).stages else ("full",)
+        for stage in stages[:1] if answers_only else stages:
+            def compute(stage=stage):
+                return comparison_report(handle, bench, None, n, None, record_at, stage=stage)
+            # pages opened at once compute each once: the others wait for it (`flights`) and read it
+            report = shared(base_flight(handle.key, bench, n, stage), lambda stage=stage: base_report(
+                handle.key, bench, n, stage), compute, "the unedited answers")
+            if stage == stages[0] and band_start is not None:  # before the scores: the next card reads them
+                record_ahead(handle, bench, report, n, int(band_start))
     except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
         log.info("base rows not precomputed: %s", err)
 

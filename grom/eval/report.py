@@ -188,8 +188,9 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     for each set's longest answer, see `grom.eval.runner.answer_budget`).
     reuse: an earlier report of the same benchmark, split and example counts whose "Base"
     and "Retain model" rows are taken as they are instead of being computed again (the
-    unedited models give the same numbers); an incompatible report is ignored, and so is
-    an "answers"-stage one in a full evaluation (its rows lack the teacher-forced scores).
+    unedited models give the same numbers); an incompatible report is ignored. An
+    "answers"-stage one in a full evaluation lends its unedited rows' answers (they lack
+    the teacher-forced scores): those rows then cost their scores, not their decoding.
     prefix: a `grom.eval.prefix.PrefixCache` kept for `model`: the Edited row then runs
     only the layers from the edit's first changed one on every batch seen before (the
     same numbers, sooner), and records the batches it has not seen; the Base row records
@@ -231,12 +232,15 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     if ref is not None:
         jobs.append((REFERENCE, ref[0], ref[1], None))
     n_examples = {k: len(v) for k, v in sets.items()}
-    reusable = {}
+    reusable, lent = {}, {}
     base_stage = "answers" if stage == "forget" else stage  # a forget stage's unedited rows are the answers stage's
     if reuse is not None and (reuse.benchmark, reuse.split, reuse.n_examples) == \
-            (benchmark.name, benchmark.split, n_examples) and \
-            reuse.stage in ("full", base_stage, "forget" if base_stage == "answers" else "full"):
-        reusable = {k: v for k, v in reuse.rows.items() if k in (BASE, REFERENCE)}
+            (benchmark.name, benchmark.split, n_examples):
+        unedited = {k: v for k, v in reuse.rows.items() if k in (BASE, REFERENCE)}
+        if reuse.stage in ("full", base_stage, "forget" if base_stage == "answers" else "full"):
+            reusable = unedited
+        else:  # an answers-stage report in a full evaluation: its answers, not its rows (they lack the scores)
+            lent = {k: v.examples for k, v in unedited.items()}
     given = {}
     if answers is not None and EDITED in answers.rows and (answers.benchmark, answers.split, answers.n_examples) \
             == (benchmark.name, benchmark.split, n_examples):
@@ -260,7 +264,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
 
         rows[name] = model_row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens,
                           prefix=mine, record_at=record_at, stage=stage if edited else base_stage,
-                          given=given if edited else None, answered=answered,
+                          given=given if edited else lent.get(name), answered=answered,
                           only_forget=edited and stage == "forget", between=between,
                           drafts=rows[BASE].examples if edited and BASE in rows else None)
     if task.judge is not None:
