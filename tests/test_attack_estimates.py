@@ -187,3 +187,50 @@ def test_progress_counts_the_ticked_attacks(demo, monkeypatch):
     assert {"GROM: attack 1/2: Held-out probes", "NPO: attack 2/2: Paraphrase"} <= set(said), said
     fractions = [f for f, _ in progress.calls]
     assert fractions == sorted(fractions) and fractions[0] >= ap.TRAIN_SHARE
+
+
+def test_the_pulse_and_the_calibration_time_on_while_a_busy_cpu_says_little(monkeypatch):
+    """A pulse takes at least PULSE_WINDOWS[0] windows and more, up to PULSE_WINDOWS[1],
+    while they disagree (a busy CPU), and gives their mean; a calibration run is timed
+    CAL_TRIES times and on until the timings add up to CAL_MIN_S (at most CAL_MAX_TRIES):
+    one window or one timing on a busy CPU priced every later job by chance."""
+    clock = {"t": 0.0}
+    steps = iter([0.01] * 3 + [0.01, 0.03, 0.01, 0.03, 0.01, 0.03, 0.01] * 3)  # quiet, then busy windows
+
+    def product_time():
+        clock["t"] += step["now"]
+    step = {"now": 0.01}
+    monkeypatch.setattr(pace.time, "perf_counter", lambda: clock["t"])
+
+    class Fake:
+        def __matmul__(self, other):
+            product_time()
+            return self
+    monkeypatch.setattr(pace.torch, "randn", lambda *a, **k: Fake())
+    monkeypatch.setattr(pace, "PULSE_WINDOW_S", 0.05)
+    quiet = pace.sample_pulse()
+    assert quiet == pytest.approx(0.01)
+    windows = []
+    real_fmean = pace.statistics.fmean
+    monkeypatch.setattr(pace.statistics, "fmean", lambda xs: windows.append(len(xs)) or real_fmean(xs))
+
+    def busy_product():
+        step["now"] = next(steps, 0.02)
+        clock["t"] += step["now"]
+    Fake.__matmul__ = lambda self, other: busy_product() or self
+    pace.sample_pulse()
+    assert windows[-1] > pace.PULSE_WINDOWS[0]  # the windows disagreed: more of them
+    took, each = [], {"s": 0.25}
+
+    def run():
+        clock["t"] += each["s"]
+        took.append(clock["t"])
+    assert pace._timed(run, lambda: None, 100.0) == pytest.approx(0.25)
+    assert len(took) == 1 + 4  # the untimed first, then 4 x 0.25 s to reach CAL_MIN_S (1 s)
+    took.clear()
+    each["s"] = 0.001
+    assert pace._timed(run, lambda: None, 100.0) == pytest.approx(0.001)
+    assert len(took) == 1 + pace.CAL_MAX_TRIES  # a model's run of a millisecond: capped
+    took.clear()
+    each["s"] = 0.1
+    assert pace._timed(run, lambda: None, 0.15) == pytest.approx(0.1) and len(took) == 2  # past the budget: one

@@ -63,11 +63,15 @@ job does not own it."""
 CLAMP = 50.0  # a job's measured / estimated within [1/CLAMP, CLAMP]: a stopped job or a clock jump is no pace
 PULSE_TTL_S = 2.0  # a pulse this young is taken as it is: several estimates in one event share one
 PULSE_TAU_S = 3.0  # the pulse's smoothing: samples seconds apart merge, a new load shows in the next one
-PULSE_WINDOW_S = 0.1  # a sample's length: the products of a tenth of a second, averaged
+PULSE_WINDOW_S = 0.1  # a window's length: the products of a tenth of a second, averaged
+PULSE_WINDOWS = (3, 10)  # windows a sample takes: at least 3, up to 10 while they disagree (a busy CPU)
+PULSE_AGREE = 0.15  # windows within 15% of each other agree
 PULSE_SHAPE = (192, 576, 1536)  # (M, K, N) of the pulse's product: SmolLM2's MLP on 192 tokens, ~0.34 GFLOP
 CAL_ROWS, CAL_TOKENS, CAL_PROMPT, CAL_STEPS = 2, 32, 16, 6  # the calibration's batch: rows, tokens, decoding
 CAL_TRIES = 3
-CAL_BUDGET_S = 3.0  # past it the calibration times each of its two runs once (SmolLM2 on a loaded CPU)
+CAL_MIN_S = 1.0  # each of the calibration's two runs is timed CAL_TRIES times, and on until this long,
+CAL_MAX_TRIES = 12  # at most this many times (the demo model's runs take a millisecond)
+CAL_BUDGET_S = 10.0  # past it no more timings (SmolLM2 on a loaded CPU: ~6 s)
 MAX_MODELS = 16  # models whose pace is kept (the oldest forgotten)
 
 
@@ -148,18 +152,27 @@ _PULSE_LOCK = threading.Lock()
 
 def sample_pulse() -> float:
     """Seconds of a fixed float32 product (`PULSE_SHAPE`) on torch's threads now: the mean
-    over back-to-back products for PULSE_WINDOW_S. A mean over a window, not the best of
-    short runs: a short run often falls between two of the other processes' turns on a
-    core, and would say the CPU is free when a job lasting seconds gets half of it."""
+    over back-to-back products for windows of PULSE_WINDOW_S, at least PULSE_WINDOWS[0] of
+    them and more, up to PULSE_WINDOWS[1], while they disagree. A mean over windows, not
+    the best of short runs: a short run often falls between two of the other processes'
+    turns on a core, and would say the CPU is free when a job lasting seconds gets half of
+    it; and on a busy CPU one window says little (SmolLM2's estimates from one window of
+    the pulse and one timing of the calibration ranged over 8x on a 2-core EPYC with one
+    process spinning: 207-1730 s for 662 s of attacks)."""
     m, k, n = PULSE_SHAPE
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
     a @ b  # the first product allocates
-    done, t0 = 0, time.perf_counter()
-    while not done or time.perf_counter() - t0 < PULSE_WINDOW_S:
-        a @ b
-        done += 1
-    return (time.perf_counter() - t0) / done
+    means: list[float] = []
+    while len(means) < PULSE_WINDOWS[1]:
+        done, t0 = 0, time.perf_counter()
+        while not done or time.perf_counter() - t0 < PULSE_WINDOW_S:
+            a @ b
+            done += 1
+        means.append((time.perf_counter() - t0) / done)
+        if len(means) >= PULSE_WINDOWS[0] and max(means) <= (1 + PULSE_AGREE) * min(means):
+            break
+    return statistics.fmean(means)
 
 
 def pulse(max_age: float = PULSE_TTL_S) -> float:
@@ -190,19 +203,22 @@ def load_now(handle, calibration: Calibration | None) -> float:
 
 
 def _timed(fn, sync, budget: float) -> float:
-    """The median seconds of `fn()` over up to CAL_TRIES runs, after one untimed run (the
-    first allocates and warms its caches), fewer where they pass `budget` seconds (a busy
-    CPU: the device is held meanwhile), at least one."""
+    """The mean seconds of `fn()` over CAL_TRIES runs and on until they add up to CAL_MIN_S
+    (at most CAL_MAX_TRIES), after one untimed run (the first allocates and warms its caches); fewer where they pass
+    `budget` seconds (the device is held meanwhile), at least one. On a busy CPU a run's
+    time varies by 2-4x with the other processes' turns: one run, or a median of a few
+    short ones, would price every later job by chance."""
     t0 = time.perf_counter()
     fn()
-    took = []
-    while len(took) < CAL_TRIES and (not took or time.perf_counter() - t0 < budget):
+    took: list[float] = []
+    while (len(took) < CAL_TRIES or (sum(took) < CAL_MIN_S and len(took) < CAL_MAX_TRIES)) and \
+            (not took or time.perf_counter() - t0 < budget):
         sync()
         start = time.perf_counter()
         fn()
         sync()
         took.append(time.perf_counter() - start)
-    return statistics.median(took)
+    return statistics.fmean(took)
 
 
 def calibration_work(size: Size) -> tuple[Work, Work]:
