@@ -92,12 +92,16 @@ def test_the_card_comes_in_two_steps_on_a_knowledge_benchmark():
     assert any(d and d.startswith("the other answers:") for d in progress), progress
 
 
-def test_a_card_waits_for_the_warm_ups_unedited_answers_not_for_its_scores(tmp_path, monkeypatch):
-    """A page's warm-up computes the unedited rows in two stages (`comparison.BASE_STAGES`):
-    the answers, then the scores the comparison adds with those answers lent. A card asked
-    meanwhile reads the answers as soon as they are kept, not computed again, while the
-    scores are still being computed (on SmolLM2's default page on a 2-core CPU, 17 s
-    against 49 s); the comparison after it reads the full Base report."""
+@pytest.mark.parametrize("held", ["answers", "full"])
+def test_a_first_verdict_waits_for_the_warm_ups_forget_answers_alone(held, tmp_path, monkeypatch):
+    """A page's warm-up computes the unedited rows in stages (`comparison.BASE_STAGES`): the
+    forget side's answers, the others, then the scores the comparison adds, each stage's
+    answers lent to the next. A card asked
+    meanwhile reads the answers as soon as those it reads are kept, not computed again: a
+    first verdict those to the forget questions and the probes, while the kept sets'
+    answers or the scores (`held` back here) are still being computed (on SmolLM2's
+    default page on a 2-core CPU the answers take 17 s, the scores 31 s more); the
+    comparison after it reads the full Base report."""
     import app
     from components.core import comparison, flights
     from components.core.allowed_sources import DEMO
@@ -117,7 +121,7 @@ def test_a_card_waits_for_the_warm_ups_unedited_answers_not_for_its_scores(tmp_p
 
     def watched(key, bench, edit, n, progress, record_at=(), prior=None, prefix=True, stage="full", answers=None):
         calls.append((edit is None, stage, prior is not None and prior.stage))
-        if edit is None and stage == "full":  # the warm-up's scores: held until the card is done
+        if edit is None and stage == held:  # the warm-up's stage `held`: held until the card is done
             scoring.set()
             assert release.wait(60)
         return original(key, bench, edit, n, progress, record_at, prior, prefix, stage, answers)
@@ -129,11 +133,14 @@ def test_a_card_waits_for_the_warm_ups_unedited_answers_not_for_its_scores(tmp_p
         edit = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain[:24],
                         EditConfig(layers=(3, 4), beta=30.0, w_r=30.0, prompt_format=bench.prompt_format))
         first = comparison.comparison_report(handle, bench, edit, 5, None, stage="forget")
-        assert first.stage == "forget" and flights.running(comparison.base_flight(handle.key, bench, 5))
+        assert first.stage == "forget" and flights.running(comparison.base_flight(handle.key, bench, 5, held))
     finally:
         release.set()
         warm.join(120)
-    assert calls[:3] == [(True, "answers", False), (True, "full", "answers"), (False, "forget", "answers")]
+    warm = [(True, "forget", False), (True, "answers", "forget"), (True, "full", "answers")]
+    upto = 2 if held == "answers" else 3
+    assert calls[:upto + 1] == warm[:upto] + [(False, "forget", "forget" if held == "answers" else "answers")]
+    assert calls[upto + 1:] == warm[upto:]
     full = comparison.base_report(handle.key, bench, 5)
     assert full is not None and full.stage == "full" and "Forget prob" in full.rows["Base"].metrics
     assert full.rows["Base"].examples["forget"]["generation"].tolist() == \

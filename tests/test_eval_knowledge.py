@@ -368,8 +368,10 @@ def test_the_forget_stage_then_the_answers_stage_equal_one_answers_stage(trained
     """The card's first verdict (the forget questions and probes alone, within a shorter
     budget on a CPU) and the answers stage given it give exactly the answers stage's
     report: the first decodes no kept set and no paraphrase, the second none of the first's
-    answers that stated their fact (the others, cut short, again with the whole budget);
-    without a Base report the forget stage's unedited row is the answers stage's, reused."""
+    answers that stated their fact (the others, cut short, again with the whole budget).
+    The forget stage's unedited row answers the forget side alone too, with the whole
+    budget (its answers are the known facts and the drafts); the answers stage given it
+    decodes only the unedited row's rest."""
     from grom import EditConfig, run_edit
     from grom.tasks import knowledge as K
 
@@ -387,7 +389,9 @@ def test_the_forget_stage_then_the_answers_stage_equal_one_answers_stage(trained
     first = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="forget",
                      progress=lambda f, m: steps.append((f, m)))
     assert first.stage == "forget" and set(first.rows[EDITED].examples) == {"forget"} & set(first.rows[BASE].examples)
-    assert set(first.rows[BASE].examples) == set(one.rows[BASE].examples)  # the Base row is whole
+    assert set(first.rows[BASE].examples) == {"forget"}  # the Base row: the forget side alone, in full
+    assert list(first.examples(BASE, "forget")["generation"]) == list(one.examples(BASE, "forget")["generation"])
+    assert decoded[-2] == decoded[-1]  # the same questions for both rows
     edited_prompts = decoded[-1]
     assert edited_prompts == [e.question for e in bench.eval_sets["forget"]]  # no paraphrase, no kept set
     assert any("Edited:" in m and "answers" in m for _, m in steps)
@@ -402,11 +406,13 @@ def test_the_forget_stage_then_the_answers_stage_equal_one_answers_stage(trained
     assert list(mine["generation"][stated]) == list(whole["generation"][stated])
     decoded.clear()
     rest = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers", reuse=first, answers=first)
-    sets = bench.eval_sets  # the Base row reused, the forget answers given but the cut ones: those decoded again,
-    again = [e.question for e, c in zip(sets["forget"], mine["cut"]) if c]  # then the paraphrases and kept sets
-    assert decoded == [again + [e.paraphrased_question for e in sets["forget"]]
-                       + [e.question for e in sets["neighbours"]] + [e.question for e in sets["general"]]]
+    sets = bench.eval_sets  # the forget answers given but the cut ones: those decoded again, then the paraphrases
+    again = [e.question for e, c in zip(sets["forget"], mine["cut"]) if c]  # and kept sets; the Base row its rest
+    others = [e.paraphrased_question for e in sets["forget"]] + [e.question for e in sets["neighbours"]] + \
+        [e.question for e in sets["general"]]
+    assert decoded == [others, again + others]
     assert rest.stage == "answers" and rest.rows[EDITED].metrics == one.rows[EDITED].metrics
+    assert rest.rows[BASE].metrics == one.rows[BASE].metrics
     for name in one.rows[EDITED].examples:
         pd.testing.assert_frame_equal(rest.examples(EDITED, name), one.examples(EDITED, name))
 

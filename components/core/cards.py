@@ -201,8 +201,8 @@ def shown(card: StoredCard, how: str = "computed ahead") -> str:
 
 # ------------------------------------------------------------------ what a card rests on
 
-OBJECT_KINDS = ("base-report", "base-answers", "layer-scores")  # the unedited rows of a comparison (every
-# score; the answers alone: what a card reads), the layer scores S_l
+OBJECT_KINDS = ("base-report", "base-answers", "base-forget", "layer-scores")  # the unedited rows of a comparison
+# (every score; the answers alone; the forget side's: what a card reads), the layer scores S_l
 MAX_OBJECT_BYTES = 64 << 20
 
 

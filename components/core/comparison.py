@@ -38,10 +38,12 @@ RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc", "real_aut
 
 
 _BASE_CACHE: OrderedDict = OrderedDict()  # (model key, benchmark id, n, stage) -> (benchmark, first Report)
-BASE_STAGES = ("answers", "full")
-"""The unedited rows kept: their answers alone (what the card reads: 17 s of SmolLM2's default
-page on a 2-core CPU), then every score (31 s more, the answers lent): a card need not wait
-for the scores only the comparison reads."""
+BASE_STAGES = ("forget", "answers", "full")
+"""The unedited rows kept, each stage lending its answers to the next (`grom.eval.evaluate`'s
+stages): the answers to the forget questions and the probes (what a first verdict reads), then
+the other answers (what the whole card reads), then every score (what the comparison adds):
+on SmolLM2's default page on a 2-core CPU the answers take 17 s and the scores 31 s more, so a
+card need not wait for the scores, nor a first verdict for the kept sets' answers."""
 
 
 def _reference_loader(key: ModelKey):
@@ -105,7 +107,7 @@ def _disk_key(key: ModelKey, bench, n, stage: str = "full") -> str | None:
         return None
 
 
-_KIND = {"full": "base-report", "answers": "base-answers"}  # `cards.keep_object`'s kinds
+_KIND = {"full": "base-report", "answers": "base-answers", "forget": "base-forget"}  # `cards.keep_object`'s kinds
 
 
 def _kept(key: ModelKey, bench, n, stage: str):
@@ -121,27 +123,36 @@ def _kept(key: ModelKey, bench, n, stage: str):
     return None
 
 
+def _stage_of(stage: str) -> str:
+    return stage if stage in BASE_STAGES else "full"
+
+
 def base_report(key: ModelKey, bench, n, stage: str = "full"):
     """The unedited rows of (model, benchmark, n) for an evaluation at `stage`, made in this
     process or kept on disk by an earlier one on the same weights and data (a restarted
-    server's first comparison costs one row), or None: for "full" a full Base report; for
-    the card's stages ("answers", "forget") a full one or one of the answers stage."""
-    if stage == "full":
-        return _kept(key, bench, n, "full")
-    return _kept(key, bench, n, "full") or _kept(key, bench, n, "answers")
+    server's first comparison costs one row), or None: the most complete kept of `stage`
+    or a later one (`BASE_STAGES`)."""
+    later = BASE_STAGES[BASE_STAGES.index(_stage_of(stage)):]
+    return next((r for r in (_kept(key, bench, n, s) for s in reversed(later)) if r is not None), None)
+
+
+def earlier_base(key: ModelKey, bench, n, stage: str):
+    """The most complete Base report kept of a stage before `stage`, whose answers an
+    evaluation at `stage` takes (`grom.eval.evaluate`'s reuse), or None."""
+    earlier = BASE_STAGES[:BASE_STAGES.index(_stage_of(stage))]
+    return next((r for r in (_kept(key, bench, n, s) for s in reversed(earlier)) if r is not None), None)
 
 
 def base_flight(key: ModelKey, bench, n, stage: str = "full") -> tuple:
-    """The `flights` key of the Base report of (model, benchmark, n) at `stage` ("answers"
-    or "full") being computed."""
-    return ("base report", key, id(bench), n, "full" if stage == "full" else "answers")
+    """The `flights` key of the Base report of (model, benchmark, n) at `stage` being computed."""
+    return ("base report", key, id(bench), n, _stage_of(stage))
 
 
 def keep_base(key: ModelKey, bench, n, report) -> None:
     """Keep `report`'s unedited rows as the Base report of (model, benchmark, n) at its stage
-    (a forget stage's are the answers stage's) unless one is kept (the six most recent
-    kept). In the main process: a compute function only returns it."""
-    stage = "full" if report.stage == "full" else "answers"
+    unless one is kept (the twelve most recent kept). In the main process: a compute
+    function only returns it."""
+    stage = _stage_of(report.stage)
     ck = (key, id(bench), n, stage)
     hit = _BASE_CACHE.get(ck)
     if (hit is None or hit[0] is not bench) and BASE in report.rows:
@@ -159,13 +170,19 @@ def unedited(report):
     return replace(report, rows={k: v for k, v in report.rows.items() if k != EDITED})
 
 
+WAITED = {  # what a report waits for, by stage
+          "forget": "the unedited answers to the forget questions", "answers": "the unedited answers",
+          "full": "the unedited model's scores"}
+
+
 def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),
                       stage: str = "full", answers=None):
     """`compute_report` with the Base report of this process for `stage` (`base_report`;
-    for a full one, else the answers of an answers-stage one, lent: the Base row then costs
-    its scores only; else the unedited rows of `answers`, an earlier stage's report of this
-    edit) and the result kept (`keep_base`). Where a page's warm-up computes the unedited
-    rows now, an edit's report waits for the stage it needs and reads them. The evaluation
+    else the answers of one of an earlier stage, lent (`earlier_base`): the Base row then
+    costs what that stage left; else the unedited rows of `answers`, an earlier stage's
+    report of this edit) and the result kept (`keep_base`). Where a page's warm-up
+    computes the unedited rows now, an edit's report waits for the stages it reads (a
+    first verdict for the forget side's answers alone) and reads them. The evaluation
     examples are checked first against the token limits (`components.core.costs`); the
     reference model, where there is one, is loaded here first, so that a ZeroGPU worker
     forked next inherits it."""
@@ -173,13 +190,11 @@ def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: 
     reference_for(handle, bench)
     key = handle.key
     prior = base_report(key, bench, n, stage)
-    if prior is None and edit is not None:  # read, not computed again: the card waits for the answers alone
-        for step in BASE_STAGES[:1 + (stage == "full")]:
-            if wait_for(base_flight(key, bench, n, step), "the unedited answers" if step == "answers"
-                        else "the unedited model's scores"):
+    if prior is None and edit is not None:  # read, not computed again: a card waits for the answers it reads alone
+        for step in BASE_STAGES[:BASE_STAGES.index(_stage_of(stage)) + 1]:
+            if wait_for(base_flight(key, bench, n, step), WAITED[step]):
                 prior = base_report(key, bench, n, stage)
-    if prior is None and stage == "full":
-        prior = base_report(key, bench, n, "answers")
+    prior = prior or earlier_base(key, bench, n, stage)
     prior = prior or answers
     report = compute_report(key, bench, edit, n, progress, record_at, prior, stage=stage, answers=answers)
     keep_base(key, bench, n, report)
@@ -201,14 +216,15 @@ def warm_base_rows(max_examples: int, session: Session, band_start: int | None =
         handle, bench = current_model(session), current_benchmark(session)
         n = int(max_examples)
         record_at = () if band_start is None else (int(band_start),)
-        stages = BASE_STAGES if "answers" in get_task(bench.task).stages else ("full",)
-        for stage in stages[:1] if answers_only else stages:
-            def compute(stage=stage):
+        stages = BASE_STAGES if set(BASE_STAGES) <= {"full", *get_task(bench.task).stages} else ("full",)
+        drafted = "answers" if "answers" in stages else "full"
+        for stage in stages[:stages.index(drafted) + 1] if answers_only else stages:
+            def compute(stage=stage):  # each stage lends its answers to the next (`comparison_report`)
                 return comparison_report(handle, bench, None, n, None, record_at, stage=stage)
             # pages opened at once compute each once: the others wait for it (`flights`) and read it
             report = shared(base_flight(handle.key, bench, n, stage), lambda stage=stage: base_report(
-                handle.key, bench, n, stage), compute, "the unedited answers")
-            if stage == stages[0] and band_start is not None:  # before the scores: the next card reads them
+                handle.key, bench, n, stage), compute, WAITED[stage])
+            if stage == drafted and band_start is not None:  # every answer in: the next card's drafts
                 record_ahead(handle, bench, report, n, int(band_start))
     except Exception as err:  # noqa: BLE001  (a warm-up: the comparison itself reports problems)
         log.info("base rows not precomputed: %s", err)

@@ -568,6 +568,11 @@ def deferring():
     return _marked("defer")
 
 
+def in_background() -> bool:
+    """Whether this thread runs background work (`yielding`, `deferring`)."""
+    return bool(getattr(_background, "on", False) or getattr(_background, "defer", False))
+
+
 def gave_way() -> bool:
     """Whether background work in this thread gave the device up since the last ask (its
     `Yielded` may have reached the caller as a handler's `gr.Error`)."""

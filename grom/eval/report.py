@@ -124,7 +124,7 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
     `prefix` replays the layers below the edit on those passes (`record_drafts` recorded them)."""
     fn = get_task(benchmark.task).row
     run = ModelScorer(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens, stage, given)
-    run.answered = answered
+    run.answered, run.unedited = answered, edit is None
     t0 = time.perf_counter()
     replay = None
     if prefix is not None and not quantize:  # quantizing changes every layer
@@ -141,7 +141,7 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
     run.between = inside(between, held.left)
     with held:
         row = fn(run, sets, only_forget)
-    row.seconds = time.perf_counter() - t0
+    row.seconds, row.stage = time.perf_counter() - t0, stage
     return row
 
 
@@ -188,9 +188,9 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     for each set's longest answer, see `grom.eval.runner.answer_budget`).
     reuse: an earlier report of the same benchmark, split and example counts whose "Base"
     and "Retain model" rows are taken as they are instead of being computed again (the
-    unedited models give the same numbers); an incompatible report is ignored. An
-    "answers"-stage one in a full evaluation lends its unedited rows' answers (they lack
-    the teacher-forced scores): those rows then cost their scores, not their decoding.
+    unedited models give the same numbers); an incompatible report is ignored, and one of
+    an earlier stage lends its answers (see `stage`): those rows then cost what the
+    earlier stage left, not its decoding.
     prefix: a `grom.eval.prefix.PrefixCache` kept for `model`: the Edited row then runs
     only the layers from the edit's first changed one on every batch seen before (the
     same numbers, sooner), and records the batches it has not seen; the Base row records
@@ -201,11 +201,14 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     teacher-forced scores (probability, truth ratio, text perplexity) and the perplexity
     of the answers whose class does not depend on it ("Forget answer perplexity"). A verdict that rests on the
     answers is then ready in about two thirds of the time; the Report says
-    `stage="answers"`. Or "forget" (a first verdict, sooner still): the Edited row's
-    answers to the forget questions and the held-out probes alone, with their counts and
-    classes (no paraphrases, no kept sets, so no retain cost or Knowledge score), the
-    unedited rows those of the answers stage; the answers stage given this report
-    (`answers=`, and `reuse=` for its unedited rows) then decodes only the rest.
+    `stage="answers"`. Or "forget" (a first verdict, sooner still): every row's answers
+    to the forget questions and the held-out probes alone, with their counts and classes
+    (no paraphrases, no kept sets, so no retain cost or Knowledge score; the unedited rows'
+    answers with their whole budget); the answers stage given this report (`answers=`,
+    and `reuse=`, whose unedited rows then lend their answers) decodes only the rest.
+    A `reuse` report of an earlier stage than `stage` lends its unedited rows' answers
+    (their rows lack the scores, or the kept sets); one of the same stage or a later one
+    gives its rows whole.
     answers: an earlier report of this same edit on the same sets (the "answers" stage,
     typically): its Edited row's answers and their classes are taken instead of being
     decoded and judged again, so the full evaluation after it costs the teacher-forced
@@ -233,14 +236,15 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
         jobs.append((REFERENCE, ref[0], ref[1], None))
     n_examples = {k: len(v) for k, v in sets.items()}
     reusable, lent = {}, {}
-    base_stage = "answers" if stage == "forget" else stage  # a forget stage's unedited rows are the answers stage's
     if reuse is not None and (reuse.benchmark, reuse.split, reuse.n_examples) == \
             (benchmark.name, benchmark.split, n_examples):
-        unedited = {k: v for k, v in reuse.rows.items() if k in (BASE, REFERENCE)}
-        if reuse.stage in ("full", base_stage, "forget" if base_stage == "answers" else "full"):
-            reusable = unedited
-        else:  # an answers-stage report in a full evaluation: its answers, not its rows (they lack the scores)
-            lent = {k: v.examples for k, v in unedited.items()}
+        for k, row in reuse.rows.items():
+            if k not in (BASE, REFERENCE):
+                continue
+            if STAGES.index(getattr(row, "stage", reuse.stage)) <= STAGES.index(stage):  # as far as this one, or further
+                reusable[k] = row
+            else:  # an earlier stage's: its answers, not the row (it lacks the scores, or the kept sets)
+                lent[k] = row.examples
     given = {}
     if answers is not None and EDITED in answers.rows and (answers.benchmark, answers.split, answers.n_examples) \
             == (benchmark.name, benchmark.split, n_examples):
@@ -263,13 +267,13 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
                 progress((i + done / max(total, 1)) / len(jobs), f"{name}: {done} of {total} answers")
 
         rows[name] = model_row(m, tok, benchmark, sets, e, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                          prefix=mine, record_at=record_at, stage=stage if edited else base_stage,
+                          prefix=mine, record_at=record_at, stage=stage,
                           given=given if edited else lent.get(name), answered=answered,
-                          only_forget=edited and stage == "forget", between=between,
+                          only_forget=stage == "forget", between=between,
                           drafts=rows[BASE].examples if edited and BASE in rows else None)
     if task.judge is not None:
         give(between)
-        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, base_stage, between=between)
+        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, stage, between=between)
     if task.relative is not None:
         task.relative(rows)
     _retain_cost(rows, benchmark.task)

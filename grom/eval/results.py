@@ -23,6 +23,7 @@ class Row:
     examples: dict[str, pd.DataFrame] = field(default_factory=dict)
     raw: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. forget truth ratios
     seconds: float = 0.0
+    stage: str = "full"  # the evaluation stage that made it (`grom.eval.report.evaluate`): what it holds
 
 
 @dataclass

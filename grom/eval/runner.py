@@ -633,6 +633,7 @@ class ModelScorer:
         self.stage = stage  # "full", "answers" or "forget" (`grom.eval.report.evaluate`)
         self.given = given or {}  # set name -> an earlier frame of this model's answers to reuse
         self.drafts: dict = {}  # set name -> the unedited model's answers frame, whose answers are read as drafts
+        self.unedited = False  # the unedited model's row: its answers run their whole budget in every stage
         self.answered: Callable[[int, int], None] | None = None  # (finished, all) after each decoding step
         self.between: Between | None = None  # the row's step boundary, its as_found the row's state undone
         self.ahead: dict[tuple, dict[str, str]] = {}  # (format, budget) -> prompt -> answer (`answer_ahead`)

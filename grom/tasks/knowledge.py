@@ -621,7 +621,7 @@ def _record_drafted(run: ModelScorer, chosen: dict[str, tuple], frames: Mapping[
 def short_first(run: ModelScorer) -> bool:
     """Whether this row's answers are a first verdict's, cut at `FIRST_VERDICT_BUDGET`: the
     forget stage on a CPU, where the evaluation fixed no budget of its own."""
-    return run.stage == "forget" and not run.max_new_tokens and split_decoding(run.model)
+    return run.stage == "forget" and not run.unedited and not run.max_new_tokens and split_decoding(run.model)
 
 
 def _add_set_metrics(row: Row, name: str, df: pd.DataFrame) -> None:
