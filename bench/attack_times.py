@@ -6,6 +6,7 @@ the panel runs it (`attack_once`, one attack at a time, on GROM's edit).
     python bench/attack_times.py --model smollm2-135m-instruct --json smol.json
     python bench/attack_times.py --model smollm2-135m-instruct --measured smol.json
     python bench/attack_times.py --model smollm2-135m-instruct --suite --json suite.json
+    python bench/attack_times.py --model smollm2-135m-instruct --spread 4 --busy 1
 
 Demo: the bundled demo model (one thread, as the studio runs it on a CPU) on an upload of
 demo/forget01 with held-out probe rows (16 forget, 8 probe, 24 retain rows, as
@@ -22,6 +23,8 @@ suite shares what two attacks both compute: relearning starts from the held-out 
 recall; the probe attacks answer their questions in one run a side), each attack's seconds the
 suite's own (the probe attacks share that run's time by their questions), its CPU seconds and
 passes from one "attack i/n" progress call to the next (the shared run counted in the first's).
+`--spread N`: nothing run; the model calibrated N times and each calibration's total
+estimate printed (with `--busy`, spinning processes from before the first calibration).
 """
 from __future__ import annotations
 
@@ -189,6 +192,10 @@ def main() -> None:
     ap.add_argument("--busy", type=int, default=0, metavar="N",
                     help="N other processes keep a core busy each, started once the model is loaded and calibrated "
                          "(a server calibrated quiet, then loaded): the estimates and the run both see them")
+    ap.add_argument("--spread", type=int, default=0, metavar="N",
+                    help="run nothing: calibrate the model N times (with --busy N, beside the spinning processes "
+                         "from before the first) and print each calibration's total estimate, the pulse it was "
+                         "measured at and the pulse now: how much the estimate varies from one calibration to the next")
     ap.add_argument("--suite", action="store_true",
                     help="run the attacks in one suite call, as python -m grom attack does (default: one call each, "
                          "as the panel runs them)")
@@ -197,12 +204,37 @@ def main() -> None:
     if threads:
         torch.set_num_threads(threads)
     handle, bench, preset = setup(args.model)
+    if args.spread:
+        spread(handle, bench, args.spread, args.busy)
+        return
     burners = busy(0 if args.measured else args.busy)  # --measured runs nothing: nothing to load
     try:
         report(args, handle, bench, preset)
     finally:
         for b in burners:
             b.terminate()
+
+
+def spread(handle, bench, runs: int, burners: int) -> None:
+    """Calibrate `runs` times (beside `burners` spinning processes) and print each total
+    estimate of every attack with the pulses it rests on."""
+    from components.attack_panel import ESTIMATES, attack_estimates
+    from components.core import pace
+
+    procs = busy(burners)
+    try:
+        print(f"# {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='minutes')} {platform.machine()}, "
+              f"{os.cpu_count()} cores, {burners} busy process(es); {handle.key.shown}")
+        for i in range(runs):
+            cal = pace.calibrate(handle)
+            time.sleep(1.0)
+            ESTIMATES.clear()
+            total = sum(attack_estimates(handle, bench).values())
+            print(f"calibration {i + 1}: {cal.seconds:.1f} s, pulse {1e3 * cal.pulse:.2f} ms; pulse now "
+                  f"{1e3 * pace.pulse():.2f} ms; every attack estimated at {total:.0f} s", flush=True)
+    finally:
+        for p in procs:
+            p.terminate()
 
 
 def _spin() -> None:
