@@ -220,13 +220,13 @@ def test_the_pulse_and_the_calibration_time_on_while_a_busy_cpu_says_little(monk
     Fake.__matmul__ = lambda self, other: busy_product() or self
     pace.sample_pulse()
     assert windows[-1] > pace.PULSE_WINDOWS[0]  # the windows disagreed: more of them
-    took, each = [], {"s": 0.25}
+    took, each = [], {"s": pace.CAL_MIN_S / 4}
 
     def run():
         clock["t"] += each["s"]
         took.append(clock["t"])
-    assert pace._timed(run, lambda: None, 100.0) == pytest.approx(0.25)
-    assert len(took) == 1 + 4  # the untimed first, then 4 x 0.25 s to reach CAL_MIN_S (1 s)
+    assert pace._timed(run, lambda: None, 100.0) == pytest.approx(pace.CAL_MIN_S / 4)
+    assert len(took) == 1 + 4  # the untimed first, then 4 runs to reach CAL_MIN_S
     took.clear()
     each["s"] = 0.001
     assert pace._timed(run, lambda: None, 100.0) == pytest.approx(0.001)
