@@ -25,6 +25,7 @@ from components.core.device import ON_ZEROGPU, UNWANTED, deferring, gave_way, wa
 from components.core.edits import warm_edit
 from components.core.errors import JOB_NAME, ui_errors
 from components.core.model_choices import ensure_model, n_layers, status_line, summary
+from components.core.pace import calibrate
 from components.core.session import REGISTRY, Session, in_turn
 from components.core.staleness import wire as wire_staleness
 from components.core.validate import check_seed, retain_subset
@@ -299,15 +300,17 @@ def warmup_note() -> str:
 
 
 def warm_first_page(start_key, score_values: list, warm_values: list, card_values: list | None = None) -> None:
-    """What a new page computes as it opens (`on_page_load`, `first_scores`,
-    `warm_comparison`: the layer scores, the stream entering the suggested band, the
-    unedited comparison rows), run once in the background as the server starts, with the
+    """The start model's pace (`pace.calibrate`: every estimate's rate), then what a new page
+    computes as it opens (`on_page_load`, `first_scores`, `warm_comparison`: the layer
+    scores, the stream entering the suggested band, the unedited comparison rows), and the
+    start page's card, run once in the background as the server starts, with the
     page's default widget values. Every cache it fills is shared, so the first visitor's
     page and Run edit do not wait on them (on SmolLM2 and a 2-core CPU, ~35 s of work). A
     failure is only logged: the page computes what it needs itself."""
     t0 = time.perf_counter()
     session = Session()
-    steps = [("page", lambda: on_page_load(session, start_key)),
+    steps = [("calibration", lambda: calibrate(ensure_model(start_key))),  # the estimates' pace, while quiet
+             ("page", lambda: on_page_load(session, start_key)),
              ("layer scores", lambda: on_first_scores(*score_values, session, progress=lambda *_, **__: None)),
              ("comparison", lambda: on_warm_comparison(*warm_values, session))]
     if card_values is not None:  # the start page's card, kept on disk: every first visitor sees it at once

@@ -234,3 +234,27 @@ def test_the_pulse_and_the_calibration_time_on_while_a_busy_cpu_says_little(monk
     took.clear()
     each["s"] = 0.1
     assert pace._timed(run, lambda: None, 0.15) == pytest.approx(0.1) and len(took) == 2  # past the budget: one
+
+
+def test_a_slow_calibration_runs_in_the_background_once_the_device_is_quiet(demo, monkeypatch):
+    """An estimate asked before the model was calibrated, where calibrating takes seconds
+    (SmolLM2's), is priced at the constants and starts the calibration in the background,
+    where it waits for the device to be quiet: it no longer takes the device the moment an
+    edit ends, ahead of the card (6.3 s in the browser on SmolLM2's default page)."""
+    import threading
+
+    handle = ensure_model(demo.model_key)
+    monkeypatch.setattr(pace, "PACE", pace.PaceBook())
+    monkeypatch.setattr(pace, "SYNC_CAL_S", 0.0)
+    quiet = threading.Event()
+    monkeypatch.setattr(pace, "wait_for_quiet", lambda quiet_s=3.0: quiet.wait(30))
+    rate, calibration = pace.rate_of(handle)
+    assert calibration is None and rate == D.wall_rate(handle.model)
+    pace.rate_of(handle)  # asked again meanwhile: one calibration waits, not two
+    assert sum(t.name == "calibrate" for t in threading.enumerate()) == 1
+    assert pace.PACE.calibration(handle.key) is None
+    quiet.set()
+    deadline = time.monotonic() + 30
+    while pace.PACE.calibration(handle.key) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pace.PACE.calibration(handle.key) is not None

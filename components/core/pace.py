@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from components.core.device import DEVICE_LOCK, ON_ZEROGPU
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, deferring, wait_for_quiet
 from components.core.durations import (
     Lengths,
     Size,
@@ -299,13 +299,60 @@ def calibrate(handle, wait: bool = True) -> Calibration | None:
     return calibration
 
 
+SYNC_CAL_S = 1.0
+"""A calibration priced at the constants within this many seconds runs when an estimate asks
+for it (the demo model's: 0.6 s at the constants, 1.2 s measured, most of it the pulse); a
+longer one (SmolLM2's: 4 s on a 2-core CPU, 10 s on a busy one, the device held) runs in the
+background once the device has been quiet (`calibrate_later`): asked for by the estimates an
+edit's page shows, it took the device the moment the edit ended, and the card waited 6.3 s."""
+_LATER: set = set()
+_LATER_LOCK = threading.Lock()
+
+
+def calibration_cost(handle) -> float:
+    """Seconds a calibration of `handle`'s model would hold the device, at the constants."""
+    size = size_of(handle.model)
+    rate = wall_rate(handle.model)
+    forward, decoding = calibration_work(size)
+    return (1 + CAL_TRIES) * (wall_seconds(forward, size, rate) + wall_seconds(decoding, size, rate))
+
+
+def calibrate_later(handle, quiet_s: float = 3.0) -> None:
+    """Calibrate `handle`'s model in a background thread once no visitor's job has used the
+    device for `quiet_s` seconds, as background work (visitors' jobs first); once at a time
+    per model, never on ZeroGPU."""
+    if ON_ZEROGPU:
+        return
+    with _LATER_LOCK:
+        if handle.key in _LATER:
+            return
+        _LATER.add(handle.key)
+
+    def run() -> None:
+        try:
+            if wait_for_quiet(quiet_s) and PACE.calibration(handle.key) is None:
+                with deferring():
+                    calibrate(handle)
+        except Exception:  # noqa: BLE001  (an estimate is a courtesy: the constants stand in)
+            log.warning("could not calibrate %s", handle.key.shown, exc_info=True)
+        finally:
+            with _LATER_LOCK:
+                _LATER.discard(handle.key)
+    threading.Thread(target=run, name="calibrate", daemon=True).start()
+
+
 def rate_of(handle) -> tuple[WallRate, Calibration | None]:
-    """(the rate work on `handle`'s model is priced at, its calibration): calibrated now if
-    it never was and the device is free, else the constants (`durations.wall_rate`)."""
+    """(the rate work on `handle`'s model is priced at, its calibration): where it never was
+    calibrated, calibrated now if that is quick (`SYNC_CAL_S`) and the device is free, else
+    in the background (`calibrate_later`), the constants (`durations.wall_rate`) standing in
+    meanwhile."""
     calibration = PACE.calibration(handle.key)
     if calibration is None:
         try:
-            calibration = calibrate(handle, wait=False)
+            if calibration_cost(handle) <= SYNC_CAL_S:
+                calibration = calibrate(handle, wait=False)
+            else:
+                calibrate_later(handle)
         except Exception:  # noqa: BLE001  (an estimate is a courtesy: the constants stand in)
             log.warning("could not calibrate %s", handle.key.shown, exc_info=True)
     return (calibration.rate if calibration is not None else wall_rate(handle.model)), calibration
