@@ -172,6 +172,25 @@ def record_drafts(model, tokenizer, benchmark: Benchmark, report: Report, prefix
     return True
 
 
+def _unedited_rows(reuse: Report | None, benchmark: Benchmark, n_examples: dict, stage: str) -> tuple[dict, dict]:
+    """(rows taken whole, answers lent by row name) of `reuse`'s unedited rows for an
+    evaluation at `stage` (`evaluate`'s reuse): a row made at this stage or a later one is
+    taken whole, an earlier one lends its answers (it lacks the scores, or the kept sets);
+    nothing from a report of other data or sizes."""
+    reusable, lent = {}, {}
+    if reuse is None or (reuse.benchmark, reuse.split, reuse.n_examples) != \
+            (benchmark.name, benchmark.split, n_examples):
+        return reusable, lent
+    for k, row in reuse.rows.items():
+        if k not in (BASE, REFERENCE):
+            continue
+        if STAGES.index(getattr(row, "stage", reuse.stage)) <= STAGES.index(stage):
+            reusable[k] = row
+        else:
+            lent[k] = row.examples
+    return reusable, lent
+
+
 def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, *,
              max_examples: int | None = None, progress: Callable | None = None,
              batch_size: int = 32, max_new_tokens: int | None = None,
@@ -235,16 +254,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
     if ref is not None:
         jobs.append((REFERENCE, ref[0], ref[1], None))
     n_examples = {k: len(v) for k, v in sets.items()}
-    reusable, lent = {}, {}
-    if reuse is not None and (reuse.benchmark, reuse.split, reuse.n_examples) == \
-            (benchmark.name, benchmark.split, n_examples):
-        for k, row in reuse.rows.items():
-            if k not in (BASE, REFERENCE):
-                continue
-            if STAGES.index(getattr(row, "stage", reuse.stage)) <= STAGES.index(stage):  # as far as this one, or further
-                reusable[k] = row
-            else:  # an earlier stage's: its answers, not the row (it lacks the scores, or the kept sets)
-                lent[k] = row.examples
+    reusable, lent = _unedited_rows(reuse, benchmark, n_examples, stage)
     given = {}
     if answers is not None and EDITED in answers.rows and (answers.benchmark, answers.split, answers.n_examples) \
             == (benchmark.name, benchmark.split, n_examples):
