@@ -39,7 +39,7 @@ def open_page(browser, url: str, width: int = 1366, height: int = 900):
     """A new page at `url` once its layer scores are drawn; (page, the page errors seen)."""
     page = browser.new_page(viewport={"width": width, "height": height})
     errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("pageerror", lambda e: errors.append(f"{e} (stack: {str(getattr(e, 'stack', ''))[:1500]})"))
     page.goto(url)
     page.wait_for_function("document.body.innerText.includes('Band (')", timeout=300_000)
     return page, errors
@@ -68,7 +68,7 @@ def test_demo_edit_in_the_browser(url, browser, width, height, tmp_path):
     page = browser.new_page(viewport={"width": width, "height": height})
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("pageerror", lambda e: errors.append(f"{e} (stack: {str(getattr(e, 'stack', ''))[:1500]})"))
     page.goto(url)
     page.wait_for_function("document.querySelector('.status-line')?.innerText.includes('Loaded')",
                            timeout=60_000)
@@ -101,7 +101,7 @@ def test_a_gradient_baseline_in_the_browser(url, browser, tmp_path):
     page = browser.new_page(viewport={"width": 1366, "height": 900})
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("pageerror", lambda e: errors.append(f"{e} (stack: {str(getattr(e, 'stack', ''))[:1500]})"))
     page.goto(url)
     page.wait_for_function("document.body.innerText.includes('Band (')", timeout=120_000)
     page.click("#run-edit")
@@ -244,7 +244,7 @@ def test_the_run_history_restores_a_run_in_the_browser(url, browser, tmp_path):
     first run's row puts β 150 back into the Edit panel (screenshots in /tmp/app_screens/)."""
     page = browser.new_page(viewport={"width": 1366, "height": 768})
     errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("pageerror", lambda e: errors.append(f"{e} (stack: {str(getattr(e, 'stack', ''))[:1500]})"))
     page.goto(url)
     page.wait_for_function("document.body.innerText.includes('Band (')", timeout=120_000)
     beta = page.get_by_label("β (relative)")

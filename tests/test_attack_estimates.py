@@ -258,3 +258,28 @@ def test_a_slow_calibration_runs_in_the_background_once_the_device_is_quiet(demo
     while pace.PACE.calibration(handle.key) is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pace.PACE.calibration(handle.key) is not None
+
+
+def test_a_background_calibration_stops_for_a_visitors_job_and_starts_again(demo, monkeypatch):
+    """A calibration in the background holds the device between its timed runs only while
+    no visitor's job waits: one waiting stops it (`Yielded`), and it is done again once the
+    device is quiet."""
+    from components.core import device
+
+    handle = ensure_model(demo.model_key)
+    monkeypatch.setattr(pace, "PACE", pace.PaceBook())
+    monkeypatch.setattr(pace, "SYNC_CAL_S", 0.0)
+    monkeypatch.setattr(pace, "wait_for_quiet", lambda quiet_s=3.0: True)
+    asked = {"n": 0}
+
+    def waiting() -> bool:  # a visitor's job waits during the first calibration's first timed run
+        asked["n"] += 1
+        return asked["n"] == 1
+    monkeypatch.setattr(device, "visitors_waiting", waiting)
+    tries, real = [], pace.calibrate
+    monkeypatch.setattr(pace, "calibrate", lambda h, wait=True: tries.append(1) or real(h, wait))
+    pace.rate_of(handle)
+    deadline = time.monotonic() + 30
+    while pace.PACE.calibration(handle.key) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pace.PACE.calibration(handle.key) is not None and len(tries) == 2

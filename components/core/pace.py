@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from components.core.device import DEVICE_LOCK, ON_ZEROGPU, deferring, wait_for_quiet
+from components.core.device import DEVICE_LOCK, ON_ZEROGPU, Yielded, check_wanted, wait_for_quiet, yielding
 from components.core.durations import (
     Lengths,
     Size,
@@ -213,6 +213,7 @@ def _timed(fn, sync, budget: float) -> float:
     took: list[float] = []
     while (len(took) < CAL_TRIES or (sum(took) < CAL_MIN_S and len(took) < CAL_MAX_TRIES)) and \
             (not took or time.perf_counter() - t0 < budget):
+        check_wanted()  # as background work it stops for a visitor's job (`Yielded`), and is done again later
         sync()
         start = time.perf_counter()
         fn()
@@ -305,6 +306,7 @@ for it (the demo model's: 0.6 s at the constants, 1.2 s measured, most of it the
 longer one (SmolLM2's: 4 s on a 2-core CPU, 10 s on a busy one, the device held) runs in the
 background once the device has been quiet (`calibrate_later`): asked for by the estimates an
 edit's page shows, it took the device the moment the edit ended, and the card waited 6.3 s."""
+CAL_LATER_TRIES = 20  # a background calibration stopped by visitors' jobs starts again, at most this often
 _LATER: set = set()
 _LATER_LOCK = threading.Lock()
 
@@ -319,8 +321,9 @@ def calibration_cost(handle) -> float:
 
 def calibrate_later(handle, quiet_s: float = 3.0) -> None:
     """Calibrate `handle`'s model in a background thread once no visitor's job has used the
-    device for `quiet_s` seconds, as background work (visitors' jobs first); once at a time
-    per model, never on ZeroGPU."""
+    device for `quiet_s` seconds, as background work: a visitor's job waiting stops it
+    between two timed runs, and it starts again once the device is quiet (a calibration holds
+    the device 4-10 s on SmolLM2 on a 2-core CPU); once at a time per model, never on ZeroGPU."""
     if ON_ZEROGPU:
         return
     with _LATER_LOCK:
@@ -330,9 +333,15 @@ def calibrate_later(handle, quiet_s: float = 3.0) -> None:
 
     def run() -> None:
         try:
-            if wait_for_quiet(quiet_s) and PACE.calibration(handle.key) is None:
-                with deferring():
-                    calibrate(handle)
+            for _ in range(CAL_LATER_TRIES):
+                if not wait_for_quiet(quiet_s) or PACE.calibration(handle.key) is not None:
+                    return
+                try:
+                    with yielding():  # a visitor's job waiting stops it between two timed runs
+                        calibrate(handle)
+                    return
+                except Yielded:
+                    continue
         except Exception:  # noqa: BLE001  (an estimate is a courtesy: the constants stand in)
             log.warning("could not calibrate %s", handle.key.shown, exc_info=True)
         finally:
