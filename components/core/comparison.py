@@ -170,9 +170,8 @@ def unedited(report):
     return replace(report, rows={k: v for k, v in report.rows.items() if k != EDITED})
 
 
-WAITED = {  # what a report waits for, by stage
-          "forget": "the unedited answers to the forget questions", "answers": "the unedited answers",
-          "full": "the unedited model's scores"}
+WAITED = {"forget": "the unedited answers to the forget questions", "answers": "the unedited answers",
+          "full": "the unedited model's scores"}  # what a report waits for, by stage
 
 
 def comparison_report(handle: ModelHandle, bench, edit, n, progress, record_at: tuple[int, ...] = (),

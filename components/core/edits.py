@@ -50,12 +50,6 @@ def _warm(key: ModelKey, forget, retain, config, band) -> None:
                         between=give_turn)
 
 
-def suggested_band(k: int, session: Session) -> list[int] | None:
-    """The band the session's layer scores suggest for `k` layers (`best_window`), the
-    page's default; None without layer scores."""
-    return list(best_window(session.scores.S, int(k))) if session.scores is not None else None
-
-
 def warm_edit(k: int, retain_examples: int, seed: int, session: Session) -> list[int] | None:
     """The forward pass up to the suggested band, ahead of the first Run edit (the page's
     defaults; any other choice just misses the cache). Returns that band (None without
@@ -65,9 +59,9 @@ def warm_edit(k: int, retain_examples: int, seed: int, session: Session) -> list
         return None
     try:
         handle, bench = current_model(session), current_benchmark(session)
-        band = suggested_band(k, session)
-        if band is None:
+        if session.scores is None:
             return None
+        band = list(best_window(session.scores.S, int(k)))
         retain = retain_subset(bench.retain, retain_examples, int(seed or 0))
         _warm(handle.key, bench.forget, retain,
               EditConfig(prompt_format=bench.prompt_format, seed=int(seed or 0)), band)
