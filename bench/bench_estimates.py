@@ -81,7 +81,7 @@ def epoch_round(handle, bench) -> list[dict]:
 
     load = os.getloadavg()[0]
     estimate = bp.training_seconds(handle, bench, "npo", 1)
-    lr = bp.default_lr("npo", handle.key)
+    lr, _ = bp.defaults_of("npo", handle.key)
     t0 = time.perf_counter()
     with bp.paced_training(handle.key, bench, "npo", 1, None):
         bp.train_comparator(handle.key, bench, "npo", 1, lr, None, None)

@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))  # run from anywhere, not installed
 from bench_gpu import WORKLOADS, scaled_shape  # noqa: E402  (this folder is on sys.path)
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.closed_form.keys import pad_id  # noqa: E402
 from grom.closed_form.pipeline import compute_scores, prepare  # noqa: E402
+from grom.data.encoding import pad_id  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample  # noqa: E402
 from grom.methods import EDITORS, METHODS, EditorConfig, generate_alternates, get_method, run_baseline  # noqa: E402

@@ -46,8 +46,8 @@ from bench_edit import CharTokenizer, synthetic_qa  # noqa: E402  (this folder i
 
 from grom import EditConfig, run_edit  # noqa: E402
 from grom.closed_form.directions import as_directions  # noqa: E402
-from grom.closed_form.keys import encode_examples  # noqa: E402
 from grom.closed_form.solve import build_system  # noqa: E402
+from grom.data.encoding import encode_examples  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 
 HOW = {"rss": "VmHWM - VmRSS", "maxrss": "ru_maxrss (a process high-water mark)",

@@ -33,20 +33,12 @@ import gradio as gr
 import pandas as pd
 
 from components.core import pace
-from components.core.comparators import (
-    check_editor,
-    check_gpu_time,
-    check_redirection,
-    comparator_label,
-    is_editor,
-    is_redirection,
-    train_comparator,
-)
+from components.core.comparators import check_gpu_time, check_request, comparator_label, train_comparator
 from components.core.comparison import shared_model
 from components.core.costs import check_job
 from components.core.device import DEVICE_LOCK, device_progress, give_turn, local_progress, on_device
 from components.core.durations import AttackInputs, attack_inputs, attack_memory, attack_s, attack_work
-from components.core.errors import UserError, shorten, ui_errors
+from components.core.errors import UserError, ui_errors
 from components.core.limits import limit, over
 from components.core.memory_budget import BUDGET, budget_bytes
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model, in_turn
@@ -55,7 +47,6 @@ from components.views import plots, text
 from components.views.tables import TABLE_LABELS, answers_table_html, download_box, empty_table, title_html
 from grom.data.schema import QAExample
 from grom.eval.verdicts import Tally, tally_answers
-from grom.methods import get_method
 from grom.model.process_memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE
 from grom.robustness.membership import holdout_of
@@ -455,26 +446,15 @@ def membership_html(results: dict[str, dict]) -> str:
 
 
 def _baseline_settings(with_baseline: bool, method, epochs, lr, bench=None) -> tuple | None:
+    """(name, count, rate) of the baseline attacked beside GROM, as Compare's boxes hold them,
+    checked as Compare checks them (`check_request`); None without one."""
     if not with_baseline:
         return None
-    if is_editor(method):
-        name = str(method).strip().lower()
-        return (name, *check_editor(name, bench, epochs, lr))
-    if is_redirection(method):
-        name = str(method).strip().lower()
-        return (name, *check_redirection(name, bench, epochs, lr))
     try:
-        row = get_method(str(method or ""))
-    except (KeyError, ValueError) as err:
-        raise UserError(f"Choose the baseline in Compare first: {err}") from None
-    try:
-        epochs, lr = float(epochs), float(lr)
-    except (TypeError, ValueError):
-        raise UserError("The baseline's epochs and learning rate (in Compare) must be numbers.") from None
-    if not (0 < epochs <= limit("GROM_MAX_EPOCHS")) or not (0 < lr < 1):
-        raise UserError(f"The baseline needs 0 < epochs <= {limit('GROM_MAX_EPOCHS')} and 0 < lr < 1 "
-                        f"(got {shorten(epochs)}, {shorten(lr)}): set them in Compare.")
-    return row.name, epochs, lr
+        row, count, rate = check_request(method, bench, epochs, lr)
+    except UserError as err:
+        raise UserError(f"{err} (The baseline is Compare's: set it there.)") from None
+    return row.name, count, rate
 
 
 def check_data(tokenizer, bench, with_baseline: bool) -> None:

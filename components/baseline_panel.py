@@ -27,20 +27,15 @@ from components.core import pace
 from components.core.allowed_sources import DEMO
 from components.core.comparators import (
     band_note,
-    check_editor,
+    box_values,
     check_gpu_time,
-    check_redirection,
-    check_trainable,
+    check_request,
     comparator_choices,
     comparator_label,
-    editor_boxes,
     glossary,
-    is_editor,
-    is_redirection,
-    is_trained,
     key_note,
-    parse_method,
-    redirection_boxes,
+    methods_line,
+    row_of,
     train_comparator,
     unavailable,
 )
@@ -48,25 +43,20 @@ from components.core.comparison import comparison_report, compute_report, exampl
 from components.core.costs import check_job, evaluation_sets
 from components.core.device import device_progress, local_progress
 from components.core.durations import baseline_memory, training_work
-from components.core.errors import UserError, shorten, ui_errors
+from components.core.errors import ui_errors
 from components.core.history import FORGET, add_comparator_run
-from components.core.limits import limit, over
 from components.core.memory_budget import BUDGET, budget_bytes
 from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, in_turn
 from components.core.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
 from grom.eval.report import BASE, EDITED, REFERENCE
-from grom.methods import EDITORS, METHODS, Method
-from grom.methods.editors.locate_then_edit import editor_band
-from grom.methods.trained.starting_points import starting_point
 from grom.model.arch import num_layers
 from grom.model.process_memory import release_memory
 
 log = logging.getLogger(__name__)
 
 DEFAULT_METHOD = "simnpo"
-DEFAULT_EPOCHS = 10  # OpenUnlearning's TOFU recipe
 TIME_ROW, RATIO_ROW = "Time of update", "× GROM's time"
 TRAIN_SHARE = 0.8  # of the progress bar; the evaluation takes the rest
 # the columns of the table for TOFU-style benchmarks (others: every metric, Final score first)
@@ -80,30 +70,24 @@ def _model_name(key: ModelKey | None) -> str:
     return DEMO if key is None else key.name
 
 
-def default_lr(method: str, key: ModelKey | None = None) -> float:
-    """The learning rate a run starts from on the model: its family's measured value
-    (grom.methods.trained.starting_points: the demo, SmolLM2), else the recipe's."""
-    return starting_point(_model_name(key), method).lr
-
-
-def default_epochs(method: str, key: ModelKey | None = None) -> float:
-    """The epochs a run starts from on the model (as `default_lr`)."""
-    return starting_point(_model_name(key), method).epochs
-
-
 def defaults_of(method: str, key: ModelKey | None = None) -> tuple[float, float]:
-    """(learning rate, epochs) a run of `method` starts from on the model; for an editor,
-    its value optimisation's (learning rate, steps)."""
-    if is_editor(method) or is_redirection(method):
-        b = editor_boxes() if is_editor(method) else redirection_boxes()
-        return b.rate, b.count
-    return default_lr(method, key), default_epochs(method, key)
+    """(rate, count) a run of `method` starts from on the model: its row's two boxes'
+    defaults (a trained method's learning rate and epochs, fitted to the model's family; an
+    editor's value optimisation's; LUNAR's fit's)."""
+    count, rate = row_of(method).boxes(_model_name(key))[:2]
+    return rate.default, count.default
 
 
-def default_note(value, default: float, editor: bool = False) -> str:
+def whose_default(method: str, key: ModelKey | None = None) -> str:
+    """"this model's" where the method's boxes start from values fitted to the model (a trained
+    method on the demo or SmolLM2), else the method's own ("ROME's", "LUNAR's")."""
+    row = row_of(method)
+    return "this model's" if row.boxes(_model_name(key)) != row.boxes(None) else f"{row.label}'s"
+
+
+def default_note(value, default: float, whose: str = "this model's") -> str:
     """The line under a box: "this model's default" while it holds the default, else what
     the default is, so that a changed value is not called the default."""
-    whose = "this editor's" if editor else "this model's"
     try:
         same = math.isclose(float(value), float(default), rel_tol=1e-9)
     except (TypeError, ValueError):
@@ -112,24 +96,21 @@ def default_note(value, default: float, editor: bool = False) -> str:
 
 
 def on_method_change(method: str, session: Session):
-    """A new method (or model): its default learning rate and epochs for the session's
-    model; for an editor, its value optimisation's steps and learning rate, the boxes
-    relabelled to say so; each box's line says it holds the default."""
-    lr, epochs = defaults_of(method, session.model_key)
-    if is_editor(method) or is_redirection(method):
-        b = editor_boxes() if is_editor(method) else redirection_boxes()
-        return (gr.update(value=lr, label=b.rate_label, info=default_note(lr, lr, True)),
-                gr.update(value=epochs, label=b.count_label, info=default_note(epochs, epochs, True)))
-    return (gr.update(value=lr, label="Learning rate", info=default_note(lr, lr)),
-            gr.update(value=epochs, label="Epochs", info=default_note(epochs, epochs)))
+    """A new method (or model): its two boxes as its row labels them, at their defaults for
+    the session's model (a trained method's learning rate and epochs, an editor's value
+    optimisation's, LUNAR's fit's); each box's line says it holds the default, and whose."""
+    count, rate = row_of(method).boxes(_model_name(session.model_key))[:2]
+    whose = whose_default(method, session.model_key)
+    return (gr.update(value=rate.default, label=rate.label, info=default_note(rate.default, rate.default, whose)),
+            gr.update(value=count.default, label=count.label, info=default_note(count.default, count.default, whose)))
 
 
 def on_setting_change(method: str, epochs, lr, session: Session):
     """Epochs or learning rate typed: each box's line says whether it still holds the
-    model's default, and which that is (`default_note`)."""
+    default, and which that is (`default_note`)."""
     d_lr, d_epochs = defaults_of(method, session.model_key)
-    editor = is_editor(method) or is_redirection(method)  # the method's own defaults, not the model's
-    return gr.update(info=default_note(epochs, d_epochs, editor)), gr.update(info=default_note(lr, d_lr, editor))
+    whose = whose_default(method, session.model_key)
+    return gr.update(info=default_note(epochs, d_epochs, whose)), gr.update(info=default_note(lr, d_lr, whose))
 
 
 def training_kind(method: str) -> str:
@@ -142,7 +123,7 @@ def training_seconds(handle, bench, method: str, epochs) -> float | None:
     at this host's pace now (its work counted by `durations.training_work`, priced by
     `pace.seconds`: the model's calibration, this method's measured pace, the CPU's load);
     None for a method that trains nothing (an editor, LUNAR) or a split it cannot train on."""
-    if handle is None or bench is None or not bench.forget or not is_trained(method):
+    if handle is None or bench is None or not bench.forget or not row_of(method).stepwise:
         return None
     try:
         return pace.seconds(handle, training_kind(method), training_work(handle, bench, method, epochs))
@@ -156,7 +137,7 @@ def placeholder(key: ModelKey | None = None, bench=None) -> str:
     of the default method (SimNPO) takes on it on this server now, and its default run's."""
     handle = REGISTRY.get(key) if key is not None else REGISTRY.current
     epoch = training_seconds(handle, bench, DEFAULT_METHOD, 1)
-    epochs = default_epochs(DEFAULT_METHOD, handle.key if handle is not None else None)
+    epochs = defaults_of(DEFAULT_METHOD, handle.key if handle is not None else None)[1]
     run = training_seconds(handle, bench, DEFAULT_METHOD, epochs) if epoch is not None else None
     if epoch is None or run is None:
         return "Pick a method and press **Train the baseline and compare**."
@@ -198,42 +179,6 @@ def on_methods_for_data(method: str, session: Session):
     """New data (a benchmark or an imported run): the method box's choices with the methods
     it cannot serve greyed out, and the chosen method's note."""
     return gr.Dropdown(choices=method_choices(session.benchmark)), method_note(method, session.benchmark)
-
-
-def _number(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        return math.nan
-
-
-def check_settings(epochs, lr) -> tuple[float, float]:
-    """(epochs, lr) when both are usable: epochs above 0 and within GROM_MAX_EPOCHS, a
-    learning rate in (0, 1]; else an error that says what to type."""
-    most = limit("GROM_MAX_EPOCHS")
-    if not math.isfinite(_number(epochs)) or not 0 < _number(epochs):
-        raise UserError(f"Epochs = {shorten(epochs)}: use a number above 0 and at most {most} "
-                        f"(OpenUnlearning's recipe: {DEFAULT_EPOCHS}; fractions run part of an epoch).")
-    if _number(epochs) > most:
-        raise over("Epochs", _number(epochs), "GROM_MAX_EPOCHS")
-    if not math.isfinite(_number(lr)) or not 0 < _number(lr) <= 1:
-        raise UserError(f"Learning rate = {shorten(lr)}: use a number above 0 and at most 1 (OpenUnlearning's "
-                        "recipe: 1e-5; the demo: about 1e-3).")
-    return float(epochs), float(lr)
-
-
-def check_sizes(bench, method: Method | None = None) -> None:
-    """A baseline trains on the whole forget and retain sets: each within GROM_MAX_EXAMPLES;
-    a method that writes alternates (AltPO) trains on that many rows per question, which
-    count too (and are as many answers to generate)."""
-    per_question = int(method.defaults.get("n_alternates", 1)) if method is not None and method.make_alternates \
-        else 1
-    for what, examples in (("forget", bench.forget), ("retain", bench.retain)):
-        n = len(examples) * (per_question if what == "forget" else 1)
-        if n > limit("GROM_MAX_EXAMPLES"):
-            rows = f" ({per_question} alternates for each of {len(examples)} questions)" if n != len(examples) else ""
-            raise over(f"A baseline trains on every {what} example, and {bench.name}/{bench.split} "
-                       f"makes {{n}}{rows}", n, "GROM_MAX_EXAMPLES")
 
 
 def check_data(tokenizer, bench, n, label: str) -> None:
@@ -359,30 +304,17 @@ def held_note(held: int, device: str) -> str:
             "lets its jobs hold at once (GROM_JOBS_MEMORY_MB).")
 
 
-def summary_md(method: str, settings: dict, edit, grom_seconds: float | None, finals: dict,
+def summary_md(method: str, values: dict, edit, grom_seconds: float | None, finals: dict,
                n, grom_note: str, failed: str = "", moved: str = "") -> str:
-    """The run's summary; `moved`: why an editor ran off GROM's band (`band_note`), else empty; and
-    how many facts keyed on the question's last token (`key_note`)."""
-    label = comparator_label(method)
+    """The run's summary: what it did in its row's words (`MethodEntry.describe`, with the
+    boxes' `values`), its time beside GROM's, the final scores; `moved`: why an editor ran
+    off GROM's band (`band_note`) and how many facts keyed on the question's last token
+    (`key_note`), else empty."""
+    row = row_of(method)
+    label = row.label
     t = edit.timings.get("total", edit.timings.get("train", 0.0))
-    info = edit.info
-    if is_editor(method):
-        keys = "its own band's keys and retain covariance" if moved else "GROM's keys and retain covariance"
-        head = (f"**{label}** (closed-form editor on {keys}; layers "
-                f"{', '.join(str(l) for l in edit.band)}; the value optimisation {settings['epochs']:g} steps at lr "
-                f"{settings['lr']:g}, {edit.timings.get('values', 0.0):.1f} s of it): updated the weights in "
-                f"**{t:.1f} s**")
-    elif is_redirection(method):
-        head = (f"**{label}** (activation redirection: the down_proj of layer {info.get('layer', '?')} refitted on "
-                f"{info.get('forget_rows', '?')} forget and {info.get('retain_rows', '?')} retain prompt tokens, "
-                f"{settings['epochs']:g} epochs of AdamW at lr {settings['lr']:g}; the forget tokens reach "
-                f"{info.get('forget_reach', float('nan')):.0%} of the refusal shift): updated the weights in "
-                f"**{t:.1f} s**")
-    else:
-        epochs = f"{settings['epochs']:g} epoch{'' if settings['epochs'] == 1 else 's'}"
-        head = (f"**{label}**, {epochs} ({info.get('steps', '?')} optimizer steps of {info.get('batch_size', '?')} × "
-                f"{info.get('grad_accum', '?')} examples, lr {settings['lr']:g}, OpenUnlearning's "
-                f"{str(info.get('recipe', 'tofu')).upper()} recipe): updated the weights in **{t:.1f} s**")
+    head = (row.describe(edit, values) if row.describe else f"**{label}**") + \
+        f": updated the weights in **{t:.1f} s**"
     if failed:
         head += f". {failed}"
         head += (f" (GROM's edit took {grom_seconds:.1f} s.)" if grom_seconds else
@@ -418,20 +350,8 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     handle = current_model(session)
     bench = current_benchmark(session)
     n = examples_per_set(max_examples, full_set, bench)
-    if is_editor(method):
-        method = str(method).strip().lower()
-        label = comparator_label(method)
-        epochs, lr = check_editor(method, bench, epochs, lr)
-    elif is_redirection(method):
-        method = str(method).strip().lower()
-        label = comparator_label(method)
-        epochs, lr = check_redirection(method, bench, epochs, lr)
-    else:
-        row = parse_method(method)
-        method, label = row.name, row.label
-        epochs, lr = check_settings(epochs, lr)
-        check_trainable(bench, row)
-        check_sizes(bench, row)
+    row, epochs, lr = check_request(method, bench, epochs, lr)
+    method, label = row.name, row.label
     check_data(handle.tokenizer, bench, n, label)
     grom = session.edit if session.edit is not None and session.edit_for == handle.key else None
     cached = _cached_report(session, bench, grom, n)
@@ -439,9 +359,9 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
     with BUDGET.reserved(held, f"{label}'s training", handle.key.device):  # held between its turns
         edit, report, mine = compute_baseline(handle.key, bench, method, epochs, lr, grom, cached, n,
                                               local_progress(lambda f, m: progress(f, desc=m)))
-    settings = {"value_steps": epochs, "value_lr": lr} if is_editor(method) else {"epochs": epochs, "lr": lr}
-    add_comparator_run(session, method, label, settings, edit.timings.get("total", edit.timings.get("train", 0.0)),
-                       mine, band=edit.band if is_editor(method) else None)
+    values = box_values(row, epochs, lr)
+    add_comparator_run(session, method, label, values, edit.timings.get("total", edit.timings.get("train", 0.0)),
+                       mine, band=edit.band if row.on_grom_band else None)
     if cached is None and grom is not None:
         session.extra["baseline_grom_report"] = (report, (bench, grom, n))
     grom_seconds = grom.timings.get("total") if grom is not None else None
@@ -458,9 +378,11 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
             else " (GROM's edit was made for another forget set: run it again to compare on this one)")
     failed = did_not_forget(mine.rows[BASE].metrics, mine.rows[EDITED].metrics)
     depth = num_layers(handle.model)
-    moved = band_note(editor_band(grom.band, depth), grom.band, depth) if is_editor(method) and grom else ""
-    moved += key_note(edit.info) if is_editor(method) else ""
-    out = (summary_md(method, {"epochs": epochs, "lr": lr}, edit, grom_seconds, finals, n, note, failed, moved)
+    # the band its settings took from GROM's (an editor moves off a band that ends at the top layer)
+    ran_on = row.settings_for(handle.model, bench, values, grom.band).layers if row.on_grom_band and grom else None
+    moved = band_note(ran_on, grom.band, depth) if ran_on else ""
+    moved += key_note(edit.info)
+    out = (summary_md(method, values, edit, grom_seconds, finals, n, note, failed, moved)
            + held_note(held, handle.key.device),
            styled(table_frame(rows, grom_seconds, mine.task), label))
     del edit, mine  # the baseline's patch of every trained matrix is not kept: give its memory back
@@ -471,19 +393,15 @@ def on_run_baseline(method: str, epochs: float, lr: float, max_examples: int, fu
 def build_baseline_panel() -> SimpleNamespace:
     """The accordion's widgets: method, epochs, learning rate, the method's note, Run; the
     summary and table."""
-    trained = [r.label for r in METHODS.values()]
-    with gr.Accordion(f"Compare with a baseline: {len(trained)} trained methods ({', '.join(trained[:4])}, ...), "
-                      f"the editors {', '.join(e.label for e in EDITORS.values())} and LUNAR",
-                      open=False,
+    with gr.Accordion(f"Compare with a baseline: {methods_line()}", open=False,
                       elem_id="baseline-panel"):
         text.md(text.BASELINE, elem_classes="panel-intro")
         with gr.Row(equal_height=True):
             method = gr.Dropdown(method_choices(), value=DEFAULT_METHOD, label="Method", scale=3, min_width=220,
                                  info="OpenUnlearning's losses")
-            epochs = gr.Number(value=default_epochs(DEFAULT_METHOD), label="Epochs", scale=1, min_width=110,
-                               info=default_note(0, 0))
-            lr = gr.Number(value=default_lr(DEFAULT_METHOD), label="Learning rate", scale=1,
-                           min_width=140, info=default_note(0, 0))
+            start_lr, start_epochs = defaults_of(DEFAULT_METHOD)
+            epochs = gr.Number(value=start_epochs, label="Epochs", scale=1, min_width=110, info=default_note(0, 0))
+            lr = gr.Number(value=start_lr, label="Learning rate", scale=1, min_width=140, info=default_note(0, 0))
         note = gr.Markdown(method_note(DEFAULT_METHOD), elem_id="baseline-method-note")
         gr.Markdown(text.BASELINE_RECIPE, elem_classes="panel-intro baseline-recipe")
         run = gr.Button("Train the baseline and compare", variant="primary", elem_id="baseline-run")

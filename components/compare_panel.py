@@ -228,7 +228,7 @@ def card_key_of(session: Session, edit, n) -> str | None:
     weights = cards.fingerprint_of(handle)
     if weights is None:
         return None
-    return cards.card_key(weights, handle.key.dtype, bench, cards.config_of(edit.config.to_dict(), run), run, n)
+    return cards.card_key(weights, handle.key.dtype, bench, cards.config_of(edit.settings.to_dict(), run), run, n)
 
 
 def keep_card(session: Session, n) -> None:
@@ -241,7 +241,7 @@ def keep_card(session: Session, n) -> None:
     rows = with_wrong_values(generation_rows(report, FORGET_SETS, n=SHOWN_CARD), session.benchmark)
     fitted = not (session.bench_label or "").startswith(NAME_ONLY + "/")
     html = card_html(report, edit.timings.get("total", 0.0), whole, rows, None,
-                     rho=getattr(edit.config, "rho", None), fitted=fitted)
+                     rho=getattr(edit.settings, "rho", None), fitted=fitted)
     session.extra["card_html"] = (edit, html)  # a link to the run keeps it (export_panel.on_make_link)
     key = card_key_of(session, edit, n)
     if key is not None:

@@ -73,7 +73,7 @@ def with_keys(key: ModelKey, edit, inputs):
         raise UserError("This session no longer holds the examples of its edit; press Run edit again.")
     handle = resident(key, "request")
     forget, retain = inputs
-    config = edit.config.replace(keep_keys=True, layers=tuple(edit.band) or None)
+    config = edit.settings.replace(keep_keys=True, layers=tuple(edit.band) or None)
     return run_edit(handle.model, handle.tokenizer, forget, retain, config,
                     scores=edit.scores, stream_cache=kept_cache(handle.stream_cache), between=give_turn,
                     progress=False)  # a server draws no terminal bar for a visitor's diagnostics

@@ -51,7 +51,7 @@ from components.core.wiring import LINKS, LOCAL, Page, device_queue
 from components.views import text
 from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
 from grom import PRESETS, Edit, EditConfig
-from grom.edit import META_FILE, PATCH_FILE, read_patch_layout
+from grom.edit import META_FILE, PATCH_FILE, read_patch_layout, read_settings
 from grom.eval.openunlearning import EVAL_FILE, SUMMARY_FILE, write_openunlearning
 from grom.eval.results import EDITED
 from grom.model.arch import num_layers
@@ -180,7 +180,9 @@ def _check_import(files, session: Session) -> _Import:
     meta_file, patch_file = edit_uploads(files)
     meta = read_edit_json(meta_file)
     run = check_run(meta.get("run"))
-    config = EditConfig.from_dict(meta["config"])
+    settings = read_settings(meta.get("method", "grom"), meta)
+    # the Edit panel's GROM settings: a GROM edit's own; another method's edit leaves them at GROM's defaults
+    config = settings if isinstance(settings, EditConfig) else EditConfig(prompt_format=settings.prompt_format)
     handle = current_model(session)
     loaded = portable_model_name(handle.key.name)
     if run["model"] != loaded:

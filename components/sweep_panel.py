@@ -162,7 +162,7 @@ def on_sweep(param: str, values: str, session: Session, progress=gr.Progress()):
     bench = current_benchmark(session)
     if param not in PARAMS:
         raise UserError(f"Sweep one of: {', '.join(PARAMS)}.")
-    base = edit.config.replace(layers=tuple(edit.band) or None, keep_keys=False)
+    base = edit.settings.replace(layers=tuple(edit.band) or None, keep_keys=False)
     if param == "beta" and base.target == "corruption":
         param = "c"
     vals = sweep_values(param, values, base, edit.band, num_layers(handle.model))

@@ -7,14 +7,16 @@ The public names: the math (`solve_update`, `ridge_mu`, `specificity_weights`,
 
 Each is imported on its first use (a module `__getattr__`, PEP 562, as PEFT loads its
 optional backends), so that `import grom` and `python -m grom --help` load no torch
-(seconds). The benchmarks' registry, `grom.data.BENCHMARKS`, is told here how to fill
-itself: before its first read it imports `grom.tasks`, whose modules register their
-benchmarks (and import the registry, which therefore cannot import them itself).
+(seconds). The two registries are told here how to fill themselves: before its first read,
+the benchmarks' (`grom.data.BENCHMARKS`) imports `grom.tasks`, and the methods'
+(`grom.registry`) imports `grom.methods`, whose modules register their rows (and import
+their registry, which therefore cannot import them itself).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from grom import registry
 from grom.data.loaders import fill_before_reading
 
 __all__ = [
@@ -28,7 +30,9 @@ def __getattr__(name: str):
     """`grom.X` for a public name X: its module imported now, the value kept."""
     if name in ("PRESETS", "EditConfig", "demo_preset", "preset"):
         from grom.closed_form import config as module
-    elif name in ("LayerScores", "best_window", "score_layers"):
+    elif name == "LayerScores":
+        from grom import edit as module
+    elif name in ("best_window", "score_layers"):
         from grom.closed_form import layer_scores as module
     elif name in ("example_influence", "example_influence_bruteforce"):
         from grom.closed_form import influence as module
@@ -55,7 +59,13 @@ def _register_tasks() -> None:
     import grom.tasks  # noqa: F401
 
 
+def _register_methods() -> None:
+    """Fill the method registry: each method's module registers its row when imported."""
+    import grom.methods  # noqa: F401
+
+
 fill_before_reading(_register_tasks)
+registry.fill_before_reading(_register_methods)
 
 if TYPE_CHECKING:  # what type checkers and editors read: the same names, as plain imports
     from grom.closed_form.config import PRESETS, EditConfig, demo_preset, preset

@@ -314,7 +314,7 @@ def layers_text(layers) -> str:
 
 
 def _band_text(edit: Edit) -> str:
-    cfg = edit.config
+    cfg = edit.settings
     if not edit.band:
         return "the LM head"
     how = "given" if cfg.layers is not None else f"automatic: the best window of {cfg.k} by the layer scores S_l"
@@ -324,7 +324,7 @@ def _band_text(edit: Edit) -> str:
 def edit_summary(edit: Edit, out: Path, model: str, n_forget: int, n_retain: int, timings: dict) -> str:
     """What `python -m grom edit` did, for a reader: where it went, the band, the times and
     each edited matrix's record (beta, the ridge mu, the keys, how large the patch is)."""
-    cfg = edit.config
+    cfg = edit.settings
     rows = [("written", f"{out} (patch.safetensors, edit.json)"), ("model", model),
             ("data", f"{n_forget} forget and {n_retain} retain examples"),
             ("edit", f"{cfg.matrix}, target {cfg.target}, {_band_text(edit)}"),

@@ -30,6 +30,7 @@ model's floating parameters, expanding to at most the model's own parameter coun
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -44,8 +45,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from grom.closed_form.config import EditConfig
-from grom.closed_form.layer_scores import LayerScores
+from grom import registry
 from grom.data.readers import MAX_JSON_DEPTH, json_depth
 from grom.model.arch import lm_head_is_tied, retie_lm_head, untie_lm_head
 from grom.model.editable import NotEditable, weight_problem
@@ -53,6 +53,29 @@ from grom.model.editable import NotEditable, weight_problem
 log = logging.getLogger(__name__)
 
 PATCH_FILE, META_FILE = "patch.safetensors", "edit.json"
+
+
+@dataclass(frozen=True)
+class LayerScores:
+    """The logit-lens scores S_l, F_l and R_l per layer, with the suggested band: what GROM's
+    band was chosen from (`grom.closed_form.layer_scores` computes them)."""
+
+    S: tuple[float, ...]
+    F: tuple[float, ...]
+    R: tuple[float, ...]
+    band: tuple[int, ...]
+    matrix: str = "down_proj"
+    k: int = 5
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"S": list(self.S), "F": list(self.F), "R": list(self.R), "band": list(self.band),
+                "matrix": self.matrix, "k": self.k}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayerScores":
+        return cls(tuple(d["S"]), tuple(d["F"]), tuple(d["R"]), tuple(d["band"]),
+                   d.get("matrix", "down_proj"), d.get("k", len(d["band"])))
 
 
 @dataclass
@@ -93,13 +116,16 @@ class LayerRecord:
 
 @dataclass
 class Edit:
-    """A GROM edit: patches by parameter name plus what produced them.
+    """An edit of any method: patches by parameter name, the method that made them and that
+    method's own settings object (GROM's `EditConfig`, a trained method's `Settings`, an
+    editor's `EditorConfig`, LUNAR's `LunarConfig`: the registry row's `settings` class),
+    and what the run recorded.
 
     `patches` reads as {name: full patch}: a dict for a computed edit, a `Patches` for a
     loaded one (factored patches expanded on each read, not kept). `held` gives their
     shapes, dtypes, ranks and norms without expanding anything."""
 
-    config: EditConfig
+    settings: object  # the method's own settings (its registry row's `settings` class), with to_dict
     patches: Mapping[str, torch.Tensor]
     layers: list[LayerRecord] = field(default_factory=list)
     scores: LayerScores | None = None
@@ -107,9 +133,9 @@ class Edit:
     unties_lm_head: bool = False
     model_name: str | None = None
     keys: dict[str, LayerKeys] = field(default_factory=dict)  # by param name, if kept
-    method: str = "grom"  # what made it: "grom" or a grom.methods method ("ga", "npo", ...)
-    info: dict = field(default_factory=dict)  # method-specific, JSON-able (baselines: settings, losses)
-    # How to reproduce it beyond the config, JSON-able (the studio: the model by name, the
+    method: str = "grom"  # what made it: a registered method's name ("grom", "npo", "rome", "lunar", ...)
+    info: dict = field(default_factory=dict)  # method-specific, JSON-able (a trained run: its steps, losses)
+    # How to reproduce it beyond the settings, JSON-able (the studio: the model by name, the
     # benchmark, split, retain sample size and seed, the band mode and preset)
     run: dict = field(default_factory=dict)
     world_size: int = 1  # processes that computed it (torch.distributed ranks)
@@ -120,6 +146,19 @@ class Edit:
     stored_ranks: dict[str, int] = field(default_factory=dict)
     _saved: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     _untied: bool = field(default=False, repr=False)
+
+    @property
+    def prompt_format(self):
+        """The prompt format the method asked its questions in (every method's settings hold one)."""
+        return getattr(self.settings, "prompt_format", None)
+
+    @property
+    def matrix(self) -> str | None:
+        """The kind of matrix the edit patches, where it edits one kind (GROM: its settings';
+        the editors and LUNAR: down_proj); None for a trained method's patches."""
+        if getattr(self.settings, "matrix", None):
+            return self.settings.matrix
+        return "down_proj" if self.layers else None
 
     @property
     def band(self) -> list[int]:
@@ -202,7 +241,7 @@ class Edit:
 
     def metadata(self) -> dict:
         return {
-            "config": self.config.to_dict(),
+            "settings": self.settings.to_dict(),
             "layers": [r.to_dict() for r in self.layers],
             "scores": self.scores.to_dict() if self.scores else None,
             "timings": self.timings,
@@ -258,15 +297,16 @@ class Edit:
             raise FileNotFoundError(f"{path} holds no saved edit (expected {PATCH_FILE} and {META_FILE})")
         meta = read_metadata((path / META_FILE).read_text())
         patches, ranks = read_patches(path / PATCH_FILE)
+        method = meta.get("method", "grom")
         edit = cls(
-            config=EditConfig.from_dict(meta["config"]),
+            settings=read_settings(method, meta),
             patches=patches,
             layers=[LayerRecord(**r) for r in meta.get("layers", [])],
             scores=LayerScores.from_dict(meta["scores"]) if meta.get("scores") else None,
             timings=meta.get("timings", {}),
             unties_lm_head=meta.get("unties_lm_head", False),
             model_name=meta.get("model_name"),
-            method=meta.get("method", "grom"),
+            method=method,
             info=meta.get("info", {}),
             run=meta.get("run") or {},
             world_size=int(meta.get("world_size") or 1),
@@ -302,6 +342,29 @@ class Edit:
                 raise ValueError(f"{mismatch} ({name}'s norm is not the one recorded).")
 
 
+def read_settings(method: str, meta: Mapping):
+    """The settings object of an edit.json's method (`registry.settings_from`): its
+    "settings"; in a file written before edits carried their method's settings, GROM's
+    "config", or a trained run's settings in its "info" (the config such a file holds is a
+    default GROM config, not what the run used). A method no registry row names, or
+    settings its class cannot read, is a ValueError that says so."""
+    recorded = meta.get("settings")
+    try:
+        if recorded is None and method == "grom":
+            recorded = meta.get("config")
+        elif recorded is None and registry.family_of(method) == "trained":
+            recorded = {**(meta.get("info") or {}), "method": method}
+        elif recorded is None:  # an editor's or LUNAR's: the GROM settings of their keys, as far as they go
+            known = {f.name for f in dataclasses.fields(registry.get(method).settings)}
+            recorded = {k: v for k, v in (meta.get("config") or {}).items() if k in known}
+        return registry.settings_from(method, recorded or {})
+    except registry.UnknownMethod:
+        raise ValueError(f"{META_FILE} names the method {method!r}, which this version does not know: use one of "
+                         f"{', '.join(registry.names())}.") from None
+    except (TypeError, ValueError, KeyError) as err:
+        raise ValueError(f"{META_FILE}'s settings of {method} cannot be read: {err}") from None
+
+
 def check_patchable(model: nn.Module, patches: dict[str, torch.Tensor]) -> None:
     """`NotEditable` for the first patched weight that cannot take a float patch in place
     (quantized, offloaded: `grom.model.editable.weight_problem`), before anything is changed."""
@@ -330,11 +393,12 @@ def _number(x) -> bool:
 
 def read_metadata(text: str) -> dict:
     """The contents of an ``edit.json``, checked: valid JSON no deeper than an edit.json
-    can be, an object, with a valid "config" (ValueError saying what is wrong otherwise)."""
+    can be, an object, with valid "settings" of its "method" (in a file written before, a
+    "config"): ValueError saying what is wrong otherwise."""
     depth = json_depth(text)  # before json.loads, which would recurse through it
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"{META_FILE} is nested {depth} levels deep, too deep to be an edit.json (an "
-                         "object holding \"config\", \"layers\", \"scores\", \"run\" and a few more, "
+                         "object holding \"settings\", \"layers\", \"scores\", \"run\" and a few more, "
                          "nested a few levels at most): "
                          "upload the edit.json an export wrote.")
     try:
@@ -343,15 +407,14 @@ def read_metadata(text: str) -> dict:
         raise ValueError(f"{META_FILE} is not valid JSON ({err.msg}, line {err.lineno} column "
                          f"{err.colno}): upload the edit.json an export wrote.") from None
     if not isinstance(meta, dict):
-        raise ValueError(f"{META_FILE} must hold a JSON object with a \"config\", not a "
+        raise ValueError(f"{META_FILE} must hold a JSON object with \"settings\", not a "
                          f"{type(meta).__name__}.")
-    if not isinstance(meta.get("config"), dict):
-        raise ValueError(f"{META_FILE} has no \"config\" object (the edit's settings): upload the "
+    if not isinstance(meta.get("settings", meta.get("config")), dict):
+        raise ValueError(f"{META_FILE} has no \"settings\" object (the edit's settings): upload the "
                          "edit.json an export wrote.")
-    try:
-        EditConfig.from_dict(meta["config"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{META_FILE}: its config is not valid ({err}).") from None
+    if not isinstance(meta.get("method", "grom"), str):
+        raise ValueError(f"{META_FILE}: \"method\" must be a method's name.")
+    read_settings(meta.get("method", "grom"), meta)
     for key, kind in (("run", dict), ("layers", list), ("info", dict), ("timings", dict)):
         if meta.get(key) is not None and not isinstance(meta[key], kind):
             raise ValueError(f"{META_FILE}: \"{key}\" must be a JSON {kind.__name__.replace('dict', 'object')}.")

@@ -11,8 +11,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from grom.closed_form.config import EditConfig
-from grom.edit import META_FILE, PATCH_FILE, StoredPatch
+from grom.edit import META_FILE, PATCH_FILE, StoredPatch, read_settings
 from grom.methods import ALL, names
 from grom.model.arch import edited_matrix
 
@@ -23,9 +22,9 @@ def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, me
     ValueError that says which is not, and why, otherwise.
 
     Every patch is one of the model's weights, with its shape. GROM and the editors edit
-    one matrix kind (GROM: config.matrix; ROME, MEMIT, AlphaEdit, ZeroUnlearn: down_proj)
+    one matrix kind (GROM: its settings' matrix; ROME, MEMIT, AlphaEdit, ZeroUnlearn: down_proj)
     in the layers of their band: each patch has its row in edit.json's "layers", naming
-    that kind's matrix of a layer (of config.layers, where the config names them), and a
+    that kind's matrix of a layer (of its settings' layers, where they name them), and a
     GROM patch's factors are of rank at most its row's forget keys (its rank bound). A
     trained method (GA, NPO, ...) may change any floating parameter (those whose names
     hold one of its settings' "params", where it names them), and its patches expand to at
@@ -43,8 +42,12 @@ def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, me
     entry = ALL.get(method)
     closed_form = entry is not None and entry.family == "closed-form"  # GROM
     if entry is not None and entry.family != "trained":
-        config = EditConfig.from_dict(meta["config"])
-        kind = config.matrix if closed_form else "down_proj"
+        settings = read_settings(method, meta)
+        kind = settings.matrix if closed_form else "down_proj"
+        # the layers its settings name: GROM's and an editor's band, LUNAR's one layer (None: chosen by the run)
+        band = getattr(settings, "layers", None)
+        if band is None and getattr(settings, "layer", None) is not None:
+            band = (settings.layer,)
         label = entry.label
         rows = {r["param_name"]: r for r in meta.get("layers") or []}
         for name, stored in layout.items():
@@ -59,10 +62,10 @@ def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, me
                 target = edited_matrix(model, kind, layer).param_name
             except ValueError as err:
                 raise ValueError(f"{META_FILE}: the row of {name}: {err}.") from None
-            if target != name or (kind != "lm_head" and config.layers is not None and layer not in config.layers):
+            if target != name or (kind != "lm_head" and band is not None and layer not in band):
                 raise ValueError(f"{PATCH_FILE} patches {name}: a {label} edit changes only the {kind} matrix "
                                  f"of the layers of its band ({target} for layer {layer}"
-                                 + (f"; its config's layers are {list(config.layers)}" if config.layers else "")
+                                 + (f"; its settings' layers are {list(band)}" if band else "")
                                  + ").")
         return
     if entry is None:

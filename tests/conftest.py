@@ -159,7 +159,7 @@ def neox(tokenizer):
 def memorise(model, tokenizer, examples, steps: int = 150, lr: float = 1e-2, seed: int = 0):
     """Fit a tiny model to the answers of `examples` (a second or two), so that editing it
     has something to remove. Returns the model in eval mode, gradients off."""
-    from grom.closed_form.keys import encode_examples, make_batches, pad_id
+    from grom.data.encoding import encode_examples, make_batches, pad_id
 
     torch.manual_seed(seed)
     enc = encode_examples(tokenizer, examples)

@@ -219,7 +219,7 @@ def saved_edit_summary(edit) -> tuple[dict, object]:
     layers = [{k: v for k, v in r.items() if k != "solve_seconds"} for r in meta["layers"]]
     summary = {
         "files": files, "metadata_keys": sorted(meta),
-        "config": meta["config"], "method": meta["method"], "model_name": _model_name(meta["model_name"]),
+        "settings": meta["settings"], "method": meta["method"], "model_name": _model_name(meta["model_name"]),
         "band": loaded.band, "layers": layers, "scores": meta["scores"], "unties_lm_head": meta["unties_lm_head"],
         "world_size": meta["world_size"], "run": meta["run"], "patch_norms": meta["patch_norms"],
         "patches": patches_summary(loaded.patches),

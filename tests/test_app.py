@@ -105,7 +105,7 @@ def test_the_demo_pipeline_through_the_api(url, tmp_path):
     from grom import Edit
 
     loaded = Edit.load(folder)
-    assert loaded.band == [3, 4, 5] and loaded.config.beta == 150.0
+    assert loaded.band == [3, 4, 5] and loaded.settings.beta == 150.0
 
     status, table, _ = c.predict(api_name="/reset")
     assert "dropped" in status
@@ -135,7 +135,7 @@ def test_two_sessions_with_different_edits_at_once(url):
     for name, client in (("a", a), ("b", b)):
         files, _, _ = client.predict(api_name="/export")
         meta = json.loads(Path(next(f for f in files if f.endswith("edit.json"))).read_text())
-        exported[name] = (meta["config"]["layers"], meta["config"]["beta"])
+        exported[name] = (meta["settings"]["layers"], meta["settings"]["beta"])
     assert exported == {"a": ([3, 4, 5], 150.0), "b": ([4], 40.0)}
     assert weights_hash(model) == before  # never left edited
 

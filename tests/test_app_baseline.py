@@ -48,7 +48,7 @@ def test_a_baseline_beside_the_grom_edit(url):  # noqa: F811
     assert weights_hash(model) == before  # the model was trained and given back bit for bit
     files, _, _ = c.predict(api_name="/export")  # the session's GROM edit is still its own
     meta = json.loads(Path(next(f for f in files if f.endswith("edit.json"))).read_text())
-    assert meta["config"]["layers"] == [3, 4, 5] and meta.get("method", "grom") == "grom"
+    assert meta["settings"]["layers"] == [3, 4, 5] and meta.get("method", "grom") == "grom"
 
     # bad settings: errors with what to do; then the session still works
     with pytest.raises(Exception, match="Epochs = 0"):

@@ -20,7 +20,7 @@ gr = pytest.importorskip("gradio")
 from components import baseline_panel as bp  # noqa: E402
 from components import history_panel as hp  # noqa: E402
 from components.core import history as runs_history  # noqa: E402
-from components.core.comparators import check_editor, glossary, unavailable  # noqa: E402
+from components.core.comparators import check_request, check_sizes, glossary, unavailable  # noqa: E402
 from components.core.errors import UserError  # noqa: E402
 from components.core.form import RESTORED  # noqa: E402
 from components.core.model_choices import ensure_model, model_key  # noqa: E402
@@ -28,7 +28,7 @@ from components.core.session import Session  # noqa: E402
 from grom import EditConfig  # noqa: E402
 from grom.data.loaders import load_benchmark  # noqa: E402
 from grom.data.schema import Benchmark, QAExample  # noqa: E402
-from grom.methods import EDITORS, METHODS  # noqa: E402
+from grom.methods import EDITORS, METHODS, get  # noqa: E402
 
 N = 5  # examples per evaluation set
 # a TOFU row as the hub gives it (no subject field) that the loader cannot place in a whole
@@ -108,7 +108,7 @@ def test_editors_are_greyed_out_with_the_reason_where_the_split_has_no_subjects(
     note = bp.method_note("rome", NO_SUBJECT)
     assert note.startswith(glossary("rome")) and "⊘ **Not on this split.**" in note
     with pytest.raises(UserError) as refused:  # a direct run is refused with the same words
-        check_editor("rome", NO_SUBJECT, 5, 0.5)
+        check_request("rome", NO_SUBJECT, 5, 0.5)
     assert str(refused.value) in note and "has no subject" in str(refused.value)
     # a split without a retain set: the retain-term methods and the editors are greyed out, GA is not
     bare = Benchmark("custom", "forget", demo.forget[:4], ())
@@ -138,10 +138,10 @@ def test_altpo_counts_its_alternates_against_the_hosts_example_limit(monkeypatch
     n = len(bench.forget)
     bench = replace(bench, retain=bench.retain[:n])
     monkeypatch.setenv("GROM_MAX_EXAMPLES", str(n + 1))
-    bp.check_sizes(bench, METHODS["ga"])  # within the limit
+    check_sizes(bench, get("ga"))  # within the limit
     per = int(METHODS["altpo"].defaults["n_alternates"])
     with pytest.raises(UserError, match=f"{per} alternates for each of {n} questions"):
-        bp.check_sizes(bench, METHODS["altpo"])
+        check_sizes(bench, get("altpo"))
 
 
 def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_session):
@@ -165,7 +165,7 @@ def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_ses
     session.edit_for = handle.key
     summary, _ = bp.on_run_baseline.__wrapped__("rome", 3, 0.5, N, False, session, progress=no_progress)
     assert "layers 1-3" in summary and "ends at the model's last layer (5)" in summary, summary
-    assert "its own band's keys" in summary and "on GROM's keys" not in summary
+    assert "closed-form editor: layer 3 edited" in summary  # ROME edits the last layer of its band
 
 
 def test_the_summary_says_how_many_facts_key_off_their_subject():
@@ -181,18 +181,17 @@ def test_lunar_is_in_the_method_box_and_runs_through_compare(demo_session):
     """LUNAR (grom.methods.lunar) beside the others: in the box with its glossary line, its
     two boxes its AdamW epochs and learning rate, refused where the split lacks a retain
     set, and one run through the Compare panel's handler (2 epochs) joins the history."""
-    from components.core.comparators import check_redirection, redirection_boxes
 
     session = demo_session
     labels = dict((name, label) for label, name in bp.method_choices(session.benchmark))
     assert labels["lunar"].startswith("LUNAR: ") and "activation redirection" in labels["lunar"]
     assert glossary("lunar").startswith("**LUNAR** (activation redirection") and "NeurIPS 2025" in glossary("lunar")
     lr, epochs = bp.on_method_change("lunar", session)
-    assert (lr["value"], epochs["value"]) == (0.01, 20) and epochs["label"] == redirection_boxes().count_label
+    assert (lr["value"], epochs["value"]) == (0.01, 20) and epochs["label"] == get("lunar").boxes(None)[0].label
     bare = Benchmark("custom", "forget", session.benchmark.forget[:4], ())
     assert dict((n, lab) for lab, n in bp.method_choices(bare))["lunar"] == "⊘ LUNAR: not on this split (no retain set)"
     with pytest.raises(UserError, match="retain set"):
-        check_redirection("lunar", bare, 2, 0.01)
+        check_request("lunar", bare, 2, 0.01)
     summary, _table = bp.on_run_baseline.__wrapped__("lunar", 2, 0.01, N, False, session, progress=no_progress)
     assert summary.startswith("**LUNAR** (activation redirection: the down_proj of layer 4 refitted") and \
         "2 epochs of AdamW at lr 0.01" in summary
@@ -204,12 +203,12 @@ def test_lunars_own_epochs_are_accepted_and_priced_for_zerogpu(demo_session):
     """Upstream's 20 epochs (the box's default) are not refused by the trained methods'
     GROM_MAX_EPOCHS (10): LUNAR trains one matrix on activations read once. Its ZeroGPU
     duration is priced as such (the trained methods' plan does not know it)."""
-    from components.core.comparators import REDIRECTION_MAX_EPOCHS, check_redirection
     from components.core.durations import train_call_s
+    from grom.methods.lunar.run import MAX_EPOCHS as REDIRECTION_MAX_EPOCHS
 
     bench = demo_session.benchmark
-    assert check_redirection("lunar", bench, 20, 0.01) == (20, 0.01)
+    assert check_request("lunar", bench, 20, 0.01)[1:] == (20, 0.01)
     with pytest.raises(UserError, match=f"a whole number from 1 to {REDIRECTION_MAX_EPOCHS}"):
-        check_redirection("lunar", bench, REDIRECTION_MAX_EPOCHS + 1, 0.01)
+        check_request("lunar", bench, REDIRECTION_MAX_EPOCHS + 1, 0.01)
     short, long = (train_call_s(demo_session.model_key, bench, "lunar", e, 0.01) for e in (1, 100))
     assert 1 <= short <= long

@@ -55,7 +55,7 @@ def test_an_exported_run_is_restored_and_reproduced_bit_for_bit(url, tmp_path):
     run = meta["run"]
     assert (run["model"], run["benchmark"], run["split"], run["retain_examples"], run["n_retain"], run["seed"],
             run["band"], run["band_mode"]) == ("demo", "demo", "forget10", 300, 300, 3, [3, 4, 5], "manual")
-    assert meta["config"]["beta"] == 120.0 and meta["config"]["w_r"] == 150.0 and meta["config"]["seed"] == 3
+    assert meta["settings"]["beta"] == 120.0 and meta["settings"]["w_r"] == 150.0 and meta["settings"]["seed"] == 3
     exported = Edit.load(meta_file.parent)
     assert len(meta["patch_sha256"]) == 64 and exported.sha256() == meta["patch_sha256"]
 
@@ -96,7 +96,7 @@ def test_a_recomputation_that_differs_says_so_and_by_how_much(url, tmp_path):
     meta = json.loads(meta_file.read_text())
     changed = tmp_path / "changed" / "edit.json"  # other settings under the same hash: not that edit
     changed.parent.mkdir()
-    changed.write_text(json.dumps(meta | {"config": meta["config"] | {"beta": meta["config"]["beta"] * 1.01}}))
+    changed.write_text(json.dumps(meta | {"settings": meta["settings"] | {"beta": meta["settings"]["beta"] * 1.01}}))
     b = new_client(url)
     out = b.predict([handle_file(str(changed))], api_name="/import_run")
     assert "**not identical**" in out[-1] and "upload its patch.safetensors" in out[-1]
@@ -188,7 +188,7 @@ def test_bad_files_are_refused_and_nothing_is_lost(url, tmp_path):
     meta = json.loads(meta_file.read_text())
     before = weights_hash(REGISTRY.current.model)
     bad_import(c, tmp_path, "edit.json", "{oops", "not valid JSON")
-    bad_import(c, tmp_path, "edit.json", json.dumps({"config": meta["config"]}), 'no "run"')
+    bad_import(c, tmp_path, "edit.json", json.dumps({"settings": meta["settings"]}), 'no "run"')
     run = {k: v for k, v in meta["run"].items() if k != "split"}
     bad_import(c, tmp_path, "edit.json", json.dumps(meta | {"run": run}), "lacks split")
     other = meta | {"run": meta["run"] | {"model": "smollm2-135m-instruct"}}

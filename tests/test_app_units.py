@@ -304,14 +304,15 @@ def test_sources_are_the_demo_hub_ids_or_allowed_folders(tmp_path, monkeypatch):
 
 def test_baseline_settings_defaults_and_data_checks():
     from components import baseline_panel as bp
+    from components.core.comparators import check_request, row_of
     from components.core.session import ModelKey
     from grom.data.schema import Benchmark, QAExample
 
-    assert bp.parse_method("SimNPO").name == "simnpo" and bp.parse_method("ga").name == "ga"
+    assert row_of("SimNPO").name == "simnpo" and row_of("ga").name == "ga"
     with pytest.raises(UserError, match="Unknown baseline"):
-        bp.parse_method("sgd")
-    assert bp.default_lr("npo", ModelKey("demo", "cpu", "float32")) == 1e-3
-    assert bp.default_lr("npo", ModelKey("org/model", "cuda", "bfloat16")) == 1e-5  # the recipe's
+        row_of("sgd")
+    assert bp.defaults_of("npo", ModelKey("demo", "cpu", "float32"))[0] == 1e-3
+    assert bp.defaults_of("npo", ModelKey("org/model", "cuda", "bfloat16"))[0] == 1e-5  # the recipe's
     from components.core.session import Session
 
     mine = Session()
@@ -321,20 +322,21 @@ def test_baseline_settings_defaults_and_data_checks():
     from grom.methods.trained.starting_points import MODEL_DEFAULTS
     smol = ModelKey("smollm2-135m-instruct", "cpu", "float32")
     row = next(r for r in MODEL_DEFAULTS if r.family == "smollm2").methods["simnpo"]
-    assert (bp.default_lr("simnpo", smol), bp.default_epochs("simnpo", smol)) == (row.lr, row.epochs)
-    assert bp.check_settings(10, 1e-5) == (10.0, 1e-5)
+    assert bp.defaults_of("simnpo", smol) == (row.lr, row.epochs)
+    qa = (QAExample("q?", "a."),)
+    bench = Benchmark("mine", "forget", qa, qa)
+    assert check_request("npo", bench, 10, 1e-5)[1:] == (10.0, 1e-5)
     for epochs, lr, message in [(0, 1e-3, "Epochs"), (float("nan"), 1e-3, "Epochs"), (1, 0.0, "Learning rate"),
                                 (1, None, "Learning rate"), (1000, 1e-3, "Epochs")]:
         with pytest.raises(UserError, match=message):
-            bp.check_settings(epochs, lr)
-    qa = (QAExample("q?", "a."),)
+            check_request("npo", bench, epochs, lr)
     no_retain = Benchmark("mine", "forget", qa, ())
-    bp.check_trainable(no_retain, "ga")  # GA has no retain term
+    check_request("ga", no_retain, 1, 1e-5)  # GA has no retain term
     with pytest.raises(UserError, match="no retain examples: choose GA"):
-        bp.check_trainable(no_retain, "npo")
+        check_request("npo", no_retain, 1, 1e-5)
     odd = Benchmark("odd", "forget", ("not an example",), qa)
     with pytest.raises(UserError, match="no question/answer or text examples"):
-        bp.check_trainable(odd, "simnpo")
+        check_request("simnpo", odd, 1, 1e-5)
 
 
 def test_a_registered_method_is_offered_and_checked_with_no_ui_change():
@@ -345,6 +347,7 @@ def test_a_registered_method_is_offered_and_checked_with_no_ui_change():
     import torch
 
     from components import baseline_panel as bp
+    from components.core.comparators import check_request, row_of
     from grom.data.schema import Benchmark, QAExample
     from grom.methods import LossInputs, Method, register_method, unregister_method
 
@@ -352,19 +355,19 @@ def test_a_registered_method_is_offered_and_checked_with_no_ui_change():
         loss = torch.log1p(x.forget_nll / x.forget_counts.clamp(min=1)).mean()  # toward any other token
         return loss, {"forget": loss}
 
-    register_method(Method("random-label", "RandomLabel", random_label, "Pushes each answer toward noise."))
+    register_method(Method("random-label", "RandomLabel", random_label, "Pushes each answer toward noise."), order=999)
     try:
-        assert ("RandomLabel: Pushes each answer toward noise", "random-label") in bp.method_choices()
+        assert ("RandomLabel: Pushes each answer toward noise (trained method)", "random-label") in bp.method_choices()
+        assert bp.method_choices()[-1][1] == "random-label"  # its order, 999: after every other method
         with gr.Blocks():
             panel = bp.build_baseline_panel()
         assert "random-label" in [value for _, value in panel.method.choices]
-        row = bp.parse_method("RandomLabel")
-        assert row.name == "random-label"
-        bp.check_trainable(Benchmark("mine", "forget", (QAExample("q?", "a."),), ()), row)  # no retain needed
+        assert row_of("RandomLabel").name == "random-label"
+        check_request("random-label", Benchmark("mine", "forget", (QAExample("q?", "a."),), ()), 1, 1e-3)
     finally:
         unregister_method("random-label")
     with pytest.raises(UserError, match="Unknown baseline"):
-        bp.parse_method("random-label")
+        row_of("random-label")
 
 
 def test_baseline_table_puts_the_models_side_by_side():
@@ -612,7 +615,7 @@ def test_the_epochs_note_says_default_only_while_the_box_holds_it():
     e_note, _ = bp.on_setting_change("simnpo", d_epochs, d_lr, session)  # typed back
     assert e_note["info"] == "this model's default"
     steps, _ = bp.on_setting_change("rome", 99, 0.5, session)  # an editor: its value steps
-    assert steps["info"].startswith("this editor's default: ")
+    assert steps["info"].startswith("ROME's default: ")  # not fitted to the model
     assert bp.default_note("abc", 5) == "this model's default: 5"  # a box being typed in
 
 

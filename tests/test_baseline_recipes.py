@@ -10,7 +10,7 @@ import torch
 from tokenizers import processors
 from torch import nn
 
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.data.schema import TextExample
 from grom.methods import run_baseline, train_in_place
 from grom.methods.trained.losses import kl_to_reference

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from grom import Edit
-from grom.closed_form.keys import answer_letter, pad_id
+from grom import Edit, EditConfig
+from grom.data.encoding import answer_letter, pad_id
 from grom.data.schema import ChoiceExample, QAExample, TextExample
 from grom.methods import (
     BASELINES,
@@ -282,11 +282,17 @@ def test_save_and_load_keep_method_and_info(llama, tokenizer, tmp_path):
     back = Edit.load(edit.save(tmp_path / "ga"))
     assert back.method == "ga" and back.info == json.loads(json.dumps(edit.info))
     assert all(torch.equal(back.patches[k], edit.patches[k]) for k in edit.patches)
+    assert back.settings == edit.settings and back.settings.method == "ga"  # the run's own settings, read back
     meta = json.loads((tmp_path / "ga" / "edit.json").read_text())
-    del meta["method"], meta["info"]  # an edit saved before these fields existed
-    (tmp_path / "ga" / "edit.json").write_text(json.dumps(meta))
+    # a file written before edits carried their method's settings: a default GROM "config", the
+    # trained run's settings spread in its "info"
+    old_style = {k: v for k, v in meta.items() if k != "settings"} | {"config": EditConfig().to_dict()}
+    (tmp_path / "ga" / "edit.json").write_text(json.dumps(old_style))
+    assert Edit.load(tmp_path / "ga").settings == edit.settings
+    del old_style["method"], old_style["info"]  # and one saved before these fields existed: GROM's
+    (tmp_path / "ga" / "edit.json").write_text(json.dumps(old_style))
     old = Edit.load(tmp_path / "ga")
-    assert old.method == "grom" and old.info == {}
+    assert old.method == "grom" and old.info == {} and old.settings == EditConfig()
 
 
 # ----------------------------------------------------------------------------- the method registry
@@ -311,7 +317,7 @@ def test_unknown_method_names_the_registered_ones():
                        match=r"unknown unlearning method 'nosuch'; use one of ga, graddiff, npo, simnpo"):
         get_method("nosuch")
     with pytest.raises(ValueError, match="already registered"):
-        register_method(Method("npo", "NPO again", METHODS["ga"].loss, "A second NPO."))
+        register_method(Method("npo", "NPO again", METHODS["ga"].loss, "A second NPO."), order=999)
     assert METHODS["npo"].label == "NPO"
     with pytest.raises(ValueError, match="lower-case"):
         Method("My Method", "Mine", METHODS["ga"].loss, "Upper case.")
@@ -320,7 +326,8 @@ def test_unknown_method_names_the_registered_ones():
 def test_a_method_needing_answers_refuses_forget_rows_without_a_question(trained_llama, tokenizer):
     # alternate answers (a seeded "I don't know" per question) are built for QA forget sets
     # (tests/test_baseline_methods_more.py); a text forget set has no question to answer
-    register_method(Method("idk", "IdkGA", METHODS["ga"].loss, "Toward \"I don't know\".", needs_answers=True))
+    register_method(Method("idk", "IdkGA", METHODS["ga"].loss, "Toward \"I don't know\".", needs_answers=True),
+                    order=999)
     try:
         with pytest.raises(ValueError, match="needs question/answer"):
             run_baseline("idk", trained_llama, tokenizer, [TextExample("a text to forget")], RETAIN, **FAST)
@@ -341,7 +348,7 @@ def capped_ascent(x: LossInputs):
 @pytest.fixture
 def capped():
     row = register_method(Method("capped", "Capped GA", capped_ascent, "Capped gradient ascent.",
-                                 needs_retain=True, needs_reference=True, defaults={"cap": 20.0}))
+                                 needs_retain=True, needs_reference=True, defaults={"cap": 20.0}), order=999)
     yield row
     unregister_method("capped")
 
@@ -365,7 +372,7 @@ def test_a_registered_method_trains_with_its_row_alone(capped, trained_llama, to
 
 
 def test_unregistered_method_is_gone(trained_llama, tokenizer):
-    register_method(Method("ga2", "GA again", METHODS["ga"].loss, "Gradient ascent, twice."))
+    register_method(Method("ga2", "GA again", METHODS["ga"].loss, "Gradient ascent, twice."), order=999)
     assert run_baseline("ga2", trained_llama, tokenizer, FORGET, [], max_steps=1, batch_size=4).method == "ga2"
     assert unregister_method("GA2").name == "ga2"
     with pytest.raises(UnknownMethod, match="use one of ga, graddiff, npo, simnpo"):

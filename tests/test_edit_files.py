@@ -84,7 +84,7 @@ def test_a_factored_edit_loads_back_to_float32_rounding_and_keeps_its_hash(edit,
 
 def test_the_hash_names_the_patches_bit_for_bit(edit, tokenizer):
     model, e = edit
-    again = run_edit(model, tokenizer, FORGET, RETAIN, e.config)  # the same edit, computed again
+    again = run_edit(model, tokenizer, FORGET, RETAIN, e.settings)  # the same edit, computed again
     assert all(torch.equal(again.patches[k], P) for k, P in e.patches.items())
     assert again.sha256() == e.sha256() == patch_sha256(dict(reversed(list(e.patches.items()))))
     name = next(iter(e.patches))

@@ -27,7 +27,7 @@ def assert_same_state(model, before):
 
 def answer_logprob(model, tokenizer, examples):
     """Mean log-probability of the answer tokens, teacher-forced."""
-    from grom.closed_form.keys import encode_examples, make_batches
+    from grom.data.encoding import encode_examples, make_batches
     enc = encode_examples(tokenizer, examples)
     total, count = 0.0, 0
     with torch.no_grad():
@@ -162,7 +162,7 @@ def test_save_load_roundtrip(tokenizer, tmp_path):
     model = tiny_llama(len(tokenizer))
     edit = run_edit(model, tokenizer, FORGET, RETAIN, EditConfig(k=2, beta=5.0))
     loaded = Edit.load(edit.save(tmp_path / "edit"))
-    assert loaded.config == edit.config and loaded.band == edit.band
+    assert loaded.settings == edit.settings and loaded.band == edit.band
     assert loaded.scores.band == edit.scores.band
     for k in edit.patches:
         assert torch.equal(loaded.patches[k], edit.patches[k])

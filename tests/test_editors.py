@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.data.schema import FactRecord, QAExample
 from grom.methods.editors import update_rules as rules
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, run_editor

@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.data.schema import QAExample
 from grom.methods.editors import locate_then_edit as editing
 from grom.methods.editors.layers_above import capture_upper, head_logits, upper_logits

@@ -198,7 +198,7 @@ def test_reuse_takes_unedited_rows_from_an_earlier_report(tokenizer, trained_lla
 def test_choice_keys_and_accuracy_use_the_same_answer_letter(chat, tokenizer, plain_tokenizer):
     """GROM's keys (and the baselines, which share the encoding) push on the very token
     the accuracy metric reads: "C" after a chat template, " C" after a plain prompt."""
-    from grom.closed_form.keys import encode_example
+    from grom.data.encoding import encode_example
     from grom.data.schema import ChoiceExample
     from grom.eval.runner import choice_logprobs
 

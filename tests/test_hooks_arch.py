@@ -85,7 +85,7 @@ def test_an_ended_forward_pass_is_freed_at_once():
     layer's call and stops there) leaves nothing for the cyclic collector: its activations
     go when the call returns, even where a frame on the way kept the exception."""
     from grom.closed_form.collect import _capture_layer_calls
-    from grom.closed_form.keys import Batch
+    from grom.data.encoding import Batch
 
     model = _KeepsTheStop()
     ids = torch.tensor([[1, 2, 3]])

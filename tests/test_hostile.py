@@ -121,7 +121,7 @@ def test_imported_config_numbers_above_their_bounds_get_a_message(url, exported,
 
     c = new_client(url)
     meta = copy.deepcopy(exported)
-    meta["config"] |= config
+    meta["settings"] |= config
     text, _ = import_error(c, tmp_path, meta)
     assert re.search(message, text), text
     summary, _, _ = c.predict(api_name="/run_edit", **QUICK)  # the session still works

@@ -6,7 +6,7 @@ import torch
 
 from grom import EditConfig, example_influence_bruteforce, run_edit
 from grom.closed_form.diagnostics import example_outputs, influence
-from grom.closed_form.keys import encode_example
+from grom.data.encoding import encode_example
 from grom.data.schema import FactRecord, TextExample
 from grom.model.loading import ModelLoadError, load_model
 from tests.conftest import FORGET, RETAIN, tiny_gpt2, tiny_llama
@@ -132,4 +132,4 @@ def test_cli_edit_and_scores(tmp_path, tokenizer, capsys):
     assert main(["edit", "--model", str(folder), "--device", "cpu", "--layers", "1-2", "--beta", "5",
                  "--w-r", "10", *files, "--out", str(out)]) == 0
     edit = Edit.load(out)
-    assert edit.band == [1, 2] and edit.config.beta == 5.0
+    assert edit.band == [1, 2] and edit.settings.beta == 5.0

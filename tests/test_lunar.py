@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler
 
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.data.prompts import encode_prompt
 from grom.data.schema import QAExample, TextExample
 from grom.methods import ALL, can_run, family_of, get

@@ -97,15 +97,12 @@ def test_a_trainings_estimate_counts_its_weights_gradients_and_moments():
     """Per trained float32 weight a copy, a gradient and two AdamW moments (16 bytes: SmolLM2's
     134.5 M weights, 2.2 GB; the weights themselves are resident already), plus one step's
     activations of two passes."""
-    from types import SimpleNamespace
-
-    from components.core import durations
+    from grom.methods.costs import ACTIVATION_BYTES_PER_TOKEN_LAYER, held_while_training, shape_of
     from tests.conftest import tiny_llama
 
     model = tiny_llama(vocab=64, layers=4)
-    handle = SimpleNamespace(model=model)
     weights = list(model.parameters())
     n = sum(p.numel() for p in weights)
-    held = durations.held_while_training(weights, 512, handle)
-    activations = 2 * 512 * 4 * model.config.hidden_size * durations.ACTIVATION_BYTES_PER_TOKEN_LAYER
+    held = held_while_training(weights, 512, shape_of(model))
+    activations = 2 * 512 * 4 * model.config.hidden_size * ACTIVATION_BYTES_PER_TOKEN_LAYER
     assert held == n * 16 + activations

@@ -1,4 +1,4 @@
-"""The one method registry (grom.methods.registry): GROM, every trained method and every
+"""The one method registry (grom.registry): GROM, every trained method and every
 editor in it, each row saying what it can run on, and its defaults fitted to the model:
 each trained method takes one optimizer step on the bundled demo model (6 layers) at its
 defaults, each editor's and GROM's capability check says why it cannot run where it cannot."""

@@ -113,7 +113,7 @@ def test_edit_json_round_trip_keeps_the_refusal(tokenizer, tmp_path):
     edit = run_edit(model, tokenizer, FORGET, RETAIN,
                     EditConfig(target="refusal", refusal="No comment.", layers=(1,), beta=5.0))
     loaded = Edit.load(edit.save(tmp_path / "edit"))
-    assert loaded.config == edit.config and loaded.config.refusal == "No comment."
+    assert loaded.settings == edit.settings and loaded.settings.refusal == "No comment."
     assert torch.equal(loaded.patches[edit.layers[0].param_name], edit.patches[edit.layers[0].param_name])
     assert EditConfig.from_dict(EditConfig(target="refusal").to_dict()).refusal is None
 

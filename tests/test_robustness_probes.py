@@ -296,12 +296,12 @@ def test_an_edit_for_another_model_is_refused(edited, tokenizer):
     _, _, edit = edited
     wider = tiny_llama(len(tokenizer) + 8)
     wider.config._name_or_path = ""
-    edit_copy = type(edit)(config=edit.config, patches={"model.embed_tokens.weight": torch.zeros(3, 3)})
+    edit_copy = type(edit)(settings=edit.settings, patches={"model.embed_tokens.weight": torch.zeros(3, 3)})
     with pytest.raises(ValueError, match=r"patch for model.embed_tokens.weight has shape \(3, 3\)"):
         check_edit_fits(wider, edit_copy)
     with pytest.raises(ValueError, match="patches nope.weight, which the model has not"):
-        check_edit_fits(wider, type(edit)(config=edit.config, patches={"nope.weight": torch.zeros(1)}))
-    named = type(edit)(config=edit.config, patches={}, model_name="/models/SmolLM2-135M-Instruct")
+        check_edit_fits(wider, type(edit)(settings=edit.settings, patches={"nope.weight": torch.zeros(1)}))
+    named = type(edit)(settings=edit.settings, patches={}, model_name="/models/SmolLM2-135M-Instruct")
     wider.config._name_or_path = "HuggingFaceTB/smollm2-135m-instruct"
     check_edit_fits(wider, named)  # the same model under its Hub id
     wider.config._name_or_path = "/tmp/other-model"

@@ -37,7 +37,7 @@ RUN = {"model": "demo", "benchmark": "demo", "split": "forget10", "source": "", 
 
 def tiny_edit(rows: int = 8, cols: int = 16, seed: int = 0, method: str = "grom") -> Edit:
     P = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
-    return Edit(config=EditConfig(), patches={NAME: P}, method=method, run=dict(RUN), timings={"total": 1.5})
+    return Edit(settings=EditConfig(), patches={NAME: P}, method=method, run=dict(RUN), timings={"total": 1.5})
 
 
 @pytest.fixture
@@ -340,7 +340,7 @@ def test_a_link_brings_the_run_back_into_a_fresh_session(wired_url, tmp_path):
     assert "Opened a shared run" in got.note and "bit for bit" in got.note and got.note == got.export_note
     again, linked = export_patches(b, tmp_path / "b")
     assert same_patches(patches, linked) and again["patch_sha256"] == meta["patch_sha256"]
-    assert again["run"] == meta["run"] and again["config"] == meta["config"]
+    assert again["run"] == meta["run"] and again["settings"] == meta["settings"]
     _, second, _, _ = b.predict(max_examples=6, api_name="/compare")
     assert second["data"] == first["data"]  # the same edit, the same metrics
     k = w["k"]["value"] if isinstance(w["k"], dict) else w["k"]

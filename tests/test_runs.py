@@ -82,8 +82,9 @@ def test_model_names_are_portable_and_runs_are_checked(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text,message", [
-    ("{not json", "not valid JSON"), ("[1, 2]", "JSON object"), ('{"run": {}}', 'no "config"'),
-    ('{"config": {"beta": -1}}', "config is not valid"), ('{"config": {"colour": 1}}', "unknown EditConfig"),
+    ("{not json", "not valid JSON"), ("[1, 2]", "JSON object"), ('{"run": {}}', 'no "settings"'),
+    ('{"config": {"beta": -1}}', "settings of grom cannot be read"),
+    ('{"config": {"colour": 1}}', "unknown EditConfig"),
     ('{"config": {}, "run": [1]}', '"run" must be a JSON object'),
 ])
 def test_bad_edit_json_is_refused_with_what_is_wrong(text, message):
@@ -117,12 +118,12 @@ def test_an_exported_edit_loads_back_bit_for_bit_with_its_run(demo_edit, tmp_pat
     meta = (tmp_path / "edit.json").read_text()
     assert str(tmp_path.anchor) + "work" not in meta and '"model_name": "demo"' in meta
     loaded = Edit.load(tmp_path)
-    assert loaded.run == edit.run and loaded.config == edit.config and loaded.band == edit.band
+    assert loaded.run == edit.run and loaded.settings == edit.settings and loaded.band == edit.band
     assert set(loaded.patches) == set(edit.patches)
     for name, P in edit.patches.items():  # bit for bit
         assert loaded.patches[name].dtype == P.dtype and torch.equal(loaded.patches[name], P)
-    values = dict(zip(RESTORED, restore_values(loaded.config.to_dict(), loaded.run)))
-    assert values["band_text"] == "3-5" and values["beta"] == edit.config.beta
+    values = dict(zip(RESTORED, restore_values(loaded.settings.to_dict(), loaded.run)))
+    assert values["band_text"] == "3-5" and values["beta"] == edit.settings.beta
 
 
 def shown(session):
@@ -154,8 +155,8 @@ def test_the_history_keeps_settings_and_metrics_and_restores_a_row(demo_edit):
     assert list(fig.data[0].x) == [0.3] and list(fig.data[0].y) == [0.9]
     assert ("patches" not in str(runs_history.history(session)[0])
             and "Tensor" not in str(runs_history.history(session)[0]))
-    second = EditConfig(**(edit.config.to_dict() | {"beta": 40.0, "layers": (2, 3)}))
-    session.edit = FakeEdit(config=second, run=edit.run | {"band": [2, 3]}, timings={"total": 1.0},
+    second = EditConfig(**(edit.settings.to_dict() | {"beta": 40.0, "layers": (2, 3)}))
+    session.edit = FakeEdit(settings=second, run=edit.run | {"band": [2, 3]}, timings={"total": 1.0},
                                    method="grom")
     table, _, _ = shown(session)
     assert list(table["#"]) == [2, 1] and list(table["β"]) == ["40 rel.", "150 rel."]
@@ -181,7 +182,7 @@ def test_sweep_points_reach_the_history():
 
 def test_the_history_is_capped():
     session = Session()
-    edits = [FakeEdit(config=EditConfig(beta=float(i + 1)), run={}, timings={}, method="grom")
+    edits = [FakeEdit(settings=EditConfig(beta=float(i + 1)), run={}, timings={}, method="grom")
              for i in range(runs_history.MAX_ROWS + 5)]
     for e in edits:
         runs_history.add_run(session, e)
@@ -241,7 +242,7 @@ def test_a_recomputed_edit_is_judged_by_its_hash_then_by_its_patch():
     from components.core.runs import recompute_verdict
 
     def edit_of(P):
-        return Edit(config=EditConfig(), patches={"w": P})
+        return Edit(settings=EditConfig(), patches={"w": P})
 
     P = torch.linspace(-1, 1, 12).reshape(3, 4)
     exported = edit_of(P)

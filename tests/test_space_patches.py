@@ -33,6 +33,7 @@ from grom.edit import (
     expand_factors,
     read_patch_layout,
 )
+from grom.methods import Settings
 from grom.patch_policy import check_stored_patches
 from tests.conftest import tiny_llama, weights_hash
 
@@ -52,8 +53,8 @@ def test_a_factored_patch_is_applied_as_its_expansion_and_reverted_bit_for_bit(d
     names = [n for n, p in model.named_parameters() if p.ndim == 2]
     held = {n: Factors(*rank1(*model.get_parameter(n).shape, r=2, seed=i), dtype) for i, n in enumerate(names)}
     monkeypatch.setattr("grom.edit.EXPAND_BLOCK", 1000)  # several row blocks per matrix
-    factored = Edit(config=EditConfig(), patches=Patches(held), method="ga")
-    full = Edit(config=EditConfig(), patches={n: expand_factors(f.U, f.V, dtype) for n, f in held.items()},
+    factored = Edit(settings=Settings(method="ga"), patches=Patches(held), method="ga")
+    full = Edit(settings=Settings(method="ga"), patches={n: expand_factors(f.U, f.V, dtype) for n, f in held.items()},
                 method="ga")
     before = weights_hash(model)
     with full.applied(model):
@@ -76,7 +77,7 @@ def test_an_imported_factored_edit_is_saved_back_as_its_factors(tmp_path):
     model = tiny_llama(96)
     names = [n for n, p in model.named_parameters() if p.ndim == 2][:3]
     held = {n: Factors(*rank1(*model.get_parameter(n).shape, seed=i), torch.float32) for i, n in enumerate(names)}
-    edit = Edit(config=EditConfig(), patches=Patches(held), method="ga")
+    edit = Edit(settings=Settings(method="ga"), patches=Patches(held), method="ga")
     folder = edit.save(tmp_path / "a", factored=True)
     tensors = load_file(str(folder / PATCH_FILE))
     assert set(tensors) == {f"{n}.{f}" for n in names for f in "UV"}
@@ -91,7 +92,8 @@ def test_an_imported_factored_edit_is_saved_back_as_its_factors(tmp_path):
 
 def test_every_method_s_factored_patch_needs_the_norm_edit_json_records(tmp_path):
     name = "model.layers.0.mlp.up_proj.weight"
-    edit = Edit(config=EditConfig(), patches=Patches({name: Factors(*rank1(64, 32), torch.float32)}), method="ga")
+    edit = Edit(settings=Settings(method="ga"), patches=Patches({name: Factors(*rank1(64, 32), torch.float32)}),
+                method="ga")
     folder = edit.save(tmp_path / "a", factored=True)
     meta = json.loads((folder / META_FILE).read_text())
     meta["patch_norms"][name] *= 2

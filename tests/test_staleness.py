@@ -27,12 +27,12 @@ class Edit(SimpleNamespace):
 
 def an_edit(beta: float = 10.0, band=(3, 4, 5)):
     run = {"band_mode": "manual", "k": len(band), "seed": 0, "retain_examples": 128}
-    return Edit(config=EditConfig(beta=beta, layers=band), band=band, timings={"total": 1.0}, method="grom", run=run)
+    return Edit(settings=EditConfig(beta=beta, layers=band), band=band, timings={"total": 1.0}, method="grom", run=run)
 
 
 def values_of(edit, **changed) -> list:
     """The Edit form's values (in `NAMES` order) holding `edit`'s settings, some `changed`."""
-    by_name = dict(zip(RESTORED, restore_values(edit.config.to_dict(), edit.run))) | changed
+    by_name = dict(zip(RESTORED, restore_values(edit.settings.to_dict(), edit.run))) | changed
     return [by_name[n] for n in NAMES]
 
 

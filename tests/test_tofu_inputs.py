@@ -17,8 +17,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from grom.closed_form.keys import encode_example
 from grom.data import LLAMA2_INST, PLAIN_QA, TOFU_CHAT, encode_prompt, encode_qa
+from grom.data.encoding import encode_example
 from grom.data.schema import QAExample
 from grom.eval.runner import encode_pair
 from tests.conftest import FORGET, RETAIN, make_tokenizer

@@ -157,7 +157,7 @@ def test_an_editor_gives_turns_per_value_step_and_layer_with_the_same_patch(name
 
 
 def test_the_value_steps_in_chunks_are_the_steps_of_one_batch(trained_llama, tokenizer, monkeypatch):
-    from grom.closed_form.keys import pad_id
+    from grom.data.encoding import pad_id
     from grom.methods.editors import value_optimisation
     from grom.methods.editors.value_optimisation import ValueSettings, encode_fact, optimise_values
 

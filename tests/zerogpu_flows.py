@@ -194,7 +194,7 @@ def main() -> dict:
     exported = session.edit
     restored = export_panel.on_import_run([files[1]], session, progress=quiet)
     assert "identical" in restored[-1], restored[-1]
-    assert session.edit is not exported and session.edit.config == exported.config
+    assert session.edit is not exported and session.edit.settings == exported.settings
 
     # the attacks on a split with held-out probes: the baseline's training, then a call per attack and edit
     probes = Path(tempfile.mkdtemp()) / "probes.jsonl"

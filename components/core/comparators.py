@@ -1,33 +1,29 @@
-"""Every method the studio can run beside GROM, by one name: the trained methods of
-`grom.methods.METHODS` (GA, GradDiff, NPO, SimNPO, IDK-NLL, ...) and the closed-form
-locate-then-edit editors of `grom.methods.EDITORS` (ROME, MEMIT, AlphaEdit,
-ZeroUnlearn), and LUNAR (the "redirection" family, grom.methods.lunar: one down_proj refitted
-so that the forget activations move along a refusal direction). The Compare tab's baseline
-and the "Is it gone?" tab both train through `run_comparator`, so each lists, checks and runs the same methods.
+"""Every method the studio can run beside GROM, by one name, from its registry row
+(`grom.registry`): the trained methods (GA, GradDiff, NPO, SimNPO, IDK-NLL, ...), the
+closed-form locate-then-edit editors (ROME, MEMIT, AlphaEdit, ZeroUnlearn) and LUNAR. The
+Compare tab's baseline and the "Is it gone?" tab both run through `run_comparator`, so each
+lists, checks and runs the same methods, and neither asks which family a method is: the row
+says what its two number boxes mean and start from (`MethodEntry.boxes`), what values they
+take (`Box.read`, in the words of a refusal), the settings a run gets from them
+(`MethodEntry.configure`: an editor on GROM's band where it can move facts there, LUNAR at its
+own layer, a trained method under its benchmark's recipe), and how it runs. What is the
+server's, not the method's, is applied here: GROM_MAX_EPOCHS on a run that trains the model
+step by step (`MethodEntry.stepwise`), GROM_MAX_EXAMPLES on every run, ZeroGPU's calls.
 
-The two kinds share the panel's two number boxes: a trained method reads them as epochs
-and learning rate; an editor as the steps and learning rate of its per-fact value
-optimisation (`grom.methods.editors.value_optimisation.ValueSettings`), the only backpropagation it needs;
-LUNAR as the epochs and learning rate of its AdamW fit of one down_proj (upstream's 20 and 0.01),
-at its own layer (upstream's relative depth, `lunar_layer`), in one call like an editor.
 An editor edits GROM's band of the session's edit where there is one (the paper's terms:
 the same keys and retain covariance, only the update rule differs), unless that band ends
 at the model's last layer (`editor_band`): there a value vector at the subject's token
 reaches no answer token (nothing mixes positions after the last layer), so ROME, MEMIT and
 AlphaEdit would change nothing (SmolLM2's default band, 25-29 of 30); the editors then
-take the upstream editors' band instead, and the summary says so.
+take the upstream editors' band instead, and the summary says so (`band_note`).
 
 `unavailable(name, bench)` says why a method cannot run on a split (an editor without
 facts that carry a subject, a retain-term method without a retain set) in the words its
-run is refused with (`gap`: also a few words for the box), as the method registry's row
-says it (`grom.methods.can_run`); the method box greys such methods out
-(`comparator_choices` with the split), and `glossary` gives each method's line: what it
-does, what it needs.
+run is refused with (`gap`: also a few words for the box), as the registry's row says it;
+the method box greys such methods out (`comparator_choices` with the split), and `glossary`
+gives each method's line: what it does, what it needs.
 """
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 from components.core.device import DEVICE_LOCK, ON_ZEROGPU, device_progress, give_turn, on_device
 from components.core.durations import train_call_s, train_plan
@@ -36,173 +32,102 @@ from components.core.gpu_time import refuse_over
 from components.core.limits import limit, over
 from components.core.session import ModelKey, resident
 from components.core.train_parts import train_in_calls
-from grom.methods import (
-    EDITORS,
-    METHODS,
-    EditorConfig,
-    LunarConfig,
-    Method,
-    Reason,
-    RunSettings,
-    can_run,
-    editor_band,
-    family_of,
-    get,
-    names,
-    recipe_for_task,
-    trainable_reason,
-)
-from grom.methods.editors.value_optimisation import ValueSettings
+from grom.methods import ALL, BadSetting, MethodEntry, Reason, can_run
 from grom.methods.trained.checkpoint import Part
-from grom.model.arch import num_layers
-
-MAX_VALUE_STEPS = 100  # a value optimisation's steps: ROME's 20-25, upstream's longest 50
 
 
-@dataclass(frozen=True)
-class Boxes:
-    """What the panel's two number boxes mean for a method, and their starting values."""
-
-    count_label: str
-    rate_label: str
-    count: float
-    rate: float
+def comparator_names() -> tuple[str, ...]:
+    """Every method but GROM, in the registry's order."""
+    return tuple(name for name, row in ALL.items() if row.family != "closed-form")
 
 
-def is_editor(name: str) -> bool:
-    return family_of(name) == "editor"
+def row_of(method) -> MethodEntry:
+    """The registry row for the method box's value (its name or label, any case; not GROM)."""
+    name = str(method or "").strip().lower()
+    for key in comparator_names():
+        if name in (key, ALL[key].label.lower()):
+            return ALL[key]
+    raise UserError(f"Unknown baseline {shorten(method)!r}: choose one of "
+                    f"{', '.join(ALL[n].label for n in comparator_names())}.")
 
 
-def is_redirection(name: str) -> bool:
-    """LUNAR's family: one matrix refitted on forward-pass activations (grom.methods.lunar)."""
-    return family_of(name) == "redirection"
-
-
-def is_trained(name: str) -> bool:
-    """A trained method (fine-tuning with a loss), which ZeroGPU splits into calls; the
-    editors and LUNAR run in one."""
-    return family_of(name) == "trained"
+def choice_label(row: MethodEntry) -> str:
+    """How the method box lists a method: "NPO: what it does (trained method)"."""
+    return f"{row.label}: {row.description.rstrip('.')} ({row.kind})"
 
 
 def comparator_choices(bench=None) -> list[tuple[str, str]]:
-    """(label, name) of every method: "GA: what it does", then "ROME: ... (closed-form
-    editor; needs facts with a subject)". With a benchmark, a method that cannot run on it
-    is greyed out: "⊘ ROME: not on this split (...)", the reason in `unavailable`."""
-    trained = [(f"{row.label}: {row.description.rstrip('.')}", name) for name, row in METHODS.items()]
-    editors = [(f"{e.label}: {e.description.split(';')[0]} (closed-form editor; needs facts with a subject)", name)
-               for name, e in EDITORS.items()]
-    redirection = [(f"{get(name).label}: {get(name).description.split(':', 1)[-1].split(';')[0].strip()} "
-                    "(activation redirection; needs questions and a retain set)", name)
-                   for name in names("redirection")]
+    """(label, name) of every method but GROM, in the registry's order. With a benchmark, a
+    method that cannot run on it is greyed out: "⊘ ROME: not on this split (...)", the
+    reason in `unavailable`."""
+    rows = [ALL[n] for n in comparator_names()]
     if bench is None:
-        return trained + editors + redirection
-    everything = trained + editors + redirection
-    gaps = {name: gap(name, bench) for _, name in everything}
-    return [(label if gaps[name] is None else f"⊘ {comparator_label(name)}: not on this split ({gaps[name][0]})",
-             name) for label, name in everything]
+        return [(choice_label(r), r.name) for r in rows]
+    gaps = {r.name: gap(r.name, bench) for r in rows}
+    return [(choice_label(r) if gaps[r.name] is None else f"⊘ {r.label}: not on this split ({gaps[r.name][0]})",
+             r.name) for r in rows]
+
+
+def methods_line() -> str:
+    """Every method but GROM in a line, by kind, in the registry's order: "15 trained
+    methods (GA, GradDiff, NPO, SimNPO, ...), 4 closed-form editors (ROME, ...), LUNAR
+    (activation redirection)"."""
+    kinds: dict[str, list[str]] = {}
+    for name in comparator_names():
+        kinds.setdefault(ALL[name].kind, []).append(ALL[name].label)
+    return ", ".join(f"{len(labels)} {kind}s ({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''})"
+                     if len(labels) > 1 else f"{labels[0]} ({kind})" for kind, labels in kinds.items())
 
 
 def glossary(name: str) -> str:
-    """The method's glossary line: its label, its kind, what it does and what it needs (the
-    registry row's description)."""
-    name = str(name or "").strip().lower()
-    if name in EDITORS:
-        return f"**{EDITORS[name].label}** (closed-form editor on GROM's keys): {EDITORS[name].description}"
-    if name in METHODS:
-        return f"**{METHODS[name].label}** (trained method): {METHODS[name].description}"
-    if is_redirection(name):
-        return (f"**{get(name).label}** (activation redirection, one down_proj refitted; the boxes are its "
-                f"epochs and learning rate): {get(name).description}")
-    return ""
+    """The method's glossary line: its label, its kind and what it does and needs."""
+    row = ALL.get(str(name or "").strip().lower())
+    return "" if row is None else f"**{row.label}** ({row.kind}): {row.description}"
 
 
 def comparator_label(name: str) -> str:
-    name = str(name or "").strip().lower()
-    if is_redirection(name):
-        return get(name).label
-    return EDITORS[name].label if name in EDITORS else METHODS[name].label
+    return row_of(name).label
 
 
-def redirection_boxes() -> Boxes:
-    """LUNAR's boxes: its AdamW fit's epochs and learning rate (upstream's defaults)."""
-    c = LunarConfig()
-    return Boxes("Epochs (AdamW fit of one down_proj)", "Learning rate", c.epochs, c.lr)
+def box_values(row: MethodEntry, count, rate) -> dict:
+    """The panel's two boxes' values by the row's box names (first: the count, second: the rate)."""
+    first, second = row.boxes(None)[:2]
+    return {first.name: count, second.name: rate}
 
 
-REDIRECTION_MAX_EPOCHS = 100
-"""LUNAR's epochs train one matrix on activations read once (a few seconds each on a CPU for
-SmolLM2), not the model: GROM_MAX_EPOCHS (10, a trained method's bound) would refuse
-upstream's own 20."""
-
-
-def check_redirection(name: str, bench, epochs, lr) -> tuple[int, float]:
-    """LUNAR's (epochs, lr), checked, and the split checked to hold what it needs (forget
-    questions, a retain set); a `UserError` that names what is missing, before any work."""
-    label = comparator_label(name)
+def check_request(name: str, bench, count, rate) -> tuple[MethodEntry, float, float]:
+    """(the row, count, rate) of a request to run the method `name` on `bench`, each checked
+    before any work: the boxes' values as the row takes them, a training within this
+    server's GROM_MAX_EPOCHS, what the split lacks for the method (the row's `Reason`), and
+    the split within GROM_MAX_EXAMPLES; a `UserError` that says what to change."""
+    row = row_of(name)
     try:
-        epochs_f, lr_f = float(epochs), float(lr)
-    except (TypeError, ValueError):
-        raise UserError(f"{label}'s epochs and learning rate must be numbers (got {shorten(epochs)}, "
-                        f"{shorten(lr)}).") from None
-    top = max(REDIRECTION_MAX_EPOCHS, limit("GROM_MAX_EPOCHS"))
-    if not (math.isfinite(epochs_f) and 1 <= epochs_f <= top and epochs_f == int(epochs_f)):
-        raise UserError(f"Epochs = {shorten(epochs)}: a whole number from 1 to {top} (upstream: 20).")
-    if not (math.isfinite(lr_f) and 0 < lr_f < 1):
-        raise UserError(f"Learning rate = {shorten(lr)}: a number above 0 and below 1 (upstream: 0.01).")
-    missing = can_run(name, None, bench)
+        values = row.read_boxes(box_values(row, count, rate))
+    except BadSetting as err:
+        raise UserError(str(err)) from None
+    count, rate = values.values()
+    if row.stepwise and count > limit("GROM_MAX_EPOCHS"):
+        raise over(row.boxes(None)[0].label, count, "GROM_MAX_EPOCHS")
+    missing = can_run(row.name, None, bench) if bench is not None else None
     if missing:
         raise UserError(missing[1])
-    if len(bench.forget) > limit("GROM_MAX_EXAMPLES"):
-        raise over(f"{label} reads every prompt token of the forget set, and {bench.name}/{bench.split} has {{n}}",
-                   len(bench.forget), "GROM_MAX_EXAMPLES")
-    return int(epochs_f), lr_f
+    if bench is not None:
+        check_sizes(bench, row)
+    return row, count, rate
 
 
-def editor_boxes() -> Boxes:
-    v = ValueSettings()
-    return Boxes("Value steps (per-fact vector)", "Value learning rate", v.steps, v.lr)
-
-
-def check_editor(name: str, bench, steps, lr) -> tuple[int, float]:
-    """An editor's (value steps, value lr), checked, and the split checked to hold what an
-    editor needs (facts with a subject, a retain set for its covariance); a `UserError`
-    that names what is missing, before any work."""
-    label = comparator_label(name)
-    try:
-        steps_f, lr_f = float(steps), float(lr)
-    except (TypeError, ValueError):
-        raise UserError(f"{label}'s value steps and learning rate must be numbers (got {shorten(steps)}, "
-                        f"{shorten(lr)}).") from None
-    if not (math.isfinite(steps_f) and steps_f >= 1 and steps_f == int(steps_f)):
-        raise UserError(f"Value steps = {shorten(steps)}: a whole number from 1 (ROME takes 20 to 25).")
-    if steps_f > MAX_VALUE_STEPS:
-        raise UserError(f"Value steps = {steps_f:g}: at most {MAX_VALUE_STEPS} on this server.")
-    if not (math.isfinite(lr_f) and 0 < lr_f <= 10):
-        raise UserError(f"Value learning rate = {shorten(lr)}: a number above 0 and at most 10 (ROME: 0.1 to 0.5).")
-    missing = can_run(name, None, bench)
-    if missing:
-        raise UserError(missing[1])
-    if len(bench.forget) > limit("GROM_MAX_EXAMPLES"):
-        raise over(f"{label} optimises a vector per fact, and {bench.name}/{bench.split} has {{n}}",
-                   len(bench.forget), "GROM_MAX_EXAMPLES")
-    return int(steps_f), lr_f
-
-
-def parse_method(method) -> Method:
-    """The registry row for the method box's value (its name or label, any case)."""
-    name = str(method or "").strip().lower()
-    for key, row in METHODS.items():
-        if name in (key, row.label.lower()):
-            return row
-    raise UserError(f"Unknown baseline {shorten(method)!r}: choose one of "
-                    f"{', '.join([row.label for row in METHODS.values()] + [e.label for e in EDITORS.values()])}.")
-
-
-def check_trainable(bench, method: Method | str) -> None:
-    """A `UserError` saying what the split lacks for the trained method, before any work."""
-    missing = trainable_reason(method if isinstance(method, Method) else parse_method(method), None, bench)
-    if missing:
-        raise UserError(missing[1])
+def check_sizes(bench, row: MethodEntry) -> None:
+    """A method reads the whole forget and retain sets: each within GROM_MAX_EXAMPLES; a
+    method that writes alternates (AltPO) trains on that many rows per question, which count
+    too (and are as many answers to generate)."""
+    method = row.detail
+    per_question = int(method.defaults.get("n_alternates", 1)) if getattr(method, "make_alternates", None) else 1
+    for what, examples in (("forget", bench.forget), ("retain", bench.retain)):
+        n = len(examples) * (per_question if what == "forget" else 1)
+        if n > limit("GROM_MAX_EXAMPLES"):
+            rows = f" ({per_question} alternates for each of {len(examples)} questions)" if n != len(examples) else ""
+            raise over(f"{row.label} reads every {what} example, and {bench.name}/{bench.split} "
+                       f"makes {{n}}{rows}", n, "GROM_MAX_EXAMPLES")
 
 
 def gap(name: str, bench) -> Reason | None:
@@ -211,7 +136,7 @@ def gap(name: str, bench) -> Reason | None:
     refused with)."""
     if bench is None:
         return None
-    return can_run(name if is_editor(name) or is_redirection(name) else parse_method(name).name, None, bench)
+    return can_run(row_of(name).name, None, bench)
 
 
 def unavailable(name: str, bench) -> str | None:
@@ -245,26 +170,16 @@ def key_note(info) -> str:
 def run_comparator(name: str, model, tokenizer, bench, count: float, rate: float, *, band=None, progress=None,
                    part: Part | None = None, between=None):
     """The method's edit of the session's data (an `Edit`; the model is given back as
-    found): a trained method with the benchmark's recipe for `count` epochs at lr `rate`
-    (with `part`: that part of its training, a `Paused` record where it stops before the
-    end), an editor with `count` value steps at lr `rate` on `editor_band(band)` (GROM's
-    band, `band`, where an editor can move facts there). `between` (`grom.turns`), given
-    to every family's run: a trained method lends the model out between its optimizer
-    steps, an editor between its value steps and layers, LUNAR between its activation
-    batches and epochs."""
-    method = get(name)
-    if method.family == "editor":
-        config = EditorConfig(layers=editor_band(band, num_layers(model)), prompt_format=bench.prompt_format,
-                              values=ValueSettings(steps=int(count), lr=float(rate)))
-        return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress, between=between)
-    if method.family == "redirection":
-        config = LunarConfig(**{**method.defaults(model), "epochs": int(count), "lr": float(rate),
-                                "prompt_format": bench.prompt_format})
-        return method.run(model, tokenizer, bench.forget, bench.retain, config, progress=progress, between=between)
-    settings = RunSettings(recipe=recipe_for_task(bench.task).name, epochs=count, lr=rate,
-                           prompt_format=bench.prompt_format)
-    return method.run(model, tokenizer, bench.forget, bench.retain, settings, progress=progress, part=part,
-                      between=between)
+    found), with the settings its row makes of the panel's two boxes (`count`, `rate`) and
+    GROM's band (`band`, for a method that runs there); with `part` (a stepwise run on
+    ZeroGPU) that part of its training: a `Paused` record where it stops before the end.
+    `between` (`grom.turns`), given to every run: a trained method lends the model out
+    between its optimizer steps, an editor between its value steps and layers, LUNAR
+    between its activation batches and epochs."""
+    row = row_of(name)
+    settings = row.settings_for(model, bench, box_values(row, count, rate), band)
+    kw = {"part": part} if row.stepwise else {}
+    return row.run(model, tokenizer, bench.forget, bench.retain, settings, progress=progress, between=between, **kw)
 
 
 @on_device(duration=train_call_s)
@@ -290,7 +205,7 @@ def train_comparator(key: ModelKey, bench, name: str, count: float, rate: float,
     method runs as GPU calls that each fit GROM_GPU_SECONDS (`train_plan`), its state
     carried between them in a checkpoint file (components.core.train_parts), its progress
     and Stop relayed from the worker; an editor is one call."""
-    if not ON_ZEROGPU or not is_trained(name):
+    if not ON_ZEROGPU or not row_of(name).stepwise:
         return train_call(key, bench, name, count, rate, band, None, device_progress(progress))
     plan = train_plan(key, bench, name, count)
     if plan is None:  # not loaded: the call says so
@@ -304,7 +219,7 @@ def check_gpu_time(key: ModelKey, bench, name: str, count: float) -> None:
     checkpoint read and written) cannot fit one GPU call. A longer training is split into
     calls (`train_comparator`); its total is bounded by GROM_MAX_EPOCHS x GROM_MAX_EXAMPLES
     (the panel's checks, before this one)."""
-    if not ON_ZEROGPU or not is_trained(name):
+    if not ON_ZEROGPU or not row_of(name).stepwise:
         return
     plan = train_plan(key, bench, name, count)
     if plan is not None:

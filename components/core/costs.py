@@ -3,7 +3,7 @@ beyond the host's limits before any work (limits: components/core/limits.py).
 
 One uploaded forget row of 9 MB (1.4 million words) loaded in a tenth of a second and then
 held the model for minutes: GROM_MAX_EXAMPLES counts rows, and the keys cut a text into
-512-token windows (`grom.closed_form.keys`) with no cap on how many. So the work is bounded by what it
+512-token windows (`grom.data.encoding`) with no cap on how many. So the work is bounded by what it
 costs:
 
 - GROM_MAX_EXAMPLE_TOKENS: the tokens of one example, every text of it any job tokenises

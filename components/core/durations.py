@@ -34,8 +34,10 @@ from components.core.gpu_time import (
 from components.core.limits import limit
 from components.core.session import REGISTRY, ModelKey
 from grom.data.prompts import encode_prompt
-from grom.methods import family_of, get_method, recipe_for_task, resolve_settings
-from grom.methods.trained.optimizer import select_parameters
+from grom.methods import get, get_method
+from grom.methods.costs import held_while_training
+from grom.methods.costs import shape_of as model_shape
+from grom.methods.trained.sizes import run_size
 from grom.methods.trained.training_loop import planned_steps
 from grom.model.arch import decoder_layers, model_device
 from grom.robustness.calibration import RELEARN_BATCH, RELEARN_STEPS
@@ -123,45 +125,6 @@ def sweep_point_s(key: ModelKey, forget, retain, config, f_eval, r_eval, *_rest,
     return gpu_seconds(edit + probe)
 
 
-def train_s(key: ModelKey, bench, method, epochs, *_rest, **_kw) -> int:
-    """An editor's `train_call`: its value steps count as epochs over its facts."""
-    shape = shape_of(key)
-    if shape is None:
-        return DEFAULT_S
-    tokens = example_tokens(bench.forget) + example_tokens(bench.retain)
-    return gpu_seconds(train_flops(shape, tokens, float(epochs)))
-
-
-def redirection_s(key: ModelKey, bench, epochs) -> int:
-    """LUNAR's run: one forward pass over the forget and retain prompts and the refusal
-    prompts (about as many tokens again), then `epochs` of AdamW on one matrix at every
-    prompt token: forward and backward (~3x) of the down_proj, n inputs by at most n/2
-    outputs (SmolLM2: 1536 by 576), a token."""
-    shape = shape_of(key)
-    if shape is None:
-        return DEFAULT_S
-    tokens = example_tokens(bench.forget) + example_tokens(bench.retain)
-    forward = 2.0 * 2 * tokens * shape.layers * shape.layer_params
-    fit = 3 * 2.0 * tokens * shape.key_dim * (shape.key_dim / 2) * float(epochs)
-    return gpu_seconds(forward + fit)
-
-
-def _training(handle, bench, method: str, epochs):
-    """(settings, the trained weights, sequences per epoch, tokens per sequence) of a trained
-    method's run on `bench`, as the trainer counts them (`planned_steps`): one sequence per
-    forget example (times the alternates a method writes), or the corpus's max_length
-    chunks under MUSE's and WMDP's recipes."""
-    s = resolve_settings(method, recipe=recipe_for_task(bench.task).name, epochs=float(epochs), model=handle.model)
-    row = get_method(s.method)
-    tokens = example_tokens(bench.forget)
-    if s.chunk_corpus:
-        n, per_sequence = max(1, math.ceil(tokens / s.max_length)), float(s.max_length)
-    else:
-        copies = int(row.defaults.get("n_alternates", 1)) if row.make_alternates is not None else 1
-        n, per_sequence = len(bench.forget) * copies, min(float(s.max_length), tokens / len(bench.forget))
-    return s, [p for _, p in select_parameters(handle.model, s.params)], n, per_sequence
-
-
 def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
     """A trained method's run on `bench` (its recipe, `epochs`) priced per optimizer step
     and split into calls (None where the model is not loaded). A step costs `train_flops`
@@ -171,38 +134,23 @@ def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
     handle, shape = REGISTRY.get(key), shape_of(key)
     if handle is None or shape is None or not bench.forget:
         return None
-    s, trained, n, per_sequence = _training(handle, bench, method, epochs)
-    total, _ = planned_steps(s, n)
-    step_flops = train_flops(shape, min(n, s.batch_size * s.grad_accum) * per_sequence, 1.0)
-    state = sum(p.numel() * (p.element_size() + 8) for p in trained)
+    size = run_size(handle.model, bench, method, epochs)
+    total, _ = planned_steps(size.settings, size.sequences)
+    step_flops = train_flops(shape, size.tokens_per_step, 1.0)
+    state = sum(p.numel() * (p.element_size() + 8) for p in size.trained)
     return plan_training(step_flops, total, state)
 
 
-ACTIVATION_BYTES_PER_TOKEN_LAYER = 16
-"""Bytes a trained token keeps per layer and hidden unit for the backward pass (its hidden
-states, attention and MLP activations in float32): a rough count, held against what real
-trainings hold in BENCHMARKS.md ("Hostile visitors")."""
-
-
-def held_while_training(trained, tokens_per_step: float, handle) -> int:
-    """What a training keeps between its turns on the device: per trained weight the copy it
-    is restored from, its gradient and AdamW's two float32 moments; and one step's
-    activations (a batch of two passes, forget and retain or reference)."""
-    state = sum(p.numel() * (2 * p.element_size() + 8) for p in trained)
-    cfg = handle.model.config
-    layers, hidden = len(decoder_layers(handle.model)), int(getattr(cfg, "hidden_size", 0) or 0)
-    return int(state + 2 * tokens_per_step * layers * hidden * ACTIVATION_BYTES_PER_TOKEN_LAYER)
-
-
 def baseline_memory(key: ModelKey, bench, method: str, epochs) -> int:
-    """What a trained method's run holds between its turns (`held_while_training`); 0 for a
-    method that trains nothing between turns (an editor's value optimisation, LUNAR's
-    fit of one matrix: small next to the model) or a model not loaded."""
+    """What a method's run holds between its turns, as its registry row counts it
+    (`MethodEntry.holds`: a trained method's weights, gradients, AdamW's moments and a
+    step's activations; nothing for an editor's value optimisation or LUNAR's fit of one
+    matrix, small next to the model); 0 for a model not loaded."""
     handle = REGISTRY.get(key)
-    if handle is None or not bench.forget or family_of(method) in ("editor", "redirection"):
+    if handle is None or not bench.forget:
         return 0
-    s, trained, n, per_sequence = _training(handle, bench, method, epochs)
-    return held_while_training(trained, min(n, s.batch_size * s.grad_accum) * per_sequence, handle)
+    row = get(method)
+    return int(row.holds(handle.model, bench, {row.boxes(None)[0].name: epochs}))
 
 
 def relearning_memory(key: ModelKey) -> int:
@@ -211,7 +159,7 @@ def relearning_memory(key: ModelKey) -> int:
     handle = REGISTRY.get(key)
     if handle is None:
         return 0
-    return held_while_training(list(handle.model.parameters()), RELEARN_BATCH * 64, handle)
+    return held_while_training(list(handle.model.parameters()), RELEARN_BATCH * 64, model_shape(handle.model))
 
 
 def attack_memory(key: ModelKey, bench, names, baseline: tuple | None) -> int:
@@ -233,13 +181,16 @@ def attack_memory(key: ModelKey, bench, names, baseline: tuple | None) -> int:
 
 
 def train_call_s(key: ModelKey, bench, method, epochs, rate=None, band=None, part=None, *_rest, **_kw) -> int:
-    """`train_call(key, bench, method, epochs, lr, band, part)`'s: an editor's value
-    optimisation; a trained method's whole run (`part` None) or one part of the plan's
-    steps per call, with its checkpoint."""
-    if family_of(method) == "editor":
-        return train_s(key, bench, method, epochs)
-    if family_of(method) == "redirection":
-        return redirection_s(key, bench, epochs)
+    """`train_call(key, bench, method, epochs, lr, band, part)`'s: a run in one call priced at
+    its row's FLOPs (`MethodEntry.flops`: an editor's value optimisation, LUNAR's passes and
+    fit); a stepwise run's whole (`part` None) or one part of the plan's steps per call, with
+    its checkpoint."""
+    row, handle = get(method), REGISTRY.get(key)
+    if handle is None:
+        return DEFAULT_S
+    if not row.stepwise:
+        first, second = row.boxes(None)[:2]
+        return gpu_seconds(row.flops(handle.model, bench, {first.name: epochs, second.name: rate or second.default}))
     plan = train_plan(key, bench, method, epochs)
     if plan is None:
         return DEFAULT_S
@@ -515,13 +466,13 @@ def attack_work(inputs: AttackInputs, name: str) -> Work:
 
 
 def training_work(handle, bench, method: str, epochs) -> Work:
-    """A trained method's run on `bench` for `epochs` (`_training`'s count), in `Work`
-    units: each optimizer step the forward and backward (TRAIN_PASSES) of its sequences, as
-    much again where the loss reads a retain, reference or hidden-state pass, and AdamW's
-    sweep of the trained weights; before them the reference log-probabilities of the
+    """A trained method's run on `bench` for `epochs`, in `Work` units (`run_size`'s count):
+    each optimizer step the forward and backward (TRAIN_PASSES) of its sequences, as much
+    again where the loss reads a retain, reference or hidden-state pass, and AdamW's sweep of
+    the trained weights; before them the reference log-probabilities of the
     forget answers where the method compares with the unedited model (one forward), and
     after them the patch (a copy and a difference of the trained weights)."""
-    s, trained, n, per_sequence = _training(handle, bench, method, epochs)
+    s, trained, n, per_sequence = run_size(handle.model, bench, method, epochs)
     row, size = get_method(s.method), size_of(handle.model)
     numel = sum(p.numel() for p in trained)
     total, _ = planned_steps(s, n)

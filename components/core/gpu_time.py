@@ -22,12 +22,11 @@ as many steps as fit `GROM_GPU_SECONDS`; a longer training is that many calls.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from components.core.limits import limit, over
-
-CHARS_PER_TOKEN = 3.0  # English BPE averages ~4 characters a token: 3 over-counts, on purpose
+from grom.methods.costs import example_tokens, train_flops  # noqa: F401  (the counts every price here starts from)
 
 
 @dataclass(frozen=True)
@@ -73,20 +72,6 @@ def gpu_seconds(flops: float, steps: float = 0.0, rate: Rate = RATE, cap: int | 
     return int(min(cap, math.ceil(need)))
 
 
-def example_tokens(examples: Iterable) -> float:
-    """An upper estimate of the tokens in `examples` (every text field of each, at
-    CHARS_PER_TOKEN): what a forward pass over them costs, without tokenizing."""
-    chars = 0
-    for ex in examples:
-        for f in fields(ex):
-            value = getattr(ex, f.name)
-            if isinstance(value, str):
-                chars += len(value)
-            elif isinstance(value, tuple):
-                chars += sum(len(v) for v in value if isinstance(v, str))
-    return chars / CHARS_PER_TOKEN
-
-
 def edit_flops(shape: Shape, tokens: float, band_layers: int, with_scores: bool) -> float:
     """A GROM edit of `tokens` (forget + retain): a forward pass over all layers to collect
     keys (and one more for the layer scores when they are not given), the Grams
@@ -105,12 +90,6 @@ def eval_work(shape: Shape, tokens: float, answers: int, new_tokens: int, rows: 
     flops = rows * 2.0 * (tokens + answers * new_tokens) * shape.layers * shape.layer_params
     steps = rows * math.ceil(answers / batch) * new_tokens * shape.layers
     return flops, steps
-
-
-def train_flops(shape: Shape, tokens: float, epochs: float) -> float:
-    """A gradient baseline: forward and backward (~3 forwards) of every token each epoch,
-    and as much again for a retain or reference pass."""
-    return 2.0 * 6.0 * epochs * tokens * shape.layers * shape.layer_params
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def history(session: Session) -> list[dict]:
 def add_run(session: Session, edit, source: str = "edit") -> None:
     """A row for `edit` (just made, or imported): settings, band and time; metrics follow
     from its comparison (`attach_report`)."""
-    add_row(session, edit.config.to_dict(), dict(edit.run), float(edit.timings.get("total", 0.0)),
+    add_row(session, edit.settings.to_dict(), dict(edit.run), float(edit.timings.get("total", 0.0)),
             source=source, edit=edit)
 
 

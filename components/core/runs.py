@@ -2,7 +2,7 @@
 
 Every GROM edit of the studio carries `edit.run` (saved as "run" in edit.json): the model
 by its name, the benchmark, split and local source, the retain sample (size and seed),
-the preset, the band mode, k and the band. With `edit.config` that is everything needed
+the preset, the band mode, k and the band. With `edit.settings` that is everything needed
 to run it again; the run history, the sweep and the import restore the Edit panel from
 these two (`components.core.form.restore_values`). An imported run's edit, computed again,
 is compared with the exported one (`recompute_verdict`).

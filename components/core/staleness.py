@@ -97,7 +97,7 @@ def marked(text: str, why: str, line: str, as_html: bool) -> str:
 def edit_words(session: Session, edit) -> str:
     """"run #3 (β 10, w_r 100, ρ 0.03, band 3-5)": the edit's number in the history, where
     it has one, and the settings a visitor changes between runs."""
-    c = edit.config
+    c = edit.settings
     band = band_text(getattr(edit, "band", ()) or ()) or getattr(c, "matrix", "")
     settings = (f"β {c.beta:g}{' rel.' if c.beta_relative else ''}, w_r {c.w_r:g}, ρ {c.rho:g}, band {band}")
     n = next((r["n"] for r in reversed(history(session)) if r["edit"]() is edit), None)
@@ -137,7 +137,7 @@ def differences(values: dict, edit) -> list[str]:
     """The Edit form's `values` (by field name) that are not `edit`'s settings, in words
     ("β 10 → 150"); [] where the form holds the edit's settings (the preset's name and the
     batch size, which change no patch, aside)."""
-    config, run = edit.config.to_dict(), getattr(edit, "run", None) or {}
+    config, run = edit.settings.to_dict(), getattr(edit, "run", None) or {}
     had = {name: config.get(name) for name in WORDS if name in config}
     had |= {"seed": run.get("seed", config.get("seed", 0)), "retain_examples": run.get("retain_examples")}
     out = []

@@ -14,7 +14,7 @@ from grom.eval import DIRECTION
 def layer_table(edit) -> pd.DataFrame:
     """One row per edited matrix: its patch norm, the beta and mu used, the key counts."""
     def name(r):
-        kind = edit.config.matrix
+        kind = edit.matrix
         return f"L{r.layer} · {kind}" if r.layer is not None else kind
 
     rows = [{"matrix": name(r), "‖P‖": round(r.patch_norm, 4),
@@ -29,7 +29,7 @@ def edit_summary(edit) -> str:
     t = edit.timings
     band = ", ".join(map(str, edit.band)) if edit.band else "LM head"
     parts = " · ".join(f"{name} {t[name]:.2f} s" for name in ("scores", "keys", "solve", "apply") if name in t)
-    return (f"**Edited** layers {band} of `{edit.config.matrix}` in **{t.get('total', 0):.1f} s** "
+    return (f"**Edited** layers {band} of `{edit.matrix}` in **{t.get('total', 0):.1f} s** "
             f"({parts}). Total ‖P‖ = {edit.patch_norm():.4g}.")
 
 

@@ -204,7 +204,7 @@ from grom.model.loading import load_model
 model, tokenizer = load_model({model!r})
 edit = Edit.load("{folder}")          # patch.safetensors + edit.json
 question = {question!r}
-prompt = torch.tensor([encode_prompt(tokenizer, question, edit.config.prompt_format)])
+prompt = torch.tensor([encode_prompt(tokenizer, question, edit.prompt_format)])
 
 
 def answer() -> str:

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from grom.closed_form.keys import Batch
+from grom.data.encoding import Batch
 from grom.model.arch import model_device
 from grom.model.hooks import StopForward, capture_inputs, drop_frames, hooked, stop_after
 from grom.turns import Between, give

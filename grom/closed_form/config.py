@@ -8,8 +8,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from grom.closed_form.keys import KEY_MODES
 from grom.closed_form.refusal import refusal_problem
+from grom.data.encoding import KEY_MODES
 from grom.data.prompts import PromptFormat
 from grom.model.arch import MATRIX_KINDS
 

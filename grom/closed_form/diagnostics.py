@@ -29,7 +29,7 @@ def influence(edit: Edit, param_name: str | None = None) -> torch.Tensor:
     """||P - P_{-i}||_F for each forget example i of one edited matrix, (N,) float64
     (Theorem 2, from one factorisation; examples with no kept keys get 0)."""
     _, k = layer_keys(edit, param_name)
-    cfg = edit.config
+    cfg = edit.settings
     system = build_system(k.Xf, k.Xr, w_r=cfg.w_r, rho=cfg.rho, w_f=cfg.w_f)
     P = system.update(k.directions.right_product(k.Xf))
     return influence_norms(system, P, k.Xf, k.directions, k.forget_example, k.n_forget)

@@ -13,40 +13,18 @@ the contiguous window of width k with the largest mean S_l.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 from grom.closed_form.collect import forward
-from grom.closed_form.keys import Batch
+from grom.data.encoding import Batch
+from grom.edit import LayerScores
 from grom.model.arch import decoder_layers, edited_matrix, unembedding
 from grom.model.distributed import all_reduce_, share
 from grom.model.hooks import capture_outputs, stop_after
 from grom.turns import Between, give
-
-
-@dataclass(frozen=True)
-class LayerScores:
-    """S_l, F_l and R_l per layer, with the suggested band."""
-
-    S: tuple[float, ...]
-    F: tuple[float, ...]
-    R: tuple[float, ...]
-    band: tuple[int, ...]
-    matrix: str = "down_proj"
-    k: int = 5
-    extra: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"S": list(self.S), "F": list(self.F), "R": list(self.R), "band": list(self.band),
-                "matrix": self.matrix, "k": self.k}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LayerScores":
-        return cls(tuple(d["S"]), tuple(d["F"]), tuple(d["R"]), tuple(d["band"]),
-                   d.get("matrix", "down_proj"), d.get("k", len(d["band"])))
 
 
 def best_window(scores: Sequence[float], k: int, candidates: Sequence[int] | None = None) -> list[int]:

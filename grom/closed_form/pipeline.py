@@ -36,10 +36,11 @@ from tqdm import tqdm
 from grom.closed_form.collect import HIDDEN_CACHE_BYTES, MAX_INPUT_CACHE_BYTES, LayerStream, iter_keys
 from grom.closed_form.config import EditConfig
 from grom.closed_form.directions import specificity_weights
-from grom.closed_form.keys import encode_examples, gold_tokens, make_batches, pad_id, subsample
+from grom.closed_form.keys import gold_tokens, subsample
 from grom.closed_form.layer_scores import LayerScores, score_layers
 from grom.closed_form.layer_solver import KeySource, LayerSolver, TurnClock, local_batches
 from grom.closed_form.refusal import encode_refusals
+from grom.data.encoding import encode_examples, make_batches, pad_id
 from grom.data.schema import as_examples
 from grom.edit import Edit
 from grom.model.arch import (
@@ -369,6 +370,6 @@ def _run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, c
                    total=time.perf_counter() - t_start)
     progress(1.0, "done")
     log.info("GROM edit of %s: %s", [r.param_name for r in editor.records], timings)
-    return Edit(config=config, patches=editor.patches, layers=editor.records, scores=scores,
+    return Edit(settings=config, patches=editor.patches, layers=editor.records, scores=scores,
                 timings=timings, unties_lm_head=bool(untied), keys=editor.keys, world_size=world_size(),
                 model_name=loaded_from(model))

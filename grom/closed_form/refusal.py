@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from grom.closed_form.keys import Encoded, encode_examples, question_of
+from grom.data.encoding import Encoded, encode_examples, question_of
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample, TextExample, as_examples
 

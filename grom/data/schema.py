@@ -1,7 +1,7 @@
 """One schema for every benchmark: the example types and the `Benchmark` that holds them.
 
 Examples are frozen dataclasses, so a benchmark can be passed around as a plain value.
-Which kind of key an example yields follows from its type (see `grom.closed_form.keys`):
+Which kind of key an example yields follows from its type (see `grom.data.encoding`):
 
 - `QAExample`: the positions that predict each answer token after the formatted prompt;
 - `TextExample`: every position of the text (corpus mode);

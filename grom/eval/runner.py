@@ -20,7 +20,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
-from grom.closed_form.keys import answer_letter, choice_question, pad_id
+from grom.data.encoding import answer_letter, choice_question, pad_id
 from grom.data.prompts import PromptFormat, encode_prompt, encode_qa
 from grom.eval.mia import vocab_moments
 from grom.eval.upstream import mc_context, mc_continuations, mc_encode_pair
@@ -584,8 +584,8 @@ def choice_logprobs(model: nn.Module, tokenizer, examples, *,
     """(N, max options) log-likelihood of each option's letter after the lettered prompt
     ("...\\nAnswer:"), -inf where an item has fewer options.
 
-    lm_eval=False (the demo's multiple-choice view): the prompt is `grom.closed_form.keys.choice_question`
-    in `prompt_format`, the letter `grom.closed_form.keys.answer_letter` (" A" after a plain prompt, "A"
+    lm_eval=False (the demo's multiple-choice view): the prompt is `grom.data.encoding.choice_question`
+    in `prompt_format`, the letter `grom.data.encoding.answer_letter` (" A" after a plain prompt, "A"
     after a chat template), the same answer GROM's keys and the baselines train on.
 
     lm_eval=True (WMDP, MMLU): the request the lm-evaluation-harness scores for its

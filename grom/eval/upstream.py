@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from grom.closed_form.keys import LETTERS
+from grom.data.encoding import LETTERS
 from grom.data.schema import ChoiceExample, QAExample
 
 OU_COMMIT = "d3d7cf9e6b3c125d16687d4232680d8d83548f1a"

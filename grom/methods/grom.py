@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grom.closed_form.config import EditConfig
 from grom.closed_form.pipeline import run_edit
-from grom.methods.registry import MethodEntry, Reason, register, where
+from grom.registry import MethodEntry, Reason, register, where
 
 
 def grom_reason(model, data) -> Reason | None:
@@ -31,4 +31,4 @@ GROM = register(MethodEntry(
     "grom", "GROM", "closed-form", "Closed-form per-layer edit of the MLP output matrices: pushes "
     "the forget keys toward a target while a ridge term holds the retain keys in place; needs "
     "the forget set, and a retain set to keep.", can_run=grom_reason, defaults=grom_defaults,
-    run=run_grom))
+    run=run_grom, settings=EditConfig, order=0, kind="closed-form edit"))

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
 from grom.methods.trained.losses import mean_nll

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.data.prompts import PromptFormat, encode_prompt
 from grom.data.schema import QAExample
 from grom.eval.quant import bnb_unavailable, quantized

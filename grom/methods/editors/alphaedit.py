@@ -7,4 +7,4 @@ ALPHAEDIT = register_editor(EditorMethod(
     "alphaedit", "AlphaEdit",
     lambda W, K, R, C0, c: rules.alphaedit_update(K, R, rules.null_space_projector(C0, c.null_threshold), c.l2),
     "MEMIT's edit confined to the null space of the retain keys, so kept inputs are (nearly) "
-    "untouched; needs facts with a subject and a retain set."))
+    "untouched; needs facts with a subject and a retain set."), order=320)

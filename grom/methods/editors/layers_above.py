@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from grom.closed_form.collect import LayerStream
-from grom.closed_form.keys import Batch
+from grom.data.encoding import Batch
 from grom.model.arch import decoder_layers, final_norm, finish_logits, layer_kinds, num_layers
 from grom.model.hooks import capture_outputs, stop_after
 

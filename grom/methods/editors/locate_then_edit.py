@@ -24,7 +24,7 @@ The result is a `grom.Edit` (down_proj patches by parameter name, `method` the e
 name, `info` its settings and the facts' answer probabilities), applied and reverted like
 GROM's; the model is left as it was found.
 
-The editors are the "editor" family of the one method registry (grom.methods.registry):
+The editors are the "editor" family of the one method registry (grom.registry):
 `EDITORS` is its view, rows of `EditorMethod` (an update rule), not the trained `Method`.
 """
 from __future__ import annotations
@@ -40,15 +40,16 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from grom import registry
 from grom.closed_form.collect import HIDDEN_CACHE_BYTES, Keys, LayerStream, forward
 from grom.closed_form.config import EditConfig
-from grom.closed_form.keys import Encoded, make_batches, pad_id
 from grom.closed_form.layer_scores import LayerScores
 from grom.closed_form.pipeline import compute_scores, prepare
+from grom.data.encoding import Encoded, make_batches, pad_id
 from grom.data.prompts import PromptFormat
 from grom.data.schema import as_examples
 from grom.edit import Edit, LayerRecord
-from grom.methods import registry
+from grom.methods.costs import data_tokens, shape_of, train_flops
 from grom.methods.editors import update_rules as rules
 from grom.methods.editors.value_optimisation import (
     Values,
@@ -59,7 +60,6 @@ from grom.methods.editors.value_optimisation import (
     optimise_values,
     unreachable_facts,
 )
-from grom.methods.registry import FamilyView, MethodEntry, Reason, where
 from grom.model.arch import (
     decoder_layers,
     edited_matrix,
@@ -70,6 +70,7 @@ from grom.model.arch import (
     unembedding,
 )
 from grom.model.hooks import capture_outputs, stop_after
+from grom.registry import Box, FamilyView, MethodEntry, Reason, where
 from grom.turns import Between, give, inside, modes, modes_as
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,19 @@ class EditorConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "EditorConfig":
+        """The settings `to_dict` wrote (a key of no setting is refused)."""
+        d = dict(d)
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown EditorConfig fields: {', '.join(unknown)}")
+        if d.get("layers") is not None:
+            d["layers"] = tuple(d["layers"])
+        if isinstance(d.get("prompt_format"), dict):
+            d["prompt_format"] = PromptFormat(**d["prompt_format"])
+        return cls(**d)
+
 
 # A rule: (W (m, n), K (n, u), R (m, u), C0 (n, n), config) -> the patch (m, n) float64
 Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, EditorConfig], torch.Tensor]
@@ -141,14 +155,54 @@ class EditorMethod:
 
 EDITORS: Mapping[str, EditorMethod] = FamilyView("editor")
 """Every registered editor, in registration order: the editor family of the one registry
-(grom.methods.registry), read-only (change it with register_editor)."""
+(grom.registry), read-only (change it with register_editor)."""
 
 
-def register_editor(editor: EditorMethod) -> EditorMethod:
-    """Add `editor` to the registry; a name already registered is refused."""
-    registry.register(MethodEntry(editor.name, editor.label, "editor", editor.description,
-                                  can_run=lambda model, data: editor_reason(editor, model, data),
-                                  defaults=editor_defaults, run=partial(_run, editor.name), detail=editor))
+MAX_VALUE_STEPS = 100  # a box's bound (ROME's 20-25, upstream's longest 50); EditorConfig takes up to 1000
+
+
+def editor_boxes(model_name: str | None = None) -> tuple[Box, Box]:
+    """An editor's two boxes: its value optimisation's steps and learning rate (ROME's, for
+    every model)."""
+    v = ValueSettings()
+    return (Box("Value steps (per-fact vector)", "value_steps", float(v.steps), 1.0, MAX_VALUE_STEPS, whole=True,
+                upstream="ROME takes 20 to 25"),
+            Box("Value learning rate", "value_lr", v.lr, 0.0, 10.0, above_low=True, upstream="ROME: 0.1 to 0.5"))
+
+
+def editor_settings(model, data, values, band=None) -> EditorConfig:
+    """An editor's run on `data` with the boxes' value steps and learning rate, on
+    `editor_band(band)`: GROM's band where an editor can move facts there."""
+    return EditorConfig(layers=editor_band(band, num_layers(model)), prompt_format=getattr(data, "prompt_format", None),
+                        values=ValueSettings(steps=int(values["value_steps"]), lr=float(values["value_lr"])))
+
+
+def editor_flops(model, data, values) -> float:
+    """The value optimisation's steps over the facts, priced as epochs of training (each step
+    a forward and backward pass from the value layer up, over every fact), with the keys'
+    and retain covariance's forward pass."""
+    return train_flops(shape_of(model), data_tokens(data), float(values["value_steps"]))
+
+
+def describe_editor(label: str, edit, values) -> str:
+    """"**MEMIT** (closed-form editor: layers 4, 5 edited, each from its keys and retain
+    covariance; the value optimisation 25 steps at lr 0.1, 3.2 s of it)": what a finished run did."""
+    band = edit.band
+    where = f"layer{'s' if len(band) > 1 else ''} {', '.join(str(layer) for layer in band)} edited"
+    return (f"**{label}** (closed-form editor: {where}, each from its keys and retain covariance; the value "
+            f"optimisation {float(values['value_steps']):g} steps at lr {float(values['value_lr']):g}, "
+            f"{edit.timings.get('values', 0.0):.1f} s of it)")
+
+
+def register_editor(editor: EditorMethod, order: int) -> EditorMethod:
+    """Add `editor` to the registry at `order` in every list of methods; a name already
+    registered is refused."""
+    registry.register(MethodEntry(
+        editor.name, editor.label, "editor", editor.description,
+        can_run=lambda model, data: editor_reason(editor, model, data), defaults=editor_defaults,
+        run=partial(_run, editor.name), settings=EditorConfig, order=order,
+        kind="closed-form editor", boxes=editor_boxes, configure=editor_settings, on_grom_band=True,
+        flops=editor_flops, describe=partial(describe_editor, editor.label), detail=editor))
     return editor
 
 
@@ -327,7 +381,7 @@ def run_editor(name: str, model: nn.Module, tokenizer, forget: Sequence, retain:
             "p_answer_before": values.p_before.tolist(), "p_answer_value": values.p_after.tolist(),
             "p_answer_edited": p_edited.tolist()}
     log.info("%s edit of %s: %s", editor.label, list(patches), timings)
-    return Edit(config=config.edit_config().replace(layers=tuple(layers)), patches=patches, layers=records,
+    return Edit(settings=dataclasses.replace(config, layers=tuple(layers)), patches=patches, layers=records,
                 scores=scores, timings=timings, model_name=loaded_from(model),
                 method=editor.name, info=info)
 

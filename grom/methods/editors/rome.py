@@ -7,4 +7,4 @@ ROME = register_editor(EditorMethod(
     "rome", "ROME", lambda W, K, R, C0, c: rules.rome_update(W, K, R, rules.ridge(C0, c.rho)),
     "Rank-one edit of one MLP layer per fact, mapping the fact's subject key to a value that makes "
     "its answer improbable, weighted by the retain covariance; needs facts with a subject and a "
-    "retain set.", spreads=False))
+    "retain set.", spreads=False), order=300)

@@ -8,4 +8,4 @@ ZERO_UNLEARN = register_editor(EditorMethod(
     "zerounlearn", "ZeroUnlearn",
     lambda W, K, R, C0, c: rules.zerounlearn_update(W, K, R, C0, w_r=c.w_r, w_f=c.w_f, lam=c.lam, eps=c.eps),
     "Multiplicative edit of each band layer that removes the facts' original outputs from its "
-    "range and maps the facts elsewhere; needs facts with a subject and a retain set."))
+    "range and maps the facts elsewhere; needs facts with a subject and a retain set."), order=330)

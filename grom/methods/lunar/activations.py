@@ -22,7 +22,7 @@ masked, so every real token reads what upstream's unpadded pass reads), up to bl
 residual gain (`grom.model.arch.residual_gain`: 1 for Llama, Granite's multiplier), which
 is upstream's difference without its rounding; a model that normalises its MLP output
 before the residual add (OLMo2, Gemma2) has no such gain and is refused by the method.
-Keys use GROM's machinery (grom.closed_form.keys.Encoded / make_batches, the same hooks as
+Keys use the shared encoding (grom.data.encoding.Encoded / make_batches, the same hooks as
 grom.closed_form.collect): only their positions differ from GROM's (every prompt token, not
 the answer-predicting ones).
 """
@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 from grom.closed_form.collect import forward
-from grom.closed_form.keys import Encoded, make_batches
-from grom.closed_form.keys import question_of as example_question
+from grom.data.encoding import Encoded, make_batches
+from grom.data.encoding import question_of as example_question
 from grom.data.prompts import PromptFormat, encode_prompt
 from grom.data.schema import TextExample
 from grom.model.arch import decoder_layers, edited_matrix

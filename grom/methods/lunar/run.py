@@ -25,16 +25,16 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.closed_form.config import EditConfig
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.data.prompts import PromptFormat
 from grom.data.schema import TextExample, as_examples
 from grom.edit import Edit, LayerRecord
+from grom.methods.costs import data_tokens, shape_of
 from grom.methods.lunar.activations import encode_instructions, read_activations, refusal_direction
 from grom.methods.lunar.fit import closed_form_patch, fit_adamw, mse, training_rows
 from grom.methods.lunar.prompts import KINDS, refusal_prompts
-from grom.methods.registry import MethodEntry, Reason, register, where
 from grom.model.arch import edited_matrix, loaded_from, num_layers, residual_gain
+from grom.registry import Box, MethodEntry, Reason, register, where
 from grom.turns import Between, evaluating, give, inside, modes, modes_as
 
 SOLVERS = ("adamw", "closed-form")
@@ -96,6 +96,17 @@ class LunarConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LunarConfig":
+        """The settings `to_dict` wrote (a key of no setting is refused)."""
+        d = dict(d)
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown LunarConfig fields: {', '.join(unknown)}")
+        if isinstance(d.get("prompt_format"), dict):
+            d["prompt_format"] = PromptFormat(**d["prompt_format"])
+        return cls(**d)
 
     def replace(self, **kw) -> "LunarConfig":
         return dataclasses.replace(self, **kw)
@@ -190,14 +201,12 @@ def run_lunar(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, c
             "retain_rows": rows.X.shape[0] - rows.n_forget, "epoch_losses": losses,
             "loss_before": mse(W0, rows, gain), "loss_after": mse(W0.double() + P, rows, gain),
             **reach(P, f.keys, r.keys, direction, config.coeff, gain)}
-    edit_config = EditConfig(matrix="down_proj", layers=(layer,), prompt_format=config.prompt_format,
-                             max_length=config.max_length, seed=config.seed, keep_keys=False)
     record = LayerRecord(t.param_name, layer, float(config.coeff), float(config.rho if config.solver != "adamw"
                                                                          else 0.0),
                          rows.n_forget, rows.X.shape[0] - rows.n_forget, float(P.norm()),
                          float(W0.double().norm()), timings["solve"], t.transposed)
-    return Edit(config=edit_config, patches={t.param_name: patch.cpu()}, layers=[record], timings=timings,
-                model_name=loaded_from(model), method="lunar", info=info)
+    return Edit(settings=config.replace(layer=layer), patches={t.param_name: patch.cpu()}, layers=[record],
+                timings=timings, model_name=loaded_from(model), method="lunar", info=info)
 
 
 def reach(P: torch.Tensor, forget_keys, retain_keys, direction, coeff: float, gain: float = 1.0) -> dict:
@@ -212,10 +221,49 @@ def reach(P: torch.Tensor, forget_keys, retain_keys, direction, coeff: float, ga
             "retain_shift": float(moved_r.norm(dim=1).mean() / size)}
 
 
+MAX_EPOCHS = 100  # a box's bound: epochs of one matrix on activations read once (seconds each on a CPU)
+
+
+def lunar_boxes(model_name: str | None = None) -> tuple[Box, Box]:
+    """LUNAR's two boxes: its AdamW fit's epochs and learning rate (upstream's)."""
+    c = LunarConfig()
+    return (Box("Epochs (AdamW fit of one down_proj)", "epochs", float(c.epochs), 1.0, MAX_EPOCHS, whole=True,
+                upstream="upstream: 20"),
+            Box("Learning rate", "lr", c.lr, 0.0, 1.0, above_low=True, upstream="upstream: 0.01"))
+
+
+def lunar_settings(model, data, values, band=None) -> LunarConfig:
+    """LUNAR's run on `data` with the boxes' epochs and learning rate, at its own layer
+    (`lunar_layer`, not GROM's band)."""
+    return LunarConfig(**{**lunar_defaults(model), "epochs": int(values["epochs"]), "lr": float(values["lr"]),
+                          "prompt_format": getattr(data, "prompt_format", None)})
+
+
+def lunar_flops(model, data, values) -> float:
+    """One forward pass over the forget and retain prompts and the refusal prompts (about as
+    many tokens again), then `epochs` of AdamW on one matrix at every prompt token: forward
+    and backward (~3x) of the down_proj, n inputs by at most n/2 outputs (SmolLM2: 1536 by
+    576), a token."""
+    shape, tokens = shape_of(model), data_tokens(data)
+    forward = 2.0 * 2 * tokens * shape.layers * shape.layer_params
+    return forward + 3 * 2.0 * tokens * shape.key_dim * (shape.key_dim / 2) * float(values["epochs"])
+
+
+def describe_lunar(edit, values) -> str:
+    """What a finished run did: the layer refitted, its rows, the fit, how far it moved them."""
+    info = edit.info
+    return (f"**LUNAR** (activation redirection: the down_proj of layer {info.get('layer', '?')} refitted on "
+            f"{info.get('forget_rows', '?')} forget and {info.get('retain_rows', '?')} retain prompt tokens, "
+            f"{float(values['epochs']):g} epochs of AdamW at lr {float(values['lr']):g}; the forget tokens reach "
+            f"{info.get('forget_reach', float('nan')):.0%} of the refusal shift)")
+
+
 LUNAR = register(MethodEntry(
-    "lunar", "LUNAR", "redirection", "LUNAR (Shen et al., NeurIPS 2025): rewrites one layer's MLP output matrix "
+    "lunar", "LUNAR", "redirection", "Rewrites one layer's MLP output matrix (Shen et al., NeurIPS 2025) "
     "so that the forget questions' activations move along a refusal direction (the mean activation of prompts the "
     "model refuses minus the forget prompts') while the retain questions' stay, by AdamW on the mean squared "
     "error (or its closed form); needs forget questions and a retain set.",
     can_run=lunar_reason, defaults=lunar_defaults, run=lambda model, tokenizer, forget, retain, settings=None, **kw:
-    run_lunar(model, tokenizer, forget, retain, settings, **kw), detail=None))
+    run_lunar(model, tokenizer, forget, retain, settings, **kw), settings=LunarConfig, order=400,
+    kind="activation redirection", boxes=lunar_boxes, configure=lunar_settings,
+    flops=lunar_flops, describe=describe_lunar))

@@ -1,10 +1,23 @@
 """The trained methods: the shared trainer (settings, recipes, sequences, the training loop,
 its optimizer and checkpoints, `run_baseline`) and one file per method, each registering
-its row in the method registry (grom.methods.registry) when imported, in this order (the
-order a method box lists them: not sorted)."""
-# isort: skip_file
-from grom.methods.trained import ga, grad_diff, npo, simnpo  # noqa: F401  (the built-in four)
-from grom.methods.trained import idk_nll, idk_dpo, undial, wga, satimp, ceu, pdu, rmu  # noqa: F401
-from grom.methods.trained import task_vector, altpo, rkld  # noqa: F401
+its row in the method registry (grom.registry) when imported, at the place in every list
+of methods its `register_method` call gives it."""
+from grom.methods.trained import (  # noqa: F401  (the built-in four)  # noqa: F401  # noqa: F401
+    altpo,
+    ceu,
+    ga,
+    grad_diff,
+    idk_dpo,
+    idk_nll,
+    npo,
+    pdu,
+    rkld,
+    rmu,
+    satimp,
+    simnpo,
+    task_vector,
+    undial,
+    wga,
+)
 
 BASELINES = ("ga", "graddiff", "npo", "simnpo")  # the built-in four; METHODS has every registered one

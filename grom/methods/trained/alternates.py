@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.data.prompts import PromptFormat, format_prompt, uses_chat_template
 from grom.data.schema import FactRecord
 from grom.methods.trained.idk import question_of

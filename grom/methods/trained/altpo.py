@@ -48,4 +48,4 @@ ALTPO = register_method(Method(
     defaults={"beta": 0.1, "gamma": 1.0, "alpha": 1.0, "n_alternates": 5.0, "temperature": 1.0,
               "max_new_tokens": 64.0},
     positive=("beta", "n_alternates", "max_new_tokens"), recipe={"epochs": 2.0},
-    make_alternates=write_alternates, check=check_altpo))
+    make_alternates=write_alternates, check=check_altpo), order=230)

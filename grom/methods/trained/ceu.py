@@ -18,4 +18,4 @@ def ceu(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 CEU = register_method(Method(
     "ceu", "CE-U", ceu, "Cross-entropy unlearning: trains toward the model's own distribution with "
     "the answer token removed, a bounded loss; needs the forget set only.",
-    defaults={"ignore_first": 1.0}))
+    defaults={"ignore_first": 1.0}), order=190)

@@ -16,4 +16,4 @@ def ga(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
 GA = register_method(Method(
     "ga", "GA", ga, "Gradient ascent: makes the forget answers unlikely, with nothing to "
-    "hold the rest in place; needs only the forget set."))
+    "hold the rest in place; needs only the forget set."), order=100)

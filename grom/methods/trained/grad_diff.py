@@ -17,4 +17,4 @@ def graddiff(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 GRAD_DIFF = register_method(Method(
     "graddiff", "GradDiff", graddiff, "Gradient difference: gradient ascent on the forget "
     "answers plus ordinary training on the retain answers; needs a retain set.",
-    needs_retain=True, defaults={"gamma": 1.0, "alpha": 1.0}))
+    needs_retain=True, defaults={"gamma": 1.0, "alpha": 1.0}), order=110)

@@ -23,4 +23,4 @@ IDK_DPO = register_method(Method(
     "idkdpo", "IDK-DPO", idk_dpo, "Preference optimisation: prefers \"I don't know\" to the forget "
     "answer, relative to the unedited model, plus a retain term; needs question/answer forget "
     "examples, a retain set and one reference pass.", needs_retain=True, needs_reference=True,
-    needs_answers=True, defaults={"beta": 0.1, "gamma": 1.0, "alpha": 1.0}, positive=("beta",)))
+    needs_answers=True, defaults={"beta": 0.1, "gamma": 1.0, "alpha": 1.0}, positive=("beta",)), order=150)

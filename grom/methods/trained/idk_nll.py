@@ -23,4 +23,4 @@ IDK_NLL = register_method(Method(
     "idknll", "IDK-NLL", idk_nll, "Trains the model to answer each forget question with \"I don't "
     "know\" (a seeded refusal per question) while training on the retain answers; needs "
     "question/answer forget examples and a retain set.", needs_retain=True, needs_answers=True,
-    defaults={"gamma": 1.0, "alpha": 1.0}))
+    defaults={"gamma": 1.0, "alpha": 1.0}), order=140)

@@ -29,11 +29,11 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from grom import registry
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
-from grom.methods import registry
-from grom.methods.registry import FamilyView, MethodEntry, Reason, UnknownMethod, where  # noqa: F401 (UnknownMethod: get_method raises it)
 from grom.methods.trained.losses import mean_nll
 from grom.model.arch import num_layers
+from grom.registry import FamilyView, MethodEntry, Reason, UnknownMethod, where  # noqa: F401 (UnknownMethod: get_method raises it)
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class Method:
 
 METHODS: Mapping[str, Method] = FamilyView("trained")
 """Every registered trained method, in registration order: the trained family of the one
-registry (grom.methods.registry), read-only (change it with register_method /
+registry (grom.registry), read-only (change it with register_method /
 unregister_method)."""
 
 

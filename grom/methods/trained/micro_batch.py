@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from grom.closed_form.keys import Encoded
+from grom.data.encoding import Encoded
 from grom.methods.trained.losses import kl_to_reference, mean_nll, sequence_nll
 from grom.methods.trained.method import LossInputs, Method
 from grom.methods.trained.sequences import batch_forward, batch_logits, batch_nll, collate

@@ -19,4 +19,4 @@ NPO = register_method(Method(
     "unedited model's likelihood of it, with a bounded loss, plus a retain term; needs a "
     "retain set and one reference pass.",
     needs_retain=True, needs_reference=True, defaults={"beta": 0.1, "gamma": 1.0, "alpha": 1.0},
-    positive=("beta",)))
+    positive=("beta",)), order=120)

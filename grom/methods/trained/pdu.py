@@ -38,4 +38,4 @@ PDU = register_method(Method(
     "answers, with a retain weight that rises while the retain loss is above its bound; needs a "
     "retain set.", needs_retain=True,
     defaults={"gamma": 1.0, "alpha": 1.0, "retain_loss_eps": -1.0, "dual_step_size": 1.0,
-              "dual_warmup_epochs": 5.0, "primal_dual": 1.0}, positive=("alpha",)))
+              "dual_warmup_epochs": 5.0, "primal_dual": 1.0}, positive=("alpha",)), order=200)

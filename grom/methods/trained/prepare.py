@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from grom.closed_form.keys import Encoded
+from grom.data.encoding import Encoded
 from grom.data.schema import FactRecord, QAExample, as_examples
 from grom.methods.trained.idk import idk_alternates, question_of
 from grom.methods.trained.method import METHODS, Method, get_method

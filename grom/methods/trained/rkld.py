@@ -27,4 +27,4 @@ RKLD = register_method(Method(
     "distribution toward the unedited model's with the answer token's logit lowered by beta, "
     "weighted by the model's own distribution, plus a retain term; needs a retain set (a copy "
     "of the trained weights as the teacher).", needs_retain=True, needs_reference_logits=True,
-    defaults={"beta": 10.0, "gamma": 1.0, "alpha": 1.0}, positive=("beta",)))
+    defaults={"beta": 10.0, "gamma": 1.0, "alpha": 1.0}, positive=("beta",)), order=240)

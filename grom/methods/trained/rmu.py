@@ -72,4 +72,4 @@ RMU = register_method(Method(
     "data toward a fixed random vector while holding the retain activations to the unedited "
     "model's; trains a few layers' MLP output matrices; needs a retain set.", needs_retain=True,
     needs_hidden=True, defaults={"layer": float(UPSTREAM_LAYER), "steering_coeff": 2.0, "gamma": 1.0, "alpha": 1.0},
-    positive=("steering_coeff",), recipe=RMU_RECIPE, fit=fit_rmu))
+    positive=("steering_coeff",), recipe=RMU_RECIPE, fit=fit_rmu), order=210)

@@ -18,4 +18,4 @@ def satimp(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 SATIMP = register_method(Method(
     "satimp", "SatImp", satimp, "Gradient ascent weighted toward forget tokens of middling "
     "probability (saturation and importance weights), plus a retain term; needs a retain set.",
-    needs_retain=True, defaults={"beta1": 5.0, "beta2": 1.0, "gamma": 0.1, "alpha": 1.0}))
+    needs_retain=True, defaults={"beta1": 5.0, "beta2": 1.0, "gamma": 0.1, "alpha": 1.0}), order=180)

@@ -1,10 +1,10 @@
 """The training sequences of the gradient baselines and their per-sequence answer NLL.
 
-QA items are the formatted prompt (grom.data.prompts, the same code as grom.closed_form.keys) followed
+QA items are the formatted prompt (grom.data.prompts, the same code as grom.data.encoding) followed
 by the answer and the EOS token; the loss is on the answer tokens and EOS only (the prompt
 is masked with -100), as OpenUnlearning's ``preprocess_chat_instance``. Text items are
 plain LM on every token after the first. Choice items are QA on the correct option's
-letter (grom.closed_form.keys.choice_question).
+letter (grom.data.encoding.choice_question).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from grom.closed_form.keys import Encoded, encode_example, pad_id
+from grom.data.encoding import Encoded, encode_example, pad_id
 from grom.data.prompts import PromptFormat
 from grom.data.schema import TextExample, as_examples
 from grom.methods.trained.losses import IGNORE_INDEX, sequence_nll
@@ -38,7 +38,7 @@ def encode_sequences(tokenizer, examples: Sequence, fmt: PromptFormat | None, ma
                      add_eos: bool = True, chunked: bool = False) -> list[Encoded]:
     """Training sequences of `examples`: QA on the answer (+ EOS), text as plain LM.
 
-    Uses grom.closed_form.keys.encode_example ("qa" mode for QA / choice / fact examples, "corpus" for
+    Uses grom.data.encoding.encode_example ("qa" mode for QA / choice / fact examples, "corpus" for
     text), so prompts are formatted exactly as for GROM's forget keys; the EOS token is
     appended to QA answers as OpenUnlearning's ``preprocess_chat_instance`` does.
     chunked: the text examples are corpus chunks, each cut to one sequence (`encode_chunk`)

@@ -108,6 +108,21 @@ class Settings:
         d["params"] = list(self.params) if self.params is not None else None
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> "Settings":
+        """The settings `to_dict` wrote: every key that is no setting is one of the method's
+        hyperparameters (a trained edit's record may hold more: its steps, losses and
+        history, which are not its settings and are left out)."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names and k != "method_args"}
+        row = get_method(str(d["method"]))
+        kw["method_args"] = {k: float(d[k]) for k in row.defaults if k in d}
+        if kw.get("params") is not None:
+            kw["params"] = tuple(kw["params"])
+        if isinstance(kw.get("prompt_format"), dict):
+            kw["prompt_format"] = PromptFormat(**kw["prompt_format"])
+        return cls(**kw)
+
 
 def _method_args(row: Method, given: Mapping[str, float | None]) -> dict[str, float]:
     """The row's defaults, overridden by the `given` values that are not None; one the

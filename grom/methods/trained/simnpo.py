@@ -18,4 +18,4 @@ SIMNPO = register_method(Method(
     "simnpo", "SimNPO", simnpo, "Simple NPO: NPO's bounded loss on the length-normalised forget "
     "likelihood, with no reference model, plus a retain term; needs a retain set.",
     needs_retain=True, defaults={"beta": 4.5, "delta": 0.0, "gamma": 0.125, "alpha": 1.0},
-    positive=("beta",)))
+    positive=("beta",)), order=130)

@@ -29,4 +29,4 @@ def negate_scaled(patches: dict, args) -> dict:
 TASK_VECTOR = register_method(Method(
     "taskvector", "TaskVector", finetune, "Task arithmetic: fine-tunes on the forget set, then "
     "subtracts the scaled weight change from the unedited model; needs the forget set only.",
-    defaults={"scale": 1.0}, positive=("scale",), finish=negate_scaled))
+    defaults={"scale": 1.0}, positive=("scale",), finish=negate_scaled), order=220)

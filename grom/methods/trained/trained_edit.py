@@ -51,8 +51,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
-from grom.closed_form.config import EditConfig
-from grom.closed_form.keys import pad_id
+from grom.data.encoding import pad_id
 from grom.edit import Edit
 from grom.methods.trained.checkpoint import Part, Paused, load_state
 from grom.methods.trained.method import Method
@@ -219,7 +218,7 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
 
     The Edit: `patches` = final - initial weights of every parameter that changed (each in
     its weight's dtype), `method`, `info` (settings, steps, final losses, loss history),
-    `timings` {"train", "total"}; `config` is a default EditConfig, unused by baselines;
+    `timings` {"train", "total"}; `settings` the resolved `Settings`;
     `layers` is empty.
     """
     t_start = time.perf_counter()
@@ -253,13 +252,12 @@ def run_baseline(method: str, model: nn.Module, tokenizer, forget: Sequence, ret
         "trained_dtypes": sorted({str(p.dtype).removeprefix("torch.") for _, p in slots}),
         "final": {k: v for k, v in last.items() if k not in ("step", "lr")},
         "history": run.history,
-        "note": "config is a default EditConfig and is not used by baselines",
     }
     if data.alternate_texts is not None:
         info["alternates"] = [list(g) for g in data.alternate_texts]
     earlier = run.seconds - run.part_seconds  # the earlier parts' training
     timings = {"train": run.seconds, "total": earlier + time.perf_counter() - t_start}
     progress(1.0, "done")
-    return Edit(config=EditConfig(), patches=patches, layers=[], timings=timings,
+    return Edit(settings=s, patches=patches, layers=[], timings=timings,
                 model_name=loaded_from(model),
                 method=s.method, info=info)

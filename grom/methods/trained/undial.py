@@ -23,4 +23,4 @@ UNDIAL = register_method(Method(
     "undial", "UNDIAL", undial, "Self-distillation: trains toward the unedited model's next-token "
     "distribution with the answer token's logit lowered by beta; needs the forget set only "
     "(a copy of the trained weights as the teacher).", needs_retain=True,
-    needs_reference_logits=True, defaults={"beta": 10.0, "gamma": 1.0, "alpha": 0.0}))
+    needs_reference_logits=True, defaults={"beta": 10.0, "gamma": 1.0, "alpha": 0.0}), order=160)

@@ -17,4 +17,4 @@ def wga(x: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 WGA = register_method(Method(
     "wga", "WGA", wga, "Weighted gradient ascent: each forget token weighted by its own probability, "
     "so confident tokens are pushed first, plus a retain term; needs a retain set.",
-    needs_retain=True, defaults={"beta": 1.0, "gamma": 1.0, "alpha": 1.0}))
+    needs_retain=True, defaults={"beta": 1.0, "gamma": 1.0, "alpha": 1.0}), order=170)
