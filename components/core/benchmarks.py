@@ -7,6 +7,7 @@ import functools
 import threading
 import weakref
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 
 from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
@@ -14,24 +15,34 @@ from components.core.costs import check_loaded
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, upload_bytes
 from components.core.written import written_benchmark
-from grom import demo_preset
 from grom.data import BENCHMARKS, load_benchmark
 from grom.data.readers import TooManyRows
-
-PRESET_FOR = {"real-knowledge": "smollm2", "name-only": "smollm2", "tofu": "tofu10", "muse-news": "muse-news",
-              "muse-books": "muse-books", "wmdp-bio": "wmdp-bio", "zsre": "zsre"}
-
 
 # The models a preset was tuned on where the studio knows it (the demo's presets and
 # smollm2): such a preset is not filled in for another model, whose band it would miss.
 TUNED_ON = {"demo": DEMO, "demo-forget05": DEMO, "demo-forget01": DEMO, "smollm2": REAL}
 MODEL_PRESET = {DEMO: "demo", REAL: "smollm2"}  # the preset of a model the studio knows
-# what each bundled benchmark's facts are known to (the demo's invented authors exist only in
-# the demo model's training data; the real-knowledge facts were probed on SmolLM2)
-KNOWN_TO = {"demo": (DEMO,), "real-knowledge": (REAL,), "name-only": (REAL,)}
 NAME_ONLY = "name-only"  # RWKU's setting: the forget set is the table the model wrote (components.core.written)
-# the benchmarks whose data only the visitor's session holds (a link or a run file cannot bring it back)
-SESSION_DATA = {"custom": "uploaded benchmark files", NAME_ONLY: "what the model wrote (name only)"}
+
+
+class _SessionData(Mapping):
+    """The benchmarks whose data only the visitor's session holds (a link or a run file cannot
+    bring them back), by name: what they are in a few words (`BenchmarkSpec.session_only`)."""
+
+    def _rows(self) -> dict[str, str]:
+        return {name: spec.session_only for name, spec in BENCHMARKS.items() if spec.session_only}
+
+    def __getitem__(self, name: str) -> str:
+        return self._rows()[name]
+
+    def __iter__(self):
+        return iter(self._rows())
+
+    def __len__(self) -> int:
+        return len(self._rows())
+
+
+SESSION_DATA: Mapping[str, str] = _SessionData()
 
 
 def preset_for(name: str, split: str, model_name: str | None = None) -> str:
@@ -39,7 +50,8 @@ def preset_for(name: str, split: str, model_name: str | None = None) -> str:
     `model_name`: where that preset was tuned on another model, the loaded model's own
     preset (or "(custom)", the suggested band): the demo's band 3-5 and relative beta 150
     on SmolLM2 forget nothing and break the rest."""
-    chosen = demo_preset(split) if name == "demo" else PRESET_FOR.get(name, "(custom)")
+    spec = BENCHMARKS.get(name)
+    chosen = (spec.preset_for(split) if spec is not None else None) or "(custom)"
     tuned = TUNED_ON.get(chosen)
     if model_name is None or tuned in (None, model_name):
         return chosen if tuned is not None or model_name not in MODEL_PRESET else MODEL_PRESET[model_name]
@@ -48,8 +60,9 @@ def preset_for(name: str, split: str, model_name: str | None = None) -> str:
 
 def fit_note(name: str, model_name: str | None) -> str:
     """A warning where the loaded model cannot know the benchmark's facts, else ""."""
-    known_to = KNOWN_TO.get(name)
-    if model_name is None or known_to is None or model_name in known_to:
+    spec = BENCHMARKS.get(name)  # the models known to hold its facts (the demo's, SmolLM2's probed facts)
+    known_to = spec.known_to if spec is not None else ()
+    if model_name is None or not known_to or model_name in known_to:
         return ""
     if name == "demo":
         return (" ⚠ This model never saw the demo's invented authors (they exist only in the demo "

@@ -26,8 +26,8 @@ from components.core.validate import whole_number
 from grom.demo import load_demo_model
 from grom.eval import evaluate
 from grom.eval.report import BASE, DRAFTS, EDITED, record_drafts
+from grom.eval.tasks import get_task
 from grom.model.loading import resolve_dtype
-from grom.tasks import get_task
 
 log = logging.getLogger(__name__)
 FORGET_SETS = ("forget", "verbmem_forget", "knowmem_forget", "forget_mc")

@@ -37,6 +37,13 @@ class BenchmarkSpec:
     bundled: with no source, it reads files that ship with the package (else the Hub).
     label: how a UI lists it (None: its name). hub_id: the Hub data set it reads without a
     source (None: none). start_split: the split a UI starts on (None: the default).
+    preset: GROM's settings for it, a name of `grom.closed_form.config.PRESETS` (the paper's
+    for its benchmark), or one per split (the demo's); None: none (a UI's own choice).
+    known_to: the models (by their names in the model registry, `grom.model.fetch`) known to
+    hold its facts, where only some do (the demo's invented authors, the facts probed on
+    SmolLM2); () where any model may. session_only: where its data exist only in the
+    session that made them (a visitor's upload, what a model wrote), what they are in a few
+    words (a link or a run file cannot bring them back); "" otherwise.
     """
 
     name: str
@@ -49,6 +56,15 @@ class BenchmarkSpec:
     label: str | None = None
     hub_id: str | None = None
     start_split: str | None = None
+    preset: str | Mapping[str, str] | None = None
+    known_to: tuple[str, ...] = ()
+    session_only: str = ""
+
+    def preset_for(self, split: str) -> str | None:
+        """The preset of `split` (`preset`, or its entry for the split; None: none)."""
+        if isinstance(self.preset, Mapping):
+            return self.preset.get(split, self.preset.get("*"))
+        return self.preset
 
 
 _REGISTRY: dict[str, BenchmarkSpec] = {}

@@ -13,7 +13,7 @@ from grom.data.schema import Benchmark
 from grom.eval.quant import choose_method
 from grom.eval.report import RETAIN_BROKEN, eval_sets, model_row
 from grom.eval.results import BASE, EDITED, Row
-from grom.tasks.base import QUANT_METRICS, TASKS, QuantMetrics, get_task  # noqa: F401
+from grom.eval.tasks import QUANT_METRICS, TASKS, QuantMetrics, get_task  # noqa: F401
 from grom.turns import Between, give
 
 QUANT_RETAIN_SETS = ("retain", "neighbours", "knowmem_retain", "utility_mc")

@@ -22,8 +22,8 @@ from grom.eval.quant import quantized
 from grom.eval.results import BASE, EDITED, REFERENCE, Report, Row, subset
 from grom.eval.runner import ModelScorer
 from grom.eval.shared_rows import MIA_COLUMNS
+from grom.eval.tasks import TASKS, get_task
 from grom.model.arch import model_device
-from grom.tasks.base import TASKS, get_task
 from grom.turns import Between, Held, evaluating, give, inside
 
 # Which way each metric should go for a good unlearning edit: "down" lower, "up" higher (the

@@ -47,7 +47,7 @@ from grom.data.schema import Benchmark, Example, QAExample, TextExample
 from grom.eval.results import Row
 from grom.eval.runner import ModelScorer, score_texts
 from grom.eval.shared_rows import qa_set
-from grom.tasks.base import Task, register_task
+from grom.eval.tasks import Task, register_task
 
 logger = logging.getLogger(__name__)
 
@@ -257,4 +257,5 @@ TASK = register_task(Task(
     "custom", _custom_row, retain_metrics=("Retain fact recall", "Retain ROUGE-L"), headline=None, recipe="tofu",
     benchmarks=(BenchmarkSpec("custom", load_custom, SPLITS,
                               options=("prompt_format", "max_rows"), label="Custom: your own files",
-                              description="your own forget and retain files (JSON, JSON lines, CSV)"),)))
+                              description="your own forget and retain files (JSON, JSON lines, CSV)",
+                              session_only="uploaded benchmark files"),)))

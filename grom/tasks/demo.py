@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grom.closed_form.config import demo_preset
 from grom.data.loaders import BenchmarkSpec, register_benchmark
 from grom.data.readers import BenchmarkError
 from grom.data.schema import Benchmark
@@ -21,5 +22,6 @@ def _load(split: str, source: Any = None) -> Benchmark:
 
 DEMO_BENCHMARK = register_benchmark(
     BenchmarkSpec("demo", _load, SPLITS, options=(), bundled=True, label="Demo: fictitious authors (bundled)",
-                  start_split="forget10", description="the bundled fictitious-authors world (offline)"),
+                  start_split="forget10", description="the bundled fictitious-authors world (offline)",
+                  preset={split: demo_preset(split) for split in SPLITS}, known_to=("demo",)),
     first=True)

@@ -55,10 +55,12 @@ from grom.eval.runner import (
     score_sequences,
     score_texts,
 )
+from grom.eval.tasks import QuantMetrics, Task, register_task
 from grom.model.arch import model_device
-from grom.tasks.base import QuantMetrics, Task, register_task
 from grom.text import contains_phrase, normalise_text
 from grom.turns import Between, give
+
+REAL_MODEL = "smollm2-135m-instruct"  # the registry model its facts were probed on (grom.model.fetch)
 
 BUNDLED = Path(__file__).resolve().parents[1] / "data" / "knowledge"  # grom/data/knowledge/
 # The splits: one per bundled target, then "forget3". The default, first, is the target
@@ -822,4 +824,5 @@ TASK = register_task(Task(
                               options=("prompt_format", "known_only"), bundled=True,
                               label="Real knowledge: famous facts (bundled)",
                               description="facts a small chat model knows, by target: forget one, keep the rest "
-                                          "(offline)"),)))
+                                          "(offline)",
+                              preset="smollm2", known_to=(REAL_MODEL,)),)))

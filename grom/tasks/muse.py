@@ -52,7 +52,7 @@ from grom.eval import upstream as U
 from grom.eval.results import REFERENCE, Row
 from grom.eval.runner import ModelScorer, generate_ids, score_sequences
 from grom.eval.shared_rows import attack_aucs, reference_attack
-from grom.tasks.base import Task, register_task
+from grom.eval.tasks import Task, register_task
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +227,7 @@ def _muse_spec(corpus: str) -> BenchmarkSpec:
         f"muse-{corpus}", partial(load_muse, corpus), SPLITS, aliases={"raw": "forget"},
         label=f"MUSE-{corpus.capitalize()}", hub_id=HUB_IDS[corpus],
         description=f"MUSE-{corpus.capitalize()} (Hub {HUB_IDS[corpus]}): texts; verbmem, knowmem, privleak",
+        preset=f"muse-{corpus}",
     )
 
 

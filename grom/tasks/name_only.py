@@ -35,7 +35,7 @@ from grom.data.prompts import PromptFormat, encode_prompt, uses_chat_template
 from grom.data.readers import BenchmarkError, PathLike, read_rows
 from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.eval.runner import generate, sample
-from grom.tasks.knowledge import TARGETS, Knowledge, Target, knowledge, load_knowledge
+from grom.tasks.knowledge import REAL_MODEL, TARGETS, Knowledge, Target, knowledge, load_knowledge
 from grom.turns import Between, give
 
 SIDES = ("forget", "retain")
@@ -275,7 +275,8 @@ NAME_ONLY = register_benchmark(BenchmarkSpec(
     "name-only", load_name_only, TARGETS, options=("use", "retain", "prompt_format", "known_only"),
     label="Real knowledge, name only (RWKU): the model writes the forget set",
     description="a bundled target's name in; the loaded model writes passages and questions about it and its "
-                "neighbours; scored on the bundled questions it did not write"))
+                "neighbours; scored on the bundled questions it did not write",
+    preset="smollm2", known_to=(REAL_MODEL,), session_only="what the model wrote (name only)"))
 
 
 def to_records(rows: Iterable[Written]) -> list[dict]:

@@ -68,7 +68,7 @@ from grom.eval import metrics as M
 from grom.eval.results import REFERENCE, Row
 from grom.eval.runner import ModelScorer
 from grom.eval.shared_rows import attack_aucs, attack_raw, qa_prompts, qa_set, reference_attack
-from grom.tasks.base import Task, register_task
+from grom.eval.tasks import Task, register_task
 
 logger = logging.getLogger(__name__)
 
@@ -343,4 +343,4 @@ TASK = register_task(Task(
     relative=_tofu_relative, recipe="tofu",
     benchmarks=(BenchmarkSpec("tofu", load_tofu, SPLITS, label="TOFU (Hub or local)",
                               hub_id=HUB_ID,
-                              description=f"TOFU fictitious authors (Hub {HUB_ID})"),)))
+                              description=f"TOFU fictitious authors (Hub {HUB_ID})", preset="tofu10"),)))

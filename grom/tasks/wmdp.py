@@ -47,6 +47,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from grom.closed_form.config import PRESETS
 from grom.data.loaders import BenchmarkSpec
 from grom.data.prompts import PromptFormat
 from grom.data.readers import (
@@ -62,7 +63,7 @@ from grom.data.schema import Benchmark, ChoiceExample, TextExample
 from grom.eval import metrics as M
 from grom.eval.results import Row
 from grom.eval.runner import ModelScorer, choice_logprobs
-from grom.tasks.base import Task, register_task
+from grom.eval.tasks import Task, register_task
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +226,7 @@ def _wmdp_spec(subject: str) -> BenchmarkSpec:
         options=("prompt_format", "retain", "utility"), aliases={"test": "forget"},
         label=f"WMDP-{subject.capitalize()}", hub_id=MC_HUB,
         description=f"WMDP-{subject}: forget corpus, WikiText or corpus retain, multiple-choice questions",
+        preset=f"wmdp-{subject}" if f"wmdp-{subject}" in PRESETS else None,
     )
 
 

@@ -49,7 +49,7 @@ from grom.data.schema import Benchmark, FactRecord, QAExample
 from grom.eval import metrics as M
 from grom.eval.results import Row
 from grom.eval.runner import ModelScorer
-from grom.tasks.base import Task, register_task
+from grom.eval.tasks import Task, register_task
 
 logger = logging.getLogger(__name__)
 
@@ -223,4 +223,5 @@ TASK = register_task(Task(
     benchmarks=(BenchmarkSpec("zsre", load_zsre, SPLITS, aliases=ALIASES,
                               label="zsRE (local file)",
                               description=f"zsRE facts from a local {FILE_NAME}: {N_FORGET} to "
-                                          f"forget, {N_RETAIN} to retain, one draw per seed split"),)))
+                                          f"forget, {N_RETAIN} to retain, one draw per seed split",
+                              preset="zsre"),)))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from grom.data.schema import TextExample
-from grom.tasks import TASKS
+from grom.eval.tasks import TASKS
 
 UPSTREAM = "locuslab/open-unlearning@d3d7cf9e6b3c125d16687d4232680d8d83548f1a"
 SCHEDULES = ("linear", "constant")

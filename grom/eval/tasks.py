@@ -7,16 +7,18 @@ A benchmark's `Benchmark.task` names its task; `grom.eval.report.evaluate` and
 `grom.eval.quant_check` ask the task for everything that differs between benchmarks. A
 new benchmark is one file in grom/tasks/ holding its loader and registering its `Task`
 (with its benchmarks, `BenchmarkSpec`s of that loader, which `register_task` adds to
-`grom.data.BENCHMARKS`), or a `BenchmarkSpec` whose benchmarks name an existing task (the demo's, grom/tasks/demo.py).
+`grom.data.BENCHMARKS`), or a `BenchmarkSpec` whose benchmarks name an existing task (the
+demo's, grom/tasks/demo.py). The record and its registry live here, below grom/tasks/, so
+that the evaluation asks a benchmark's task without importing the tasks; the registry is
+filled on its first read (with the benchmarks': the `grom` package's import of grom.tasks).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from grom.data.loaders import BenchmarkSpec, register_benchmark, unregister_benchmark
+from grom.data.loaders import BENCHMARKS, BenchmarkSpec, register_benchmark, unregister_benchmark
 
 if TYPE_CHECKING:
     from grom.eval.results import Row
@@ -91,8 +93,33 @@ class Task:
 
 
 _TASKS: dict[str, Task] = {}
-TASKS: Mapping[str, Task] = MappingProxyType(_TASKS)
-"""Every registered task by name; read-only (see `register_task`)."""
+
+
+def _filled() -> dict[str, Task]:
+    """The tasks, after the benchmarks' registry has run its fills (`grom.data.loaders`: the
+    `grom` package's import of `grom.tasks`, whose files register their tasks here)."""
+    len(BENCHMARKS)
+    return _TASKS
+
+
+class _Tasks(Mapping):
+    """`_TASKS`, read-only, filled before it is read."""
+
+    def __getitem__(self, name: str) -> Task:
+        return _filled()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(_filled()))
+
+    def __len__(self) -> int:
+        return len(_filled())
+
+    def __repr__(self) -> str:
+        return f"TASKS({', '.join(_filled())})"
+
+
+TASKS: Mapping[str, Task] = _Tasks()
+"""Every registered task by name; read-only (see `register_task`), filled on first read."""
 
 
 def register_task(task: Task) -> Task:
@@ -115,7 +142,7 @@ def unregister_task(name: str) -> None:
 
 def get_task(name: str) -> Task:
     """The registered task `name`; an unknown name lists the known ones."""
-    task = _TASKS.get(name)
+    task = _filled().get(name)
     if task is None:
         raise ValueError(f"no metrics for task {name!r}; known: {', '.join(_TASKS)}")
     return task
