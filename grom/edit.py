@@ -1,4 +1,5 @@
-"""`Edit`: the result of any method's edit (GROM's, a trained method's, an editor's, LUNAR's), as data, with a clear life cycle.
+"""`Edit`: the result of any method's edit (GROM's, a trained method's, an editor's, LUNAR's),
+as data, with a clear life cycle.
 
 An Edit holds per-parameter patches P on the CPU (in each weight's dtype and layout).
 `apply` adds them to a model after a finite check, keeping the original weights;
