@@ -60,7 +60,7 @@ from grom import PRESETS, demo_preset, run_edit  # noqa: E402
 from grom.methods import EDITORS, METHODS, get_method  # noqa: E402
 from grom.methods.editors.locate_then_edit import EditorConfig, run_editor  # noqa: E402
 from grom.methods.editors.value_optimisation import ValueSettings  # noqa: E402
-from grom.methods.trained.starting_points import family_of  # noqa: E402
+from grom.methods.trained.starting_points import model_defaults_for  # noqa: E402
 from grom.robustness import probe_recall, probes_from_examples  # noqa: E402
 from grom.robustness.calibration import calibrate_relearn_lr  # noqa: E402
 from grom.robustness.weights import relearn_curve  # noqa: E402
@@ -73,7 +73,7 @@ COLS = ["Forget fact recall", "Forget ROUGE-L", "Forget prob", "Retain cost", "R
 
 def lr_grid(method: str, factor: float = 3.0) -> tuple[float, float, float]:
     """(lr / factor, lr, lr * factor) around the method's demo starting point, else CENTRE."""
-    row = family_of("demo")
+    row = model_defaults_for("demo")
     lr = row.methods[method].lr if row is not None and method in row.methods else CENTRE
     return (lr / factor, lr, lr * factor)
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("gradio")
 
-from components.core.allowed_sources import resolve_source  # noqa: E402
+from components.core.allowed_sources import allowed_source  # noqa: E402
 from components.core.errors import UserError  # noqa: E402
 from components.core.form import edit_config  # noqa: E402
 from components.core.validate import parse_band, retain_subset  # noqa: E402
@@ -287,19 +287,19 @@ def test_parse_band_and_presets():
 
 
 def test_sources_are_the_demo_hub_ids_or_allowed_folders(tmp_path, monkeypatch):
-    assert resolve_source("demo", "model") == "demo"
-    assert resolve_source("org/some-model", "model") == "org/some-model"
+    assert allowed_source("demo", "model") == "demo"
+    assert allowed_source("org/some-model", "model") == "org/some-model"
     monkeypatch.setenv("GROM_MODELS_DIR", str(tmp_path))
     (tmp_path / "mine").mkdir()
-    assert resolve_source("mine", "model") == str((tmp_path / "mine").resolve())
+    assert allowed_source("mine", "model") == str((tmp_path / "mine").resolve())
     (tmp_path / "deep" / "er").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "deep" / "er")  # relative paths never depend on the server's cwd
-    assert resolve_source("./mine", "model") == str((tmp_path / "mine").resolve())
-    assert resolve_source("assets/demo-full", "model").endswith("assets/demo-full")
+    assert allowed_source("./mine", "model") == str((tmp_path / "mine").resolve())
+    assert allowed_source("assets/demo-full", "model").endswith("assets/demo-full")
     for bad, message in [("/etc", "outside"), ("../../etc", "outside"), ("a/b/c/../..", "does not exist"),
                          ("bad id!", "neither"), ("", "Type a model")]:
         with pytest.raises(UserError, match=message):
-            resolve_source(bad, "model")
+            allowed_source(bad, "model")
 
 
 def test_baseline_settings_defaults_and_data_checks():

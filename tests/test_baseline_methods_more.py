@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from grom import Edit
 from grom.data.schema import QAExample, TextExample
-from grom.methods import METHODS, REFUSALS, answer_nll, get_method, idk_alternates, run_baseline
+from grom.methods import IDK_ANSWERS, METHODS, answer_nll, get_method, idk_alternates, run_baseline
 from grom.methods.trained.losses import dpo_loss, npo_loss
 from grom.methods.trained.method import LossInputs
 from grom.methods.trained.pdu import pdu
@@ -150,12 +150,12 @@ def test_pdu_forget_term_and_dual_update_by_hand():
 
 
 def test_idk_alternates_are_seeded_varied_and_our_own():
-    assert len(REFUSALS) >= 30 and len(set(REFUSALS)) == len(REFUSALS)
+    assert len(IDK_ANSWERS) >= 30 and len(set(IDK_ANSWERS)) == len(IDK_ANSWERS)
     qs = [QAExample(f"question {i}?", "answer") for i in range(40)]
     a, b = idk_alternates(qs, 0), idk_alternates(qs, 0)
     assert a == b and a != idk_alternates(qs, 1)
     assert [x.question for x in a] == [q.question for q in qs]
-    assert all(x.answer in REFUSALS for x in a) and len({x.answer for x in a}) > 10
+    assert all(x.answer in IDK_ANSWERS for x in a) and len({x.answer for x in a}) > 10
     with pytest.raises(ValueError, match="question/answer"):
         idk_alternates([TextExample("text")], 0)
 

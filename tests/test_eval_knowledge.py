@@ -445,7 +445,7 @@ def test_every_idk_answer_of_the_project_reads_as_a_refusal():
     counted as refusals (12 of the 36 IDK answers were read as fluent answers before), and
     plain wrong answers are not."""
     from grom.closed_form.refusal import REFUSALS as GROM
-    from grom.methods.trained.idk import REFUSALS as IDK
+    from grom.methods.trained.idk import IDK_ANSWERS as IDK
 
     assert [r for r in IDK + GROM if not M.is_refusal(r)] == []
     for wrong in ("The largest planet is Saturn.", "It has no rings, as far as astronomers know.",

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from components.core.allowed_sources import resolve_source
+from components.core.allowed_sources import allowed_source
 from components.core.errors import REPO_ROOT, UserError, message_for, scrub_paths, shorten
 from components.core.form import edit_config
 from components.core.validate import parse_band, retain_subset
@@ -57,7 +57,7 @@ def test_a_huge_model_or_data_name_gets_a_short_message():
     for kind in ("model", "data"):
         for name in ("a" * 100_000, "x/" * 50_000, "bad id!" * 10_000):
             with pytest.raises(UserError) as err:
-                resolve_source(name, kind)
+                allowed_source(name, kind)
             assert len(str(err.value)) < 300
     assert shorten("z" * 1000) == "z" * 79 + "…" and shorten("short") == "short"
     assert len(message_for(ValueError("q" * 100_000))) <= 1000
@@ -161,7 +161,7 @@ def test_names_in_the_repository_answer_as_names_that_do_not_exist():
             answers = []
             for name in (exists, missing):
                 try:
-                    answers.append(("ok", resolve_source(name, kind)))
+                    answers.append(("ok", allowed_source(name, kind)))
                 except UserError as err:
                     answers.append(("error", str(err).replace(name, "NAME")))
             assert answers[0][0] == answers[1][0]
@@ -173,7 +173,7 @@ def test_names_in_the_repository_answer_as_names_that_do_not_exist():
 def test_messages_show_no_absolute_server_paths():
     for bad in ("", "/etc", "./nothere", "bad id!"):
         with pytest.raises(UserError) as err:
-            resolve_source(bad, "model")
+            allowed_source(bad, "model")
         assert str(REPO_ROOT) not in str(err.value) and "models/" in str(err.value)
     err = OSError(2, "No such file", str(REPO_ROOT / "models" / "x" / "config.json"))
     assert message_for(err).startswith("[Errno 2] No such file: 'models/x/config.json")

@@ -79,7 +79,7 @@ def _local_path(text: str, folders: list[Path]) -> Path | None:
     return None
 
 
-def resolve_source(text: str, kind: str) -> str:
+def allowed_source(text: str, kind: str) -> str:
     """`text` as a loadable name: "demo", a Hub id, or an allowed local folder's path."""
     text = (text or "").strip()
     folders = allowed_dirs(kind)

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
-from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
+from components.core.allowed_sources import DEMO, REAL, allowed_source, require_hub
 from components.core.costs import check_loaded
 from components.core.errors import UserError, shorten
 from components.core.limits import limit, upload_bytes
@@ -173,7 +173,7 @@ def read_benchmark(name: str, split: str | None, source: str, forget_file, retai
             for path in filter(None, (forget, retain)):
                 msg = msg.replace(str(Path(path).parent) + "/", "")
             raise UserError(msg) from err
-    local = resolve_source(source, "data") if (source or "").strip() else None
+    local = allowed_source(source, "data") if (source or "").strip() else None
     if local is None and BENCHMARKS[name].hub_id:
         require_hub(splits_hub_id(name), "data set")
     known_only = name == "real-knowledge" and local is None and model_name == REAL

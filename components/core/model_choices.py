@@ -23,7 +23,7 @@ import threading
 
 import torch
 
-from components.core.allowed_sources import DEMO, REAL, require_hub, resolve_source
+from components.core.allowed_sources import DEMO, REAL, allowed_source, require_hub
 from components.core.device import ON_ZEROGPU
 from components.core.errors import UserError, shorten
 from components.core.limits import ModelPolicy, limit, over
@@ -62,7 +62,7 @@ def model_key(choice: str, device: str, dtype: str) -> ModelKey:
             "the default of a public Space; its host widens it with GROM_MODELS"
         raise UserError(f"This server offers only these models: {', '.join(policy.allowed)} "
                         f"({why}). Pick one of them; {shorten(choice)!r} is not among them.")
-    name = resolve_source(choice, "model")
+    name = allowed_source(choice, "model")
     if ON_ZEROGPU:  # no CUDA to ask in this process: the GPU comes with each request
         dev = "cuda" if device in ("auto", "cuda") else device
     else:

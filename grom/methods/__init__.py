@@ -43,7 +43,7 @@ from grom.methods.editors.value_optimisation import ValueSettings
 from grom.methods.lunar import LunarConfig, run_lunar
 from grom.methods.trained import BASELINES
 from grom.methods.trained.alternates import generate_alternates
-from grom.methods.trained.idk import REFUSALS, idk_alternates
+from grom.methods.trained.idk import IDK_ANSWERS, idk_alternates
 from grom.methods.trained.losses import ga_loss, kl_to_reference, mean_nll, npo_loss, sequence_nll, simnpo_loss
 from grom.methods.trained.method import METHODS, LossInputs, Method, get_method, trainable_reason
 from grom.methods.trained.recipes import RECIPES, Recipe, chunk_texts, get_recipe, recipe_for_task
@@ -69,8 +69,8 @@ from grom.registry import (
 )
 
 __all__ = [
-    "ALL", "BASELINES", "EDITORS", "FAMILIES", "METHODS", "MODEL_DEFAULTS", "RECIPES", "REFUSALS", "BadSetting", "Box",
-    "EditorConfig", "EditorMethod", "LossInputs", "LunarConfig", "Method", "MethodEntry", "Reason", "Recipe",
+    "ALL", "BASELINES", "EDITORS", "FAMILIES", "IDK_ANSWERS", "METHODS", "MODEL_DEFAULTS", "RECIPES", "BadSetting",
+    "Box", "EditorConfig", "EditorMethod", "LossInputs", "LunarConfig", "Method", "MethodEntry", "Reason", "Recipe",
     "RunSettings", "Settings", "StartingPoint", "UnknownMethod", "ValueSettings", "answer_nll", "can_run",
     "chunk_texts", "editor_band", "editor_reason", "encode_sequences", "family_of", "ga_loss", "generate_alternates",
     "get", "get_editor", "get_method", "get_recipe", "idk_alternates", "kl_to_reference", "mean_nll", "names",

@@ -25,7 +25,7 @@ from torch import nn
 
 from grom.data.prompts import PromptFormat
 from grom.data.schema import QAExample
-from grom.methods.trained.starting_points import family_of
+from grom.methods.trained.starting_points import model_defaults_for
 from grom.model.arch import loaded_from
 from grom.robustness.relearn import RELEARN_BATCH, RELEARN_LR, RELEARN_STEPS, relearn_curve
 from grom.robustness.result import ScoreFn
@@ -65,7 +65,7 @@ def relearn_lr(model: nn.Module | str | None) -> RelearnLR:
     """The relearning lr for `model` (a model, or the name or folder it was loaded from):
     its family's calibrated lr, else RELEARN_LR, saying it was not calibrated."""
     name = model if isinstance(model, str) or model is None else loaded_from(model)
-    row = family_of(name)
+    row = model_defaults_for(name)
     if row is not None and row.family in RELEARN_LRS:
         return RELEARN_LRS[row.family]
     return RelearnLR(RELEARN_LR, "the default lr, not calibrated for this model: read the unedited model's curve "

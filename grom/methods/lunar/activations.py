@@ -44,7 +44,7 @@ from grom.model.hooks import capture_inputs, capture_outputs, stop_after
 from grom.turns import Between, give
 
 
-def question_of(example) -> str:
+def instruction_of(example) -> str:
     """The instruction LUNAR reads from an example: a QA question, a fact's prompt, a
     multiple-choice question with its options; a plain string is its own instruction. A
     text corpus has no instruction (TypeError)."""
@@ -65,7 +65,7 @@ def encode_instructions(tokenizer, examples: Sequence, fmt: PromptFormat | None 
     `max_length` tokens, with a key at every token (the gold tokens are unused: 0)."""
     out = []
     for i, ex in enumerate(examples):
-        ids = encode_prompt(tokenizer, question_of(ex), fmt)[-max_length:]
+        ids = encode_prompt(tokenizer, instruction_of(ex), fmt)[-max_length:]
         out.append(Encoded(tuple(ids), tuple(range(len(ids))), (0,) * len(ids), i))
     return out
 

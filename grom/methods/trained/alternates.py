@@ -35,7 +35,7 @@ from torch import nn
 from grom.data.encoding import pad_id
 from grom.data.prompts import PromptFormat, format_prompt, uses_chat_template
 from grom.data.schema import FactRecord
-from grom.methods.trained.idk import question_of
+from grom.methods.trained.idk import idk_question
 from grom.methods.trained.micro_batch import eval_mode
 from grom.model.arch import model_device
 from grom.text import contains_phrase
@@ -136,7 +136,7 @@ def generate_alternates(model: nn.Module, tokenizer, examples: Sequence, *, n: i
         raise ValueError(f"temperature {temperature}: use > 0 to sample {n} answers per question "
                          "(0, greedy decoding, gives one)")
     n, max_new_tokens = int(n), int(max_new_tokens)
-    questions = [question_of(ex) for ex in examples]
+    questions = [idk_question(ex) for ex in examples]
     golds, facts = [str(ex.answer) for ex in examples], [fact_of(ex) for ex in examples]
     prompts = []
     for q, a in zip(questions, golds):

@@ -1,7 +1,7 @@
 """The "I don't know" answers of IDK-NLL and IDK-DPO, and the alternate answer each forget
 question trains toward.
 
-`REFUSALS` is this project's own set of refusals (TOFU ships ``data/idontknow.jsonl`` and
+`IDK_ANSWERS` is this project's own set of refusals (TOFU ships ``data/idontknow.jsonl`` and
 OpenUnlearning ``data/idk.jsonl`` for the same purpose; neither is copied here): varied in
 length and wording, none naming the question's subject, none inventing a fact.
 
@@ -20,7 +20,7 @@ import torch
 
 from grom.data.schema import FactRecord, QAExample
 
-REFUSALS: tuple[str, ...] = (
+IDK_ANSWERS: tuple[str, ...] = (
     "I don't know.",
     "I'm not sure about that.",
     "I don't have that information.",
@@ -60,7 +60,7 @@ REFUSALS: tuple[str, ...] = (
 )
 
 
-def question_of(example) -> str:
+def idk_question(example) -> str:
     """The question a forget example asks (its prompt, for a fact record)."""
     if isinstance(example, QAExample):
         return example.question
@@ -71,12 +71,12 @@ def question_of(example) -> str:
 
 
 def idk_alternates(examples: Sequence, seed: int,
-                   refusals: Sequence[str] = REFUSALS) -> tuple[QAExample, ...]:
+                   refusals: Sequence[str] = IDK_ANSWERS) -> tuple[QAExample, ...]:
     """Each example's question with one refusal as its answer, chosen uniformly with a
     generator seeded by `seed` (the same run seed gives the same pairs). (len(examples),)"""
     if not refusals or any(not str(r).strip() for r in refusals):
         raise ValueError("the refusal set must hold at least one non-empty answer")
     g = torch.Generator().manual_seed(int(seed))
     pick = torch.randint(0, len(refusals), (len(examples),), generator=g).tolist()
-    return tuple(QAExample(question_of(ex), str(refusals[k]), id=getattr(ex, "id", None))
+    return tuple(QAExample(idk_question(ex), str(refusals[k]), id=getattr(ex, "id", None))
                  for ex, k in zip(examples, pick))

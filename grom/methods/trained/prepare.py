@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from grom.data.encoding import Encoded
 from grom.data.schema import FactRecord, QAExample, as_examples
-from grom.methods.trained.idk import idk_alternates, question_of
+from grom.methods.trained.idk import idk_alternates, idk_question
 from grom.methods.trained.method import METHODS, Method, get_method
 from grom.methods.trained.recipes import chunk_corpus
 from grom.methods.trained.sequences import encode_sequences
@@ -51,7 +51,7 @@ def _alternate_encodings(tokenizer, s: Settings, forget, sets, enc_f) -> tuple[l
     """(forget, alternates): each forget sequence repeated once per alternate answer of its
     example, beside that answer encoded with the example's question."""
     pairs = [(i, a) for i, group in enumerate(sets) for a in group]
-    alt = tuple(QAExample(question_of(forget[i]), a) for i, a in pairs)
+    alt = tuple(QAExample(idk_question(forget[i]), a) for i, a in pairs)
     by_pair = {e.example: e for e in encode_sequences(tokenizer, alt, s.prompt_format, s.max_length)}
     by_example = {e.example: e for e in enc_f}
     f_out, a_out = [], []

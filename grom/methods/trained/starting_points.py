@@ -84,7 +84,7 @@ MODEL_DEFAULTS: tuple[ModelDefaults, ...] = (
 )
 
 
-def family_of(model_name: str | None) -> ModelDefaults | None:
+def model_defaults_for(model_name: str | None) -> ModelDefaults | None:
     """The first row whose `match` occurs in the model's name (case ignored), or None."""
     name = str(model_name or "").lower()
     return next((row for row in MODEL_DEFAULTS if any(m in name for m in row.match)), None)
@@ -93,7 +93,7 @@ def family_of(model_name: str | None) -> ModelDefaults | None:
 def starting_point(model_name: str | None, method: str, recipe: str = DEFAULT_RECIPE) -> StartingPoint:
     """The lr and epochs a `method` run starts from on `model_name`: its family's row, else
     the recipe's values."""
-    row = family_of(model_name)
+    row = model_defaults_for(model_name)
     method = str(method).strip().lower()
     if row is not None and method in row.methods:
         return row.methods[method]
