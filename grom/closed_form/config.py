@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from grom.closed_form.refusal import refusal_problem
 from grom.data.encoding import KEY_MODES
-from grom.data.prompts import PromptFormat
+from grom.data.prompts import PromptFormat, settings_from_dict
 from grom.model.arch import MATRIX_KINDS
 
 TARGETS = ("suppression", "corruption", "refusal")
@@ -134,15 +134,7 @@ class EditConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "EditConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown EditConfig fields: {', '.join(sorted(unknown))}")
-        d = dict(d)
-        for key in ("layers", "candidates"):
-            if d.get(key) is not None:
-                d[key] = tuple(d[key])
-        return cls(**d)
+        return settings_from_dict(cls, d, tuples=("layers", "candidates"))
 
 
 def _band(a: int, b: int) -> tuple[int, ...]:

@@ -15,10 +15,12 @@ that takes too long or writes too much is refused (`TemplateError`) and not run 
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_TEMPLATE = "Question: {question}\nAnswer: "
@@ -224,3 +226,19 @@ def encode_qa(tokenizer, question: str, answer: str, fmt: PromptFormat | None = 
     while start < min(len(prompt), len(ids)) and prompt[start] == ids[start]:
         start += 1
     return ids, start
+
+
+def settings_from_dict(cls, d: Mapping, tuples: tuple[str, ...] = ()):
+    """A frozen settings dataclass `cls` from what its ``to_dict`` wrote: a key that is no field
+    is refused (ValueError naming it), the fields `tuples` read back as tuples, a prompt format
+    as a `PromptFormat` (`to_dict` writes every field as JSON does)."""
+    d = dict(d)
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
+    for key in tuples:
+        if d.get(key) is not None:
+            d[key] = tuple(d[key])
+    if isinstance(d.get("prompt_format"), Mapping):
+        d["prompt_format"] = PromptFormat(**d["prompt_format"])
+    return cls(**d)

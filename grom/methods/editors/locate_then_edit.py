@@ -46,7 +46,7 @@ from grom.closed_form.config import EditConfig
 from grom.closed_form.layer_scores import LayerScores
 from grom.closed_form.pipeline import compute_scores, prepare
 from grom.data.encoding import Encoded, make_batches, pad_id
-from grom.data.prompts import PromptFormat
+from grom.data.prompts import PromptFormat, settings_from_dict
 from grom.data.schema import as_examples
 from grom.edit import Edit, LayerRecord
 from grom.methods.costs import data_tokens, shape_of, train_flops
@@ -126,15 +126,7 @@ class EditorConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "EditorConfig":
         """The settings `to_dict` wrote (a key of no setting is refused)."""
-        d = dict(d)
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown EditorConfig fields: {', '.join(unknown)}")
-        if d.get("layers") is not None:
-            d["layers"] = tuple(d["layers"])
-        if isinstance(d.get("prompt_format"), dict):
-            d["prompt_format"] = PromptFormat(**d["prompt_format"])
-        return cls(**d)
+        return settings_from_dict(cls, d, tuples=("layers",))
 
 
 # A rule: (W (m, n), K (n, u), R (m, u), C0 (n, n), config) -> the patch (m, n) float64

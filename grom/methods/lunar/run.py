@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from grom.data.encoding import pad_id
-from grom.data.prompts import PromptFormat
+from grom.data.prompts import PromptFormat, settings_from_dict
 from grom.data.schema import TextExample, as_examples
 from grom.edit import Edit, LayerRecord
 from grom.methods.costs import data_tokens, shape_of
@@ -100,13 +100,7 @@ class LunarConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "LunarConfig":
         """The settings `to_dict` wrote (a key of no setting is refused)."""
-        d = dict(d)
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown LunarConfig fields: {', '.join(unknown)}")
-        if isinstance(d.get("prompt_format"), dict):
-            d["prompt_format"] = PromptFormat(**d["prompt_format"])
-        return cls(**d)
+        return settings_from_dict(cls, d)
 
     def replace(self, **kw) -> "LunarConfig":
         return dataclasses.replace(self, **kw)
