@@ -48,16 +48,16 @@ from components import (
     sweep_panel,
 )
 from components import page as page_wiring
-from components.core.allowed_sources import DEMO, REAL
-from components.core.benchmarks import preset_for, warm_bundled
-from components.core.comparison import default_examples
-from components.core.device import ON_ZEROGPU, watch_queue
-from components.core.guard import BodyLimit, NoDeepLinks, QueueGuard, UploadGuard
-from components.core.limits import limit
-from components.core.model_choices import ensure_model, model_key, pin_start_model, preload_allowed
-from components.core.session import REGISTRY, Session
-from components.core.wiring import Page
 from components.page import start_benchmark, start_session, warm_in_background
+from components.server.allowed_sources import DEMO, REAL
+from components.server.device import ON_ZEROGPU, watch_queue
+from components.server.guard import BodyLimit, NoDeepLinks, QueueGuard, UploadGuard
+from components.server.limits import limit
+from components.server.model_choices import ensure_model, model_key, pin_start_model, preload_allowed
+from components.server.session import REGISTRY, Session
+from components.studio.benchmarks import preset_for, warm_bundled
+from components.studio.comparison import default_examples
+from components.studio.wiring import Page
 from components.views import text
 
 log = logging.getLogger("grom.studio")
@@ -159,7 +159,7 @@ def build_app(warm: bool = False) -> gr.Blocks:
         ui = build_layout(start, start_session(start_key))
         wire_panels(demo, ui, start_key)
     # api_open=False: gradio would otherwise serve /run/ and /api/ off a Space, calls that skip the
-    # queue and so every per-session and per-visitor limit of components/core/guard.py
+    # queue and so every per-session and per-visitor limit of components/server/guard.py
     demo.queue(default_concurrency_limit=4, max_size=limit("GROM_MAX_QUEUE"), api_open=False)
     watch_queue(demo)  # background work sees the visitors' jobs waiting for the device
     if warm and start_key is not None and not ON_ZEROGPU:
@@ -190,7 +190,7 @@ def launch_kwargs() -> dict:
     server in front of this one (GRADIO_SSR_MODE), one more proxy between the visitor and the
     gates below, which read the client's address a fixed number of hops from the end of
     X-Forwarded-For (GROM_PROXY_HOPS). Gradio keeps at most GROM_MAX_PAGE_SESSIONS sessions
-    (components/core/page_sessions.py bounds them per visitor and drops idle ones)."""
+    (components/server/page_sessions.py bounds them per visitor and drops idle ones)."""
     return dict(theme=theme(), css_paths=[str(CSS_PATH)],
                 max_file_size=f"{max(limit('GROM_MAX_UPLOAD_MB'), limit('GROM_MAX_PATCH_MB'))}mb",
                 footer_links=["api", "gradio"], ssr_mode=False,
@@ -219,7 +219,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if os.environ.get("GROM_TRACE_DEVICE"):  # each turn on the device as it ends (components/core/device.py)
+    if os.environ.get("GROM_TRACE_DEVICE"):  # each turn on the device as it ends (components/server/device.py)
         logging.getLogger("grom.device").setLevel(logging.DEBUG)
     args = parse_args(argv)
 

@@ -64,9 +64,9 @@ def setup(model: str):
     calibrated as the server's warm-up calibrates its start model (an estimate that found
     none would calibrate in the background, beside this bench's runs, which take no
     device lock)."""
-    from components.core import pace
-    from components.core.benchmarks import default_split, read_benchmark
-    from components.core.model_choices import ensure_model, model_key
+    from components.server import pace
+    from components.server.model_choices import ensure_model, model_key
+    from components.studio.benchmarks import default_split, read_benchmark
     from grom.closed_form.config import PRESETS
     from grom.data import load_benchmark
 
@@ -96,7 +96,7 @@ def counted(model):
 def estimates(handle, bench) -> tuple[dict, dict, float]:
     """({attack: seconds}, {attack: forward passes}) estimated, and the seconds it took."""
     from components.attack_panel import ESTIMATES, attack_estimates
-    from components.core.durations import attack_work
+    from components.server.durations import attack_work
 
     t0 = time.perf_counter()
     seconds = attack_estimates(handle, bench)
@@ -224,7 +224,7 @@ def spread(handle, bench, runs: int, burners: int) -> None:
     """Calibrate `runs` times (beside `burners` spinning processes) and print each total
     estimate of every attack with the pulses it rests on."""
     from components.attack_panel import ESTIMATES, attack_estimates
-    from components.core import pace
+    from components.server import pace
 
     procs = busy(burners)
     try:
@@ -249,7 +249,7 @@ def _spin() -> None:
 
 def busy(n: int) -> list:
     """`n` processes that each keep a core busy, given a few seconds to show in the CPU's
-    pulse (`components.core.pace`) before anything is estimated."""
+    pulse (`components.server.pace`) before anything is estimated."""
     import multiprocessing
 
     procs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(n)]

@@ -86,7 +86,7 @@ def md_table(headers, rows) -> str:
 
 def load_split(args, target: str):
     """The benchmark of one target (or of the --custom file), its retain set cut to the
-    app's seeded sample (components.core.validate.retain_subset)."""
+    app's seeded sample (components.server.validate.retain_subset)."""
     if args.custom:
         bench = load_benchmark("custom", "forget", source=args.custom)
     else:

@@ -57,7 +57,7 @@ def _time_handlers() -> None:
             try:
                 return fn(*a, **k)
             finally:
-                from components.core.session import REGISTRY
+                from components.server.session import REGISTRY
                 cache = getattr(REGISTRY.current, "prefix_cache", None)
                 state = (f" (prefix cache: {len(cache)} entries, {cache.nbytes / 2**20:.0f} MiB, "
                          f"{cache.hits} hits, {cache.misses} misses)" if cache is not None else "")
@@ -92,13 +92,13 @@ def main(argv=None) -> None:
     from playwright.sync_api import sync_playwright
 
     torch.set_num_threads(args.threads)
-    from components.core.allowed_sources import REAL
+    from components.server.allowed_sources import REAL
     from tests.app_fixtures import launch
 
     if args.profile:
         _time_handlers()
     if args.no_cancel_checks:  # what the cancellation checks cost (a measurement, not a mode)
-        import components.core.device as device
+        import components.server.device as device
         device.job_cancelled = lambda: False
     blocks, url = launch(REAL)
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.machine()}, {os.cpu_count()} cores, torch "

@@ -8,7 +8,7 @@ thread, SmolLM2 on torch's threads).
     python bench/bench_estimates.py --models demo --burn 1 --rounds 3 --json demo.json
     python bench/bench_estimates.py --models smollm2-135m-instruct --conditions loaded --rounds 1
 
-Each model is calibrated first (`components.core.pace.calibrate`: what the server's warm-up
+Each model is calibrated first (`components.server.pace.calibrate`: what the server's warm-up
 does once a model is loaded). Then for each condition, quiet, then loaded (`--burn`
 processes each spinning a core, started a few seconds before), `--rounds` rounds of: the
 estimate as the panel would show it at that moment, then the job as the app runs it (the
@@ -90,7 +90,7 @@ def epoch_round(handle, bench) -> list[dict]:
 
 def run_model(model: str, burn: int, rounds: int, jobs: list[str], conditions: list[str]) -> dict:
     """Every round of every condition on `model`."""
-    from components.core import pace
+    from components.server import pace
     from grom import run_edit
 
     torch.set_num_threads(1 if model == "demo" else THREADS)

@@ -56,7 +56,7 @@ class Page:
         self.model, self.tok = load_model(args.model)
         bench = load_benchmark("real-knowledge", args.split, known_only=True)
         retain = tuple(random.Random(args.seed).sample(bench.retain, args.retain_examples))
-        self.bench = dataclasses.replace(bench, retain=retain)  # components.core.validate.retain_subset
+        self.bench = dataclasses.replace(bench, retain=retain)  # components.server.validate.retain_subset
         self.config = PRESETS[args.preset].replace(prompt_format=bench.prompt_format, seed=args.seed)
 
     def edit(self, **changes):

@@ -83,7 +83,7 @@ def main(argv=None) -> None:
     t = clock()
     base = evaluate(model, tok, bench, prefix=prefix, record_at=(band[0],))
     print(f"page load: the Base row {clock() - t:.1f} s")
-    if prefix is not None:  # as the app's warm-up does after the Base row (components/core/comparison.py)
+    if prefix is not None:  # as the app's warm-up does after the Base row (components/studio/comparison.py)
         t = clock()
         record_drafts(model, tok, bench, base, prefix, (band[0],))
         print(f"page load: the drafted passes recorded {clock() - t:.1f} s")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
-CARD = ".result-card:not(.rc-from-store)"  # the card of this click, not one kept on disk (components/core/cards.py)
+CARD = ".result-card:not(.rc-from-store)"  # the card of this click, not one kept on disk (components/studio/cards.py)
 KEPT = ".result-card.rc-from-store [data-card-key]"  # a card kept for the page's settings, shown as it opens
 CARD_IN_VIEW = """() => { const c = document.querySelector('.result-card:not(.rc-from-store)');
   if (!c) return false; const r = c.getBoundingClientRect(), s = getComputedStyle(c);

@@ -1,6 +1,6 @@
 """What each long job may hold: the memory it keeps between its turns on the device (what it
-reserves in GROM_JOBS_MEMORY_MB, components/core/memory_budget.py) and the seconds of GPU its
-calls ask for on ZeroGPU (components/core/durations.py), on the studio's default data.
+reserves in GROM_JOBS_MEMORY_MB, components/server/memory_budget.py) and the seconds of GPU its
+calls ask for on ZeroGPU (components/server/durations.py), on the studio's default data.
 
     python bench/job_holds.py [--model smollm2-135m-instruct] [--methods simnpo,ga,npo,rmu,rome,lunar]
 
@@ -18,9 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.baseline_panel import defaults_of  # noqa: E402
-from components.core.allowed_sources import REAL  # noqa: E402
-from components.core.benchmarks import default_split, preset_for  # noqa: E402
-from components.core.durations import (  # noqa: E402
+from components.server.allowed_sources import REAL  # noqa: E402
+from components.server.durations import (  # noqa: E402
     attack_memory,
     attack_s,
     baseline_memory,
@@ -29,9 +28,10 @@ from components.core.durations import (  # noqa: E402
     train_call_s,
     write_s,
 )
-from components.core.memory_budget import budget_bytes  # noqa: E402
-from components.core.model_choices import ensure_model, model_key  # noqa: E402
-from components.core.written import writing_config  # noqa: E402
+from components.server.memory_budget import budget_bytes  # noqa: E402
+from components.server.model_choices import ensure_model, model_key  # noqa: E402
+from components.studio.benchmarks import default_split, preset_for  # noqa: E402
+from components.studio.written import writing_config  # noqa: E402
 from grom import PRESETS  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.robustness.suite import attack_names  # noqa: E402

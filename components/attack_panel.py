@@ -9,14 +9,14 @@ Min-K, Min-K++: can the forget answers be told from the other targets' answers b
 likelihood? an AUC, 0.5 = they cannot).
 
 Optionally the baseline set in Compare (a trained method or a closed-form editor, with its
-two settings; `components.core.comparators`) is
+two settings; `components.studio.comparators`) is
 trained once and put through the same suite, side by side; its patch is dropped after.
 The shared model is given back unedited whatever happens (the suite's promise).
 
 Before a run each attack's label carries its estimated seconds on the session's model and
 benchmark, and a line their sum for the ticked ones (`attack_estimates`: the work counted
-from the model's size and the probes' tokens, `components.core.durations`, priced at the
-pace this host measured, `components.core.pace`), and the device's queue ahead. Each
+from the model's size and the probes' tokens, `components.server.durations`, priced at the
+pace this host measured, `components.server.pace`), and the device's queue ahead. Each
 attack run is timed into that pace. The panel opens
 on a quick set (`QUICK`), the rest one click away. While the suite runs, the summary says
 what runs, and the progress counts the ticked attacks (each is a call of its own).
@@ -32,17 +32,25 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core import pace
-from components.core.comparators import check_gpu_time, check_request, comparator_label, train_comparator
-from components.core.comparison import shared_model
-from components.core.costs import check_job
-from components.core.device import DEVICE_LOCK, device_progress, give_turn, local_progress, on_device
-from components.core.durations import AttackInputs, attack_inputs, attack_memory, attack_s, attack_work
-from components.core.errors import UserError, ui_errors
-from components.core.limits import limit, over
-from components.core.memory_budget import BUDGET, budget_bytes
-from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_edit, current_model, in_turn
-from components.core.wiring import LOCAL, Page, device_queue, offer_files
+from components.server import pace
+from components.server.costs import check_job
+from components.server.device import DEVICE_LOCK, device_progress, give_turn, local_progress, on_device
+from components.server.durations import AttackInputs, attack_inputs, attack_memory, attack_s, attack_work
+from components.server.errors import UserError, ui_errors
+from components.server.limits import limit, over
+from components.server.memory_budget import BUDGET, budget_bytes
+from components.server.session import (
+    REGISTRY,
+    ModelKey,
+    Session,
+    current_benchmark,
+    current_edit,
+    current_model,
+    in_turn,
+)
+from components.studio.comparators import check_gpu_time, check_request, comparator_label, train_comparator
+from components.studio.comparison import shared_model
+from components.studio.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import TABLE_LABELS, answers_table_html, download_box, empty_table, title_html
 from grom.data.schema import QAExample
@@ -139,14 +147,14 @@ def inputs_of(handle, bench) -> AttackInputs:
 
 
 def attack_kind(name: str) -> str:
-    """The kind of work an attack is to the host's pace (`components.core.pace`)."""
+    """The kind of work an attack is to the host's pace (`components.server.pace`)."""
     return f"attack:{name}"
 
 
 def attack_estimates(handle, bench) -> dict[str, float]:
     """{attack: estimated seconds on one edit} on the loaded model, for every attack: its
-    work counted (`components.core.durations.attack_work`) and priced at this host's pace
-    now (`components.core.pace.seconds`: the model's calibration, the attack's own measured
+    work counted (`components.server.durations.attack_work`) and priced at this host's pace
+    now (`components.server.pace.seconds`: the model's calibration, the attack's own measured
     pace, the CPU's load); a UserError where the benchmark has no held-out probes."""
     inputs = inputs_of(handle, bench)
     return {name: pace.seconds(handle, attack_kind(name), attack_work(inputs, name), inputs.size)
@@ -460,7 +468,7 @@ def _baseline_settings(with_baseline: bool, method, epochs, lr, bench=None) -> t
 def check_data(tokenizer, bench, with_baseline: bool) -> None:
     """The attacks read the forget set (the fitted questions), the held-out probes and the
     holdout side of the membership test; a baseline trained for them, the retain set too:
-    within the token limits (`components.core.costs`), before any work."""
+    within the token limits (`components.server.costs`), before any work."""
     sets = {"forget": bench.forget, "probes": (bench.eval_sets or {}).get("probes", ()),
             "holdout": holdout_of(bench.eval_sets, bench.retain)}
     if with_baseline:
@@ -649,7 +657,7 @@ def wire(k: SimpleNamespace, page: Page) -> None:
     attacked = k.run.click(in_turn(on_run_attacks), [k.attacks, k.with_baseline, bl.method, bl.epochs, bl.lr, s],
                            [k.summary, k.table, k.plot, k.lens, k.answers], api_name="attacks",
                            show_progress_on=[k.summary], **device_queue())
-    # Stop: the running suite ends at its next forward pass (components.core.device), the model unedited
+    # Stop: the running suite ends at its next forward pass (components.server.device), the model unedited
     attacked.failure(on_attacks_failed, k.summary, k.summary, **LOCAL)  # a "Running ..." line says it did not finish
     k.stop.click(on_attacks_stopped, k.summary, k.summary, cancels=[attacked], **LOCAL)
     k.table.select(on_attack_select, s, k.answers, **LOCAL)

@@ -1,7 +1,7 @@
 """Compare with a baseline: train any method of the library's registry
 (`grom.methods.METHODS`: GA, GradDiff, NPO, SimNPO, IDK, ... and whatever is registered),
 or run a closed-form editor (`grom.methods.EDITORS`: ROME, MEMIT, AlphaEdit, ZeroUnlearn,
-on GROM's band; `components.core.comparators`), on the session's benchmark (a trained
+on GROM's band; `components.studio.comparators`), on the session's benchmark (a trained
 method with OpenUnlearning's recipe for the benchmark) and put its
 time of update and its metrics beside GROM's. The panel lists, labels and checks the
 methods from their registry rows: a new method needs no change here.
@@ -23,9 +23,15 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core import pace
-from components.core.allowed_sources import DEMO
-from components.core.comparators import (
+from components.server import pace
+from components.server.allowed_sources import DEMO
+from components.server.costs import check_job, evaluation_sets
+from components.server.device import device_progress, local_progress
+from components.server.durations import baseline_memory, training_work
+from components.server.errors import ui_errors
+from components.server.memory_budget import BUDGET, budget_bytes
+from components.server.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, in_turn
+from components.studio.comparators import (
     band_note,
     box_values,
     check_gpu_time,
@@ -39,15 +45,15 @@ from components.core.comparators import (
     train_comparator,
     unavailable,
 )
-from components.core.comparison import comparison_report, compute_report, examples_per_set, reference_for, shared_model
-from components.core.costs import check_job, evaluation_sets
-from components.core.device import device_progress, local_progress
-from components.core.durations import baseline_memory, training_work
-from components.core.errors import ui_errors
-from components.core.history import FORGET, add_comparator_run
-from components.core.memory_budget import BUDGET, budget_bytes
-from components.core.session import REGISTRY, ModelKey, Session, current_benchmark, current_model, in_turn
-from components.core.wiring import LOCAL, Page, device_queue, offer_files
+from components.studio.comparison import (
+    comparison_report,
+    compute_report,
+    examples_per_set,
+    reference_for,
+    shared_model,
+)
+from components.studio.history import FORGET, add_comparator_run
+from components.studio.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import text
 from components.views.tables import download_box, empty_table, format_metric, goal_arrow
 from grom.eval.report import BASE, EDITED, REFERENCE
@@ -114,7 +120,7 @@ def on_setting_change(method: str, epochs, lr, session: Session):
 
 
 def training_kind(method: str) -> str:
-    """The kind of work a trained method's run is to the host's pace (`components.core.pace`)."""
+    """The kind of work a trained method's run is to the host's pace (`components.server.pace`)."""
     return f"train:{method}"
 
 
@@ -184,7 +190,7 @@ def on_methods_for_data(method: str, session: Session):
 def check_data(tokenizer, bench, n, label: str) -> None:
     """A baseline reads the whole forget and retain sets (to train, or an editor's keys and
     covariance) and the comparison's evaluation examples: within the token limits
-    (`components.core.costs`), before any training."""
+    (`components.server.costs`), before any training."""
     check_job(tokenizer, f"This {label} run", {"forget": bench.forget, "retain": bench.retain}
               | evaluation_sets(bench, n),
               "A baseline trains on the whole split: choose a smaller split, or evaluate fewer examples per set.")

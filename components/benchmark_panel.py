@@ -3,7 +3,7 @@ demo works offline; the Hub ones need the network or a local folder), or uploade
 what the model wrote (name only), loaded on their own button; a few forget and retain
 examples to read. A load is refused where an example is longer than
 GROM_MAX_EXAMPLE_TOKENS or the forget set longer than GROM_MAX_JOB_TOKENS, counted with the
-session's model's tokenizer (`components.core.costs`); the session keeps what it had."""
+session's model's tokenizer (`components.server.costs`); the session keeps what it had."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,11 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core import form
-from components.core.benchmarks import (
+from components.server.device import device_progress
+from components.server.errors import UserError, shorten, ui_errors
+from components.server.session import REGISTRY, Session, current_model, in_turn
+from components.studio import form
+from components.studio.benchmarks import (
     NAME_ONLY,
     SESSION_DATA,
     benchmark_names,
@@ -29,11 +32,8 @@ from components.core.benchmarks import (
     retain_warning,
     splits_for,
 )
-from components.core.device import device_progress
-from components.core.errors import UserError, shorten, ui_errors
-from components.core.session import REGISTRY, Session, current_model, in_turn
-from components.core.wiring import LOCAL, Page, device_queue
-from components.core.written import COLUMNS, MAX_NEIGHBOURS, as_table, write_rows, writing_config
+from components.studio.wiring import LOCAL, Page, device_queue
+from components.studio.written import COLUMNS, MAX_NEIGHBOURS, as_table, write_rows, writing_config
 from components.views import text
 from components.views.tables import describe, examples_html
 from grom.tasks.name_only import USES

@@ -17,15 +17,11 @@ from types import SimpleNamespace
 import gradio as gr
 import numpy as np
 
-from components.core import cards
-from components.core.benchmarks import NAME_ONLY
-from components.core.comparison import FORGET_SETS, RETAIN_SETS, comparison_report, covers_split, examples_per_set
-from components.core.device import DEVICE_LOCK, device_progress, on_device
-from components.core.downloads import report_files
-from components.core.durations import generate_s
-from components.core.errors import UserError, ui_errors
-from components.core.limits import limit
-from components.core.session import (
+from components.server.device import DEVICE_LOCK, device_progress, on_device
+from components.server.durations import generate_s
+from components.server.errors import UserError, ui_errors
+from components.server.limits import limit
+from components.server.session import (
     REGISTRY,
     ModelKey,
     Session,
@@ -35,7 +31,11 @@ from components.core.session import (
     in_turn,
     resident,
 )
-from components.core.wiring import LOCAL, Page, device_queue
+from components.studio import cards
+from components.studio.benchmarks import NAME_ONLY
+from components.studio.comparison import FORGET_SETS, RETAIN_SETS, comparison_report, covers_split, examples_per_set
+from components.studio.downloads import report_files
+from components.studio.wiring import LOCAL, Page, device_queue
 from components.views import text
 from components.views.card import (
     Times,

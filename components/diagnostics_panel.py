@@ -10,14 +10,22 @@ import numpy as np
 import pandas as pd
 import torch
 
-from components.core.comparison import examples_per_set
-from components.core.costs import check_comparison
-from components.core.device import DEVICE_LOCK, give_turn, kept_cache, on_device
-from components.core.durations import edit_and_report_s, rerun_s
-from components.core.errors import UserError, shorten, ui_errors
-from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model, in_turn, resident
-from components.core.validate import whole_number
-from components.core.wiring import LOCAL, Page, device_queue
+from components.server.costs import check_comparison
+from components.server.device import DEVICE_LOCK, give_turn, kept_cache, on_device
+from components.server.durations import edit_and_report_s, rerun_s
+from components.server.errors import UserError, shorten, ui_errors
+from components.server.session import (
+    ModelKey,
+    Session,
+    current_benchmark,
+    current_edit,
+    current_model,
+    in_turn,
+    resident,
+)
+from components.server.validate import whole_number
+from components.studio.comparison import examples_per_set
+from components.studio.wiring import LOCAL, Page, device_queue
 from components.views import plots, text
 from components.views.tables import empty_table
 from grom import run_edit

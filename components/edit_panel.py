@@ -1,7 +1,7 @@
 """Edit panel: presets, the hyperparameters (log sliders with exact number boxes), the
 target and matrix, Run with staged progress, the timings and patch norms, Reset.
 
-The widgets are the fields `components.core.form` declares (by the same names): the
+The widgets are the fields `components.studio.form` declares (by the same names): the
 form turns their values into an `EditConfig` and back.
 """
 from __future__ import annotations
@@ -11,13 +11,15 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.core import form
-from components.core.benchmarks import check_choice
-from components.core.device import device_progress
-from components.core.edits import compute_edit, scores_key
-from components.core.errors import ui_errors
-from components.core.fit_check import check_run, device_free_bytes, plan_markdown, plan_run
-from components.core.form import (
+from components.server.device import device_progress
+from components.server.errors import ui_errors
+from components.server.fit_check import check_run, device_free_bytes, plan_markdown, plan_run
+from components.server.session import SESSIONS, Session, current_benchmark, current_model, in_turn
+from components.server.validate import check_examples, check_seed, retain_subset
+from components.studio import form
+from components.studio.benchmarks import check_choice
+from components.studio.edits import compute_edit, scores_key
+from components.studio.form import (
     DEFAULT_RETAIN_EXAMPLES,
     LOG_SLIDERS,
     MATRICES,
@@ -25,10 +27,8 @@ from components.core.form import (
     TARGETS,
     preset_choices,
 )
-from components.core.runs import portable_model_name, run_record
-from components.core.session import SESSIONS, Session, current_benchmark, current_model, in_turn
-from components.core.validate import check_examples, check_seed, retain_subset
-from components.core.wiring import LOCAL, Page, device_queue
+from components.studio.runs import portable_model_name, run_record
+from components.studio.wiring import LOCAL, Page, device_queue
 from components.views import plots, text
 from components.views.card import SCROLL_TO_CARD
 from components.views.tables import edit_summary, empty_table, layer_table, norms_figure

@@ -4,7 +4,7 @@ TOFU_SUMMARY.json) and a code snippet that applies it with the library; and the 
 the benchmark, every setting and the edit, computed again and checked against the hash
 edit.json records (or, for uploaded benchmark files, from patch.safetensors).
 
-And a link to the run (components/core/links.py): "Copy link to this run" stores the
+And a link to the run (components/studio/links.py): "Copy link to this run" stores the
 session's edit on the server under an unguessable token and gives the page's address with
 ?run=<token>; a page opened with it (`on_page_link`, after the page's own load) brings the
 run into its fresh session: the run's model (loaded where the host allows it), its
@@ -23,13 +23,10 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.core import cards, form, links
-from components.core.allowed_sources import DEMO
-from components.core.benchmarks import SESSION_DATA, read_benchmark, splits_for
-from components.core.device import device_progress, job_visitor, local_progress
-from components.core.edits import compute_edit
-from components.core.errors import UserError, shorten, ui_errors
-from components.core.files import (
+from components.server.allowed_sources import DEMO
+from components.server.device import device_progress, job_visitor, local_progress
+from components.server.errors import UserError, shorten, ui_errors
+from components.server.files import (
     bound_disk,
     edit_uploads,
     export_root,
@@ -38,16 +35,19 @@ from components.core.files import (
     remove_old,
     storage,
 )
-from components.core.form import BAND_MODES, CUSTOM, RESTORED, restore_values
-from components.core.history import add_run, restore
-from components.core.limits import limit
-from components.core.model_choices import ensure_model, free_choice, model_key, status_line
-from components.core.model_choices import summary as model_summary
-from components.core.rates import FairRate
-from components.core.runs import check_run, file_verdict, portable_model_name, recompute_verdict, run_record
-from components.core.session import REGISTRY, SESSIONS, Session, current_edit, current_model, in_turn
-from components.core.validate import check_examples, retain_subset
-from components.core.wiring import LINKS, LOCAL, Page, device_queue
+from components.server.limits import limit
+from components.server.model_choices import ensure_model, free_choice, model_key, status_line
+from components.server.model_choices import summary as model_summary
+from components.server.rates import FairRate
+from components.server.session import REGISTRY, SESSIONS, Session, current_edit, current_model, in_turn
+from components.server.validate import check_examples, retain_subset
+from components.studio import cards, form, links
+from components.studio.benchmarks import SESSION_DATA, read_benchmark, splits_for
+from components.studio.edits import compute_edit
+from components.studio.form import BAND_MODES, CUSTOM, RESTORED, restore_values
+from components.studio.history import add_run, restore
+from components.studio.runs import check_run, file_verdict, portable_model_name, recompute_verdict, run_record
+from components.studio.wiring import LINKS, LOCAL, Page, device_queue
 from components.views import text
 from components.views.tables import describe, edit_summary, examples_html, layer_table, norms_figure
 from grom import PRESETS, Edit, EditConfig

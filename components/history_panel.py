@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from components.core.errors import UserError, ui_errors
-from components.core.form import RESTORED, widgets
-from components.core.history import (
+from components.server.errors import UserError, ui_errors
+from components.server.session import Session
+from components.studio.form import RESTORED, widgets
+from components.studio.history import (
     FORGET,
     KEPT,
     add_run,
@@ -31,9 +32,8 @@ from components.core.history import (
     row_index,
     shown_rows,
 )
-from components.core.runs import band_text
-from components.core.session import Session
-from components.core.wiring import LOCAL, Page, offer_files
+from components.studio.runs import band_text
+from components.studio.wiring import LOCAL, Page, offer_files
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 

@@ -6,14 +6,14 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.core import form
-from components.core.edits import scores_key
-from components.core.errors import UserError, ui_errors
-from components.core.form import BAND_MODES, band_widgets
-from components.core.scores import cached_scores
-from components.core.session import Session, current_benchmark, current_model, in_turn
-from components.core.validate import check_examples, check_seed, parse_band, retain_subset, whole_number
-from components.core.wiring import LOCAL, Page, device_queue
+from components.server.errors import UserError, ui_errors
+from components.server.session import Session, current_benchmark, current_model, in_turn
+from components.server.validate import check_examples, check_seed, parse_band, retain_subset, whole_number
+from components.studio import form
+from components.studio.edits import scores_key
+from components.studio.form import BAND_MODES, band_widgets
+from components.studio.scores import cached_scores
+from components.studio.wiring import LOCAL, Page, device_queue
 from components.views import plots, text
 from grom import EditConfig, best_window
 from grom.model.arch import num_layers

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.core.allowed_sources import DEMO, REAL
-from components.core.device import local_progress
-from components.core.errors import ui_errors
-from components.core.limits import ModelPolicy
-from components.core.model_choices import (
+from components.server.allowed_sources import DEMO, REAL
+from components.server.device import local_progress
+from components.server.errors import ui_errors
+from components.server.limits import ModelPolicy
+from components.server.model_choices import (
     DEVICES,
     DTYPES,
     ensure_model,
@@ -23,9 +23,9 @@ from components.core.model_choices import (
     status_line,
     summary,
 )
-from components.core.session import REGISTRY, Session
-from components.core.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
-from components.core.wiring import LOCAL, Page
+from components.server.session import REGISTRY, Session
+from components.server.sharded import DEVICE_MAP_CHOICES, ensure_sharded_model, offload_note, sharded_key
+from components.studio.wiring import LOCAL, Page
 from components.views import text
 
 

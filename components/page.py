@@ -17,23 +17,23 @@ from types import SimpleNamespace
 import gradio as gr
 
 from components.compare_panel import on_card_first, on_compare
-from components.core import cards, form
-from components.core.allowed_sources import DEMO, REAL
-from components.core.benchmarks import default_split, preset_for, read_benchmark, splits_for
-from components.core.comparison import examples_per_set, warm_base_rows
-from components.core.device import ON_ZEROGPU, UNWANTED, deferring, gave_way, wait_for_quiet, yielding
-from components.core.edits import warm_edit
-from components.core.errors import JOB_NAME, ui_errors
-from components.core.model_choices import ensure_model, n_layers, status_line, summary
-from components.core.pace import calibrate
-from components.core.session import REGISTRY, Session, in_turn
-from components.core.staleness import wire as wire_staleness
-from components.core.validate import check_seed, retain_subset
-from components.core.wiring import LINKS, LOCAL, Page, device_queue
 from components.diagnostics_panel import matrix_choices
 from components.edit_panel import on_run_edit
 from components.export_panel import link_outputs, on_page_link
 from components.layers_panel import band_text_md, on_layer_scores, score_widgets, scores_figure, view_widgets
+from components.server.allowed_sources import DEMO, REAL
+from components.server.device import ON_ZEROGPU, UNWANTED, deferring, gave_way, wait_for_quiet, yielding
+from components.server.errors import JOB_NAME, ui_errors
+from components.server.model_choices import ensure_model, n_layers, status_line, summary
+from components.server.pace import calibrate
+from components.server.session import REGISTRY, Session, in_turn
+from components.server.validate import check_seed, retain_subset
+from components.studio import cards, form
+from components.studio.benchmarks import default_split, preset_for, read_benchmark, splits_for
+from components.studio.comparison import examples_per_set, warm_base_rows
+from components.studio.edits import warm_edit
+from components.studio.staleness import wire as wire_staleness
+from components.studio.wiring import LINKS, LOCAL, Page, device_queue
 from components.views.tables import describe, empty_table, examples_html
 
 log = logging.getLogger("grom.studio")

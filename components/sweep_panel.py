@@ -13,17 +13,25 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from components.core.costs import EDIT_ADVICE, check_job
-from components.core.device import DEVICE_LOCK, device_progress, give_turn, kept_cache, local_progress, on_device
-from components.core.durations import sweep_point_s
-from components.core.edits import trim_stream_cache
-from components.core.errors import UserError, shorten, ui_errors
-from components.core.form import RESTORED, widgets
-from components.core.history import add_row, restore, row_index
-from components.core.runs import band_text
-from components.core.session import ModelKey, Session, current_benchmark, current_edit, current_model, in_turn, resident
-from components.core.validate import RANGES, check_range, parse_band
-from components.core.wiring import LOCAL, Page, device_queue, offer_files
+from components.server.costs import EDIT_ADVICE, check_job
+from components.server.device import DEVICE_LOCK, device_progress, give_turn, kept_cache, local_progress, on_device
+from components.server.durations import sweep_point_s
+from components.server.errors import UserError, shorten, ui_errors
+from components.server.session import (
+    ModelKey,
+    Session,
+    current_benchmark,
+    current_edit,
+    current_model,
+    in_turn,
+    resident,
+)
+from components.server.validate import RANGES, check_range, parse_band
+from components.studio.edits import trim_stream_cache
+from components.studio.form import RESTORED, widgets
+from components.studio.history import add_row, restore, row_index
+from components.studio.runs import band_text
+from components.studio.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 from grom import run_edit

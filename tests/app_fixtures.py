@@ -17,7 +17,7 @@ def launch(model: str):
     import app
 
     assert app.preload(model) == model, f"{model} could not be loaded"
-    from components.core.session import REGISTRY
+    from components.server.session import REGISTRY
 
     blocks = app.build_app()
     REGISTRY.unload_visitors()  # as a fresh server: the start model only, not earlier modules' models
@@ -29,7 +29,7 @@ def launch(model: str):
 @pytest.fixture(scope="module")
 def url():
     """The local URL of a freshly built app on the demo model (closed after the module)."""
-    from components.core.allowed_sources import DEMO
+    from components.server.allowed_sources import DEMO
 
     blocks, local_url = launch(DEMO)
     yield local_url
@@ -39,7 +39,7 @@ def url():
 @pytest.fixture(scope="module")
 def real_url():
     """The app on the real chat model, as `python app.py` opens it (fetched on first use)."""
-    from components.core.allowed_sources import REAL
+    from components.server.allowed_sources import REAL
 
     blocks, local_url = launch(REAL)
     yield local_url

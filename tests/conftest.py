@@ -42,7 +42,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(_tmp, "gradio"))
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
-# Result cards kept on disk (components/core/cards.py): each test process starts with none, and
+# Result cards kept on disk (components/studio/cards.py): each test process starts with none, and
 # the shipped ones are not read, so that a page opens with a kept card only where a test says so.
 os.environ.setdefault("GROM_CARD_DIR", tempfile.mkdtemp(prefix="grom-cards-"))
 os.environ.setdefault("GROM_BUNDLED_CARDS", "0")

@@ -54,7 +54,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)  # as tests/conftest.py: the numbers below are computed with one thread
 
 SNAPSHOT_DIR = ROOT / "tests" / "data" / "layout_snapshot"
-REAL_MODEL = "smollm2-135m-instruct"  # components.core.allowed_sources.REAL
+REAL_MODEL = "smollm2-135m-instruct"  # components.server.allowed_sources.REAL
 BASELINE_STEPS, BASELINE_LR = 2, 1e-3  # optimizer steps of each trained baseline, at this lr
 EDITOR_STEPS, EDITOR_LR = 5, 0.5  # ROME's value optimisation (the Baselines panel's first values for an editor)
 
@@ -113,7 +113,7 @@ def app_api() -> dict:
     """The events of the app built as `python app.py --model demo` builds it (tests/app_fixtures.py:
     `preload` then `build_app`; not launched)."""
     import app
-    from components.core.allowed_sources import DEMO
+    from components.server.allowed_sources import DEMO
 
     assert app.preload(DEMO) == DEMO
     blocks = app.build_app()
@@ -173,10 +173,10 @@ def cli_options() -> dict:
 def studio_defaults(model_name: str, name: str, bench) -> dict:
     """What the studio starts on for `model_name` (components.page.start_benchmark, the Edit panel's preset and
     retain sample, the Compare slider's first value)."""
-    from components.core.allowed_sources import DEMO
-    from components.core.benchmarks import preset_for
-    from components.core.comparison import default_examples
-    from components.core.form import RUN_DEFAULTED, run_defaults
+    from components.server.allowed_sources import DEMO
+    from components.studio.benchmarks import preset_for
+    from components.studio.comparison import default_examples
+    from components.studio.form import RUN_DEFAULTED, run_defaults
 
     preset = preset_for(name, bench.split, model_name)
     run = dict(zip(RUN_DEFAULTED, run_defaults(preset)))  # what the Edit panel's boxes take for the preset
@@ -192,7 +192,7 @@ def start_data(model_name: str) -> dict:
     name, split = start_benchmark(model_name)
     bench = load_benchmark(name, split)
     d = studio_defaults(model_name, name, bench)
-    from components.core.validate import retain_subset
+    from components.server.validate import retain_subset
 
     retain = retain_subset(bench.retain, d["retain_examples"], d["seed"])
     return {"benchmark": name, "split": split, **d, "bench": bench, "retain": retain}
@@ -266,7 +266,7 @@ def _setup(data: dict) -> dict:
 def demo_run() -> dict:
     """The demo model, the studio's start data for it and GROM's edit of it, saved and loaded
     back (computed once per process: both demo parts read it)."""
-    from components.core.allowed_sources import DEMO
+    from components.server.allowed_sources import DEMO
     from grom.demo import load_demo_model
 
     t0 = time.perf_counter()
@@ -295,7 +295,7 @@ def demo_baseline(method: str) -> dict:
 
 def demo_editor(name: str = "rome") -> dict:
     """An editor's patches on the demo run's data, on the studio's band for an editor
-    (components.core.comparators.run_comparator: GROM's band, unless it ends at the model's last
+    (components.studio.comparators.run_comparator: GROM's band, unless it ends at the model's last
     layer, as the demo's 3-5 does, where a value vector cannot move a fact: then layers 1-3)."""
     from grom.methods import EditorConfig, ValueSettings, run_editor
     from grom.methods.editors.locate_then_edit import editor_band
@@ -325,7 +325,7 @@ def demo_comparison() -> dict:
 
     run = demo_run()
     data = run["data"]
-    reference = load_demo_model("retain")  # components.core.comparison.reference_for: the demo's forget10
+    reference = load_demo_model("retain")  # components.studio.comparison.reference_for: the demo's forget10
     report = evaluate(run["model"], run["tokenizer"], data["bench"], edit=run["edit"], reference=reference,
                       max_examples=data["max_examples"])
     return {"setup": rounded(_setup(data)), "report": report_summary(report)}

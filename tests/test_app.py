@@ -20,7 +20,7 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 
 from components import edit_panel  # noqa: E402
-from components.core.session import REGISTRY  # noqa: E402
+from components.server.session import REGISTRY  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.conftest import weights_hash  # noqa: E402
 
@@ -61,7 +61,7 @@ def test_the_demo_pipeline_through_the_api(url, tmp_path):
     assert float(forget_prob[2]) < float(forget_prob[1])  # the edit lowered p(forget answer)
     assert "Final score" in text and 'class="w-del"' in forget_html and "gen-table" in retain_html
     # compared again: the layers below the band (0-2) are replayed, the numbers are the same
-    from components.core.session import REGISTRY
+    from components.server.session import REGISTRY
 
     prefix = REGISTRY.current.prefix_cache  # the demo, just loaded
     hits = prefix.hits
@@ -145,7 +145,7 @@ def test_sessions_on_different_models_keep_working_and_an_unloaded_one_is_told(u
     loaded); beyond GROM_RESIDENT_MODELS the least recently used visitor's model goes (the
     start model never: issue 36, tests/test_space_models.py), and its session is told to
     load it again, its edit kept."""
-    from components.core.errors import REPO_ROOT
+    from components.server.errors import REPO_ROOT
 
     a, b = new_client(url), new_client(url)
     a.predict("demo-retain", "cpu", "float32", api_name="/load_model")  # a visitor's model, not the start one

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("gradio_client")
 
-from components.core.session import REGISTRY  # noqa: E402
+from components.server.session import REGISTRY  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_app import QUICK, new_client, weights_hash  # noqa: E402
 
@@ -105,7 +105,7 @@ def test_a_closed_form_editor_beside_the_grom_edit(url, tmp_path):  # noqa: F811
 
 def test_choosing_an_editor_relabels_the_two_boxes():
     from components.baseline_panel import method_choices, on_method_change
-    from components.core.session import Session
+    from components.server.session import Session
 
     lr, epochs = on_method_change("rome", Session())
     assert (lr["label"], epochs["label"]) == ("Value learning rate", "Value steps (per-fact vector)")

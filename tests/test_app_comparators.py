@@ -19,12 +19,12 @@ gr = pytest.importorskip("gradio")
 
 from components import baseline_panel as bp  # noqa: E402
 from components import history_panel as hp  # noqa: E402
-from components.core import history as runs_history  # noqa: E402
-from components.core.comparators import check_request, check_sizes, glossary, unavailable  # noqa: E402
-from components.core.errors import UserError  # noqa: E402
-from components.core.form import RESTORED  # noqa: E402
-from components.core.model_choices import ensure_model, model_key  # noqa: E402
-from components.core.session import Session  # noqa: E402
+from components.server.errors import UserError  # noqa: E402
+from components.server.model_choices import ensure_model, model_key  # noqa: E402
+from components.server.session import Session  # noqa: E402
+from components.studio import history as runs_history  # noqa: E402
+from components.studio.comparators import check_request, check_sizes, glossary, unavailable  # noqa: E402
+from components.studio.form import RESTORED  # noqa: E402
 from grom import EditConfig  # noqa: E402
 from grom.data.loaders import load_benchmark  # noqa: E402
 from grom.data.schema import Benchmark, QAExample  # noqa: E402
@@ -148,7 +148,7 @@ def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_ses
     """At the model's last layer an editor's value vector reaches no answer token (SmolLM2's
     default band 25-29 of 30; the demo's 3-5 of 6): the editors take the upstream band there
     and the summary says why; a band below the top is GROM's, as the paper compares."""
-    from components.core.comparators import band_note
+    from components.studio.comparators import band_note
     from grom import run_edit
     from grom.methods.editors.locate_then_edit import editor_band
 
@@ -171,7 +171,7 @@ def test_an_editor_leaves_a_band_that_ends_at_the_top_layer_and_says_so(demo_ses
 def test_the_summary_says_how_many_facts_key_off_their_subject():
     """Real TOFU's rows get their author as subject (grom.tasks.tofu.with_authors), and a
     question that does not write it keys on its last token: the summary counts those."""
-    from components.core.comparators import key_note
+    from components.studio.comparators import key_note
 
     assert key_note({"facts": 40, "subject_last_keys": 40}) == "" == key_note({}) == key_note(None)
     assert key_note({"facts": 40, "subject_last_keys": 34}).startswith(" 6 of the 40 facts' questions")
@@ -203,7 +203,7 @@ def test_lunars_own_epochs_are_accepted_and_priced_for_zerogpu(demo_session):
     """Upstream's 20 epochs (the box's default) are not refused by the trained methods'
     GROM_MAX_EPOCHS (10): LUNAR trains one matrix on activations read once. Its ZeroGPU
     duration is priced as such (the trained methods' plan does not know it)."""
-    from components.core.durations import train_call_s
+    from components.server.durations import train_call_s
     from grom.methods.lunar.run import MAX_EPOCHS as REDIRECTION_MAX_EPOCHS
 
     bench = demo_session.benchmark

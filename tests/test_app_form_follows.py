@@ -15,11 +15,11 @@ import pytest
 
 import app
 from components import benchmark_panel, edit_panel
-from components.core import form
-from components.core.allowed_sources import DEMO, REAL
-from components.core.benchmarks import check_choice, note_choice, note_load, read_benchmark
-from components.core.errors import UserError
-from components.core.session import ModelKey, Session
+from components.server.allowed_sources import DEMO, REAL
+from components.server.errors import UserError
+from components.server.session import ModelKey, Session
+from components.studio import form
+from components.studio.benchmarks import check_choice, note_choice, note_load, read_benchmark
 
 
 def page(start_model: str):

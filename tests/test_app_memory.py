@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from components import edit_panel, model_panel
-from components.core import fit_check, form
-from components.core import session as core_session
-from components.core.errors import UserError
-from components.core.model_choices import ensure_model, model_key
-from components.core.session import ModelKey, Session
-from components.core.sharded import offload_note, sharded_key
+from components.server import fit_check
+from components.server import session as core_session
+from components.server.errors import UserError
+from components.server.model_choices import ensure_model, model_key
+from components.server.session import ModelKey, Session
+from components.server.sharded import offload_note, sharded_key
+from components.studio import form
 from grom import PRESETS
 from grom.data import load_benchmark
 from tests.test_library import save_tiny

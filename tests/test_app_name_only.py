@@ -1,4 +1,4 @@
-"""The studio's name-only box (components.core.written, the benchmark panel): how much one
+"""The studio's name-only box (components.studio.written, the benchmark panel): how much one
 request writes is bounded and priced, the edited table becomes the benchmark "name-only" or
 a message that says what to do, and the Write button runs the model's writing in the
 session's turn, on the demo model (which writes no questions that read as one: passages only)."""
@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 from components import benchmark_panel
-from components.core.benchmarks import read_benchmark
-from components.core.durations import write_s
-from components.core.errors import UserError
-from components.core.model_choices import ensure_model, model_key
-from components.core.session import Session
-from components.core.written import COLUMNS, texts_written, writing_config, written_benchmark
+from components.server.durations import write_s
+from components.server.errors import UserError
+from components.server.model_choices import ensure_model, model_key
+from components.server.session import Session
+from components.studio.benchmarks import read_benchmark
+from components.studio.written import COLUMNS, texts_written, writing_config, written_benchmark
 from grom.data import QAExample, TextExample
 from grom.tasks.knowledge import load_knowledge
 

@@ -22,8 +22,8 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from components.core.form import RESTORED  # noqa: E402
-from components.core.session import REGISTRY  # noqa: E402
+from components.server.session import REGISTRY  # noqa: E402
+from components.studio.form import RESTORED  # noqa: E402
 from grom import Edit  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_app import QUICK, new_client, weights_hash  # noqa: E402

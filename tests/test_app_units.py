@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("gradio")
 
-from components.core.allowed_sources import allowed_source  # noqa: E402
-from components.core.errors import UserError  # noqa: E402
-from components.core.form import edit_config  # noqa: E402
-from components.core.validate import parse_band, retain_subset  # noqa: E402
 from components.edit_panel import on_preset as fill_preset  # noqa: E402
+from components.server.allowed_sources import allowed_source  # noqa: E402
+from components.server.errors import UserError  # noqa: E402
+from components.server.validate import parse_band, retain_subset  # noqa: E402
+from components.studio.form import edit_config  # noqa: E402
 from components.views import plots  # noqa: E402
 from components.views.diff import generations_html, word_diff  # noqa: E402
 
@@ -104,7 +104,7 @@ def test_the_result_card_says_what_was_forgotten_and_kept():
     import pandas as pd
 
     from components.compare_panel import remember, result_card
-    from components.core.session import Session
+    from components.server.session import Session
     from grom.eval.report import Report, Row
 
     def frame(recall, classes=None):
@@ -148,7 +148,7 @@ def test_the_first_verdict_states_the_forget_side_and_says_the_kept_facts_follow
     import pandas as pd
 
     from components.compare_panel import remember, result_card
-    from components.core.session import Session
+    from components.server.session import Session
     from grom.eval.report import Report, Row
 
     def frame(recall, classes=None):
@@ -189,7 +189,7 @@ def test_a_first_verdict_cut_short_does_not_call_its_unstated_answers_forgotten(
     import pandas as pd
 
     from components.compare_panel import remember, result_card
-    from components.core.session import Session
+    from components.server.session import Session
     from grom.eval.report import Report, Row
 
     def frame(recall, cut=None):
@@ -236,7 +236,7 @@ def test_the_card_puts_the_held_out_probes_beside_the_fitted_questions():
 def test_the_real_models_first_comparison_counts_every_example_of_a_small_split():
     from types import SimpleNamespace
 
-    from components.core.comparison import SAMPLE_EXAMPLES, covers_split, default_examples
+    from components.studio.comparison import SAMPLE_EXAMPLES, covers_split, default_examples
 
     small = SimpleNamespace(eval_sets={"forget": [0] * 27, "neighbours": [0] * 43, "general": [0] * 16})
     big = SimpleNamespace(eval_sets={"forget": [0] * 40, "retain": [0] * 400})
@@ -304,8 +304,8 @@ def test_sources_are_the_demo_hub_ids_or_allowed_folders(tmp_path, monkeypatch):
 
 def test_baseline_settings_defaults_and_data_checks():
     from components import baseline_panel as bp
-    from components.core.comparators import check_request, row_of
-    from components.core.session import ModelKey
+    from components.server.session import ModelKey
+    from components.studio.comparators import check_request, row_of
     from grom.data.schema import Benchmark, QAExample
 
     assert row_of("SimNPO").name == "simnpo" and row_of("ga").name == "ga"
@@ -313,7 +313,7 @@ def test_baseline_settings_defaults_and_data_checks():
         row_of("sgd")
     assert bp.defaults_of("npo", ModelKey("demo", "cpu", "float32"))[0] == 1e-3
     assert bp.defaults_of("npo", ModelKey("org/model", "cuda", "bfloat16"))[0] == 1e-5  # the recipe's
-    from components.core.session import Session
+    from components.server.session import Session
 
     mine = Session()
     mine.model_key = ModelKey("org/model", "cpu", "float32")
@@ -347,7 +347,7 @@ def test_a_registered_method_is_offered_and_checked_with_no_ui_change():
     import torch
 
     from components import baseline_panel as bp
-    from components.core.comparators import check_request, row_of
+    from components.studio.comparators import check_request, row_of
     from grom.data.schema import Benchmark, QAExample
     from grom.methods import LossInputs, Method, register_method, unregister_method
 
@@ -385,8 +385,8 @@ def test_baseline_table_puts_the_models_side_by_side():
 
 
 def test_layer_scores_are_cached_per_model_data_and_config(monkeypatch):
-    from components.core import scores as lp
-    from components.core.session import ModelHandle, ModelKey
+    from components.server.session import ModelHandle, ModelKey
+    from components.studio import scores as lp
     from grom import EditConfig
     from grom.data.schema import QAExample
 
@@ -416,7 +416,7 @@ def test_metric_values_keep_tiny_p_values_readable():
 
 
 def test_a_benchmark_split_suggests_its_preset():
-    from components.core.benchmarks import preset_for, preset_note
+    from components.studio.benchmarks import preset_for, preset_note
 
     assert preset_for("demo", "forget10") == "demo" and preset_for("demo", "forget01") == "demo-forget01"
     assert preset_for("tofu", "forget05") == "tofu10" and preset_for("custom", "") == "(custom)"
@@ -427,8 +427,8 @@ def test_a_benchmark_split_suggests_its_preset():
 def test_a_preset_or_benchmark_that_does_not_fit_the_model_is_adapted_and_said():
     """The demo benchmark on SmolLM2 takes SmolLM2's preset (not the demo's band 3-5 and
     relative beta 150), and the benchmark line says the model cannot know its facts."""
-    from components.core.allowed_sources import DEMO, REAL
-    from components.core.benchmarks import fit_note, preset_for
+    from components.server.allowed_sources import DEMO, REAL
+    from components.studio.benchmarks import fit_note, preset_for
 
     assert preset_for("demo", "forget10", REAL) == "smollm2" and preset_for("demo", "forget01", DEMO) == "demo-forget01"
     assert preset_for("real-knowledge", "the-solar-system", DEMO) == "demo"
@@ -464,7 +464,7 @@ def test_a_baseline_that_did_not_forget_is_said_so_and_not_timed_against_grom():
 def test_every_table_downloads_as_csv_and_json(tmp_path, monkeypatch):
     import pandas as pd
 
-    from components.core import downloads
+    from components.studio import downloads
     from grom.eval.report import BASE, EDITED, Report, Row
 
     monkeypatch.setattr(downloads, "upload_folder", lambda: tmp_path)
@@ -540,8 +540,8 @@ def test_the_relearning_sentence_gives_the_lr_the_control_and_warns_when_the_con
 
 def test_the_model_panel_describes_the_loaded_model_not_the_demo(monkeypatch):
     from components import model_panel as mp
-    from components.core.allowed_sources import DEMO, REAL
-    from components.core.session import REGISTRY, ModelKey, Session
+    from components.server.allowed_sources import DEMO, REAL
+    from components.server.session import REGISTRY, ModelKey, Session
 
     real = mp.model_intro(REAL)
     assert "Loaded: **SmolLM2-135M-Instruct**, a real chat model" in real
@@ -558,10 +558,10 @@ def test_the_baseline_placeholder_quotes_the_hosts_pace(monkeypatch):
     """Its time per epoch on the loaded model and data at the pace this server measured (not
     a constant from another machine), and nothing where it cannot say (no model, no data)."""
     from components import baseline_panel as bp
-    from components.core import durations as D
-    from components.core import pace
-    from components.core.model_choices import ensure_model, model_key
-    from components.core.session import ModelKey
+    from components.server import durations as D
+    from components.server import pace
+    from components.server.model_choices import ensure_model, model_key
+    from components.server.session import ModelKey
     from grom.data import load_benchmark
 
     handle = ensure_model(model_key("demo", "cpu", "float32"))
@@ -584,8 +584,8 @@ def test_the_baseline_placeholder_quotes_the_hosts_pace(monkeypatch):
 
 def test_a_baselines_training_says_its_estimate_and_is_timed_into_the_pace(monkeypatch):
     from components import baseline_panel as bp
-    from components.core import pace
-    from components.core.model_choices import ensure_model, model_key
+    from components.server import pace
+    from components.server.model_choices import ensure_model, model_key
     from grom.data import load_benchmark
 
     handle = ensure_model(model_key("demo", "cpu", "float32"))
@@ -603,8 +603,8 @@ def test_a_baselines_training_says_its_estimate_and_is_timed_into_the_pace(monke
 
 def test_the_epochs_note_says_default_only_while_the_box_holds_it():
     from components import baseline_panel as bp
-    from components.core.allowed_sources import REAL
-    from components.core.session import ModelKey
+    from components.server.allowed_sources import REAL
+    from components.server.session import ModelKey
 
     session = SimpleNamespace(model_key=ModelKey(REAL, "cpu", "float32"))
     lr, epochs = bp.on_method_change("simnpo", session)
@@ -620,15 +620,15 @@ def test_the_epochs_note_says_default_only_while_the_box_holds_it():
 
 
 def _values(preset: str, **change) -> dict:
-    from components.core import form
+    from components.studio import form
 
     values = dict(zip(form.PRESET_FILLED, form.preset_values(preset)))
     return {name: values[name] for name in form.PRESET_FIELDS} | change
 
 
 def test_the_preset_box_names_a_preset_exactly_when_the_values_are_its_own():
-    from components.core import form
     from components.edit_panel import on_form_change
+    from components.studio import form
 
     fields = form.PRESET_FIELDS
     by_hand = lambda current, v: on_form_change(current, *[v[f] for f in fields])  # noqa: E731
@@ -648,8 +648,8 @@ def test_a_restored_run_names_its_preset_as_typed_values_do():
     """An import or a history row with the preset's very values names it (it said "(custom)"
     before, while the same values typed by hand said "smollm2"); changed values, or a hidden
     setting the preset does not have, give "(custom)"."""
-    from components.core import form
-    from components.core.runs import run_record
+    from components.studio import form
+    from components.studio.runs import run_record
     from grom import PRESETS
 
     def restored(config, mode="suggested", band=(25, 26, 27, 28, 29), k=5):

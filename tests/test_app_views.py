@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("gradio")
 
-from components.core.session import Session  # noqa: E402
+from components.server.session import Session  # noqa: E402
 from components.views import plots  # noqa: E402
 from grom.closed_form.diagnostics import ExampleOutputs, movement_axes  # noqa: E402
 
@@ -132,7 +132,7 @@ def test_the_glossary_names_every_goal_and_the_metrics_of_the_table():
 def test_the_retain_set_should_be_at_least_the_forget_set_and_twenty():
     from types import SimpleNamespace
 
-    from components.core.benchmarks import retain_needed, retain_warning
+    from components.studio.benchmarks import retain_needed, retain_warning
 
     assert retain_needed(3) == 20 and retain_needed(20) == 20 and retain_needed(55) == 55
     small = SimpleNamespace(forget=[0] * 8, retain=[0] * 3)
@@ -165,8 +165,8 @@ def test_the_4_bit_verdict():
 
 def test_a_benchmark_starts_on_its_default_split():
     from components.benchmark_panel import on_benchmark_change
-    from components.core.benchmarks import default_split
     from components.page import start_benchmark
+    from components.studio.benchmarks import default_split
 
     assert default_split("demo") == "forget10" and default_split("tofu") == "forget01"
     assert default_split("real-knowledge") == "the-solar-system" and default_split("nope") is None
@@ -179,9 +179,9 @@ def test_a_failed_load_puts_back_the_widgets_of_what_is_still_loaded(monkeypatch
 
     from components import model_panel
     from components.benchmark_panel import on_restore_benchmark as restore_benchmark
-    from components.core import model_choices as core_models
-    from components.core import session as core_session
-    from components.core.session import ModelHandle, ModelKey
+    from components.server import model_choices as core_models
+    from components.server import session as core_session
+    from components.server.session import ModelHandle, ModelKey
 
     key = ModelKey("demo", "cpu", "float32")
     handle = ModelHandle(key, SimpleNamespace(config=None), None, 0.0)
@@ -206,9 +206,9 @@ def test_a_new_page_opens_on_the_apps_start_model_not_the_last_one_loaded(monkey
     """Two apps in one process (or one app after a visitor loaded another model): a new page
     opens on the model its app was built for, loaded again if it was pushed out."""
     from components import page
-    from components.core import model_choices as core_models
-    from components.core import session as core_session
-    from components.core.session import ModelHandle, ModelKey
+    from components.server import model_choices as core_models
+    from components.server import session as core_session
+    from components.server.session import ModelHandle, ModelKey
 
     model_key = core_models.model_key
     start = model_key("demo", "cpu", "float32")
@@ -232,7 +232,7 @@ def test_the_server_precomputes_the_first_page_in_the_background(caplog):
     import threading
 
     import app
-    from components.core import model_choices as core_models
+    from components.server import model_choices as core_models
 
     handle = core_models.ensure_model(core_models.model_key("demo", "cpu", "float32"))
     handle.scores_cache.clear()

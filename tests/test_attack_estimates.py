@@ -12,10 +12,10 @@ import pytest
 gr = pytest.importorskip("gradio")
 
 from components import attack_panel as ap  # noqa: E402
-from components.core import durations as D  # noqa: E402
-from components.core import pace  # noqa: E402
-from components.core.model_choices import ensure_model, model_key  # noqa: E402
-from components.core.session import Session  # noqa: E402
+from components.server import durations as D  # noqa: E402
+from components.server import pace  # noqa: E402
+from components.server.model_choices import ensure_model, model_key  # noqa: E402
+from components.server.session import Session  # noqa: E402
 from grom.closed_form.config import PRESETS  # noqa: E402
 from grom.closed_form.pipeline import run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
@@ -75,7 +75,7 @@ def demo(tmp_path_factory):
 @pytest.mark.parametrize("name", ["heldout", "format"])
 def test_a_cheap_attacks_estimate_is_within_1_5x_of_its_time_on_the_demo(demo, name):
     """Wall time, as the estimate is: its work priced at this host's pace (the model's
-    calibration, the attack's own pace, the CPU's load now: components.core.pace). Each run
+    calibration, the attack's own pace, the CPU's load now: components.server.pace). Each run
     is timed into the pace, as every run in the app is, and the next one, estimated from
     it, takes within 1.5x of its estimate: two runs of three, a CI machine's other test
     worker being what it is (the estimate follows the load between runs, not a burst within
@@ -264,7 +264,7 @@ def test_a_background_calibration_stops_for_a_visitors_job_and_starts_again(demo
     """A calibration in the background holds the device between its timed runs only while
     no visitor's job waits: one waiting stops it (`Yielded`), and it is done again once the
     device is quiet."""
-    from components.core import device
+    from components.server import device
 
     handle = ensure_model(demo.model_key)
     monkeypatch.setattr(pace, "PACE", pace.PaceBook())

@@ -7,8 +7,8 @@ import threading
 import gradio as gr
 import pytest
 
-from components.core.errors import JOB_STARTED, ui_errors
-from components.core.session import Session, in_turn
+from components.server.errors import JOB_STARTED, ui_errors
+from components.server.session import Session, in_turn
 
 
 def test_a_streaming_handler_is_wrapped_step_by_step():
@@ -64,8 +64,8 @@ def test_the_card_comes_in_two_steps_on_a_knowledge_benchmark():
     the comparison after it reads; each step a report of its stage."""
     import app
     from components.compare_panel import on_card_first
-    from components.core.allowed_sources import DEMO
-    from components.core.session import REGISTRY
+    from components.server.allowed_sources import DEMO
+    from components.server.session import REGISTRY
     from grom import EditConfig, run_edit
     from grom.data import load_benchmark
 
@@ -103,9 +103,10 @@ def test_a_first_verdict_waits_for_the_warm_ups_forget_answers_alone(held, tmp_p
     default page on a 2-core CPU the answers take 17 s, the scores 31 s more); the
     comparison after it reads the full Base report."""
     import app
-    from components.core import comparison, flights
-    from components.core.allowed_sources import DEMO
-    from components.core.session import REGISTRY
+    from components.server import flights
+    from components.server.allowed_sources import DEMO
+    from components.server.session import REGISTRY
+    from components.studio import comparison
     from grom import EditConfig, run_edit
     from grom.data import load_benchmark
 

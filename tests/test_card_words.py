@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("gradio")
 
 from components.compare_panel import remember, result_card, summary_md  # noqa: E402
-from components.core.session import Session  # noqa: E402
+from components.server.session import Session  # noqa: E402
 from components.views.card import (  # noqa: E402
     SCROLL_TO_CARD,
     Times,
@@ -197,7 +197,7 @@ def test_a_time_once_shown_is_final(monkeypatch):
 
 
 def test_run_edit_takes_the_press_once_and_else_its_own_start(monkeypatch):
-    from components.core import fit_check
+    from components.server import fit_check
     from tests.test_app_memory import _demo_session, _run
 
     session, v = _demo_session(monkeypatch)

@@ -10,7 +10,7 @@ import gradio as gr
 import pytest
 import torch
 
-from components.core import cards
+from components.studio import cards
 
 KEY = "0123456789abcdef0123456789abcdef"
 
@@ -88,10 +88,10 @@ def test_a_page_opens_with_the_card_the_warm_up_kept_and_not_for_other_settings(
     edit would; a new page with the same form shows it at once, marked; a page with another
     beta, or opened with a link to a run, does not."""
     import app
-    from components.core import form
-    from components.core.allowed_sources import DEMO
-    from components.core.session import REGISTRY
     from components.page import card_widgets, on_form_for_stored, on_stored_card, start_session, warm_card
+    from components.server.allowed_sources import DEMO
+    from components.server.session import REGISTRY
+    from components.studio import form
 
     app.preload(DEMO, "cpu")
     key = REGISTRY.current.key
@@ -132,10 +132,10 @@ def test_the_unedited_rows_and_the_layer_scores_outlive_the_process(card_dir):
     (the process's caches emptied) the Base rows and the layer scores are read back, the
     same values, and nothing is computed again."""
     import app
-    from components.core import comparison, scores
-    from components.core.allowed_sources import DEMO
-    from components.core.session import REGISTRY
     from components.page import start_session
+    from components.server.allowed_sources import DEMO
+    from components.server.session import REGISTRY
+    from components.studio import comparison, scores
     from grom import EditConfig
 
     app.preload(DEMO, "cpu")

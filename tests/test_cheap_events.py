@@ -1,4 +1,4 @@
-"""Every event the page declares is queued (and counted per visitor: components/core/guard.py)
+"""Every event the page declares is queued (and counted per visitor: components/server/guard.py)
 or cheap whatever it is sent (issue 45's rule): gradio serves an event outside the queue on
 /gradio_api/run/predict to anyone, under any session id they make up, with no visitor
 accounting. So each one is called here the way a hostile script would, through that route,
@@ -10,7 +10,7 @@ far outside any table), each under a fresh session id, and must:
 - write to disk at most three times what it was sent plus a fixed allowance (a table as CSV
   and as JSON records; the same request again: nothing more);
 - leave its session holding at most a fixed amount (`session_bytes`);
-and the sessions they made must go once idle (components/core/page_sessions.py).
+and the sessions they made must go once idle (components/server/page_sessions.py).
 
 The list of events comes from the app's /config, so a panel that adds one outside the
 queue is checked here without being named.
@@ -27,8 +27,8 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from components.core.files import upload_folder  # noqa: E402
-from components.core.session import Session  # noqa: E402
+from components.server.files import upload_folder  # noqa: E402
+from components.server.session import Session  # noqa: E402
 from tests.app_fixtures import launch  # noqa: E402
 
 MB = 1 << 20
@@ -42,7 +42,7 @@ SESSION_MOST = 2 * MB  # what one session may hold after any of these calls (the
 @pytest.fixture(scope="module")
 def served():
     """(blocks, url) of a freshly launched app on the demo model."""
-    from components.core.allowed_sources import DEMO
+    from components.server.allowed_sources import DEMO
 
     blocks, url = launch(DEMO)
     yield blocks, url
@@ -159,7 +159,7 @@ def written_table_call(url: str, blocks, session: str, rows: int) -> int:
 def test_sessions_that_never_open_a_page_go_once_idle(served, monkeypatch):
     """Made-up session ids that never open a heartbeat are dropped once idle, whatever they
     hold."""
-    from components.core.page_sessions import BOOK
+    from components.server.page_sessions import BOOK
 
     blocks, url = served
     made = [uuid.uuid4().hex for _ in range(5)]

@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from components.core import device
-from components.core.device import DeviceLock, Yielded, yielding
-from components.core.errors import JOB_NAME, JOB_STARTED
+from components.server import device
+from components.server.device import DeviceLock, Yielded, yielding
+from components.server.errors import JOB_NAME, JOB_STARTED
 
 
 def run_as(kind: str, fn, *args):
@@ -209,7 +209,7 @@ def test_background_work_waiting_is_no_visitor_and_gives_way_to_one():
 def test_a_sessions_own_jobs_keep_their_order():
     """`in_turn`: a session's second device job waits for its first (a comparison asked
     during an edit compares that edit); another session's job does not wait for it."""
-    from components.core.session import Session, in_turn
+    from components.server.session import Session, in_turn
 
     order, gate = [], threading.Event()
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("gradio_client")
 
-from components.core.device import DEVICE_LOCK  # noqa: E402
+from components.server.device import DEVICE_LOCK  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_app import QUICK, new_client  # noqa: E402
 
@@ -88,8 +88,8 @@ def test_a_page_opens_while_the_device_is_busy(url):  # noqa: F811
     import threading
 
     from components import page
-    from components.core import model_choices as core_models
-    from components.core.session import Session
+    from components.server import model_choices as core_models
+    from components.server.session import Session
 
     start = core_models.model_key("demo", "cpu", "float32")
     held, done = threading.Event(), threading.Event()
@@ -117,7 +117,7 @@ def test_a_question_is_answered_while_anothers_edit_runs(url, monkeypatch):  # n
     visitor's question is answered while another's Run edit still runs. On the demo an
     edit takes about a second, so each of its step boundaries is slowed by a pause (an
     edit that gives no turn is not slowed, and answers before the question)."""
-    from components.core import edits
+    from components.studio import edits
 
     span: dict[str, float] = {}
     real = edits.run_edit

@@ -7,8 +7,8 @@ import collections
 import datetime
 from types import SimpleNamespace
 
-from components.core.page_sessions import SessionBook
-from components.core.rates import FairRate
+from components.server.page_sessions import SessionBook
+from components.server.rates import FairRate
 
 
 def test_a_visitor_has_its_own_quota_first():

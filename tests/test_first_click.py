@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from components.core import device
-from components.core.device import DEVICE_LOCK, Yielded, add_cancel_hooks, gave_way, wait_for_quiet, yielding
+from components.server import device
+from components.server.device import DEVICE_LOCK, Yielded, add_cancel_hooks, gave_way, wait_for_quiet, yielding
 
 
 def test_the_device_lock_counts_its_waiters_and_stays_reentrant():

@@ -1,4 +1,4 @@
-"""`components.core.flights`: pages that ask for the same shared result at once compute it once."""
+"""`components.server.flights`: pages that ask for the same shared result at once compute it once."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from components.core import flights
-from components.core.device import DEVICE_LOCK
+from components.server import flights
+from components.server.device import DEVICE_LOCK
 
 
 def test_callers_at_once_compute_a_key_once_and_read_it():
@@ -89,7 +89,7 @@ def test_nothing_running_is_no_wait(key):
 def test_background_work_leaves_the_device_to_the_jobs_that_waited_for_its_result():
     """A warm-up that computed what a visitor's job waited for lets that job take the device
     before its own next step (a first verdict waited 7.4 s behind the warm-up's next stage)."""
-    from components.core.device import deferring
+    from components.server.device import deferring
 
     cache, started, order = {}, threading.Event(), []
 

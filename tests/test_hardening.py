@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from components.core.allowed_sources import allowed_source
-from components.core.errors import REPO_ROOT, UserError, message_for, scrub_paths, shorten
-from components.core.form import edit_config
-from components.core.validate import parse_band, retain_subset
 from components.diagnostics_panel import _matrix
+from components.server.allowed_sources import allowed_source
+from components.server.errors import REPO_ROOT, UserError, message_for, scrub_paths, shorten
+from components.server.validate import parse_band, retain_subset
+from components.studio.form import edit_config
 from grom.closed_form.config import EditConfig
 from grom.data import prompts
 from grom.data.prompts import TemplateError, encode_prompt, format_prompt

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from components.core import guard, limits
-from components.core.errors import UserError
+from components.server import guard, limits
+from components.server.errors import UserError
 
 NAN = float("nan")
 
@@ -37,7 +37,7 @@ def test_limits_have_defaults_and_refuse_bad_values(monkeypatch):
 
 
 def test_the_model_policy_is_free_unless_the_host_lists_models(monkeypatch):
-    from components.core.model_choices import MODEL_CHOICES, model_choices
+    from components.server.model_choices import MODEL_CHOICES, model_choices
 
     monkeypatch.delenv("GROM_MODELS", raising=False)
     assert limits.ModelPolicy.from_env().permits("anything/at-all")
@@ -59,7 +59,7 @@ def test_prune_removes_the_oldest_files_first(tmp_path):
 
 
 def test_exports_on_disk_are_bounded_oldest_first(tmp_path):
-    from components.core.files import bound_disk
+    from components.server.files import bound_disk
 
     for i in range(4):
         folder = tmp_path / f"grom-edit-{i}"
@@ -88,8 +88,8 @@ def test_a_model_folder_missing_weights_is_refused(tmp_path):
 
 
 def test_a_folder_model_is_shown_relative_to_its_folder():
-    from components.core.allowed_sources import shown_name
-    from components.core.errors import REPO_ROOT
+    from components.server.allowed_sources import shown_name
+    from components.server.errors import REPO_ROOT
 
     assert shown_name(str(REPO_ROOT / "assets" / "demo-retain")) == "assets/demo-retain"
     assert shown_name(str(REPO_ROOT / "models" / "smollm2-135m-instruct")) == "models/smollm2-135m-instruct"
@@ -101,8 +101,8 @@ def test_a_folder_model_is_shown_relative_to_its_folder():
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import handle_file  # noqa: E402
 
-from components.core.device import DEVICE_LOCK  # noqa: E402
-from components.core.session import REGISTRY, SESSIONS  # noqa: E402
+from components.server.device import DEVICE_LOCK  # noqa: E402
+from components.server.session import REGISTRY, SESSIONS  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_app import QUICK, new_client, weights_hash  # noqa: E402
 from tests.test_hardening import raw_error  # noqa: E402
@@ -264,8 +264,8 @@ def test_a_session_keeps_patches_not_keys_and_the_oldest_is_dropped(url, monkeyp
 
 def test_exports_reuse_the_same_edit_and_are_rate_limited(url, monkeypatch):  # noqa: F811
     from components import export_panel
-    from components.core import files
-    from components.core.rates import FairRate
+    from components.server import files
+    from components.server.rates import FairRate
 
     c = new_client(url)
     c.predict(api_name="/run_edit", **QUICK)

@@ -22,7 +22,7 @@ gradio_client = pytest.importorskip("gradio_client")
 httpx = pytest.importorskip("httpx")
 from gradio_client import Client, handle_file  # noqa: E402
 
-from components.core.session import REGISTRY  # noqa: E402
+from components.server.session import REGISTRY  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_app import QUICK, new_client, weights_hash  # noqa: E402
 from tests.test_app_runs import export_to  # noqa: E402
@@ -247,12 +247,12 @@ def test_the_server_wide_upload_rate_is_shared_fairly_with_a_hard_ceiling(monkey
     """Issue 45, item 6: past the server's rate, a visitor who has had less than an equal
     share still uploads (four addresses' 30 uploads each no longer lock out a fifth); twice
     the server's rate is a ceiling for everyone."""
-    from components.core.guard import UploadGuard
+    from components.server.guard import UploadGuard
 
     monkeypatch.setenv("GROM_UPLOADS_PER_MINUTE", "30")
     monkeypatch.setenv("GROM_SERVER_UPLOADS_PER_MINUTE", "120")
     guard = UploadGuard(None)
-    monkeypatch.setattr("components.core.guard.upload_folder", lambda: Path("/nonexistent-grom-uploads"))
+    monkeypatch.setattr("components.server.guard.upload_folder", lambda: Path("/nonexistent-grom-uploads"))
     greedy = [guard._refusal(f"greedy-{i % 4}") for i in range(4 * 30)]
     assert greedy == [None] * 120  # the server's whole minute
     assert guard._refusal("greedy-0") is not None  # its own quota, and its share, used up

@@ -18,7 +18,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("gradio_client")
 
-from components.core.files import upload_folder  # noqa: E402
+from components.server.files import upload_folder  # noqa: E402
 from tests.test_app import new_client  # noqa: E402
 from tests.test_cheap_events import disk_bytes, local_events, served, sessions_of  # noqa: E402,F401
 from tests.test_hostile import Measured  # noqa: E402
@@ -122,7 +122,7 @@ def test_a_newcomer_is_answered_while_three_visitors_hold_nine_long_jobs(served,
     """Three addresses with three sweeps each (a device turn per point) once filled every
     slot of the device queue, and a fourth visitor's question waited for a whole job: now
     every admitted job waits in the device's line, which goes round the visitors."""
-    from components.core.device import DEVICE_LOCK
+    from components.server.device import DEVICE_LOCK
 
     _, url = served
     monkeypatch.setenv("GROM_PROXY_HOPS", "1")

@@ -1,5 +1,5 @@
 """Issue 45, item 8: the jobs admitted at once hold at most GROM_JOBS_MEMORY_MB between their
-turns (components/core/memory_budget.py): a job that would not fit alone is refused at once
+turns (components/server/memory_budget.py): a job that would not fit alone is refused at once
 with what it would hold; one that fits waits, in the order asked, for the jobs holding
 memory to leave room; a cancelled one stops waiting; the estimate of a training is checked
 against the memory a real one holds."""
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from components.core import memory_budget
-from components.core.errors import JOB_STARTED, JobCancelled, UserError
-from components.core.memory_budget import MemoryBudget
+from components.server import memory_budget
+from components.server.errors import JOB_STARTED, JobCancelled, UserError
+from components.server.memory_budget import MemoryBudget
 
 MB = 1 << 20
 

@@ -49,5 +49,5 @@ def test_the_app_asks_no_method_its_family():
         for line in path.read_text().splitlines():
             if re.search(r"family_of\(|\.family\s*[!=]=|is_(editor|redirection|trained)\(", line):
                 asks.append(f"{path.relative_to(ROOT)}: {line.strip()}")
-    assert asks == ['components/core/comparators.py: return tuple(name for name, row in ALL.items() '
+    assert asks == ['components/studio/comparators.py: return tuple(name for name, row in ALL.items() '
                     'if row.family != "closed-form")'], asks

@@ -69,8 +69,8 @@ def test_every_place_that_counts_gives_the_same_counts(tmp_path, monkeypatch):
     from components.attack_panel import results_frame
     from components.attack_panel import summary_md as attack_summary
     from components.compare_panel import summary_md
-    from components.core import downloads
-    from components.core.history import headline_metrics
+    from components.studio import downloads
+    from components.studio.history import headline_metrics
     from components.views.card import card_html, headline, probe_line
     from grom.robustness import AttackResult
     from grom.robustness.result import Probe

@@ -241,9 +241,9 @@ def test_the_export_panel_adds_the_log_after_a_comparison(demo_report, monkeypat
     """Export after a TOFU comparison of the edit: its two files and TOFU_EVAL.json /
     TOFU_SUMMARY.json (upstream's names); a whole export uploaded back still imports."""
     from components import export_panel
-    from components.core.files import edit_uploads
-    from components.core.model_choices import ensure_model, model_key
-    from components.core.session import Session
+    from components.server.files import edit_uploads
+    from components.server.model_choices import ensure_model, model_key
+    from components.server.session import Session
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     report, bench, edit = demo_report

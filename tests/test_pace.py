@@ -1,4 +1,4 @@
-"""The host's pace (components.core.pace, issue 49): the arithmetic of its three factors
+"""The host's pace (components.server.pace, issue 49): the arithmetic of its three factors
 (the model's calibrated rate, a kind's measured correction, the CPU's load now), a
 simulated host that slows down, the calibration on a tiny model (which leaves it as found),
 the device's queue ahead, and the attack and baseline estimates reading it."""
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.core import durations as D
-from components.core import pace as P
-from components.core.device import DEVICE_LOCK
-from components.core.session import ModelKey
+from components.server import durations as D
+from components.server import pace as P
+from components.server.device import DEVICE_LOCK
+from components.server.session import ModelKey
 from tests.conftest import tiny_llama, weights_hash
 
 KEY = ModelKey("tiny", "cpu", "float32")

@@ -110,8 +110,8 @@ def test_a_training_split_into_parts_reports_one_rising_bar(trained_llama, token
 def test_a_training_in_gpu_calls_relays_one_rising_bar(trained_llama, tokenizer):
     """`train_in_calls` (ZeroGPU's split training): the worker's steps and the count of calls
     between them, one bar."""
-    from components.core.gpu_time import TrainPlan
-    from components.core.train_parts import train_in_calls
+    from components.server.gpu_time import TrainPlan
+    from components.server.train_parts import train_in_calls
 
     def call(part, watch):
         return run_baseline("npo", trained_llama, tokenizer, FORGET, RETAIN, epochs=3, batch_size=2, grad_accum=1,

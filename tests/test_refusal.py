@@ -160,7 +160,7 @@ def test_the_cli_takes_the_refusal_target():
 
 
 def test_the_edit_form_offers_the_refusal_target():
-    from components.core.form import TARGETS
+    from components.studio.form import TARGETS
 
     assert "refusal" in TARGETS
 

@@ -1,4 +1,4 @@
-"""Links that reopen a run (components/core/links.py, the Export tab's "Copy link to this
+"""Links that reopen a run (components/studio/links.py, the Export tab's "Copy link to this
 run"): a run stored under an unguessable token, bounded on disk (count, bytes, age; the
 oldest dropped first), a token that is a name and never a path, plain messages for a link
 that is not one, unknown or expired, and the page's public address behind a proxy.
@@ -23,10 +23,10 @@ import pytest
 import torch
 from starlette.requests import Request
 
-from components.core import links
-from components.core.errors import UserError
-from components.core.links import LINK_PARAM, TOKEN_PATTERN, LinkError
-from components.core.session import Session
+from components.server.errors import UserError
+from components.server.session import Session
+from components.studio import links
+from components.studio.links import LINK_PARAM, TOKEN_PATTERN, LinkError
 from grom import Edit, EditConfig
 from grom.edit import META_FILE, PATCH_FILE
 
@@ -285,7 +285,7 @@ from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 
 def outputs(out) -> SimpleNamespace:
     """`on_open_link`'s outputs by name (export_panel LINK_OUTPUTS order)."""
-    from components.core.form import RESTORED
+    from components.studio.form import RESTORED
 
     n = len(RESTORED)
     return SimpleNamespace(model=out[:5], widgets=dict(zip(RESTORED, out[5:5 + n])), bench=out[5 + n:11 + n],
@@ -448,7 +448,7 @@ def test_a_link_keeps_the_runs_card_and_opens_with_it(root):
         assert link.card == card and abs(link.made - time.time()) < 60
     with links.opened(links.store(tiny_edit(), card="x" * (links.MAX_CARD_BYTES + 1))) as link:
         assert link.card == ""
-    from components.core import cards
+    from components.studio import cards
 
     shown = cards.shown(cards.StoredCard(card, time.time(), "", ""), "kept with the link when it was made")
     assert "rc-from-store" in shown and "kept with the link" in shown and "12 of the 15" in shown

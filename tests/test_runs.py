@@ -13,17 +13,17 @@ import torch
 pytest.importorskip("gradio")
 
 from components import history_panel as H  # noqa: E402
-from components.core import history as runs_history  # noqa: E402
-from components.core.errors import UserError  # noqa: E402
-from components.core.form import (
+from components.edit_panel import on_preset as fill_preset  # noqa: E402
+from components.server.errors import UserError  # noqa: E402
+from components.server.session import Session  # noqa: E402
+from components.studio import history as runs_history  # noqa: E402
+from components.studio.form import (
     RESTORED,
     edit_config,  # noqa: E402
     hidden_differences,
     restore_values,
 )
-from components.core.runs import band_text, check_run, portable_model_name, run_record
-from components.core.session import Session  # noqa: E402
-from components.edit_panel import on_preset as fill_preset  # noqa: E402
+from components.studio.runs import band_text, check_run, portable_model_name, run_record
 from components.sweep_panel import MAX_POINTS, sweep_values  # noqa: E402
 from grom import PRESETS, Edit, EditConfig  # noqa: E402
 
@@ -60,7 +60,7 @@ def test_a_restored_run_gives_the_same_config_back(preset):
 
 
 def test_model_names_are_portable_and_runs_are_checked(tmp_path, monkeypatch):
-    from components.core.errors import REPO_ROOT
+    from components.server.errors import REPO_ROOT
 
     assert portable_model_name("demo") == "demo" and portable_model_name("org/m") == "org/m"
     assert portable_model_name(str((REPO_ROOT / "assets" / "demo-full").resolve())) == "demo"
@@ -215,9 +215,9 @@ def snippet_question(code: str) -> str:
 
 
 def test_the_snippet_is_for_the_session_s_model_and_asks_its_question():
-    from components.core.allowed_sources import DEMO, REAL
-    from components.core.session import ModelKey
     from components.export_panel import PENDING, on_show_snippet, session_snippet
+    from components.server.allowed_sources import DEMO, REAL
+    from components.server.session import ModelKey
     from grom.data.schema import QAExample, TextExample
 
     session = Session()
@@ -239,7 +239,7 @@ def test_the_snippet_is_for_the_session_s_model_and_asks_its_question():
 
 
 def test_a_recomputed_edit_is_judged_by_its_hash_then_by_its_patch():
-    from components.core.runs import recompute_verdict
+    from components.studio.runs import recompute_verdict
 
     def edit_of(P):
         return Edit(settings=EditConfig(), patches={"w": P})

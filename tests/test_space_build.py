@@ -28,7 +28,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from components.core.allowed_sources import REAL
+from components.server.allowed_sources import REAL
 from grom.model.fetch import registry_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,9 +135,9 @@ def test_the_app_started_as_a_zerogpu_space_serves_an_edit_a_comparison_and_a_ba
 
 
 def test_readme_lists_every_host_limit_with_its_default():
-    """The hosting table of README.md says every variable components/core/limits.py reads,
+    """The hosting table of README.md says every variable components/server/limits.py reads,
     with the default it has."""
-    from components.core import limits
+    from components.server import limits
 
     text = (ROOT / "README.md").read_text()
     rows = dict(re.findall(r"^\| `(GROM_[A-Z_]+)` \| ([^|]+) \|", text, re.M))

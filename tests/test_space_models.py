@@ -23,9 +23,9 @@ import torch
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
 
-from components.core import limits  # noqa: E402
-from components.core import model_choices as core_models  # noqa: E402
-from components.core.session import REGISTRY, ModelKey, ModelRegistry  # noqa: E402
+from components.server import limits  # noqa: E402
+from components.server import model_choices as core_models  # noqa: E402
+from components.server.session import REGISTRY, ModelKey, ModelRegistry  # noqa: E402
 from grom.demo import load_demo_model  # noqa: E402
 from grom.model import loading as grom_models  # noqa: E402
 from grom.model.loading import ModelLoadError, config_params, model_size  # noqa: E402
@@ -119,8 +119,8 @@ def test_a_config_that_hides_its_size_is_refused(change, message):
 def test_a_space_allows_the_studios_small_set_unless_its_host_widens_it(monkeypatch):
     import gradio as gr
 
-    from components.core.model_choices import MODEL_CHOICES, model_choices
     from components.model_panel import build_model_panel
+    from components.server.model_choices import MODEL_CHOICES, model_choices
 
     monkeypatch.delenv("GROM_MODELS", raising=False)
     monkeypatch.delenv("GROM_MODEL", raising=False)

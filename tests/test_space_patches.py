@@ -152,7 +152,7 @@ def test_what_a_file_may_hold_depends_on_the_method_that_made_it():
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import handle_file  # noqa: E402
 
-from components.core.session import REGISTRY, SESSIONS  # noqa: E402
+from components.server.session import REGISTRY, SESSIONS  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_app import new_client  # noqa: E402
 from tests.test_hostile import Measured, exported, rss  # noqa: E402,F401  (exported: the fixture)

@@ -23,7 +23,7 @@ gradio_client = pytest.importorskip("gradio_client")
 httpx = pytest.importorskip("httpx")
 from gradio_client import Client  # noqa: E402
 
-from components.core import guard, limits  # noqa: E402
+from components.server import guard, limits  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_hostile import Measured  # noqa: E402
 
@@ -167,7 +167,7 @@ def test_a_file_one_visitor_uploaded_is_not_another_visitors_input(url, tmp_path
 # ---------------------------------------------------------------- item 2: jobs per visitor, unheard jobs
 
 def test_made_up_sessions_share_their_visitors_share_and_unheard_jobs_go(url, monkeypatch):  # noqa: F811
-    from components.core.device import DEVICE_LOCK
+    from components.server.device import DEVICE_LOCK
 
     monkeypatch.setenv("GROM_MAX_QUEUED_PER_VISITOR", "3")
     monkeypatch.setenv("GROM_LISTEN_SECONDS", "3")
@@ -230,7 +230,7 @@ def test_gradios_deep_link_route_writes_nothing(url):  # noqa: F811
     import urllib.error
     import urllib.request
 
-    from components.core.files import upload_folder
+    from components.server.files import upload_folder
 
     c = Client(url, verbose=False)
     c.predict("Where was Zorvath Quill born?", api_name="/generate")  # a live session

@@ -1,7 +1,7 @@
 """Issue 36, item 1: one upload must not hold the model for everyone. The work a request
 may ask for is bounded by what it costs (GROM_MAX_EXAMPLE_TOKENS, GROM_MAX_JOB_TOKENS:
-components/core/costs.py), refused at load time and again at job time, and every job
-stops once it has run GROM_MAX_JOB_SECONDS (components/core/device.py), the model left
+components/server/costs.py), refused at load time and again at job time, and every job
+stops once it has run GROM_MAX_JOB_SECONDS (components/server/device.py), the model left
 unedited. Through the real endpoints, with the server's memory and another visitor's
 latency measured around; the limits are lowered with monkeypatch so that each test takes
 seconds."""
@@ -16,8 +16,8 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import handle_file  # noqa: E402
 
-from components.core import costs  # noqa: E402
-from components.core.session import REGISTRY  # noqa: E402
+from components.server import costs  # noqa: E402
+from components.server.session import REGISTRY  # noqa: E402
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 from tests.test_app import QUICK, new_client, weights_hash  # noqa: E402
 from tests.test_hostile import MB, Measured  # noqa: E402
@@ -173,7 +173,7 @@ def test_the_clock_counts_from_when_the_job_starts_not_from_when_it_queued(url, 
     longer than the limit and is still answered: its own seconds count from its turn."""
     import threading
 
-    from components.core.device import DEVICE_LOCK
+    from components.server.device import DEVICE_LOCK
 
     a, a2, b = new_client(url), new_client(url), new_client(url)
     generate_seconds(b)  # warm

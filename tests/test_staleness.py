@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("gradio")
 
-from components.core import staleness as st  # noqa: E402
-from components.core.form import NAMES, RESTORED, restore_values  # noqa: E402
-from components.core.session import Session  # noqa: E402
+from components.server.session import Session  # noqa: E402
+from components.studio import staleness as st  # noqa: E402
+from components.studio.form import NAMES, RESTORED, restore_values  # noqa: E402
 from grom import EditConfig  # noqa: E402
 
 SKIP = {"__type__": "update"}
@@ -136,7 +136,7 @@ def test_the_settings_in_words():
 
 @pytest.fixture(scope="module")
 def served():
-    from components.core.allowed_sources import DEMO
+    from components.server.allowed_sources import DEMO
     from tests.app_fixtures import launch
 
     blocks, url = launch(DEMO)

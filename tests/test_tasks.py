@@ -82,7 +82,7 @@ def _toy_load(split, source=None, **options) -> Benchmark:
 def test_a_task_registered_from_outside_is_evaluated_and_offered_by_the_app():
     """One registration, no other edit: evaluate runs its row builder and retain cost, the
     registry loads it, the app lists and loads it."""
-    from components.core import benchmarks as app_benchmarks
+    from components.studio import benchmarks as app_benchmarks
 
     task = Task("toy", _toy_row, retain_metrics=("Retain ROUGE-L",), headline=None,
                 benchmarks=(BenchmarkSpec("toy", _toy_load, ("a", "b"), label="Toy: one question",

@@ -357,8 +357,8 @@ def test_a_pages_warm_up_stops_once_its_page_chose_another_benchmark(monkeypatch
     from types import SimpleNamespace
 
     import components.page as page
-    from components.core.device import UNWANTED, Superseded, give_turn
-    from components.core.session import Session
+    from components.server.device import UNWANTED, Superseded, give_turn
+    from components.server.session import Session
 
     session = Session()
     session.model_key = SimpleNamespace(name=page.REAL)

@@ -21,9 +21,9 @@ import gradio as gr
 import pytest
 import torch
 
-from components.core import device
-from components.core.errors import JobCancelled, UserError
-from components.core.gpu_time import (
+from components.server import device
+from components.server.errors import JobCancelled, UserError
+from components.server.gpu_time import (
     Rate,
     Shape,
     edit_flops,
@@ -168,8 +168,8 @@ def test_an_over_long_training_is_refused_naming_the_limits():
 def test_a_worker_forked_before_a_load_loads_the_model_itself(monkeypatch):
     """spaces reuses an idle worker: one forked before the main process loaded a model
     loads it itself; the main process never loads in `resident`."""
-    from components.core import model_choices
-    from components.core import session as core_session
+    from components.server import model_choices
+    from components.server import session as core_session
 
     key = model_choices.model_key("demo", "cpu", "float32")
     monkeypatch.setattr(core_session.REGISTRY, "_handles", {})
@@ -213,8 +213,8 @@ def test_stop_within_or_between_calls_removes_the_checkpoint(fake_spaces, traine
     the calls' Edit equals the one-piece run's; Stop asked during the second call stops its
     worker at the next micro-batch, Stop asked after the first call starts no other; either
     way JobCancelled reaches the page and the run's folder (its checkpoint) is gone."""
-    from components.core.gpu_time import TrainPlan
-    from components.core.train_parts import train_in_calls
+    from components.server.gpu_time import TrainPlan
+    from components.server.train_parts import train_in_calls
     from grom.methods import run_baseline
     from tests.conftest import FORGET, RETAIN, weights_hash
 
@@ -254,7 +254,7 @@ def test_stop_within_or_between_calls_removes_the_checkpoint(fake_spaces, traine
 
 def test_off_zerogpu_a_training_is_one_call_in_this_process(monkeypatch):
     """A plain machine or GPU Space: the training is `train_call` itself, no part, no folder."""
-    from components.core import comparators
+    from components.studio import comparators
 
     seen = []
     monkeypatch.setattr(comparators, "train_call", lambda *args: seen.append(args) or "edit")
@@ -270,8 +270,8 @@ def test_on_zerogpu_only_a_step_that_cannot_fit_a_call_is_refused(monkeypatch):
     checkpoint needs more than GROM_GPU_SECONDS is refused, saying how long it needs."""
     from types import SimpleNamespace
 
-    from components.core import comparators
-    from components.core.gpu_time import TrainPlan
+    from components.server.gpu_time import TrainPlan
+    from components.studio import comparators
 
     bench = SimpleNamespace(forget=[1] * 30, retain=[1] * 70)
     monkeypatch.setattr(comparators, "ON_ZEROGPU", True)

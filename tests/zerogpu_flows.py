@@ -33,10 +33,11 @@ from components import (  # noqa: E402
     page,
     sweep_panel,
 )
-from components.core import comparators, comparison, device, durations, form, gpu_time, model_choices  # noqa: E402
-from components.core.allowed_sources import DEMO  # noqa: E402
-from components.core.session import REGISTRY, Session  # noqa: E402
 from components.layers_panel import score_widgets  # noqa: E402
+from components.server import device, durations, gpu_time, model_choices  # noqa: E402
+from components.server.allowed_sources import DEMO  # noqa: E402
+from components.server.session import REGISTRY, Session  # noqa: E402
+from components.studio import comparators, comparison, form  # noqa: E402
 from tests.conftest import weights_hash  # noqa: E402
 
 

@@ -149,7 +149,7 @@ EMPTY = {
     "attacks": ("attack", "Base", "GROM", "GROM forgot", "probes", "seconds"),
 }
 # The labels of the tables whose label may say that they show an earlier edit's results
-# (`components.core.staleness`), as they read otherwise.
+# (`components.studio.staleness`), as they read otherwise.
 TABLE_LABELS = {
     "metrics": "Metrics before and after the edit",
     "attacks": ("Fact recall under each attack; \"forgot\": of the facts the base model stated under it, those "

@@ -6,7 +6,7 @@ heap for reuse (and after a large free it raises its mmap threshold, so later la
 buffers come from that heap too), and CUDA's caching allocator keeps freed blocks. A server
 that trained a baseline once would otherwise stay at its peak for good.
 
-(Was `grom/memory.py`. (`components/core` has the app's own memory check.))
+(Was `grom/memory.py`. (`components/server` has the app's own memory check.))
 """
 from __future__ import annotations
 
