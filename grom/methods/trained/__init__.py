@@ -2,7 +2,7 @@
 its optimizer and checkpoints, `run_baseline`) and one file per method, each registering
 its row in the method registry (grom.registry) when imported, at the place in every list
 of methods its `register_method` call gives it."""
-from grom.methods.trained import (  # noqa: F401  (the built-in four)  # noqa: F401  # noqa: F401
+from grom.methods.trained import (  # noqa: F401  (each registers its row when imported)
     altpo,
     ceu,
     ga,
