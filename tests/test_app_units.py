@@ -705,3 +705,32 @@ def test_the_history_scatter_rings_the_latest_run_only_where_it_is_a_point():
         fig = history_figure(compared + [newest])
         assert [t.name for t in fig.data if t.name == "latest"] == []
         assert "The latest run, #3, has no comparison yet" in fig.layout.title.text
+
+
+def test_finding_a_loaded_model_waits_for_no_device():
+    """A page opening, a kept card and an estimate find the loaded model while another job
+    holds the device (`ModelRegistry.get` takes the registry's own lock, not DEVICE_LOCK)."""
+    import threading
+    import time
+
+    from components.server.device import DEVICE_LOCK
+    from components.server.model_choices import ensure_model, model_key
+    from components.server.session import REGISTRY
+
+    key = model_key("demo", "cpu", "float32")
+    ensure_model(key)
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with DEVICE_LOCK:
+            held.set()
+            done.wait(30)
+
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait(10)
+    try:
+        t0 = time.monotonic()
+        assert REGISTRY.get(key).key == key and REGISTRY.current is not None and key in REGISTRY.resident()
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        done.set()

@@ -102,8 +102,12 @@ def test_a_page_opens_while_the_device_is_busy(url):  # noqa: F811
     threading.Thread(target=hold, daemon=True).start()
     held.wait(10)
     try:
+        t0 = time.monotonic()
         out = page.on_page_load(Session(), start)
         assert out[2] == start.shown and out[7] == "demo"
+        # finding the loaded model asks no device (it waited for the holder's 30 s before,
+        # and a second visitor's page showed "processing" meanwhile)
+        assert time.monotonic() - t0 < 5 and not done.is_set(), "the page waited for the device"
     finally:
         done.set()
     source = open(page.__file__).read()

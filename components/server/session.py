@@ -94,8 +94,14 @@ class ModelHandle:
 class ModelRegistry:
     """The loaded models of the process, shared by every session: the pinned ones (the app's
     start model) and at most GROM_RESIDENT_MODELS others, the least recently used unloaded
-    first; plus the demo's retain model (the reference row of comparisons), loaded lazily."""
+    first; plus the demo's retain model (the reference row of comparisons), loaded lazily.
+
+    Loading and unloading hold the device (DEVICE_LOCK: memory is the device's); finding a
+    loaded model does not (`get`: a page opening, a kept card, an estimate never wait for
+    another visitor's job), its table kept consistent by a lock of its own, held for a few
+    dictionary operations and never while the device is asked for."""
     def __init__(self):
+        self._table = threading.RLock()  # the dictionaries below; taken after DEVICE_LOCK, never before
         self._handles: dict[ModelKey, ModelHandle] = {}  # least recently used first
         self._pinned: frozenset[ModelKey] = frozenset()
         self._references: dict = {}
@@ -105,10 +111,12 @@ class ModelRegistry:
     def current(self) -> ModelHandle | None:
         """The most recently loaded or used model (what an API call of a session that chose no
         model works with; a new page opens on its app's start model instead)."""
-        return next(reversed(self._handles.values()), None)
+        with self._table:
+            return next(reversed(self._handles.values()), None)
 
     def resident(self) -> list[ModelKey]:
-        return list(self._handles)
+        with self._table:
+            return list(self._handles)
 
     @property
     def pinned(self) -> frozenset[ModelKey]:
@@ -130,17 +138,19 @@ class ModelRegistry:
             self._evict(0)
 
     def _visitors(self) -> int:
-        return sum(k not in self._pinned for k in self._handles)
+        with self._table:
+            return sum(k not in self._pinned for k in self._handles)
 
     def peek(self, key: ModelKey | None) -> ModelHandle | None:
-        """The loaded model for `key`, or None, without the device lock and without marking
-        it used: for an event that only reads its tokenizer or name (a benchmark's load
-        counting tokens), which must not wait for another visitor's job between its turns."""
+        """The loaded model for `key`, or None, without marking it used: for an event that
+        only reads its tokenizer or name (a benchmark's load counting tokens)."""
         return self._handles.get(key) if key is not None else None
 
     def get(self, key: ModelKey | None) -> ModelHandle | None:
-        """The loaded model for `key` (now the most recently used), or None."""
-        with DEVICE_LOCK:
+        """The loaded model for `key` (now the most recently used), or None, at once: the
+        device is not asked for (a load or an unload holds it; this waits only for their
+        few dictionary operations)."""
+        with self._table:
             handle = self._handles.pop(key, None) if key is not None else None
             if handle is not None:
                 self._handles[key] = handle
@@ -166,11 +176,13 @@ class ModelRegistry:
             else:
                 model, tokenizer = loader(key)
             add_cancel_hooks(model)
-            self._handles[key] = ModelHandle(key, model, tokenizer, time.perf_counter() - t0)
+            handle = ModelHandle(key, model, tokenizer, time.perf_counter() - t0)
+            with self._table:
+                self._handles[key] = handle
             self._evict(room)
-            log.info("loaded %s in %.1fs (resident: %s)", key.label(), self._handles[key].seconds,
-                     ", ".join(k.label() for k in self._handles))
-            return self._handles[key]
+            log.info("loaded %s in %.1fs (resident: %s)", key.label(), handle.seconds,
+                     ", ".join(k.label() for k in self.resident()))
+            return handle
 
     def reference(self, key: ModelKey, loader: Callable[[ModelKey], tuple]) -> tuple:
         """(model, tokenizer) of the reference model for `key`, loaded once (one kept)."""
@@ -186,8 +198,9 @@ class ModelRegistry:
         """Unload the least recently used models until at most `keep` of the visitors' are
         loaded; the pinned ones stay."""
         while self._visitors() > keep:
-            old = next(k for k in self._handles if k not in self._pinned)
-            del self._handles[old]
+            with self._table:
+                old = next(k for k in self._handles if k not in self._pinned)
+                del self._handles[old]
             log.info("unloaded %s to make room", old.label())
         gc.collect()
         if torch.cuda.is_initialized():  # asks no device (a ZeroGPU main process has none)
