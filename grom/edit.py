@@ -360,8 +360,8 @@ def read_settings(method: str, meta: Mapping):
             recorded = {k: v for k, v in (meta.get("config") or {}).items() if k in known}
         return registry.settings_from(method, recorded or {})
     except registry.UnknownMethod:
-        raise ValueError(f"{META_FILE} names the method {method!r}, which this version does not know: use one of "
-                         f"{', '.join(registry.names())}.") from None
+        raise ValueError(f"{META_FILE}: the method {method!r} is none this server knows (one of "
+                         f"{', '.join(registry.names())}).") from None
     except (TypeError, ValueError, KeyError) as err:
         raise ValueError(f"{META_FILE}'s settings of {method} cannot be read: {err}") from None
 

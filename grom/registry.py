@@ -93,7 +93,8 @@ class Box:
             what = "a whole number" if self.whole else "a number"
             span = f"above {self.low:g} and at most {top:g}" if self.above_low else f"from {self.low:g} to {top:g}"
             said = f" ({self.upstream})" if self.upstream else ""
-            raise BadSetting(f"{self.label} = {str(value)[:40]}: {what} {span}{said}.")
+            name = self.label.split(" (")[0]  # "Value steps (per-fact vector)" says "Value steps = ..."
+            raise BadSetting(f"{name} = {str(value)[:40]}: {what} {span}{said}.")
         return float(int(x)) if self.whole else x
 
 

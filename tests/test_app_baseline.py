@@ -90,7 +90,7 @@ def test_a_closed_form_editor_beside_the_grom_edit(url, tmp_path):  # noqa: F811
     text, table = c.predict("rome", 5, 0.5, max_examples=N, api_name="/run_baseline")
     heads, rows = table["headers"], {r[0]: r for r in table["data"]}
     assert heads[:4] == ["metric", "Base", "GROM", "ROME"], heads
-    assert "**ROME** (closed-form editor on its own band's keys and retain covariance; layers 3;" in text, text
+    assert "**ROME** (closed-form editor: layer 3 edited, each from its keys and retain covariance;" in text, text
     assert "so the editors run on layers 1-3" in text, text
     assert "the value optimisation 5 steps at lr 0.5" in text and rows["Time of update"][3].endswith(" s")
     assert weights_hash(model) == before

@@ -33,7 +33,7 @@ from grom.edit import (
     expand_factors,
     read_patch_layout,
 )
-from grom.methods import Settings
+from grom.methods import ALL, Settings
 from grom.patch_policy import check_stored_patches
 from tests.conftest import tiny_llama, weights_hash
 
@@ -174,6 +174,9 @@ def hostile_files(folder: Path, meta: dict, model, rank: int = 1, norms: bool = 
             patch_norms[n] = Factors(U, V, p.dtype).norm()
     save_file(tensors, str(folder / PATCH_FILE), metadata={FACTORS_KEY: json.dumps(dtypes)})
     meta = copy.deepcopy(meta) | {"method": method, "layers": []}
+    row = ALL.get(method)  # the method's own settings, as its export writes them (a GROM export relabelled)
+    if row is not None and row.family != "closed-form":
+        meta["settings"] = (Settings(method=method) if row.family == "trained" else row.settings()).to_dict()
     meta.pop("patch_norms", None)
     if norms:
         meta["patch_norms"] = patch_norms

@@ -115,6 +115,8 @@ class Settings:
         history, which are not its settings and are left out)."""
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names and k != "method_args"}
+        if not d.get("method"):
+            raise ValueError("a trained run's settings name its method, and these name none")
         row = get_method(str(d["method"]))
         kw["method_args"] = {k: float(d[k]) for k in row.defaults if k in d}
         if kw.get("params") is not None:
