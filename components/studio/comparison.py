@@ -12,10 +12,12 @@ from components.server.costs import check_comparison
 from components.server.device import (
     DEVICE_LOCK,
     ON_ZEROGPU,
-    deferring,
+    Yielded,
     give_turn,
     kept_cache,
     on_device,
+    wait_for_quiet,
+    yielding,
 )
 from components.server.durations import report_s
 from components.server.flights import shared, wait_for
@@ -248,18 +250,31 @@ def record_ahead(handle: ModelHandle, bench, report, n, band_start: int) -> None
         return
 
     def record():
-        # background work: every visitor's job goes first between its two passes, but each pass is one
-        # forward (28 s on SmolLM2's default page on a 2-core CPU) that a job arriving during it waits behind
-        with deferring(), DEVICE_LOCK:
-            if not cache.marked(DRAFTS, band_start):
-                record_drafts(handle.model, handle.tokenizer, bench, report, cache, (band_start,), max_examples=n,
-                              between=give_turn)
-        return True
+        # each pass is one forward (the second 28 s on SmolLM2's default page on a 2-core CPU), with no
+        # step boundary inside for a visitor to go at: it stops at the next layer instead once a visitor's
+        # job waits (`yielding`: B's question and A's click waited 10 s behind it), and starts again from
+        # the beginning once the device has been quiet, at most DRAFT_TRIES times
+        for _ in range(DRAFT_TRIES):
+            try:
+                with yielding(), DEVICE_LOCK:
+                    if not cache.marked(DRAFTS, band_start):
+                        record_drafts(handle.model, handle.tokenizer, bench, report, cache, (band_start,),
+                                      max_examples=n, between=give_turn)
+                return True
+            except Yielded:
+                if not wait_for_quiet(DRAFT_QUIET_S, DRAFT_QUIET_GIVE_UP_S):
+                    break
+        return None
     try:
         shared(("drafts", id(cache), band_start), lambda: True if cache.marked(DRAFTS, band_start) else None, record,
                "the drafted passes")
     except Exception as err:  # noqa: BLE001  (work ahead of need: the card decodes without it)
         log.info("drafted passes not recorded: %s", err)
+
+
+DRAFT_TRIES = 5  # a drafted pass stopped by visitors' jobs starts again, at most this often
+DRAFT_QUIET_S = 2.0  # ... once no visitor's job has used the device for this long
+DRAFT_QUIET_GIVE_UP_S = 600.0  # a device busy this long: the cards decode without the drafts
 
 
 WHOLE_SPLIT_UP_TO = 60
