@@ -231,3 +231,15 @@ def test_the_glossary_says_what_lunar_is_and_where_it_comes_from():
 
     assert "**LUNAR**" in GLOSSARY and SOURCE in GLOSSARY and "LUNAR" in BASELINE
     assert "dfa56eb0291a93e967284a9ec2d28d5572d235b1" in SOURCE and "facebookresearch/LUNAR" in SOURCE
+
+
+def test_lunar_defaults_are_upstreams():
+    """facebookresearch/LUNAR config/forget.yaml and run_lunar.py (issue 47.4): coeff +2.0,
+    20 epochs, lr 0.01, layer 22 of Llama-3-8B's 32 (the same relative depth elsewhere),
+    AdamW at torch's weight decay with ExponentialLR(0.9), the harmful prompts' direction."""
+    from grom.methods.lunar import LunarConfig, lunar_layer
+
+    c = LunarConfig()
+    assert (c.coeff, c.epochs, c.lr, c.gamma, c.weight_decay, c.prompts, c.solver) == \
+        (2.0, 20, 0.01, 0.9, 0.01, "harmful", "adamw")
+    assert lunar_layer(32) == 22 and lunar_layer(30) == 21 and lunar_layer(6) == 4
