@@ -261,3 +261,28 @@ def test_the_export_panel_adds_the_log_after_a_comparison(demo_report, monkeypat
     assert "OpenUnlearning" in note
     assert read_openunlearning(names["TOFU_EVAL.json"]).logs == to_openunlearning(report, benchmark=bench)
     assert edit_uploads(files) == (names["edit.json"], names["patch.safetensors"])
+
+
+def test_the_prob_mean_truth_ratio_is_upstreams_option(demo_report):
+    """locuslab/open-unlearning #163 (d3d7cf9, `memorization.truth_ratio`): with the
+    ``prob_mean`` aggregator each question scores correct / (correct + wrong + 1e-10) and the
+    aggregate is their mean; the default stays ``closer_to_1_better``. Checked against that
+    formula on the probabilities, and through the export with the forget quality's KS test
+    on the same scores."""
+    from grom.eval import metrics as M
+
+    correct, wrong = np.array([0.5, 0.01, 0.2, 1e-3]), np.array([0.25, 0.04, 0.2, 3e-3])  # normalised likelihoods
+    upstream = correct / (correct + wrong + 1e-10)  # transcribed
+    tr = wrong / (correct + 1e-10)  # what a report's rows hold
+    assert M.truth_ratio_probs(tr) == pytest.approx(upstream, rel=1e-6)
+    assert M.truth_ratio_prob_mean(tr) == pytest.approx(float(np.mean(upstream)), rel=1e-6)
+    report, bench, _ = demo_report
+    plain = to_openunlearning(report, benchmark=bench)
+    probs = to_openunlearning(report, benchmark=bench, truth_ratio="prob_mean")
+    ratios = [v["score"] for v in plain["forget_truth_ratio"]["value_by_index"].values()]
+    shares = [v["score"] for v in probs["forget_truth_ratio"]["value_by_index"].values()]
+    assert shares == pytest.approx([1 / (1 + r) for r in ratios])
+    assert probs["forget_truth_ratio"]["agg_value"] == pytest.approx(np.mean(shares))
+    assert probs["forget_quality"]["agg_value"] is not None and probs["forget_Q_A_Prob"] == plain["forget_Q_A_Prob"]
+    with pytest.raises(ValueError, match="closer_to_1_better, prob_mean"):
+        to_openunlearning(report, benchmark=bench, truth_ratio="median")

@@ -240,6 +240,24 @@ def truth_ratio_forget(tr) -> float:
     return float(np.mean(np.minimum(arr, 1.0 / (arr + _EPS))))
 
 
+def truth_ratio_probs(tr) -> np.ndarray:
+    """Each question's truth ratio as OpenUnlearning's ``prob_mean`` aggregator defines it
+    (locuslab/open-unlearning #163, ``memorization.truth_ratio``): ``correct / (correct +
+    wrong)``, the paraphrased answer's share of the two normalised likelihoods (the TOFU
+    paper's definition; higher: the true answer more likely). From ``TR = wrong / correct``
+    it is ``1 / (1 + TR)``; upstream adds 1e-10 to each denominator, so the two differ by about
+    1e-10 / correct relative: under 1e-7 for a normalised likelihood above 1e-3, a mean token
+    loss under 6.9, which a report's answers are far from."""
+    arr = _tr_array(tr)
+    return 1.0 / (1.0 + arr)
+
+
+def truth_ratio_prob_mean(tr) -> float:
+    """OpenUnlearning's ``prob_mean`` aggregator: the mean of `truth_ratio_probs` (an option
+    upstream, not its default: its forget_Truth_Ratio stays ``closer_to_1_better``)."""
+    return float(np.mean(truth_ratio_probs(tr)))
+
+
 # ---------------------------------------------------------------- memorisation
 
 def _memorisation_inputs(predicted_ids, label_ids, drop_last: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -168,8 +168,15 @@ def _rouge_values(df, index: list[str]) -> dict[str, dict]:
     return out
 
 
-def _qa_logs(prefix: str, df, index: list[str]) -> dict[str, dict]:
-    """One QA set's results from its per-example frame (the columns it has)."""
+TRUTH_RATIO_AGGREGATORS = ("closer_to_1_better", "prob_mean")
+"""forget_truth_ratio's aggregator (upstream's configs/eval/tofu_metrics/forget_Truth_Ratio.yaml):
+``closer_to_1_better``, upstream's default, each question's wrong/correct ratio scored by its
+distance from 1; ``prob_mean`` (#163), each question's correct / (correct + wrong), averaged."""
+
+
+def _qa_logs(prefix: str, df, index: list[str], truth_ratio: str = "closer_to_1_better") -> dict[str, dict]:
+    """One QA set's results from its per-example frame (the columns it has); the forget set's
+    truth ratio with the `truth_ratio` aggregator."""
     logs = {}
     forget = prefix == "forget"
     if "prob" in df:
@@ -185,6 +192,8 @@ def _qa_logs(prefix: str, df, index: list[str]) -> dict[str, dict]:
     if "truth_ratio" in df:
         tr = np.asarray(df["truth_ratio"], dtype=float)
         agg = M.truth_ratio_forget(tr) if forget else M.truth_ratio_retain(tr)  # closer_to_1_better / true_better
+        if forget and truth_ratio == "prob_mean":  # upstream scores each index by its share too
+            tr, agg = M.truth_ratio_probs(tr), M.truth_ratio_prob_mean(tr)
         logs["forget_truth_ratio" if forget else f"{prefix}_Truth_Ratio"] = _result(
             {i: {"score": float(v)} for i, v in zip(index, tr)}, agg)
     for column, key in (("es", "extraction_strength"), ("em", "exact_memorization")):
@@ -227,7 +236,7 @@ def _check_questions(df, name: str, index: list[str], benchmark) -> None:
                              "report evaluated (its split and files)")
 
 
-def _row_logs(report: Report, row: str, benchmark) -> dict[str, dict]:
+def _row_logs(report: Report, row: str, benchmark, truth_ratio: str = "closer_to_1_better") -> dict[str, dict]:
     """Every result of one row but forget_quality and privleak (they need a retain log)."""
     if report.task != "tofu":
         raise ValueError(f"OpenUnlearning's TOFU log holds a TOFU evaluation (TOFU or the demo world), not the "
@@ -242,7 +251,7 @@ def _row_logs(report: Report, row: str, benchmark) -> dict[str, dict]:
             continue
         index = _indices(len(df), sizes.get(name))
         _check_questions(df, name, index, benchmark)
-        logs.update(_qa_logs(prefix, df, index))
+        logs.update(_qa_logs(prefix, df, index, truth_ratio))
     if "forget/min_k" in r.raw and "holdout/min_k" in r.raw:
         logs.update(_mia_logs(r.raw, {name: _indices(len(r.raw[f"{name}/min_k"]), sizes.get(name))
                                       for name in ("forget", "holdout")}))
@@ -252,7 +261,7 @@ def _row_logs(report: Report, row: str, benchmark) -> dict[str, dict]:
 
 
 def to_openunlearning(report: Report, row: str = EDITED, *, benchmark=None,
-                      retain_logs: dict | str | Path | None = None) -> dict:
+                      retain_logs: dict | str | Path | None = None, truth_ratio: str = "closer_to_1_better") -> dict:
     """The TOFU_EVAL.json of `row` of a TOFU-task report (see the module's docstring for
     which metrics): ``{metric: {"agg_value": ..., "value_by_index": {"<i>": {...}}}}``,
     sorted by metric as upstream saves it.
@@ -260,12 +269,17 @@ def to_openunlearning(report: Report, row: str = EDITED, *, benchmark=None,
     benchmark: the Benchmark the report evaluated, for the examples' indices in its sets.
     retain_logs: a retain model's TOFU_EVAL.json (a path, or the dict) for forget_quality
     and privleak, as upstream's ``retain_logs_path``; None: the report's "Retain model" row
-    (its log built here), else none (forget_quality null, privleak against 0.5)."""
-    logs = _row_logs(report, row, benchmark)
+    (its log built here), else none (forget_quality null, privleak against 0.5).
+    truth_ratio: forget_truth_ratio's aggregator (`TRUTH_RATIO_AGGREGATORS`); forget_quality's
+    KS test compares its per-question scores with the retain log's, which must have been
+    written with the same one (a log built here is)."""
+    if truth_ratio not in TRUTH_RATIO_AGGREGATORS:
+        raise ValueError(f"truth_ratio={truth_ratio!r}: use one of {', '.join(TRUTH_RATIO_AGGREGATORS)}")
+    logs = _row_logs(report, row, benchmark, truth_ratio)
     if isinstance(retain_logs, (str, Path)):
         retain_logs = read_openunlearning(retain_logs).logs
     if retain_logs is None and REFERENCE in report.rows:
-        retain_logs = logs if row == REFERENCE else _row_logs(report, REFERENCE, benchmark)
+        retain_logs = logs if row == REFERENCE else _row_logs(report, REFERENCE, benchmark, truth_ratio)
     retain_logs = retain_logs or {}
     if "forget_truth_ratio" in logs:
         logs["forget_quality"] = ks_test(logs["forget_truth_ratio"], retain_logs.get("forget_truth_ratio"))
@@ -283,12 +297,13 @@ def summarize(logs: dict) -> dict:
 
 
 def write_openunlearning(report: Report, folder: str | Path, row: str = EDITED, *, benchmark=None,
-                         retain_logs: dict | str | Path | None = None) -> tuple[Path, Path]:
+                         retain_logs: dict | str | Path | None = None,
+                         truth_ratio: str = "closer_to_1_better") -> tuple[Path, Path]:
     """Write `row`'s TOFU_EVAL.json and TOFU_SUMMARY.json into `folder` (made if missing),
     as ``Evaluator.save_logs`` writes them (``json.dump(..., indent=4)``). Returns both paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    logs = to_openunlearning(report, row, benchmark=benchmark, retain_logs=retain_logs)
+    logs = to_openunlearning(report, row, benchmark=benchmark, retain_logs=retain_logs, truth_ratio=truth_ratio)
     paths = folder / EVAL_FILE, folder / SUMMARY_FILE
     for path, doc in zip(paths, (logs, dict(sorted(summarize(logs).items())))):
         path.write_text(json.dumps(doc, indent=4, allow_nan=False), encoding="utf-8")
