@@ -12,7 +12,7 @@ from grom.data import BENCHMARKS, load_benchmark
 from grom.data.loaders import BenchmarkSpec
 from grom.data.schema import Benchmark, QAExample
 from grom.eval import evaluate
-from grom.eval.metric_sources import metric_source
+from grom.eval.metric_sources import METRIC_SOURCES, MetricSource, metric_source, ours
 from grom.eval.report import DIRECTION, STAGES
 from grom.eval.results import Row
 from grom.methods.trained.recipes import RECIPES, recipe_for_task
@@ -71,7 +71,8 @@ def test_an_unknown_task_lists_the_known_ones():
 
 
 def _toy_row(run, sets, only_forget=False) -> Row:
-    return Row(metrics={"Forget ROUGE-L": 0.25, "Retain ROUGE-L": 0.5 if run.model.bias.item() else 0.4})
+    return Row(metrics={"Forget ROUGE-L": 0.25, "Retain ROUGE-L": 0.5 if run.model.bias.item() else 0.4,
+                        "Toy score": 1.0})
 
 
 def _toy_load(split, source=None, **options) -> Benchmark:
@@ -86,9 +87,12 @@ def test_a_task_registered_from_outside_is_evaluated_and_offered_by_the_app():
 
     task = Task("toy", _toy_row, retain_metrics=("Retain ROUGE-L",), headline=None,
                 benchmarks=(BenchmarkSpec("toy", _toy_load, ("a", "b"), label="Toy: one question",
-                                          start_split="b"),))
+                                          start_split="b"),),
+                sources={"Toy score": ours("the toy's own score")}, directions={"Toy score": "up"})
     register_task(task)
     try:
+        # its metric's source and goal, stated in its row alone, are in the one tables
+        assert metric_source("Toy score") == ours("the toy's own score") and DIRECTION["Toy score"] == "up"
         assert ("Toy: one question", "toy") in app_benchmarks.benchmark_names()
         assert app_benchmarks.splits_for("toy") == ["a", "b"] and app_benchmarks.default_split("toy") == "b"
         bench = app_benchmarks.read_benchmark("toy", "a", "", None, None)
@@ -122,3 +126,30 @@ def test_a_task_registered_from_outside_is_evaluated_and_offered_by_the_app():
         unregister_task("toy")
         app_benchmarks._load_shared.cache_clear()
     assert "toy" not in TASKS and "toy" not in BENCHMARKS
+    assert "Toy score" not in METRIC_SOURCES and "Toy score" not in DIRECTION
+
+
+@pytest.mark.parametrize("field, key, owner", [("sources", "ROUGE-L", "shared table"),
+                                               ("sources", "KnowMem forget", "task 'muse'"),
+                                               ("directions", "Knowledge score", "task 'knowledge'"),
+                                               ("directions", "Forget prob", "shared table")])
+def test_a_metric_is_stated_once(field, key, owner):
+    """A task that restates a metric's source or goal (shared, or another task's) is refused:
+    the benchmark's facts live in its one row."""
+    value = MetricSource("GROM Studio", "again") if field == "sources" else "down"
+    task = Task("again", _toy_row, retain_metrics=("Retain ROUGE-L",), **{field: {key: value}})
+    with pytest.raises(ValueError, match=f"states the {field[:-1]} of '{key}'.*{owner}"):
+        register_task(task)
+    assert "again" not in TASKS
+
+
+def test_each_benchmark_states_its_own_metrics():
+    """MUSE's, WMDP's and zsRE's metrics are stated in their task files, not in grom.eval."""
+    from grom.eval.metric_sources import SHARED_SOURCES
+    from grom.eval.report import SHARED_DIRECTIONS
+
+    for name, metric in (("muse", "KnowMem forget"), ("wmdp", "accuracy"), ("zsre", "Efficacy"),
+                         ("knowledge", "Knowledge score"), ("tofu", "Model utility"), ("custom", "text loss")):
+        assert metric in get_task(name).sources and metric not in SHARED_SOURCES
+    for name, metric in (("muse", "VerbMem forget"), ("wmdp", "Forget accuracy"), ("zsre", "Generalisation")):
+        assert DIRECTION[metric] == get_task(name).directions[metric] and metric not in SHARED_DIRECTIONS

@@ -221,7 +221,7 @@ edit.apply(model)                      # or keep it applied
 
 def _from(*measures: str) -> str:
     """" [OpenUnlearning]": the implementations the named metrics follow, from the library's
-    one table (`grom.eval.metric_sources.METRIC_SOURCES`)."""
+    one table (`grom.eval.metric_sources.METRIC_SOURCES`: the shared measures and each task's)."""
     sources = [metric_source(m) for m in measures]
     names = {s.implementation for s in sources}
     here = "".join(f"; here, {s.deviation}" for s in sources if s.deviation)

@@ -1,7 +1,8 @@
-"""The metric citations table (was grom/eval/sources.py): which implementation each reported
-metric follows, so a researcher knows what a number can be compared with: one table,
-`METRIC_SOURCES`, read by the app's glossary and checked by the tests against every metric
-name a report produces.
+"""The metric citations (was grom/eval/sources.py): which implementation each reported metric
+follows, so a researcher knows what a number can be compared with. Each is stated once: the
+measures several tasks report here (`SHARED_SOURCES`), a metric only one task reports in its
+task's `sources` (grom/tasks/<name>.py); `METRIC_SOURCES` reads them as one table, which the
+app's glossary reads and the tests check against every metric name a report produces.
 
 A report's metric names are "<set> <measure>" ("Forget ROUGE-L", "Real authors prob",
 "Neighbour fact recall") or a name of their own ("Model utility", "MIA AUC (zlib)");
@@ -9,9 +10,13 @@ A report's metric names are "<set> <measure>" ("Forget ROUGE-L", "Real authors p
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["IMPLEMENTATIONS", "METRIC_SOURCES", "MetricSource", "SET_LABELS", "metric_source"]
+from grom.eval.tasks import joined
+
+__all__ = ["HARNESS", "IMPLEMENTATIONS", "MEMIT", "METRIC_SOURCES", "MetricSource", "OPENUNLEARNING", "OURS",
+           "PAPER", "SET_LABELS", "SHARED_SOURCES", "metric_source", "ours", "upstream"]
 
 OPENUNLEARNING, HARNESS, MEMIT, PAPER, OURS = (
     "OpenUnlearning", "lm-evaluation-harness", "MEMIT", "GROM paper", "GROM Studio")
@@ -38,63 +43,48 @@ class MetricSource:
     """Where the project deliberately differs, and why (empty: none)."""
 
 
-def _ou(follows: str, deviation: str = "") -> MetricSource:
+def upstream(follows: str, deviation: str = "") -> MetricSource:
+    """A metric that follows OpenUnlearning's function `follows`."""
     return MetricSource(OPENUNLEARNING, follows, deviation)
 
 
-def _ours(follows: str) -> MetricSource:
+def ours(follows: str) -> MetricSource:
+    """A metric of this project's own (`follows`: its definition)."""
     return MetricSource(OURS, follows)
 
 
-METRIC_SOURCES: dict[str, MetricSource] = {
-    # TOFU (and the custom / real-knowledge sets that reuse its measures)
-    "ROUGE-L": _ou("memorization.rouge, rougeL_recall of the greedy answer"),
-    "prob": _ou("memorization.probability (exp of the mean token NLL, EOS included); "
-                "probability_w_options on Real authors / World facts"),
-    "truth ratio": _ou("memorization.truth_ratio: closer_to_1_better on forget, true_better elsewhere"),
-    "truth ratio closeness": _ou("memorization.truth_ratio, closer_to_1_better",
-                                 "on the real-knowledge benchmark: the answer against its bundled wrong answers"),
-    "para-Q quality": _ou("privacy.ks_test on the paraphrased questions' forget truth ratios"),
-    "ES": _ou("memorization.extraction_strength (EOS dropped, k over range(n))"),
-    "EM": _ou("memorization.exact_memorization (EOS dropped)"),
-    "Model utility": _ou("utility.hm_aggregate of the retain, Real authors and World facts values"),
-    "Forget quality": _ou("privacy.ks_test on the forget truth ratios against the retain model's"),
-    "MIA AUC": _ou("mia_min_k (k = 0.4, EOS dropped), mia/utils.mia_auc: forget 0, holdout 1"),
-    "MIA AUC (Min-K++)": _ou("mia_min_k_plus_plus (k = 0.4, EOS dropped)"),
-    "MIA AUC (LOSS)": _ou("mia_loss (mean token NLL, EOS included)"),
-    "MIA AUC (zlib)": _ou("mia_zlib (mean token NLL / zlib length of the decoded labels)"),
-    "MIA AUC (Reference)": _ou("mia_reference", "the reference model is the report's retain model"),
-    "Privacy leakage": _ou("privacy.privleak on the Min-K AUC (MUSE's PrivLeak in OpenUnlearning's "
-                           "AUC convention), against the retain model's AUC, else 0.5"),
-    # MUSE
-    "VerbMem forget": _ou("MUSE forget_verbmem_ROUGE: rougeL_f1 of the continuation"),
-    "KnowMem forget": _ou("MUSE forget_knowmem_ROUGE: rougeL_f1 of the few-shot answer"),
-    "KnowMem retain": _ou("MUSE retain_knowmem_ROUGE: rougeL_f1 of the few-shot answer"),
-    # WMDP / MMLU
-    "accuracy": MetricSource(HARNESS, "multiple-choice accuracy, the answer letter's log-likelihood"),
-    # zsRE
-    "Efficacy": MetricSource(MEMIT, "rewrite_prompts_correct: the answer's token accuracy on its prompt"),
-    "Generalisation": MetricSource(MEMIT, "paraphrase_prompts_correct: the same on a rephrased prompt"),
-    "Specificity": MetricSource(MEMIT, "neighborhood_prompts_correct: a neighbour's answer, kept"),
+
+SHARED_SOURCES: dict[str, MetricSource] = {
+    # TOFU's measures, which the custom and real-knowledge sets and MUSE report too
+    "ROUGE-L": upstream("memorization.rouge, rougeL_recall of the greedy answer"),
+    "prob": upstream("memorization.probability (exp of the mean token NLL, EOS included); "
+                     "probability_w_options on Real authors / World facts"),
+    "truth ratio": upstream("memorization.truth_ratio: closer_to_1_better on forget, true_better elsewhere"),
+    "ES": upstream("memorization.extraction_strength (EOS dropped, k over range(n))"),
+    "EM": upstream("memorization.exact_memorization (EOS dropped)"),
+    "MIA AUC": upstream("mia_min_k (k = 0.4, EOS dropped), mia/utils.mia_auc: forget 0, holdout 1"),
+    "MIA AUC (Min-K++)": upstream("mia_min_k_plus_plus (k = 0.4, EOS dropped)"),
+    "MIA AUC (LOSS)": upstream("mia_loss (mean token NLL, EOS included)"),
+    "MIA AUC (zlib)": upstream("mia_zlib (mean token NLL / zlib length of the decoded labels)"),
+    "MIA AUC (Reference)": upstream("mia_reference", "the reference model is the report's retain model"),
+    "Privacy leakage": upstream("privacy.privleak on the Min-K AUC (MUSE's PrivLeak in OpenUnlearning's "
+                                "AUC convention), against the retain model's AUC, else 0.5"),
     # our own measures
-    "fact recall": _ours("fact_recall: the fact's words in the greedy answer (real knowledge: "
-                         "over the facts the unedited model stated)"),
-    "paraphrase recall": _ours("fact recall on the question in other words"),
-    "facts known": _ours("how many facts the unedited model stated"),
-    "repetition": _ours("repetition_rate: the share of repeated word triples"),
-    "answer perplexity": _ours("the unedited model's perplexity of the new answers"),
-    "degenerate": _ours("answer_class 'degenerate': loops, punctuation, noise"),
-    "refusal": _ours("answer_class 'refusal'"),
-    "fluent other": _ours("answer_class 'fluent': another fluent answer"),
-    "clean forgetting": _ours("refusal + fluent other"),
-    "Knowledge score": _ours("knowledge_score: harmonic mean of clean forgetting and kept facts"),
-    "text loss": _ours("mean token NLL of the set's raw texts"),
-    "Text perplexity": _ours("perplexity of neutral texts"),
-    "Retain cost": _ours("the largest relative drop of a retain metric against the unedited model"),
-    "Retain broken": _ours("Retain cost above a tenth"),
+    "fact recall": ours("fact_recall: the fact's words in the greedy answer (real knowledge: "
+                        "over the facts the unedited model stated)"),
+    "repetition": ours("repetition_rate: the share of repeated word triples"),
+    "degenerate": ours("answer_class 'degenerate': loops, punctuation, noise"),
+    "refusal": ours("answer_class 'refusal'"),
+    "fluent other": ours("answer_class 'fluent': another fluent answer"),
+    "Retain cost": ours("the largest relative drop of a retain metric against the unedited model"),
+    "Retain broken": ours("Retain cost above a tenth"),
     "Final score": MetricSource(PAPER, "tofu_final_score / muse_final_score / wmdp_final_score"),
 }
-"""The one table: a metric name, or the measure after a set label, -> its source."""
+"""The measures several tasks report: a metric name, or the measure after a set label, -> its
+source. A metric only one task reports is in that task's `sources`."""
+
+METRIC_SOURCES: Mapping[str, MetricSource] = joined("sources", SHARED_SOURCES)
+"""Every metric's source, the shared ones and every task's, read as one table."""
 
 SET_LABELS = ("Forget", "Probe", "Retain", "Real authors", "World facts", "Neighbour", "General", "Kept",
               "Utility")
@@ -114,5 +104,6 @@ def metric_source(metric: str) -> MetricSource:
             measure = measure[len(PARA_Q) + 1:]  # TOFU's paraphrased-question evaluation: the same measure
         if measure in METRIC_SOURCES:
             return METRIC_SOURCES[measure]
-    raise KeyError(f"no source for the metric {metric!r}: add it (or its measure) to "
-                   "grom.eval.metric_sources.METRIC_SOURCES")
+    raise KeyError(f"no source for the metric {metric!r} in METRIC_SOURCES: add it (or its measure) to "
+                   "the `sources` of the task that reports it, or to grom.eval.metric_sources.SHARED_SOURCES "
+                   "where several tasks do")

@@ -22,7 +22,7 @@ from grom.eval.quant import quantized
 from grom.eval.results import BASE, EDITED, REFERENCE, Report, Row, subset
 from grom.eval.runner import ModelScorer
 from grom.eval.shared_rows import MIA_COLUMNS
-from grom.eval.tasks import TASKS, get_task
+from grom.eval.tasks import TASKS, get_task, joined
 from grom.model.arch import model_device
 from grom.turns import Between, Held, evaluating, give, inside
 
@@ -33,24 +33,20 @@ from grom.turns import Between, Held, evaluating, give, inside
 # closer_to_1_better): 1 when the model cannot tell the right answer from wrong ones, but the
 # gold standard, the retain model, does not reach 1 (fluent paraphrases stay more likely than
 # perturbed answers), so higher is not better: TOFU's Forget quality tests closeness to it.
-DIRECTION = {
+SHARED_DIRECTIONS = {
     "Forget ROUGE-L": "down", "Forget fact recall": "down", "Forget prob": "down",
-    "Forget truth ratio": "reference", "Forget ES": "down", "Forget quality": "up",
-    "Privacy leakage": "zero", "MIA AUC": "half", "VerbMem forget": "down",
-    "KnowMem forget": "down", "Forget accuracy": "down", "Efficacy": "down",
-    "Generalisation": "down", "Forget paraphrase recall": "down", "Forget repetition": "zero",
-    "Forget answer perplexity": "down", "Text perplexity": "keep", "Retain cost": "zero",
-    "Retain broken": "zero", "Forget text loss": "up", "Retain text loss": "keep",
-    "Final score": "up", "Model utility": "up", "Knowledge score": "up", "Kept fact recall": "up",
-    "KnowMem retain": "up", "Forget clean forgetting": "up", "Forget degenerate": "zero",
-    "Neighbour degenerate": "zero", "General degenerate": "zero", "Kept degenerate": "zero",
+    "Forget truth ratio": "reference", "Forget ES": "down", "Forget EM": "down",
+    "Privacy leakage": "zero", "MIA AUC": "half", "Forget repetition": "zero",
+    "Retain cost": "zero", "Retain broken": "zero", "Final score": "up",
+    "Forget degenerate": "zero", "Neighbour degenerate": "zero", "General degenerate": "zero",
+    "Kept degenerate": "zero",
     "Forget para-Q ROUGE-L": "down", "Forget para-Q prob": "down", "Forget para-Q fact recall": "down",
-    "Forget para-Q truth ratio": "reference", "Forget para-Q ES": "down", "Forget para-Q quality": "up",
-    "Forget truth ratio closeness": "up", "Probe fact recall": "down", "Probe degenerate": "zero",
-    "Probe truth ratio closeness": "up", "Probe ROUGE-L": "down", "Probe prob": "down",
-    "Forget EM": "down",
+    "Forget para-Q truth ratio": "reference", "Forget para-Q ES": "down",
+    "Probe fact recall": "down", "Probe degenerate": "zero", "Probe ROUGE-L": "down", "Probe prob": "down",
 }
-DIRECTION.update({column: "half" for column in MIA_COLUMNS.values()})
+SHARED_DIRECTIONS.update({column: "half" for column in MIA_COLUMNS.values()})
+DIRECTION = joined("directions", SHARED_DIRECTIONS)
+"""Every metric's goal: the shared ones above and each task's own (`Task.directions`), as one table."""
 
 
 RETAIN_BROKEN = 0.10

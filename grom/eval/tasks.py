@@ -15,16 +15,19 @@ filled on its first read (with the benchmarks': the `grom` package's import of g
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from grom.data.loaders import BENCHMARKS, BenchmarkSpec, register_benchmark, unregister_benchmark
 
 if TYPE_CHECKING:
+    from grom.eval.metric_sources import MetricSource
     from grom.eval.results import Row
     from grom.eval.runner import ModelScorer
 
-__all__ = ["QUANT_METRICS", "TASKS", "QuantMetrics", "Task", "get_task", "register_task", "unregister_task"]
+__all__ = ["QUANT_METRICS", "TASKS", "QuantMetrics", "Task", "get_task", "joined", "register_task",
+           "unregister_task"]
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,10 @@ class QuantMetrics:
 
 
 QUANT_METRICS = QuantMetrics(
-    forget=("Forget ROUGE-L", "Forget prob", "Forget accuracy", "Efficacy", "KnowMem forget", "VerbMem forget"),
-    retain=("Retain ROUGE-L", "Neighbour ROUGE-L", "Retain prob", "Neighbour prob", "Retain accuracy",
-            "Utility accuracy", "KnowMem retain", "Specificity"))
-"""What a 4-bit verdict reads where a task does not say otherwise."""
+    forget=("Forget ROUGE-L", "Forget prob"),
+    retain=("Retain ROUGE-L", "Neighbour ROUGE-L", "Retain prob", "Neighbour prob"))
+"""What a 4-bit verdict reads where a task does not say otherwise (TOFU's measures, which the
+custom task shares)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,11 @@ class Task:
     record: `record(scorer, sets, frames)`, where the task's edited rows read passes on top
     of the unedited row's answers (`frames`, its `Row.examples`): run those passes on the
     unedited model, for a prefix cache to record (`grom.eval.report.record_drafts`).
+    sources: where each metric only this task reports comes from (a full metric name, or the
+    measure after a set label: "KnowMem forget", "accuracy"), `MetricSource`s; the measures
+    several tasks report are in `grom.eval.metric_sources.SHARED_SOURCES`.
+    directions: the goal of each metric only this task reports ("down", "up", "zero",
+    "half", "keep", "reference": `grom.eval.report.DIRECTION`), by full metric name.
     """
 
     name: str
@@ -90,6 +98,8 @@ class Task:
     recipe: str = "tofu"
     stages: tuple[str, ...] = ()
     record: Callable[..., None] | None = None
+    sources: Mapping[str, MetricSource] = field(default_factory=dict)
+    directions: Mapping[str, str] = field(default_factory=dict)
 
 
 _TASKS: dict[str, Task] = {}
@@ -122,11 +132,65 @@ TASKS: Mapping[str, Task] = _Tasks()
 """Every registered task by name; read-only (see `register_task`), filled on first read."""
 
 
+_SHARED: dict[str, Mapping] = {}  # field name -> the table of what several tasks share (`joined`)
+
+
+def joined(name: str, shared: Mapping) -> Mapping:
+    """A read-only view of `shared` and every registered task's table `name` ("sources",
+    "directions") together: one table of the facts about every metric, each stated once
+    (`register_task` refuses a task's entry that another task, or `shared`, already has)."""
+    _SHARED[name] = shared
+    for task in _TASKS.values():  # those registered before the shared table was made
+        _stated_once(task, against_tasks=False)
+    return _Joined(name, shared)
+
+
+class _Joined(Mapping):
+    """`joined`'s view, filled before it is read."""
+
+    def __init__(self, name: str, shared: Mapping):
+        self._name, self._shared = name, shared
+
+    def _all(self) -> Mapping:
+        every = dict(self._shared)
+        for task in _filled().values():
+            every.update(getattr(task, self._name))
+        return MappingProxyType(every)
+
+    def __getitem__(self, key: str):
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __repr__(self) -> str:
+        return f"{self._name}({dict(self._all())!r})"
+
+
+def _stated_once(task: Task, against_tasks: bool = True) -> None:
+    """Refuse a metric fact of `task` that the shared tables (those made so far) or another
+    task state already."""
+    for name in ("sources", "directions"):
+        taken = {key: "grom.eval's shared table" for key in _SHARED.get(name, {})}
+        if against_tasks:
+            taken.update({key: f"the task {other.name!r}" for other in _TASKS.values() if other is not task
+                          for key in getattr(other, name)})
+        for key in getattr(task, name):
+            if key in taken:
+                raise ValueError(f"the task {task.name!r} states the {name[:-1]} of {key!r}, which "
+                                 f"{taken[key]} already states: a metric's {name[:-1]} is stated once")
+
+
 def register_task(task: Task) -> Task:
     """Add `task` to `TASKS` and its benchmarks to `grom.data.BENCHMARKS` (after those
-    already there); a task or benchmark name already registered is refused."""
+    already there); a task or benchmark name already registered is refused, and so is a
+    metric's source or direction already stated (`joined`)."""
     if task.name in _TASKS:
         raise ValueError(f"a task named {task.name!r} is already registered")
+    _stated_once(task)
     for spec in task.benchmarks:
         register_benchmark(spec)
     _TASKS[task.name] = task

@@ -44,6 +44,7 @@ from grom.data.readers import (
     resolve_source,
 )
 from grom.data.schema import Benchmark, Example, QAExample, TextExample
+from grom.eval.metric_sources import ours
 from grom.eval.results import Row
 from grom.eval.runner import ModelScorer, score_texts
 from grom.eval.shared_rows import qa_set
@@ -258,4 +259,6 @@ TASK = register_task(Task(
     benchmarks=(BenchmarkSpec("custom", load_custom, SPLITS,
                               options=("prompt_format", "max_rows"), label="Custom: your own files",
                               description="your own forget and retain files (JSON, JSON lines, CSV)",
-                              session_only="uploaded benchmark files"),)))
+                              session_only="uploaded benchmark files"),),
+    sources={"text loss": ours("mean token NLL of the set's raw texts")},
+    directions={"Forget text loss": "up", "Retain text loss": "keep"}))

@@ -45,6 +45,7 @@ from grom.data.prompts import PromptFormat
 from grom.data.readers import BenchmarkError, PathLike, Record, check_size, resolve_source
 from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.eval import metrics as M
+from grom.eval.metric_sources import ours, upstream
 from grom.eval.results import BASE, Row, known_mask
 from grom.eval.runner import (
     ModelScorer,
@@ -825,4 +826,17 @@ TASK = register_task(Task(
                               label="Real knowledge: famous facts (bundled)",
                               description="facts a small chat model knows, by target: forget one, keep the rest "
                                           "(offline)",
-                              preset="smollm2", known_to=(REAL_MODEL,)),)))
+                              preset="smollm2", known_to=(REAL_MODEL,)),),
+    sources={
+        "truth ratio closeness": upstream("memorization.truth_ratio, closer_to_1_better",
+                                          "on the real-knowledge benchmark: the answer against its bundled wrong "
+                                          "answers"),
+        "paraphrase recall": ours("fact recall on the question in other words"),
+        "facts known": ours("how many facts the unedited model stated"),
+        "answer perplexity": ours("the unedited model's perplexity of the new answers"),
+        "clean forgetting": ours("refusal + fluent other"),
+        "Knowledge score": ours("knowledge_score: harmonic mean of clean forgetting and kept facts"),
+        "Text perplexity": ours("perplexity of neutral texts")},
+    directions={"Knowledge score": "up", "Kept fact recall": "up", "Forget paraphrase recall": "down",
+                "Forget answer perplexity": "down", "Text perplexity": "keep", "Forget clean forgetting": "up",
+                "Forget truth ratio closeness": "up", "Probe truth ratio closeness": "up"}))

@@ -49,10 +49,11 @@ from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.eval import metrics as M
 from grom.eval import mia
 from grom.eval import upstream as U
+from grom.eval.metric_sources import upstream
 from grom.eval.results import REFERENCE, Row
 from grom.eval.runner import ModelScorer, generate_ids, score_sequences
 from grom.eval.shared_rows import attack_aucs, reference_attack
-from grom.eval.tasks import Task, register_task
+from grom.eval.tasks import QuantMetrics, Task, register_task
 
 logger = logging.getLogger(__name__)
 
@@ -233,4 +234,9 @@ def _muse_spec(corpus: str) -> BenchmarkSpec:
 
 TASK = register_task(Task(
     "muse", _muse_row, retain_metrics=("KnowMem retain",), headline="Final score", relative=_muse_relative,
-    recipe="muse", benchmarks=(_muse_spec("news"), _muse_spec("books"))))
+    recipe="muse", benchmarks=(_muse_spec("news"), _muse_spec("books")),
+    quant=QuantMetrics(("KnowMem forget", "VerbMem forget"), ("KnowMem retain",)),
+    sources={"VerbMem forget": upstream("MUSE forget_verbmem_ROUGE: rougeL_f1 of the continuation"),
+             "KnowMem forget": upstream("MUSE forget_knowmem_ROUGE: rougeL_f1 of the few-shot answer"),
+             "KnowMem retain": upstream("MUSE retain_knowmem_ROUGE: rougeL_f1 of the few-shot answer")},
+    directions={"VerbMem forget": "down", "KnowMem forget": "down", "KnowMem retain": "up"}))

@@ -65,6 +65,7 @@ from grom.data.prompts import TOFU_CHAT, PromptFormat
 from grom.data.readers import PathLike, Record, load_hub_rows, read_local, require_rows, resolve_source
 from grom.data.schema import Benchmark, QAExample
 from grom.eval import metrics as M
+from grom.eval.metric_sources import upstream
 from grom.eval.results import REFERENCE, Row
 from grom.eval.runner import ModelScorer
 from grom.eval.shared_rows import attack_aucs, attack_raw, qa_prompts, qa_set, reference_attack
@@ -343,4 +344,9 @@ TASK = register_task(Task(
     relative=_tofu_relative, recipe="tofu",
     benchmarks=(BenchmarkSpec("tofu", load_tofu, SPLITS, label="TOFU (Hub or local)",
                               hub_id=HUB_ID,
-                              description=f"TOFU fictitious authors (Hub {HUB_ID})", preset="tofu10"),)))
+                              description=f"TOFU fictitious authors (Hub {HUB_ID})", preset="tofu10"),),
+    sources={
+        "Model utility": upstream("utility.hm_aggregate of the retain, Real authors and World facts values"),
+        "Forget quality": upstream("privacy.ks_test on the forget truth ratios against the retain model's"),
+        "para-Q quality": upstream("privacy.ks_test on the paraphrased questions' forget truth ratios")},
+    directions={"Forget quality": "up", "Model utility": "up", f"Forget {PARA_Q} quality": "up"}))

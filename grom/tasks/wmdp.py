@@ -61,9 +61,10 @@ from grom.data.readers import (
 )
 from grom.data.schema import Benchmark, ChoiceExample, TextExample
 from grom.eval import metrics as M
+from grom.eval.metric_sources import HARNESS, MetricSource
 from grom.eval.results import Row
 from grom.eval.runner import ModelScorer, choice_logprobs
-from grom.eval.tasks import Task, register_task
+from grom.eval.tasks import QuantMetrics, Task, register_task
 
 logger = logging.getLogger(__name__)
 
@@ -232,4 +233,7 @@ def _wmdp_spec(subject: str) -> BenchmarkSpec:
 
 TASK = register_task(Task(
     "wmdp", _wmdp_row, retain_metrics=("Utility accuracy", "Retain accuracy"), headline="Final score",
-    recipe="wmdp", benchmarks=tuple(_wmdp_spec(s) for s in SUBJECTS)))
+    recipe="wmdp", benchmarks=tuple(_wmdp_spec(s) for s in SUBJECTS),
+    quant=QuantMetrics(("Forget accuracy",), ("Retain accuracy", "Utility accuracy")),
+    sources={"accuracy": MetricSource(HARNESS, "multiple-choice accuracy, the answer letter's log-likelihood")},
+    directions={"Forget accuracy": "down"}))

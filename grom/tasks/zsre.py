@@ -47,9 +47,10 @@ from grom.data.prompts import RAW_TEXT, PromptFormat
 from grom.data.readers import BenchmarkError, PathLike, Record, read_rows, require_rows, resolve_source
 from grom.data.schema import Benchmark, FactRecord, QAExample
 from grom.eval import metrics as M
+from grom.eval.metric_sources import MEMIT, MetricSource
 from grom.eval.results import Row
 from grom.eval.runner import ModelScorer
-from grom.eval.tasks import Task, register_task
+from grom.eval.tasks import QuantMetrics, Task, register_task
 
 logger = logging.getLogger(__name__)
 
@@ -224,4 +225,10 @@ TASK = register_task(Task(
                               label="zsRE (local file)",
                               description=f"zsRE facts from a local {FILE_NAME}: {N_FORGET} to "
                                           f"forget, {N_RETAIN} to retain, one draw per seed split",
-                              preset="zsre"),)))
+                              preset="zsre"),),
+    quant=QuantMetrics(("Efficacy",), ("Specificity",)),
+    sources={
+        "Efficacy": MetricSource(MEMIT, "rewrite_prompts_correct: the answer's token accuracy on its prompt"),
+        "Generalisation": MetricSource(MEMIT, "paraphrase_prompts_correct: the same on a rephrased prompt"),
+        "Specificity": MetricSource(MEMIT, "neighborhood_prompts_correct: a neighbour's answer, kept")},
+    directions={"Efficacy": "down", "Generalisation": "down"}))
