@@ -496,13 +496,17 @@ def wall_rate(model) -> WallRate:
     return replace(CPU_WALL, flops_per_s=CPU_WALL.flops_per_s * max(1, torch.get_num_threads()))
 
 
-def wall_seconds(work: Work, size: Size, rate: WallRate) -> float:
+def wall_seconds(work: Work, size: Size, rate: WallRate, load=(1.0, 1.0)) -> float:
     """Seconds of `work` on a model of `size` at `rate` (a sum of the costs, not a roofline:
     each term dominates somewhere, the body's FLOPs in a prompt pass, the weights' read in a
-    decoding step of a few rows, the layers' fixed cost on a tiny model)."""
+    decoding step of a few rows, the layers' fixed cost on a tiny model), on a CPU whose
+    `load` (`components.server.pace.Load`: arithmetic, passes) slows the FLOPs and weight
+    sweeps by its first factor and the start, passes, tokens and collections by its second."""
+    flops_load, steps_load = load
     per_pass = size.weight_bytes / rate.weight_bytes_per_s + size.layers * rate.layer_s
-    return (rate.start_s + work.flops / rate.flops_per_s + work.passes * per_pass + work.tokens * rate.token_s
-            + work.param_ops * rate.param_op_s + work.collects * rate.collect_s)
+    arithmetic = work.flops / rate.flops_per_s + work.param_ops * rate.param_op_s
+    steps = work.passes * per_pass + work.tokens * rate.token_s + work.collects * rate.collect_s
+    return flops_load * arithmetic + steps_load * (rate.start_s + steps)
 
 
 def attack_seconds(inputs: AttackInputs, names, rate: WallRate) -> dict[str, float]:
