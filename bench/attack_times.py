@@ -235,10 +235,8 @@ def spread(handle, bench, runs: int, burners: int) -> None:
             time.sleep(1.0)
             ESTIMATES.clear()
             total = sum(attack_estimates(handle, bench).values())
-            now = pace.pulse()
-            print(f"calibration {i + 1}: {cal.seconds:.1f} s, pulse {1e3 * cal.pulse.product:.2f} / "
-                  f"{1e3 * cal.pulse.chain:.2f} ms (product / chain); pulse now {1e3 * now.product:.2f} / "
-                  f"{1e3 * now.chain:.2f} ms; every attack estimated at {total:.0f} s", flush=True)
+            print(f"calibration {i + 1}: {cal.seconds:.1f} s, pulse {1e3 * cal.pulse:.2f} ms; pulse now "
+                  f"{1e3 * pace.pulse():.2f} ms; every attack estimated at {total:.0f} s", flush=True)
     finally:
         for p in procs:
             p.terminate()

@@ -567,7 +567,7 @@ def test_the_baseline_placeholder_quotes_the_hosts_pace(monkeypatch):
     handle = ensure_model(model_key("demo", "cpu", "float32"))
     bench = load_benchmark("demo", "forget01")
     monkeypatch.setattr(pace, "PACE", pace.PaceBook())
-    monkeypatch.setattr(pace, "load_now", lambda handle, calibration: pace.QUIET)
+    monkeypatch.setattr(pace, "load_now", lambda handle, calibration: 1.0)
     pace.PACE.calibrated(handle.key, pace.Calibration(D.wall_rate(handle.model), 0.0, 0.0))
     plain = "Pick a method and press **Train the baseline and compare**."
     assert bp.placeholder(handle.key) == plain  # no data: nothing to count

@@ -52,8 +52,8 @@ def test_a_kind_not_seen_yet_takes_its_familys_pace_else_one():
 def test_a_new_calibration_starts_the_models_kinds_again():
     book = P.PaceBook()
     book.record(KEY, "attack:heldout", 1.0, 4.0)
-    book.calibrated(KEY, P.Calibration(D.CPU_WALL, P.Pulse(0.01, 0.02), 0.1))
-    assert book.correction(KEY, "attack:heldout") == 1.0 and book.calibration(KEY).pulse == (0.01, 0.02)
+    book.calibrated(KEY, P.Calibration(D.CPU_WALL, 0.01, 0.1))
+    assert book.correction(KEY, "attack:heldout") == 1.0 and book.calibration(KEY).pulse == 0.01
 
 
 def true_seconds(work: D.Work, x: float, y: float, base: D.WallRate = D.CPU_WALL) -> float:
@@ -82,28 +82,23 @@ def test_timings_that_do_not_tell_flops_from_passes_give_one_factor():
 
 
 class Host:
-    """A simulated host: each job's seconds are its work at `rate`, its arithmetic times the
-    load and its passes times `steps` (the load where None); the pulse reads both (as a fixed
-    product and a chain of small ones on a shared CPU do)."""
+    """A simulated host: each job's seconds are its work at `rate` times the load; the pulse
+    reads the load (as a fixed product on a shared CPU does)."""
 
     def __init__(self, monkeypatch, rate: D.WallRate):
-        self.rate, self.load, self.drift, self.steps = rate, 1.0, 1.0, None
+        self.rate, self.load, self.drift = rate, 1.0, 1.0
         self.book = P.PaceBook()
         self.handle = SimpleNamespace(key=KEY, model=object())
         monkeypatch.setattr(P, "PACE", self.book)
-        monkeypatch.setattr(P, "pulse", lambda *a, **k: P.Pulse(0.01 * self.load, 0.02 * self.step_load))
+        monkeypatch.setattr(P, "pulse", lambda *a, **k: 0.01 * self.load)
         monkeypatch.setattr(P, "on_cpu", lambda handle: True)
         monkeypatch.setattr(P, "size_of", lambda model: SIZE)
-        self.book.calibrated(KEY, P.Calibration(rate, P.Pulse(0.01, 0.02), 0.1))
-
-    @property
-    def step_load(self) -> float:
-        return self.load if self.steps is None else self.steps
+        self.book.calibrated(KEY, P.Calibration(rate, 0.01, 0.1))
 
     def run(self, kind: str, work: D.Work) -> tuple[float, float]:
         """(estimated, measured) seconds of one job, recorded as the app records it."""
         estimate = P.seconds(self.handle, kind, work)
-        took = D.wall_seconds(work, SIZE, self.rate, (self.load, self.step_load)) * self.drift
+        took = D.wall_seconds(work, SIZE, self.rate) * self.load * self.drift
         clock = iter([0.0, took])
         with pytest.MonkeyPatch.context() as m:
             m.setattr(P.time, "monotonic", lambda: next(clock))
@@ -137,19 +132,6 @@ def test_a_slow_down_shows_in_the_next_estimate(monkeypatch):
     assert within(1.5, *host.run("attack:heldout", work))  # the load gone: at once
 
 
-def test_a_load_on_the_passes_prices_the_passes(monkeypatch):
-    """A busy CPU slows a decoding step's many small calls more than a large product (on the
-    2-core EPYC with one process spinning: 3.0x against 2.4x): each part of a job is priced
-    at its own pulse, so a job of passes and a job of FLOPs are both estimated right."""
-    host = Host(monkeypatch, replace(D.CPU_WALL, layer_s=3e-3))
-    passes, flops = D.Work(passes=400, tokens=900), D.Work(flops=5e11)
-    host.load, host.steps = 2.4, 3.0
-    assert within(1.01, *host.run("attack:format", passes))
-    assert within(1.01, *host.run("attack:mia", flops))
-    one_pulse = D.wall_seconds(passes, SIZE, host.rate) * 2.4  # what a single pulse priced it at
-    assert one_pulse < 0.85 * host.run("attack:cloze", passes)[1]
-
-
 def test_an_uncalibrated_model_on_a_busy_device_is_priced_at_the_constants(monkeypatch):
     monkeypatch.setattr(P, "PACE", P.PaceBook())
     monkeypatch.setattr(P, "calibrate", lambda handle, wait=True: None)  # the device is busy
@@ -167,7 +149,7 @@ def test_calibrating_a_tiny_model_times_it_and_leaves_it_as_found(tokenizer, mon
     handle = SimpleNamespace(key=KEY, model=model, tokenizer=tokenizer)
     calibration = P.calibrate(handle)
     assert weights_hash(model) == before and model.training  # weights and mode as found
-    assert P.PACE.calibration(KEY) is calibration and min(calibration.pulse) > 0 and 0 < calibration.seconds < 60
+    assert P.PACE.calibration(KEY) is calibration and calibration.pulse > 0 and 0 < calibration.seconds < 60
     forward, decoding = P.calibration_work(D.size_of(model))
     rate = calibration.rate
     assert rate.flops_per_s > 0 and rate.layer_s > 0 and rate.token_s > 0

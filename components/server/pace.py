@@ -13,14 +13,10 @@ at three things measured here, multiplied:
   relearn", "train:npo"), its measured seconds over the estimate at the pulse of its time,
   an exponential moving average in log space per (model, kind); a kind not seen yet takes
   its family's ("attack"), else 1;
-- the load now (`pulse`): two fixed pieces of work on torch's threads for a tenth of a
-  second, timed now against their times when the rate was measured: a large product (the
-  load on the arithmetic, which prices the work's FLOPs and weight sweeps) and a chain of
-  a decoding step's small products (the load on each call's start and the threads'
-  meeting, which prices its passes and tokens). Other visitors' jobs and other processes on
-  a CPU show in them at once. The two differ: on the 2-core EPYC one process spinning made
-  the large product 2.4x slower and the chain 3.0x (so the decoding-bound probe attacks
-  were under-priced by a quarter when one pulse priced everything).
+- the load now (`pulse`): a fixed matrix product on torch's threads for a tenth of a second,
+  timed now against its time when the rate was measured. Other visitors' jobs and other
+  processes on a CPU show in it at once (on this 2-core Xeon one process burning a core
+  made it and the demo's decoding both about 3x slower; bench/bench_estimates.py).
 
 Measured seconds are the job's own: the waits for other visitors' turns on the device are
 taken out (`errors.JOB_STARTED` moves by them), and the queue ahead of a job not started
@@ -38,7 +34,6 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import torch
 
@@ -72,7 +67,6 @@ PULSE_WINDOW_S = 0.1  # a window's length: the products of a tenth of a second, 
 PULSE_WINDOWS = (3, 10)  # windows a sample takes: at least 3, up to 10 while they disagree (a busy CPU)
 PULSE_AGREE = 0.15  # windows within 15% of each other agree
 PULSE_SHAPE = (192, 576, 1536)  # (M, K, N) of the pulse's product: SmolLM2's MLP on 192 tokens, ~0.34 GFLOP
-PULSE_CHAIN = (2, 576, 1536, 8)  # (rows, K, N, depth): depth pairs of a decoding step's MLP products on 2 rows
 CAL_ROWS, CAL_TOKENS, CAL_PROMPT, CAL_STEPS = 2, 32, 16, 6  # the calibration's batch: rows, tokens, decoding
 CAL_TRIES = 3
 CAL_MIN_S = 0.5  # each of the calibration's two runs is timed CAL_TRIES times, and on until this long,
@@ -81,29 +75,12 @@ CAL_BUDGET_S = 10.0  # past it no more timings (SmolLM2 on a loaded CPU: ~6 s)
 MAX_MODELS = 16  # models whose pace is kept (the oldest forgotten)
 
 
-class Pulse(NamedTuple):
-    """The CPU's pace at a moment (`sample_pulse`): seconds of the large product, and of
-    the chain of small ones."""
-    product: float
-    chain: float
-
-
-class Load(NamedTuple):
-    """How much slower the CPU is now than at a calibration (`load_now`): the arithmetic
-    (`Pulse.product`'s ratio) and the passes (`Pulse.chain`'s)."""
-    flops: float
-    steps: float
-
-
-QUIET = Load(1.0, 1.0)
-
-
 @dataclass(frozen=True)
 class Calibration:
-    """A model's rate on this host (`fit_rate`), the pulse it was measured at (None on a
-    GPU: no pulse) and the seconds the calibration took."""
+    """A model's rate on this host (`fit_rate`), the pulse it was measured at (0 on a GPU:
+    no pulse) and the seconds the calibration took."""
     rate: WallRate
-    pulse: Pulse | None
+    pulse: float
     seconds: float
 
 
@@ -169,54 +146,36 @@ class PaceBook:
 
 
 PACE = PaceBook()
-_PULSE = {"at": -math.inf, "level": Pulse(0.0, 0.0), "threads": 0}
+_PULSE = {"at": -math.inf, "level": 0.0, "threads": 0}
 _PULSE_LOCK = threading.Lock()
 
 
-def sample_pulse() -> Pulse:
-    """Seconds, on torch's threads now, of a fixed float32 product (`PULSE_SHAPE`) and of a
-    chain of small ones (`PULSE_CHAIN`, a decoding step's): each the mean over back-to-back
-    runs for half of each window of PULSE_WINDOW_S, at least PULSE_WINDOWS[0] windows and
-    more, up to PULSE_WINDOWS[1], while they disagree. A mean over windows, not the best of
-    short runs: a short run often falls between two of the other processes' turns on a
-    core, and would say the CPU is free when a job lasting seconds gets half of it; and on a
-    busy CPU one window says little (SmolLM2's estimates from one window of the pulse and
-    one timing of the calibration ranged over 8x on a 2-core EPYC with one process
-    spinning: 207-1730 s for 662 s of attacks)."""
+def sample_pulse() -> float:
+    """Seconds of a fixed float32 product (`PULSE_SHAPE`) on torch's threads now: the mean
+    over back-to-back products for windows of PULSE_WINDOW_S, at least PULSE_WINDOWS[0] of
+    them and more, up to PULSE_WINDOWS[1], while they disagree. A mean over windows, not
+    the best of short runs: a short run often falls between two of the other processes'
+    turns on a core, and would say the CPU is free when a job lasting seconds gets half of
+    it; and on a busy CPU one window says little (SmolLM2's estimates from one window of
+    the pulse and one timing of the calibration ranged over 8x on a 2-core EPYC with one
+    process spinning: 207-1730 s for 662 s of attacks)."""
     m, k, n = PULSE_SHAPE
-    rows, ck, cn, depth = PULSE_CHAIN
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
-    x, up, down = torch.randn(rows, ck, generator=g), torch.randn(ck, cn, generator=g), torch.randn(cn, ck, generator=g)
-
-    def product():
-        a @ b
-
-    def chain():
-        h = x
-        for _ in range(depth):
-            h = (h @ up) @ down
-
-    def timed_for(fn, window: float) -> float:
+    a @ b  # the first product allocates
+    means: list[float] = []
+    while len(means) < PULSE_WINDOWS[1]:
         done, t0 = 0, time.perf_counter()
-        while not done or time.perf_counter() - t0 < window:
-            fn()
+        while not done or time.perf_counter() - t0 < PULSE_WINDOW_S:
+            a @ b
             done += 1
-        return (time.perf_counter() - t0) / done
-
-    product(), chain()  # the first runs allocate
-    products: list[float] = []
-    chains: list[float] = []
-    while len(products) < PULSE_WINDOWS[1]:
-        products.append(timed_for(product, PULSE_WINDOW_S / 2))
-        chains.append(timed_for(chain, PULSE_WINDOW_S / 2))
-        agree = all(max(t) <= (1 + PULSE_AGREE) * min(t) for t in (products, chains))
-        if len(products) >= PULSE_WINDOWS[0] and agree:
+        means.append((time.perf_counter() - t0) / done)
+        if len(means) >= PULSE_WINDOWS[0] and max(means) <= (1 + PULSE_AGREE) * min(means):
             break
-    return Pulse(statistics.fmean(products), statistics.fmean(chains))
+    return statistics.fmean(means)
 
 
-def pulse(max_age: float = PULSE_TTL_S) -> Pulse:
+def pulse(max_age: float = PULSE_TTL_S) -> float:
     """The CPU's pace now: `sample_pulse`'s seconds, smoothed over the last PULSE_TAU_S (an
     older level weighs exp(-age/tau): the samples at either end of two jobs in a row merge),
     sampled again when the last sample is older than `max_age`."""
@@ -227,22 +186,20 @@ def pulse(max_age: float = PULSE_TTL_S) -> Pulse:
             return _PULSE["level"]
         sample = sample_pulse()
         kept = math.exp(-age / PULSE_TAU_S) if _PULSE["threads"] == threads else 0.0
-        level = Pulse(*(kept * old + (1 - kept) * new for old, new in zip(_PULSE["level"], sample)))
-        _PULSE.update(at=time.monotonic(), level=level, threads=threads)
-        return level
+        _PULSE.update(at=time.monotonic(), level=kept * _PULSE["level"] + (1 - kept) * sample, threads=threads)
+        return _PULSE["level"]
 
 
 def on_cpu(handle) -> bool:
     return model_device(handle.model).type == "cpu"
 
 
-def load_now(handle, calibration: Calibration | None) -> Load:
-    """How much slower the CPU is now than when `handle`'s model was calibrated, its
-    arithmetic and its passes (`QUIET` on a GPU, or where no calibration holds a pulse)."""
-    if calibration is None or not calibration.pulse or not all(calibration.pulse) or not on_cpu(handle):
-        return QUIET
-    now, then = pulse(), calibration.pulse
-    return Load(now.product / then.product, now.chain / then.chain)
+def load_now(handle, calibration: Calibration | None) -> float:
+    """How much slower the CPU is now than when `handle`'s model was calibrated (1 on a GPU,
+    or where no calibration holds a pulse)."""
+    if calibration is None or not calibration.pulse or not on_cpu(handle):
+        return 1.0
+    return pulse() / calibration.pulse
 
 
 def _timed(fn, sync, budget: float) -> float:
@@ -307,19 +264,18 @@ def _measure(handle) -> Calibration:
     prompt, mask = ids[:, :CAL_PROMPT], torch.ones_like(ids[:, :CAL_PROMPT])
     t0 = time.perf_counter()
     cpu = device.type == "cpu"
-    before = sample_pulse() if cpu else None  # the moment's own pace: the timings are of this moment
+    before = sample_pulse() if cpu else 0.0  # the moment's own pace: the timings are of this moment
     with evaluating(model), torch.no_grad():
         t_forward = _timed(lambda: model(input_ids=ids), sync, CAL_BUDGET_S / 2)
         t_decoding = _timed(lambda: greedy_until(model, handle.tokenizer, prompt, mask, CAL_STEPS, (),
                                                  [None] * CAL_ROWS), sync, CAL_BUDGET_S / 2)
-    after = sample_pulse() if cpu else None
+    after = sample_pulse() if cpu else 0.0
     forward, decoding = calibration_work(size)
     t1 = time.perf_counter()
     gc.collect()  # what every training and relearning run pays after (`release_memory`)
     collect_s = time.perf_counter() - t1
     rate = replace(fit_rate(wall_rate(model), size, forward, decoding, t_forward, t_decoding), collect_s=collect_s)
-    at = Pulse(*(math.sqrt(x * y) for x, y in zip(before, after))) if cpu else None
-    return Calibration(rate, at, time.perf_counter() - t0)
+    return Calibration(rate, math.sqrt(before * after), time.perf_counter() - t0)
 
 
 def calibrate(handle, wait: bool = True) -> Calibration | None:
@@ -337,11 +293,10 @@ def calibrate(handle, wait: bool = True) -> Calibration | None:
     finally:
         DEVICE_LOCK.release()
     PACE.calibrated(handle.key, calibration)
-    at = calibration.pulse or Pulse(0.0, 0.0)
-    log.info("%s calibrated in %.2f s: %.3g FLOP/s, %.1f ms a one-token pass, pulse %.1f / %.1f ms", handle.key.shown,
+    log.info("%s calibrated in %.2f s: %.3g FLOP/s, %.1f ms a one-token pass, pulse %.1f ms", handle.key.shown,
              calibration.seconds, calibration.rate.flops_per_s,
-             1e3 * wall_seconds(Work(passes=1), size_of(handle.model), calibration.rate), 1e3 * at.product,
-             1e3 * at.chain)
+             1e3 * wall_seconds(Work(passes=1), size_of(handle.model), calibration.rate),
+             1e3 * calibration.pulse)
     return calibration
 
 
@@ -416,7 +371,7 @@ def seconds(handle, kind: str, work: Work, size: Size | None = None) -> float:
     """Estimated wall seconds of `work` of `kind` on `handle`'s model, on this host now."""
     rate, calibration = rate_of(handle)
     size = size or size_of(handle.model)
-    return wall_seconds(work, size, rate, load_now(handle, calibration)) * PACE.correction(handle.key, kind)
+    return wall_seconds(work, size, rate) * PACE.correction(handle.key, kind) * load_now(handle, calibration)
 
 
 def own_clock():
@@ -442,8 +397,8 @@ def timed(handle, kind: str, work: Work, size: Size | None = None):
     clock = own_clock()
     yield
     took = clock()
-    load = Load(*(math.sqrt(x * y) for x, y in zip(start, load_now(handle, calibration))))
-    PACE.record(handle.key, kind, wall_seconds(work, size, rate, load), took)
+    load = math.sqrt(start * load_now(handle, calibration))
+    PACE.record(handle.key, kind, wall_seconds(work, size, rate) * load, took)
 
 
 def queue_ahead() -> tuple[int, float]:
