@@ -2,8 +2,10 @@
 per target (issue 24 item 8, issue 25 item 5): SmolLM2-135M-Instruct on the real-knowledge
 benchmark.
 
-    python bench/bench_attack_targets.py --targets the-solar-system,world-war-ii,the-human-body \
+    python bench/bench_attack_targets.py --subjects the-solar-system,world-war-ii,the-human-body \
         --methods grom,npo,simnpo --attacks all --threads 1 --json attacks.json
+    python bench/bench_attack_targets.py --methods grom,grom:refusal --key-positions prompt \
+        --attacks heldout,paraphrase,multi_hop,alias --evaluate      # GROM's keys in the prompt
     python bench/bench_attack_targets.py --model assets/demo-full --preset demo \
         --custom probes.jsonl --methods grom,npo --attacks heldout,quant8   # a check in seconds
 
@@ -58,6 +60,7 @@ import torch  # noqa: E402
 
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
+from grom.data.encoding import KEY_POSITIONS  # noqa: E402
 from grom.eval.report import evaluate  # noqa: E402
 from grom.methods import get_method, recipe_for_task, run_baseline, starting_point  # noqa: E402
 from grom.methods.editors.locate_then_edit import EDITORS, EditorConfig, editor_band, run_editor  # noqa: E402
@@ -319,11 +322,14 @@ def _save(args, current: dict) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--targets", default=",".join(FORGET3))
+    ap.add_argument("--subjects", "--targets", dest="subjects", default=",".join(FORGET3))
     ap.add_argument("--methods", default="grom,npo,simnpo")
     ap.add_argument("--attacks", default="all")
     ap.add_argument("--preset", default="smollm2")
     ap.add_argument("--set", default="", help="the preset's settings changed, e.g. beta=100,k=8")
+    ap.add_argument("--key-positions", choices=tuple(KEY_POSITIONS), default=None,
+                    help="where GROM's forget keys are (grom.data.encoding.KEY_POSITIONS; default the preset's, "
+                         "the answer tokens), the retain keys to match")
     ap.add_argument("--custom", default=None, help="a file with split forget/retain/probe rows, instead of targets")
     ap.add_argument("--retain-examples", type=int, default=128, help="the app's seeded retain sample (0: all)")
     ap.add_argument("--all-facts", dest="known_only", action="store_false",
@@ -355,6 +361,8 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     args.override = {k.strip(): (int(v) if k.strip() == "k" else float(v))
                      for k, v in (p.split("=") for p in args.set.split(",") if p.strip())}
+    if args.key_positions:
+        args.override.update(zip(("key_mode", "retain_key_mode"), KEY_POSITIONS[args.key_positions]))
     args.methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     for m in args.methods:
         if m not in (GROM, GROM_REFUSAL) and m not in EDITORS and method_spec(m)[0] not in LUNAR_SOLVERS:
@@ -364,7 +372,7 @@ def main(argv=None) -> None:
         raise SystemExit("--relearn-grid relearns at the --calibrate-relearn lrs: give them")
     if args.preset not in PRESETS:
         raise SystemExit(f"unknown preset {args.preset!r}; presets: {', '.join(PRESETS)}")
-    targets = ["custom"] if args.custom else [t.strip() for t in args.targets.split(",") if t.strip()]
+    targets = ["custom"] if args.custom else [t.strip() for t in args.subjects.split(",") if t.strip()]
     load = os.getloadavg()
     args.machine = (f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch "
                     f"{torch.__version__}, {datetime.date.today()}, load {load[0]:.1f} at start")

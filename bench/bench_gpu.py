@@ -23,7 +23,7 @@ token counts by S; the layers and the band stay. Peak memory: torch.cuda.max_mem
 per stage (reset between stages), on the CPU the growth of the resident set's high-water
 mark (VmHWM, reset through /proc/self/clear_refs) over the resident set before loading.
 The stages: load (the model built on the device), scores (the logit-lens scores over every
-layer, `compute_scores`), then within `run_edit` for each band layer: keys (the forward
+layer, `score_prepared`), then within `run_edit` for each band layer: keys (the forward
 passes and the Grams summed batch by batch, `LayerSolver.sum_keys`), solve (the factor and the
 update), apply (the patch added, the weight kept for restore); seconds from edit.timings,
 peaks the largest over the band's layers. The plan's stages: weights, forward, keys, solve.
@@ -53,7 +53,7 @@ from bench_scaling import PeakMemory  # noqa: E402  (this folder is on sys.path)
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.closed_form.layer_solver import LayerSolver  # noqa: E402
 from grom.closed_form.memory_plan import GiB, WillNotFit, check_fits, free_bytes, plan_edit  # noqa: E402
-from grom.closed_form.pipeline import compute_scores, prepare  # noqa: E402
+from grom.closed_form.pipeline import prepare, score_prepared  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample, TextExample  # noqa: E402
 
@@ -220,7 +220,7 @@ def run_workload(name: str, device: str, dtype: str, scale: float, layers: int |
     seconds["load"] = time.perf_counter() - t0
     peaks.mark("load")
     t0 = time.perf_counter()
-    scores = compute_scores(model, prepare(tok, forget, retain, config, cfg.vocab_size), config)
+    scores = score_prepared(model, prepare(tok, forget, retain, config, cfg.vocab_size), config)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds["scores"] = time.perf_counter() - t0

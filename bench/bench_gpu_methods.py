@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))  # run from anywhere, not installed
 from bench_gpu import WORKLOADS, scaled_shape  # noqa: E402  (this folder is on sys.path)
 
 from grom import PRESETS, run_edit  # noqa: E402
-from grom.closed_form.pipeline import compute_scores, prepare  # noqa: E402
+from grom.closed_form.pipeline import prepare, score_prepared  # noqa: E402
 from grom.data.encoding import pad_id  # noqa: E402
 from grom.data.prompts import PromptFormat  # noqa: E402
 from grom.data.schema import QAExample  # noqa: E402
@@ -155,7 +155,7 @@ def time_grom(model, tok, forget, retain, config, device: str) -> dict:
     reset_peak(device)
     synced(device)
     t0 = time.perf_counter()
-    scores = compute_scores(model, prepare(tok, forget, retain, config, model.config.vocab_size), config)
+    scores = score_prepared(model, prepare(tok, forget, retain, config, model.config.vocab_size), config)
     synced(device)
     t_scores = time.perf_counter() - t0
     edit = run_edit(model, tok, forget, retain, config, scores=scores)

@@ -1,19 +1,19 @@
 """Does GROM's forgetting carry to the held-out probes, and what makes it carry? (issue 24
 item 8, and the re-tune of the `smollm2` preset after the fitted/probe split.)
 
-    python bench/bench_heldout.py grid --targets the-solar-system \
+    python bench/bench_heldout.py grid --subjects the-solar-system \
         --grid "65/100/0.03/5,100/100/0.03/5,100/30/0.03/5"      # beta/w_r/rho/k
-    python bench/bench_heldout.py carry --targets the-solar-system  # what carries to the probes
+    python bench/bench_heldout.py carry --subjects the-solar-system  # what carries to the probes
 
 Every edit is scored by fact recall (`grom.robustness.probe_recall`: a fact as whole words
 in the greedy chat answer, the real-knowledge comparison's measure) on three sets of the
 facts SmolLM2 was probed to know: the fitted forget questions (bench.forget), the
 held-out probes (eval_sets["probes"], never fitted) and the kept facts (the other
-targets' held-out neighbours + held-out general knowledge). Retain: the app's seeded
+subjects' held-out neighbours + held-out general knowledge). Retain: the app's seeded
 sample of 128 examples, as the studio's edit.
 
 grid: the preset's beta, w_r, rho, k varied, on the benchmark's own split (FIT_FRACTION).
-carry: on a custom split of the target's known facts: a fixed third held out as probes
+carry: on a custom split of the subject's known facts: a fixed third held out as probes
 (by the SHA-256 of the ids, the benchmark's hash order reversed so the cut differs from
 FIT_FRACTION's), and the edit fitted on 1/3, 2/3 or all of the other two thirds; then
 all of them as one text (corpus keys, every token of the answers), and a wider band (10
@@ -50,8 +50,8 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-class Target:
-    """One target's benchmark (known facts, 128 retain) and its three scored sets."""
+class Subject:
+    """One subject's benchmark (known facts, 128 retain) and its three scored sets."""
 
     def __init__(self, args, model, tok, name: str, base: tuple[str, ...] = ("fitted", "probes", "kept")):
         self.model, self.tok, self.args = model, tok, args
@@ -96,8 +96,8 @@ def _fmt(d: dict) -> list[str]:
 
 def grid(args, model, tok) -> None:
     base_cfg = PRESETS[args.preset].replace(seed=args.seed)
-    for name in args.targets:
-        t = Target(args, model, tok, name)
+    for name in args.subjects:
+        t = Subject(args, model, tok, name)
         n = {k: len(v) for k, v in t.sets.items()}
         rows = [["base", "-", "-", *_fmt(t.base)]]
         _log(f"{name}: base {t.base} {n}")
@@ -120,10 +120,10 @@ def _rank(ex) -> str:
 
 def carry(args, model, tok) -> None:
     cfg = PRESETS[args.preset].replace(seed=args.seed)
-    for name in args.targets:
-        t = Target(args, model, tok, name, base=("kept",))
+    for name in args.subjects:
+        t = Subject(args, model, tok, name, base=("kept",))
         known = knowledge().known
-        qa = [ex for ex in knowledge().targets[name].qa if known.get(ex.id, (False,))[0]]
+        qa = [ex for ex in knowledge().subjects[name].qa if known.get(ex.id, (False,))[0]]
         order = sorted(qa, key=_rank)
         cut = len(order) // 3
         probes, pool = order[:cut], order[cut:]
@@ -157,7 +157,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["grid", "carry"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--targets", default=",".join(FORGET3))
+    ap.add_argument("--subjects", "--targets", dest="subjects", default=",".join(FORGET3))
     ap.add_argument("--preset", default="smollm2")
     ap.add_argument("--grid", default="65/100/0.03/5,100/100/0.03/5,150/100/0.03/5,65/30/0.03/5,"
                                       "100/30/0.03/5,65/100/0.01/5,65/100/0.03/8,100/100/0.03/8")
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
-    args.targets = [s.strip() for s in args.targets.split(",") if s.strip()]
+    args.subjects = [s.strip() for s in args.subjects.split(",") if s.strip()]
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch "

@@ -31,7 +31,7 @@ from components.server.durations import (  # noqa: E402
 from components.server.memory_budget import budget_bytes  # noqa: E402
 from components.server.model_choices import ensure_model, model_key  # noqa: E402
 from components.studio.benchmarks import default_split, preset_for  # noqa: E402
-from components.studio.written import writing_config  # noqa: E402
+from components.studio.name_only import writing_config  # noqa: E402
 from grom import PRESETS  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 from grom.robustness.suite import attack_names  # noqa: E402

@@ -2,9 +2,9 @@
 does what the model writes about a target, given only its name, make a forget set that
 forgets the target's facts?
 
-    python bench/name_only.py --targets the-solar-system,world-war-ii,the-human-body --threads 1 \
+    python bench/name_only.py --subjects the-solar-system,world-war-ii,the-human-body --threads 1 \
         --json name_only.json
-    python bench/name_only.py --model assets/demo-full --targets the-solar-system --passages 2 \
+    python bench/name_only.py --model assets/demo-full --subjects the-solar-system --passages 2 \
         --questions 2 --neighbours 1 --variants standard,questions     # a check in a minute
 
 Per target: the model writes (`grom.tasks.name_only.write_name_only`, seeded; the rows are
@@ -168,7 +168,7 @@ def table(res: dict) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--targets", default="the-solar-system")
+    ap.add_argument("--subjects", "--targets", dest="subjects", default="the-solar-system")
     ap.add_argument("--variants", default="standard,questions,passages,both,questions+bundled")
     ap.add_argument("--preset", default="smollm2")
     ap.add_argument("--passages", type=int, default=32)
@@ -202,7 +202,7 @@ def main(argv=None) -> None:
     print(f"# {machine}\n# python bench/name_only.py " + " ".join(sys.argv[1:] if argv is None else argv))
     model, tok = load_model(args.model)
     results = []
-    for target in [t.strip() for t in args.targets.split(",") if t.strip()]:
+    for target in [t.strip() for t in args.subjects.split(",") if t.strip()]:
         results.append(run_target(args, model, tok, target, written))
         print(table(results[-1]), flush=True)
         if args.json:

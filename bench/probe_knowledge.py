@@ -3,9 +3,9 @@ every target and of general knowledge, and its paraphrase, answered greedily wit
 tokenizer's chat template; a fact is known when the answer holds it (fact recall 1).
 
     python bench/probe_knowledge.py                                  # SmolLM2-135M-Instruct
-    python bench/probe_knowledge.py --targets harry-potter --dump answers.jsonl
+    python bench/probe_knowledge.py --subjects harry-potter --dump answers.jsonl
     python bench/probe_knowledge.py --write-known                    # grom/data/knowledge/known.json
-    python bench/probe_knowledge.py --targets world-war-ii --write-known  # refresh those targets only
+    python bench/probe_knowledge.py --subjects world-war-ii --write-known  # refresh those targets only
 
 Prints a markdown table (per target: questions, known, known on the paraphrase); it goes
 into grom/data/knowledge/README.md, and --write-known stores the per-pair result that
@@ -83,7 +83,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="registry name, folder or Hub id")
     ap.add_argument("--source", default=None, help="a knowledge folder (default: the bundled one)")
-    ap.add_argument("--targets", nargs="*", default=None, help="target ids (and/or 'general'); default all")
+    ap.add_argument("--subjects", "--targets", dest="subjects", nargs="*", default=None,
+                    help="subject ids (and/or 'general'); default all")
     ap.add_argument("--limit", type=int, default=None, help="at most this many pairs per target")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -98,7 +99,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     know = knowledge(args.source)
     groups = {**know.targets, "general": know.general}
-    wanted = args.targets or list(groups)
+    wanted = args.subjects or list(groups)
     unknown = sorted(set(wanted) - set(groups))
     if unknown:
         ap.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(groups)}")

@@ -5,7 +5,7 @@ adversarial wrappers), questions written to reach the same facts another way (th
 another entity, under another name: `grom.robustness.written`), and attacks on the
 weights (relearning, 4- and 8-bit quantization, the logit lens), each scored by fact
 recall for the base model and the edited one, and the membership attacks (LOSS, zlib,
-Min-K, Min-K++: can the forget answers be told from the other targets' answers by their
+Min-K, Min-K++: can the forget answers be told from the other subjects' answers by their
 likelihood? an AUC, 0.5 = they cannot).
 
 Optionally the baseline set in Compare (a trained method or a closed-form editor, with its
@@ -84,7 +84,7 @@ model's top choice inside?). On SmolLM2 on a CPU that is about a fifth of the wh
 time (bench/attack_times.py); relearning alone, two fine-tunings each scored three times,
 is a third of it. The others are one click away (**Every attack**). The written probes
 (multi_hop, alias) are cheap but stay out: they exist only for the bundled real-knowledge
-targets (an upload would show them as not run), and at five questions a target one answer
+subjects (an upload would show them as not run), and at five questions a subject one answer
 moves their recall by 0.2."""
 START_SUMMARY = "Run an edit, tick the attacks and press **Run the attacks**."
 RUNNING = "Running "  # how the summary line begins while the attacks run (`on_attacks_start`)
@@ -108,7 +108,7 @@ def about(seconds: float) -> str:
 
 def probes_of(bench) -> tuple[tuple, tuple[QAExample, ...]]:
     """(held-out probes, fitted questions) of a benchmark: its eval set "probes" (the
-    real-knowledge targets' held-out half; an upload's rows of split "probe")."""
+    real-knowledge subjects' held-out half; an upload's rows of split "probe")."""
     held = [ex for ex in (bench.eval_sets or {}).get("probes", ()) if isinstance(ex, QAExample) and ex.fact]
     if not held:
         raise UserError(f"{bench.name}/{bench.split} has no held-out probe questions with a fact: the attacks "
@@ -376,7 +376,7 @@ def relearn_md(result) -> str:
 
 def membership_md(result) -> str:
     """The membership attacks in words: the fitted forget answers' Min-K AUC against the
-    other targets' answers, base and edited, what its distance from 0.5 means, and the
+    other subjects' answers, base and edited, what its distance from 0.5 means, and the
     held-out probes' AUC."""
     d = result.details
     base, edited = result.base, result.edited

@@ -32,8 +32,8 @@ from components.studio.benchmarks import (
     retain_warning,
     splits_for,
 )
+from components.studio.name_only import COLUMNS, MAX_NEIGHBOURS, as_table, write_rows, writing_config
 from components.studio.wiring import LOCAL, Page, device_queue
-from components.studio.written import COLUMNS, MAX_NEIGHBOURS, as_table, write_rows, writing_config
 from components.views import text
 from components.views.tables import describe, examples_html
 from grom.tasks.name_only import USES
@@ -73,19 +73,19 @@ def _bumped(asked) -> int:
 
 @ui_errors
 def on_write(split: str, passages, questions, neighbours, session: Session, progress=gr.Progress()):
-    """The loaded model writes about the chosen target and its neighbours (RWKU's
+    """The loaded model writes about the chosen subject and its neighbours (RWKU's
     name-only setting): the table to read and edit, and a line saying what came back."""
     handle = current_model(session)
-    target = (split or "").strip()
-    if target not in splits_for(NAME_ONLY):
-        raise UserError(f"Choose one of the bundled targets as the split (not {shorten(target)!r}): its "
+    subject = (split or "").strip()
+    if subject not in splits_for(NAME_ONLY):
+        raise UserError(f"Choose one of the bundled subjects as the split (not {shorten(subject)!r}): its "
                         "bundled questions are what the edit is scored on.")
     config = writing_config(passages, questions, neighbours)
     progress(0.0, desc="writing with the model")
-    records = write_rows(handle.key, target, config,
+    records = write_rows(handle.key, subject, config,
                          device_progress(lambda _f, desc=None: progress(0.5, desc=desc)))
     sides = {side: [r for r in records if r["side"] == side] for side in ("forget", "retain")}
-    line = (f"The model wrote {len(sides['forget'])} texts about **{target}** "
+    line = (f"The model wrote {len(sides['forget'])} texts about **{subject}** "
             f"({sum(r['kind'] == 'qa' for r in sides['forget'])} questions it answered itself) and "
             f"{len(sides['retain'])} about {config.neighbours} neighbour{'s' * (config.neighbours != 1)}. "
             "Read them, edit or delete rows (clear a text to drop it), then **Load what was written**.")
@@ -231,9 +231,9 @@ def build_written(shown: bool) -> SimpleNamespace:
         text.md(text.NAME_ONLY, elem_classes="panel-intro")
         text.md(text.NAME_ONLY_TIME, elem_classes="panel-intro")
         with gr.Row(equal_height=True):
-            passages = gr.Slider(0, 32, value=8, step=1, label="Passages about the target", min_width=160)
-            questions = gr.Slider(0, 48, value=16, step=1, label="Questions about the target", min_width=160)
-            neighbours = gr.Slider(0, MAX_NEIGHBOURS, value=2, step=1, label="Neighbouring targets (kept)",
+            passages = gr.Slider(0, 32, value=8, step=1, label="Passages about the subject", min_width=160)
+            questions = gr.Slider(0, 48, value=16, step=1, label="Questions about the subject", min_width=160)
+            neighbours = gr.Slider(0, MAX_NEIGHBOURS, value=2, step=1, label="Neighbouring subjects (kept)",
                                    min_width=160)
         with gr.Row(equal_height=True):
             use = gr.Radio(list(USES), value="questions", label="Fit on", scale=2, min_width=200)

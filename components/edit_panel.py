@@ -33,8 +33,14 @@ from components.views import plots, text
 from components.views.card import SCROLL_TO_CARD
 from components.views.tables import edit_summary, empty_table, layer_table, norms_figure
 from grom import PRESETS
+from grom.data.encoding import KEY_POSITIONS
 from grom.model.arch import num_layers
 
+KEY_POSITIONS_INFO = ("answer: the answer tokens, where the fitted answers are written (the paper's); subject: the "
+                      "subject's tokens where the question names it, else its last token; last_prompt: the token "
+                      "before the answer; prompt: every prompt token, as LUNAR reads them. In the prompt, each key "
+                      "is pushed off the fact's first token, and the retain keys are every prompt and answer "
+                      "position.")
 
 @ui_errors
 @form.form_handler
@@ -50,7 +56,7 @@ def on_run_edit(v: dict, session: Session, progress):
     seed = check_seed(v["seed"])
     retain = retain_subset(bench.retain, v["retain_examples"], seed)
     check_examples(bench.forget, retain, handle.tokenizer)
-    skey = scores_key(session, v["matrix"], v["use_alpha"], (len(retain), seed))
+    skey = scores_key(session, v["matrix"], v["use_alpha"], (len(retain), seed), v["key_positions"])
     scores = session.scores if session.scores_for == skey else None
     config = form.edit_config(v, n_layers=num_layers(handle.model), scores=scores,
                               prompt_format=bench.prompt_format)
@@ -188,6 +194,8 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
     # No `precision=0` on these boxes: gradio would round NaN before the handler sees it and
     # answer with an empty error; `whole_number` refuses fractions, NaN and infinity instead.
     with gr.Accordion("Advanced: keys, budgets, speed", open=False):
+        key_positions = gr.Dropdown(list(KEY_POSITIONS), value="answer", label="Key positions: where the forget "
+                                    "keys are", info=KEY_POSITIONS_INFO)
         with gr.Row():
             seed = gr.Number(value=0, label="seed", min_width=80)
             batch_size = gr.Number(value=d["batch_size"], label="batch size", min_width=80,
@@ -210,7 +218,8 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
                          api_visibility="private")
     return SimpleNamespace(preset=preset, target=target, beta=beta, beta_log=beta_log,
                            beta_relative=beta_relative, w_r=w_r, w_r_log=w_r_log, rho=rho,
-                           rho_log=rho_log, c=c, matrix=matrix, use_alpha=use_alpha, seed=seed,
+                           rho_log=rho_log, c=c, matrix=matrix, use_alpha=use_alpha,
+                           key_positions=key_positions, seed=seed,
                            batch_size=batch_size, forget_budget=forget_budget,
                            retain_budget=retain_budget, retain_examples=retain_examples, run=run,
                            reset=reset_btn, status=status, card=card, memory_plan=memory_plan)

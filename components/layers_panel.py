@@ -6,16 +6,17 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.server.errors import UserError, ui_errors
+from components.server.errors import UserError, shorten, ui_errors
 from components.server.session import Session, current_benchmark, current_model, in_turn
 from components.server.validate import check_examples, check_seed, parse_band, retain_subset, whole_number
 from components.studio import form
 from components.studio.edits import scores_key
-from components.studio.form import BAND_MODES, band_widgets
+from components.studio.form import BAND_MODES, band_widgets, with_key_positions
 from components.studio.scores import cached_scores
 from components.studio.wiring import LOCAL, Page, device_queue
 from components.views import plots, text
 from grom import EditConfig, best_window
+from grom.data.encoding import KEY_POSITIONS
 from grom.model.arch import num_layers
 
 
@@ -72,9 +73,9 @@ def stale_figure():
 
 
 @ui_errors
-def on_layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_text: str,
-                 show_parts: bool, retain_examples: int, seed: int, session: Session,
-                 progress=gr.Progress()):
+def on_layer_scores(matrix: str, use_alpha: bool, key_positions: str, k: int, band_mode: str, band_text: str,
+                    show_parts: bool, retain_examples: int, seed: int, session: Session,
+                    progress=gr.Progress()):
     """Compute S_l, F_l, R_l for every layer; returns the plot and a line about the band."""
     handle = current_model(session)
     bench = current_benchmark(session)
@@ -86,11 +87,13 @@ def on_layer_scores(matrix: str, use_alpha: bool, k: int, band_mode: str, band_t
         parse_band(band_text, num_layers(handle.model))
     retain = retain_subset(bench.retain, retain_examples, seed)
     check_examples(bench.forget, retain, handle.tokenizer, "These layer scores")
-    config = EditConfig(matrix=matrix, use_alpha=bool(use_alpha), prompt_format=bench.prompt_format,
-                        k=1, seed=seed)
+    if key_positions not in KEY_POSITIONS:
+        raise UserError(f"key positions must be one of {list(KEY_POSITIONS)} (got {shorten(key_positions)}).")
+    config = with_key_positions(EditConfig(matrix=matrix, use_alpha=bool(use_alpha),
+                                           prompt_format=bench.prompt_format, k=1, seed=seed), key_positions)
     scores = cached_scores(handle, bench.forget, retain, config, progress)
     session.scores = scores
-    session.scores_for = scores_key(session, matrix, use_alpha, (len(retain), seed))
+    session.scores_for = scores_key(session, matrix, use_alpha, (len(retain), seed), key_positions)
     return (scores_figure(scores, k, band_mode, band_text, show_parts),
             band_text_md(scores, k, band_mode, band_text))
 

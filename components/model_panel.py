@@ -1,4 +1,4 @@
-"""Model panel: pick the demo, a paper target or any Hub id / allowed folder; device,
+"""Model panel: pick the demo, a paper's model or any Hub id / allowed folder; device,
 dtype, or a device map and max memory per device for a model sharded by accelerate; load
 with progress; a summary of what was loaded."""
 from __future__ import annotations
@@ -87,7 +87,7 @@ def model_intro(name: str | None, shown: str | None = None) -> str:
     loaded = MODEL_WORDS.get(name) or (f"`{shown or name}`" if name else "no model yet")
     others = [words for n, words in OTHER_WORDS.items() if n != name]
     return (f"GROM edits the weights of a causal language model. Loaded: {loaded}. Or pick "
-            f"{', '.join(others)}, a paper target, or type a Hub id or a folder in `models/`.")
+            f"{', '.join(others)}, a paper's model, or type a Hub id or a folder in `models/`.")
 
 
 def on_model_intro(session: Session) -> str:

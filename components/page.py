@@ -85,14 +85,14 @@ def on_page_load(session: Session, start=None):
             name, gr.Dropdown(choices=splits_for(name), value=split), preset_for(name, split, handle.key.name))
 
 
-def on_first_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples, seed,
-                 session: Session, progress=gr.Progress()):
+def on_first_scores(matrix, use_alpha, key_positions, k, band_mode, band_text, show_parts, retain_examples, seed,
+                    session: Session, progress=gr.Progress()):
     """The layer scores of a new page, on the two offline models only (seconds on a CPU;
     cached per model and data, so later pages get them at once)."""
     if session.model_key is None or session.model_key.name not in (DEMO, REAL):
         return gr.skip(), gr.skip()
-    return on_layer_scores(matrix, use_alpha, k, band_mode, band_text, show_parts, retain_examples,
-                        seed, session, progress)
+    return on_layer_scores(matrix, use_alpha, key_positions, k, band_mode, band_text, show_parts, retain_examples,
+                           seed, session, progress)
 
 
 def on_warm_comparison(max_examples, k, retain_examples, seed, session: Session) -> None:

@@ -2,7 +2,7 @@
 
 The public names: the math (`solve_update`, `ridge_mu`, `specificity_weights`,
 `best_window`, `example_influence`, `example_influence_bruteforce`), the edit
-(`EditConfig`, `PRESETS`, `demo_preset`, `run_edit`, `Edit`) and the layer scores (`LayerScores`,
+(`EditConfig`, `PRESETS`, `demo_preset`, `keyed_at`, `run_edit`, `Edit`) and the layer scores (`LayerScores`,
 `score_layers`).
 
 Each is imported on its first use (a module `__getattr__`, PEP 562, as PEFT loads its
@@ -21,14 +21,14 @@ from grom.data.loaders import fill_before_reading
 
 __all__ = [
     "Edit", "EditConfig", "LayerScores", "PRESETS", "best_window", "demo_preset", "example_influence",
-    "example_influence_bruteforce", "preset", "ridge_mu", "run_edit", "score_layers",
+    "example_influence_bruteforce", "keyed_at", "preset", "ridge_mu", "run_edit", "score_layers",
     "solve_update", "specificity_weights",
 ]
 
 
 def __getattr__(name: str):
     """`grom.X` for a public name X: its module imported now, the value kept."""
-    if name in ("PRESETS", "EditConfig", "demo_preset", "preset"):
+    if name in ("PRESETS", "EditConfig", "demo_preset", "keyed_at", "preset"):
         from grom.closed_form import config as module
     elif name == "LayerScores":
         from grom import edit as module
@@ -68,7 +68,7 @@ fill_before_reading(_register_tasks)
 registry.fill_before_reading(_register_methods)
 
 if TYPE_CHECKING:  # what type checkers and editors read: the same names, as plain imports
-    from grom.closed_form.config import PRESETS, EditConfig, demo_preset, preset
+    from grom.closed_form.config import PRESETS, EditConfig, demo_preset, keyed_at, preset
     from grom.closed_form.directions import specificity_weights
     from grom.closed_form.influence import example_influence, example_influence_bruteforce
     from grom.closed_form.layer_scores import LayerScores, best_window, score_layers

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 PRESET_NAMES = ("demo", "demo-forget01", "demo-forget05", "muse-books", "muse-news", "smollm2", "tofu10", "tofu5",
                 "wmdp-bio", "zsre")
 TARGETS = ("suppression", "corruption", "refusal")
+KEY_POSITIONS = ("answer", "subject", "last_prompt", "prompt")  # grom.data.encoding.KEY_POSITIONS (a test says)
 DEVICE_MAP_HELP = ("auto, balanced or sequential (accelerate spreads the model over the GPUs, then the "
                    "CPU, then disk), or one device: cpu, cuda, cuda:N")
 MAX_MEMORY_HELP = ('per device, comma separated: GPU index or cpu = size, e.g. "0=20GiB,1=20GiB,cpu=60GiB" '
@@ -101,6 +102,11 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=TARGETS)
     p.add_argument("--refusal", help="with --target refusal: the one answer every forget question is "
                                      "taught (default: one of a built-in set per question, by --seed)")
+    p.add_argument("--key-positions", choices=KEY_POSITIONS,
+                   help="where the forget keys are: the answer tokens (the paper's, the default), the subject's "
+                        "tokens in the question (else its last token), the last prompt token, or every prompt token; "
+                        "the retain keys follow (every prompt and answer position when the forget keys are in the "
+                        "prompt)")
     for name in ("beta", "w_r", "rho", "c"):
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=float)
     p.add_argument("--beta-relative", action="store_true", default=None,
@@ -135,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "benchmark's held-out probes (real-knowledge, or split 'probe' rows)")
     attack.add_argument("--attacks", default="all",
                         help="a comma list of attack names, or all; multi_hop and alias ask the questions written "
-                             "for the bundled real-knowledge targets the probes are about (grom/robustness/written.py)")
+                             "for the bundled real-knowledge subjects the probes are about "
+                             "(grom/robustness/written.py)")
     _json_arg(attack, "every attack's results")
     evaluate = sub.add_parser("evaluate", help="a benchmark's metrics of the model, a saved edit applied; "
                                                "TOFU also as OpenUnlearning's TOFU_EVAL.json")
@@ -154,14 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --openunlearning: a retain model's TOFU_EVAL.json (OpenUnlearning's "
                                "retain_logs_path), for forget_quality and privleak (else --reference's row)")
     write = sub.add_parser("write", help="RWKU's name-only setting: the model writes passages and question/answer "
-                                         "pairs about a bundled real-knowledge target and its neighbours, as JSON "
+                                         "pairs about a bundled real-knowledge subject and its neighbours, as JSON "
                                          "lines for --benchmark name-only --source FILE")
     _model_args(write)
-    write.add_argument("--target", required=True, help="a bundled real-knowledge target, e.g. the-solar-system")
+    write.add_argument("--subject", required=True, help="a bundled real-knowledge subject, e.g. the-solar-system")
+    write.add_argument("--target", dest="subject", help=argparse.SUPPRESS)  # its name before 2026-11-30
     write.add_argument("--out", required=True, help="the JSON lines file to write (side, subject, kind, prompt, text)")
-    for name, default, what in (("passages", 16, "passages about the target"),
-                                ("questions", 32, "questions about the target (each answered by the model)"),
-                                ("neighbours", 3, "other targets written about for the retain side"),
+    for name, default, what in (("passages", 16, "passages about the subject"),
+                                ("questions", 32, "questions about the subject (each answered by the model)"),
+                                ("neighbours", 3, "other subjects written about for the retain side"),
                                 ("neighbour-passages", 4, "passages about each neighbour"),
                                 ("neighbour-questions", 8, "questions about each neighbour"),
                                 ("seed", 0, "the sampling seed")):
@@ -171,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def write_command(args: argparse.Namespace) -> int:
     """`python -m grom write`: `grom.tasks.name_only.write_name_only` into --out, one JSON
-    object a line, ready for `--benchmark name-only --split TARGET --source FILE`."""
+    object a line, ready for `--benchmark name-only --split SUBJECT --source FILE`."""
     from grom.model.loading import load_model
     from grom.tasks.name_only import WritingConfig, to_records, write_name_only
 
@@ -181,15 +189,15 @@ def write_command(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                                   max_memory=args.max_memory)
     log = logging.getLogger("grom.write")
-    rows = to_records(write_name_only(model, tokenizer, args.target, config, progress=log.info))
+    rows = to_records(write_name_only(model, tokenizer, args.subject, config, progress=log.info))
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     counts = {side: sum(r["side"] == side for r in rows) for side in ("forget", "retain")}
-    print(f"{args.out}: {counts['forget']} texts about {args.target}, {counts['retain']} about its neighbours")
+    print(f"{args.out}: {counts['forget']} texts about {args.subject}, {counts['retain']} about its neighbours")
     return 0
 
 
 def config_from_args(args: argparse.Namespace) -> EditConfig:
-    from grom.closed_form.config import PRESETS, EditConfig
+    from grom.closed_form.config import PRESETS, EditConfig, keyed_at
 
     base = PRESETS[args.preset] if args.preset else EditConfig()
     fields = ("matrix", "layers", "k", "target", "refusal", "beta", "w_r", "rho", "c", "beta_relative",
@@ -199,7 +207,9 @@ def config_from_args(args: argparse.Namespace) -> EditConfig:
         value = getattr(args, f, None)
         if value is not None:
             changes[f] = None if value == "none" else value
-    return base.replace(**changes)
+    config = base.replace(**changes)
+    where = getattr(args, "key_positions", None)
+    return keyed_at(config, where) if where else config
 
 
 def load_sets(args: argparse.Namespace):
@@ -239,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def edit_or_scores(args: argparse.Namespace) -> int:
     """`edit` and `scores`; under torch.distributed every rank computes, rank 0 writes."""
-    from grom.closed_form.pipeline import compute_scores, prepare
+    from grom.closed_form.pipeline import prepare, score_prepared
     from grom.methods import get
     from grom.model.arch import unembedding
     from grom.model.distributed import rank
@@ -264,7 +274,7 @@ def edit_or_scores(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - t0
     if args.command == "scores":
         prep = prepare(tokenizer, forget, retain, config, unembedding(model).shape[0])
-        scores = compute_scores(model, prep, config)
+        scores = score_prepared(model, prep, config)
         if rank() == 0:
             _report(args, scores.to_dict(), scores_table(scores))
         return 0

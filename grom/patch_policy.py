@@ -59,12 +59,12 @@ def check_stored_patches(layout: Mapping[str, StoredPatch], model: nn.Module, me
                 raise ValueError(f"{PATCH_FILE} stores {name} as factors of rank {stored.rank}, and GROM's patch "
                                  f"of {keys} forget keys has rank {keys} at most (its row in {META_FILE}).")
             try:
-                target = edited_matrix(model, kind, layer).param_name
+                expected = edited_matrix(model, kind, layer).param_name
             except ValueError as err:
                 raise ValueError(f"{META_FILE}: the row of {name}: {err}.") from None
-            if target != name or (kind != "lm_head" and band is not None and layer not in band):
+            if expected != name or (kind != "lm_head" and band is not None and layer not in band):
                 raise ValueError(f"{PATCH_FILE} patches {name}: a {label} edit changes only the {kind} matrix "
-                                 f"of the layers of its band ({target} for layer {layer}"
+                                 f"of the layers of its band ({expected} for layer {layer}"
                                  + (f"; its settings' layers are {list(band)}" if band else "")
                                  + ").")
         return

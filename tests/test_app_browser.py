@@ -281,8 +281,8 @@ def test_name_only_from_the_written_table_to_a_card(url, browser, tmp_path):
     page.get_by_label("Benchmark", exact=True).click()
     page.get_by_role("option", name="Real knowledge, name only (RWKU): the model writes the forget set").click()
     page.wait_for_selector("#name-only", state="visible")
-    for label, value in (("Passages about the target", "3"), ("Questions about the target", "0"),
-                         ("Neighbouring targets (kept)", "1")):
+    for label, value in (("Passages about the subject", "3"), ("Questions about the subject", "0"),
+                         ("Neighbouring subjects (kept)", "1")):
         box = page.get_by_label(f"number input for {label}")
         box.fill(value)
         box.press("Enter")

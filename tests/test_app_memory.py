@@ -61,7 +61,8 @@ def _demo_session(monkeypatch) -> tuple[Session, dict]:
     c = PRESETS["demo"]
     mode, text, k = form.band_widgets("demo")
     v = dict(preset="demo", target=c.target, beta=c.beta, beta_relative=c.beta_relative, w_r=c.w_r, rho=c.rho,
-             c=c.c, matrix=c.matrix, use_alpha=c.use_alpha, band_mode=mode, band_text=text, k=k, seed=0,
+             c=c.c, matrix=c.matrix, use_alpha=c.use_alpha, key_positions="answer", band_mode=mode, band_text=text,
+             k=k, seed=0,
              forget_budget=c.forget_budget, retain_budget=c.retain_budget, batch_size=c.batch_size,
              retain_examples=20)
     return session, v

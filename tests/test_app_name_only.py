@@ -1,4 +1,4 @@
-"""The studio's name-only box (components.studio.written, the benchmark panel): how much one
+"""The studio's name-only box (components.studio.name_only, the benchmark panel): how much one
 request writes is bounded and priced, the edited table becomes the benchmark "name-only" or
 a message that says what to do, and the Write button runs the model's writing in the
 session's turn, on the demo model (which writes no questions that read as one: passages only)."""
@@ -13,7 +13,7 @@ from components.server.errors import UserError
 from components.server.model_choices import ensure_model, model_key
 from components.server.session import Session
 from components.studio.benchmarks import read_benchmark
-from components.studio.written import COLUMNS, texts_written, writing_config, written_benchmark
+from components.studio.name_only import COLUMNS, texts_written, writing_config, written_benchmark
 from grom.data import QAExample, TextExample
 from grom.tasks.knowledge import load_knowledge
 
@@ -40,7 +40,7 @@ def test_a_request_past_the_limit_names_it(monkeypatch):
     assert writing_config(32, 48, 4).neighbours == 4
     with pytest.raises(UserError, match="both sliders are at 0"):
         writing_config(0, 0, 2)
-    with pytest.raises(UserError, match="neighbouring targets must be a whole number from 0 to 4"):
+    with pytest.raises(UserError, match="neighbouring subjects must be a whole number from 0 to 4"):
         writing_config(1, 1, 9)
 
 
@@ -79,13 +79,13 @@ def test_a_table_that_cannot_make_a_benchmark_says_what_to_do(table, use, messag
 def test_an_unknown_target_is_refused_before_the_model_writes():
     session = Session()
     session.model_key = ensure_model(model_key("demo", "cpu", "float32")).key
-    with pytest.raises(Exception, match="Choose one of the bundled targets"):
+    with pytest.raises(Exception, match="Choose one of the bundled subjects"):
         benchmark_panel.on_write("forget10", 2, 2, 1, session)
 
 
 def test_the_box_shows_with_its_benchmark():
     split, box, _, asked = benchmark_panel.on_benchmark_change("name-only", 0, Session())
-    assert split.value == "the-solar-system" and box.visible is True  # the target SmolLM2 knows best
+    assert split.value == "the-solar-system" and box.visible is True  # the subject SmolLM2 knows best
     assert not isinstance(asked, int)  # gr.skip(): not loaded, nothing is written yet
     _, box, _, asked = benchmark_panel.on_benchmark_change("demo", 0, Session())
     assert box.visible is False and asked == 1  # chosen: loaded

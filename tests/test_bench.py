@@ -109,7 +109,7 @@ def test_bench_name_only_on_the_demo_then_again_from_its_rows(tmp_path):
     import json
 
     model = str(BENCH.parent / "assets" / "demo-full")
-    common = ["--model", model, "--preset", "demo", "--targets", "the-solar-system", "--all-facts", "--threads", "1"]
+    common = ["--model", model, "--preset", "demo", "--subjects", "the-solar-system", "--all-facts", "--threads", "1"]
     out = run_script(tmp_path, "name_only.py", *common, "--passages", "2", "--questions", "0", "--neighbours", "1",
                      "--neighbour-passages", "1", "--neighbour-questions", "0",
                      "--variants", "standard,passages@wr=10", "--json", "a.json")

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_what_the_parser_shows_is_its_sources():
     assert cli.PRESET_NAMES == tuple(sorted(edit_config.PRESETS))
     assert cli.TARGETS == edit_config.TARGETS
+    assert cli.KEY_POSITIONS == tuple(edit_config.KEY_POSITIONS)
     assert (cli.DEVICE_MAP_HELP, cli.MAX_MEMORY_HELP) == (sharding.DEVICE_MAP_HELP, sharding.MAX_MEMORY_HELP)
 
 

@@ -17,7 +17,7 @@ from grom.data.prompts import LLAMA2_INST, LLAMA3_CHAT, PLAIN_QA, format_prompt
 def test_every_benchmark_is_registered_with_its_splits():
     assert list(BENCHMARKS) == ["demo", "real-knowledge", "name-only", "tofu", "muse-news", "muse-books", "wmdp-bio",
                                 "wmdp-chem", "wmdp-cyber", "zsre", "custom"]
-    assert BENCHMARKS["name-only"].splits == BENCHMARKS["real-knowledge"].splits[:-1]  # the targets, not forget3
+    assert BENCHMARKS["name-only"].splits == BENCHMARKS["real-knowledge"].splits[:-1]  # the subjects, not forget3
     assert BENCHMARKS["demo"].splits == ("forget01", "forget05", "forget10", "forget10-mc", "forget10-text")
     assert BENCHMARKS["tofu"].splits == ("forget01", "forget05", "forget10")
     assert get_spec(" TOFU ") is BENCHMARKS["tofu"]

@@ -33,7 +33,8 @@ def test_every_public_name_imports_as_its_module_has_it():
     from grom.edit import Edit
 
     where = {"Edit": Edit, "PRESETS": config.PRESETS, "EditConfig": config.EditConfig, "preset": config.preset,
-             "demo_preset": config.demo_preset, "specificity_weights": directions.specificity_weights,
+             "demo_preset": config.demo_preset, "keyed_at": config.keyed_at,
+             "specificity_weights": directions.specificity_weights,
              "example_influence": influence.example_influence,
              "example_influence_bruteforce": influence.example_influence_bruteforce,
              "LayerScores": layer_scores.LayerScores, "best_window": layer_scores.best_window,

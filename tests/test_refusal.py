@@ -137,7 +137,7 @@ def test_refusal_keys_end_with_eos_and_keep_example_numbers(tokenizer):
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(target="refusal", key_mode="corpus"), "key_mode auto or qa"),
+    (dict(target="refusal", key_mode="corpus"), "key_mode auto, qa, subject, last_prompt"),
     (dict(refusal="   "), "must not be empty"),
     (dict(refusal="x" * 501), "under 500"),
 ])
@@ -166,12 +166,12 @@ def test_the_edit_form_offers_the_refusal_target():
 
 
 def test_the_band_is_scored_on_the_forget_answers_as_for_suppression(tokenizer):
-    from grom.closed_form.pipeline import compute_scores, prepare
+    from grom.closed_form.pipeline import prepare, score_prepared
 
     model = tiny_llama(len(tokenizer))
     vocab = unembedding(model).shape[0]
     sup, ref = EditConfig(k=2), EditConfig(k=2, target="refusal")
     prep = prepare(tokenizer, FORGET, RETAIN, ref, vocab)
     assert torch.equal(prep.alpha, torch.ones(vocab))  # every refusal token promoted alike
-    assert (compute_scores(model, prep, ref).S
-            == compute_scores(model, prepare(tokenizer, FORGET, RETAIN, sup, vocab), sup).S)
+    assert (score_prepared(model, prep, ref).S
+            == score_prepared(model, prepare(tokenizer, FORGET, RETAIN, sup, vocab), sup).S)

@@ -329,9 +329,9 @@ def test_every_bundled_target_has_written_multi_hop_and_alias_probes():
     from grom.tasks.knowledge import knowledge
     know = knowledge()
     written = W.bundled_written()
-    assert set(written) == set(know.targets)  # every target, and no file that is none (general, fluency)
-    pairs = {ex.id: ex for t in know.targets.values() for ex in t.qa}
-    asked = {normalise_text(ex.question) for t in [*know.targets.values(), know.general] for ex in t.qa}
+    assert set(written) == set(know.subjects)  # every subject, and no file that is none (general, fluency)
+    pairs = {ex.id: ex for t in know.subjects.values() for ex in t.qa}
+    asked = {normalise_text(ex.question) for t in [*know.subjects.values(), know.general] for ex in t.qa}
     ids = [p.id for ps in written.values() for p in ps]
     assert len(ids) == len(set(ids)) and not set(ids) & set(pairs)
     for tid, ps in written.items():
@@ -365,10 +365,10 @@ def test_written_types_are_the_written_probes_of_the_targets_the_probes_are_abou
     assert P.transform([JUPITER], "alias") == tuple(p for p in solar if p.kind == "alias")
     in_japan = Probe("Q?", "It is Tokyo.", "Tokyo", subject="japan")
     hyphened = Probe("Q?", "It is Mars.", "Mars", subject="the-solar-system")
-    both = P.transform([in_japan, JUPITER, hyphened, JUPITER], "alias")  # each target once, in order named
+    both = P.transform([in_japan, JUPITER, hyphened, JUPITER], "alias")  # each subject once, in order named
     assert both == tuple(p for p in japan + solar if p.kind == "alias")
     assert P.transform([BARE], "multi_hop") == ()  # no subject
-    assert P.transform([replace(BARE, subject="Zorvath Quill")], "alias") == ()  # no bundled target
+    assert P.transform([replace(BARE, subject="Zorvath Quill")], "alias") == ()  # no bundled subject
     assert P.PROBE_TYPES["multi_hop"].written and P.PROBE_TYPES["alias"].written
     assert not any(t.written for n, t in P.PROBE_TYPES.items() if n not in ("multi_hop", "alias"))
     with pytest.raises(ValueError, match="unknown written probe kind 'cloze'"):
@@ -390,7 +390,7 @@ GOOD = {"id": "t/hop-1", "kind": "multi_hop", "question": "Which planet has the 
     ({"kind": "hop"}, r"item 1: kind 'hop'; expected one of multi_hop, alias"),
     ({"fact": "Jupiter"}, r"the fact 'Jupiter' is not a whole-word part of the answer"),
     ({"question": "Which planet, Saturn, has Titan?"}, r"names its own fact 'Saturn'"),
-    ({"question": "Which planet has rings?"}, r"is one of the target's QA questions"),
+    ({"question": "Which planet has rings?"}, r"is one of the subject's QA questions"),
     ({"reaches": "t/02"}, r"it reaches 't/02', no QA pair of t"),
     ({"answer": "Titan orbits Saturn, as Mars does.", "fact": "Mars", "question": "Q?"},
      r"it reaches 't/01', whose answer does not state 'Mars'"),
@@ -410,7 +410,7 @@ def test_written_probe_ids_are_unique_and_reaches_is_optional(tmp_path):
         W.read_written(_target_file(tmp_path, [GOOD, GOOD | {"question": "Titan circles which planet?"}]))
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"id": "t", "qa": []}))
-    assert W.read_written(path) == ()  # a target without the section: no written probes
+    assert W.read_written(path) == ()  # a subject without the section: no written probes
 
 
 def test_the_suite_scores_written_probes_as_a_direct_scoring_does(edited):
@@ -442,5 +442,5 @@ def test_the_suite_scores_written_probes_as_a_direct_scoring_does(edited):
         "heldout": {"n": 1, "base": base.hits[1], "edited": after.hits[1]},
         "other": {"n": 3, "base": mean(base.hits[2:]), "edited": mean(after.hits[2:])}}
     json.dumps(out["multi_hop"].to_dict())
-    none = run_attacks(model, tok, edit, PROBES, attacks="multi_hop")["multi_hop"]  # about no bundled target
+    none = run_attacks(model, tok, edit, PROBES, attacks="multi_hop")["multi_hop"]  # about no bundled subject
     assert none.n == 0 and none.base != none.base and "no written multi_hop probes" in none.details["skipped"]

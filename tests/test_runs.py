@@ -32,15 +32,16 @@ class FakeEdit(SimpleNamespace):
     """An edit's settings without patches (a subclass: weak-referenceable, as the history needs)."""
 
 
-EDIT_ARGS = ("preset", "target", "beta", "beta_relative", "w_r", "rho", "c", "matrix", "use_alpha",
+EDIT_ARGS = ("preset", "target", "beta", "beta_relative", "w_r", "rho", "c", "matrix", "use_alpha", "key_positions",
              "band_mode", "band_text", "k", "seed", "forget_budget", "retain_budget", "batch_size")
 
 
 def widgets_of(preset: str) -> dict:
     """The Edit panel after choosing `preset` (as fill_preset sets it) and a few changes."""
-    (target, beta, _, rel, w_r, _, rho, _, c, matrix, alpha, mode, band, k) = fill_preset(preset)
+    (target, beta, _, rel, w_r, _, rho, _, c, matrix, alpha, where, mode, band, k) = fill_preset(preset)
     return dict(preset=preset, target=target, beta=beta * 1.5, beta_relative=rel, w_r=w_r, rho=rho, c=c,
-                matrix=matrix, use_alpha=alpha, band_mode=mode, band_text=band if isinstance(band, str) else "",
+                matrix=matrix, use_alpha=alpha, key_positions=where, band_mode=mode,
+                band_text=band if isinstance(band, str) else "",
                 k=k, seed=7, forget_budget=0, retain_budget=1234, batch_size=8)
 
 

@@ -18,7 +18,7 @@ from grom.tasks.knowledge import (
     FORGET3,
     RETAIN_FRACTION,
     SPLITS,
-    TARGETS,
+    SUBJECTS,
     knowledge,
     load_knowledge,
     read_knowledge,
@@ -36,16 +36,16 @@ def _questions(examples) -> set[str]:
 
 def test_the_bundled_files_are_big_enough():
     know = knowledge()
-    assert len(know.targets) >= 12
-    assert tuple(know.targets) == tuple(sorted(TARGETS))  # every bundled file is a registered split
-    assert {t: len(k.qa) for t, k in know.targets.items() if len(k.qa) < 25} == {}
+    assert len(know.subjects) >= 12
+    assert tuple(know.subjects) == tuple(sorted(SUBJECTS))  # every bundled file is a registered split
+    assert {t: len(k.qa) for t, k in know.subjects.items() if len(k.qa) < 25} == {}
     assert len(know.general.qa) >= 60
     assert len(know.fluency) >= 20 and all(isinstance(t, TextExample) for t in know.fluency)
 
 
 def test_every_bundled_pair_is_valid():
     know = knowledge()
-    for group in [*know.targets.values(), know.general]:
+    for group in [*know.subjects.values(), know.general]:
         for ex in group.qa:
             assert ex.subject == group.id and ex.id.startswith(f"{group.id}/")
             assert fact_recall(ex.fact, ex.answer) == 1.0, ex
@@ -58,7 +58,7 @@ def test_every_bundled_pair_is_valid():
 
 def test_fluency_and_general_mention_no_target():
     know = knowledge()
-    titles = [normalise_text(t.title) for t in know.targets.values()]
+    titles = [normalise_text(t.title) for t in know.subjects.values()]
     texts = [ex.text for ex in know.fluency]
     texts += [s for ex in know.general.qa for s in (ex.question, ex.answer)]
     hits = [(t, x) for x in texts for t in titles if contains_phrase(x, t)]
@@ -75,7 +75,7 @@ def test_the_loader_reads_facts_as_fact_recall_does(text, phrase, inside):
         assert fact_recall(phrase, text) == float(inside)
 
 
-@pytest.mark.parametrize("split", [TARGETS[0], "forget3"])
+@pytest.mark.parametrize("split", [SUBJECTS[0], "forget3"])
 def test_a_split_keeps_forget_retain_and_evaluation_apart(split):
     bench = load_knowledge(split)
     names = set(FORGET3 if split == "forget3" else [split])
@@ -86,7 +86,7 @@ def test_a_split_keeps_forget_retain_and_evaluation_apart(split):
     probes = bench.eval_sets["probes"]
     assert {ex.subject for ex in probes} == names and not _questions(probes) & _questions(bench.forget)
     know = knowledge()
-    assert set(bench.forget) | set(probes) == {ex for n in names for ex in know.targets[n].qa}
+    assert set(bench.forget) | set(probes) == {ex for n in names for ex in know.subjects[n].qa}
     neighbours, general = bench.eval_sets["neighbours"], bench.eval_sets["general"]
     for part in (bench.retain, neighbours, general):
         assert part and all(isinstance(ex, QAExample) and ex.subject not in names for ex in part)
@@ -94,14 +94,14 @@ def test_a_split_keeps_forget_retain_and_evaluation_apart(split):
     assert not _questions(bench.retain) & _questions(general)
     kept = _questions(bench.retain) | _questions(neighbours) | _questions(general)
     assert not (_questions(bench.forget) | _questions(probes)) & kept
-    assert {ex.subject for ex in neighbours} == set(TARGETS) - names
+    assert {ex.subject for ex in neighbours} == set(SUBJECTS) - names
     assert {ex.subject for ex in general} == {"general"}
     assert all(isinstance(t, TextExample) for t in bench.eval_sets["fluency"])
 
 
 def test_the_retain_part_is_sixty_percent_of_every_kept_group_and_fixed():
     know = knowledge()
-    for group in [*know.targets.values(), know.general]:
+    for group in [*know.subjects.values(), know.general]:
         retain, held_out = split_retain(group.qa)
         assert len(retain) == round(RETAIN_FRACTION * len(group.qa))
         assert set(retain) | set(held_out) == set(group.qa) and not set(retain) & set(held_out)
@@ -110,19 +110,19 @@ def test_the_retain_part_is_sixty_percent_of_every_kept_group_and_fixed():
         assert set(r2) <= set(retain) or len(set(r2) - set(retain)) == 1
 
 
-def test_the_forget_targets_split_into_fitted_and_probe_halves_fixed_by_id():
-    """Each FORGET3 target: at least 25 fitted and 25 probe questions, disjoint, the split a
+def test_the_forget_subjects_split_into_fitted_and_probe_halves_fixed_by_id():
+    """Each FORGET3 subject: at least 25 fitted and 25 probe questions, disjoint, the split a
     function of the ids alone (reordering the file or dropping a pair moves nothing else)."""
     know = knowledge()
     for tid in FORGET3:
-        qa = know.targets[tid].qa
+        qa = know.subjects[tid].qa
         fitted, probes = split_probes(qa)
         assert len(fitted) == round(FIT_FRACTION * len(qa)) >= 25 and len(probes) >= 25
         assert set(fitted) | set(probes) == set(qa) and not set(fitted) & set(probes)
         assert set(split_probes(qa[::-1])[0]) == set(fitted)  # the order of the file does not matter
         f2, _ = split_probes(qa[1:])
         assert len(set(f2) - set(fitted)) <= 1
-        # the hash order is the retain split's: a kept target's retained pairs hold its fitted ones
+        # the hash order is the retain split's: a kept subject's retained pairs hold its fitted ones
         assert set(fitted) <= set(split_retain(qa)[0])
     # hand check of the rule on made-up ids: the first half in the order of sha256(id)
     import hashlib
@@ -143,7 +143,7 @@ def test_loading_is_deterministic():
 def test_registered_with_every_target_and_forget3():
     spec = BENCHMARKS["real-knowledge"]
     assert spec.splits == SPLITS and spec.splits[0] == "the-solar-system" and spec.splits[-1] == "forget3"
-    assert len(SPLITS) == len(set(SPLITS)) == len(TARGETS) + 1 and set(FORGET3) < set(TARGETS)
+    assert len(SPLITS) == len(set(SPLITS)) == len(SUBJECTS) + 1 and set(FORGET3) < set(SUBJECTS)
     assert set(spec.options) == {"prompt_format", "known_only"}
     assert load_benchmark("real-knowledge") == load_knowledge("the-solar-system")
     assert load_benchmark("real-knowledge", "forget3").forget == load_knowledge("forget3").forget
@@ -221,7 +221,7 @@ def test_a_duplicate_question_or_malformed_file_is_an_error(folder):
 
 def test_a_missing_target_or_general_file_is_an_error(folder):
     (folder / f"{FORGET3[1]}.json").unlink()
-    with pytest.raises(BenchmarkError, match=f"no target '{FORGET3[1]}'; valid splits: "):
+    with pytest.raises(BenchmarkError, match=f"no subject '{FORGET3[1]}'; valid splits: "):
         load_knowledge("forget3", folder)
     (folder / "general.json").unlink()
     with pytest.raises(BenchmarkError, match=r"general.json: no such file"):
@@ -231,7 +231,7 @@ def test_a_missing_target_or_general_file_is_an_error(folder):
 def test_known_only_keeps_the_probed_facts(folder):
     with pytest.raises(BenchmarkError, match="known_only needs known.json"):
         load_knowledge("japan", folder, known_only=True)
-    every = [ex for g in [*knowledge().targets.values(), knowledge().general] for ex in g.qa]
+    every = [ex for g in [*knowledge().subjects.values(), knowledge().general] for ex in g.qa]
     known = {ex.id: [int(i % 3 == 0), 0] for i, ex in enumerate(every)}
     (folder / "known.json").write_text(json.dumps({"model": "test", "known": known}))
     full, only = load_knowledge("japan", folder), load_knowledge("japan", folder, known_only=True)
@@ -249,13 +249,13 @@ def test_known_only_keeps_the_probed_facts(folder):
 
 def test_the_bundled_probe_result_is_current():
     """known.json (bench/probe_knowledge.py --write-known) covers exactly the bundled pairs,
-    and the default target has facts the probed model knows."""
+    and the default subject has facts the probed model knows."""
     know = knowledge()
     if know.known is None:
         pytest.skip("no known.json bundled")
-    ids = {ex.id for g in [*know.targets.values(), know.general] for ex in g.qa}
+    ids = {ex.id for g in [*know.subjects.values(), know.general] for ex in g.qa}
     assert set(know.known) == ids
-    assert len(load_knowledge(TARGETS[0], known_only=True).forget) >= 10
+    assert len(load_knowledge(SUBJECTS[0], known_only=True).forget) >= 10
 
 
 def test_the_probe_writes_what_the_loader_reads(folder):
@@ -265,11 +265,11 @@ def test_the_probe_writes_what_the_loader_reads(folder):
         from probe_knowledge import merge_known, table, write_known
     finally:
         sys.path.remove(str(ROOT / "bench"))
-    every = [ex for g in [*knowledge().targets.values(), knowledge().general] for ex in g.qa]
+    every = [ex for g in [*knowledge().subjects.values(), knowledge().general] for ex in g.qa]
     rows = [{"id": ex.id, "known": int(ex.subject == "japan"), "paraphrase_known": 0} for ex in every]
     write_known(folder / "known.json", "tiny", 32, rows)
     assert load_knowledge("japan", folder, known_only=True).forget == load_knowledge("japan").forget
-    # probing one target again replaces its entries and keeps the others'
+    # probing one subject again replaces its entries and keeps the others'
     again = [dict(r, known=1, paraphrase_known=1) for r in rows if r["id"].startswith("france/")]
     merged = merge_known(folder / "known.json", again, [r["id"] for r in rows])
     assert [r["id"] for r in merged] == [r["id"] for r in rows]

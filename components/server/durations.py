@@ -208,9 +208,9 @@ def attack_s(key: ModelKey, bench, edit, name, *_rest, **_kw) -> int:
     return gpu_seconds(flops, steps)
 
 
-def write_s(key: ModelKey, target, config, *_rest, **_kw) -> int:
-    """`write_rows`'s (components.studio.written): the passages, the question tries and the
-    answers about the target and its neighbours, each a generation of its budget after a
+def write_s(key: ModelKey, subject, config, *_rest, **_kw) -> int:
+    """`write_rows`'s (components.studio.name_only): the passages, the question tries and the
+    answers about the subject and its neighbours, each a generation of its budget after a
     prompt of about 60 tokens, in batches of `config.batch_size`."""
     shape = shape_of(key)
     if shape is None:
@@ -496,17 +496,13 @@ def wall_rate(model) -> WallRate:
     return replace(CPU_WALL, flops_per_s=CPU_WALL.flops_per_s * max(1, torch.get_num_threads()))
 
 
-def wall_seconds(work: Work, size: Size, rate: WallRate, load=(1.0, 1.0)) -> float:
+def wall_seconds(work: Work, size: Size, rate: WallRate) -> float:
     """Seconds of `work` on a model of `size` at `rate` (a sum of the costs, not a roofline:
     each term dominates somewhere, the body's FLOPs in a prompt pass, the weights' read in a
-    decoding step of a few rows, the layers' fixed cost on a tiny model), on a CPU whose
-    `load` (`components.server.pace.Load`: arithmetic, passes) slows the FLOPs and weight
-    sweeps by its first factor and the start, passes, tokens and collections by its second."""
-    flops_load, steps_load = load
+    decoding step of a few rows, the layers' fixed cost on a tiny model)."""
     per_pass = size.weight_bytes / rate.weight_bytes_per_s + size.layers * rate.layer_s
-    arithmetic = work.flops / rate.flops_per_s + work.param_ops * rate.param_op_s
-    steps = work.passes * per_pass + work.tokens * rate.token_s + work.collects * rate.collect_s
-    return flops_load * arithmetic + steps_load * (rate.start_s + steps)
+    return (rate.start_s + work.flops / rate.flops_per_s + work.passes * per_pass + work.tokens * rate.token_s
+            + work.param_ops * rate.param_op_s + work.collects * rate.collect_s)
 
 
 def attack_seconds(inputs: AttackInputs, names, rate: WallRate) -> dict[str, float]:

@@ -14,7 +14,7 @@ one is a `UserError` that names the limit and the variable to raise (`over`).
 | GROM_MAX_UPLOAD_MB | 10 | size of one uploaded benchmark file |
 | GROM_MAX_PATCH_MB | 24 | size of an uploaded patch.safetensors (any 5-layer down_proj edit of SmolLM2, full form: 16.9 MB) |
 | GROM_MAX_UPLOAD_ROWS | 10000 | rows of an uploaded benchmark (and of a name-only table) |
-| GROM_MAX_WRITTEN | 240 | texts the model writes for one name-only request: passages, question tries and answers, about the target and its neighbours (the defaults, 8 passages and 16 questions with 2 neighbours: 108; the sliders' top: 496) |
+| GROM_MAX_WRITTEN | 240 | texts the model writes for one name-only request: passages, question tries and answers, about the subject and its neighbours (the defaults, 8 passages and 16 questions with 2 neighbours: 108; the sliders' top: 496) |
 | GROM_MAX_QUEUED_PER_SESSION | 3 | jobs one session may have waiting or running |
 | GROM_MAX_QUEUE | 64 | jobs waiting in the whole server (its last eighth kept for visitors with no job in it) |
 | GROM_DEVICE_JOBS | 64 | model jobs admitted at once (all that the queue holds, GROM_MAX_QUEUE): they take the device in turn, a visitor at a time, a long job between its steps (components/server/device.py); past it, they would wait in gradio's queue, where one visitor's jobs can hold every place |
@@ -134,9 +134,9 @@ SPACE_MODELS = ("smollm2-135m-instruct", "demo", "open-unlearning/tofu_Llama-3.2
 """What a visitor of a Hugging Face Space may load when its host set no GROM_MODELS (the
 start model, GROM_MODEL, is added): the studio's own small set. SmolLM2-135M and the demo
 are the offline pair the pages are tuned on; TOFU's Llama-3.2-1B (1.24 B parameters, 2.5 GB
-in bfloat16) is the paper's TOFU-10% target, and it fits a ZeroGPU slice (~70 GB) with a
+in bfloat16) is the paper's TOFU-10% model, and it fits a ZeroGPU slice (~70 GB) with a
 full-parameter gradient baseline (weights, gradients and AdamW's state: ~20 GB). The 7-8 B
-targets of the model box (TOFU's Llama-2-7B, MUSE, WMDP's Llama-3-8B) are left out: 13-16 GB
+paper models of the model box (TOFU's Llama-2-7B, MUSE, WMDP's Llama-3-8B) are left out: 13-16 GB
 each in bfloat16 for every visitor to download and hold, and a full-parameter baseline on
 them (~110 GB) does not fit the slice (BENCHMARKS.md). A host that wants them lists them."""
 

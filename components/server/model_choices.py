@@ -40,8 +40,8 @@ MODEL_CHOICES = [
     ("Demo: tiny Llama, fictitious authors (instant, offline)", DEMO),
     ("TOFU: Llama-3.2-1B-Instruct full (paper, TOFU-10%)", "open-unlearning/tofu_Llama-3.2-1B-Instruct_full"),
     ("TOFU: Llama-2-7b-chat full (paper, TOFU-5%)", "open-unlearning/tofu_Llama-2-7b-chat-hf_full"),
-    ("MUSE-News target", "muse-bench/MUSE-news_target"),
-    ("MUSE-Books target", "muse-bench/MUSE-books_target"),
+    ("MUSE-News: Llama-2-7B trained on the news corpus", "muse-bench/MUSE-news_target"),
+    ("MUSE-Books: Llama-2-7B trained on the books corpus", "muse-bench/MUSE-books_target"),
     ("WMDP: Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3-8B-Instruct"),
 ]
 

@@ -14,7 +14,7 @@ from components.server.allowed_sources import DEMO, REAL, allowed_source, requir
 from components.server.costs import check_loaded
 from components.server.errors import UserError, shorten
 from components.server.limits import limit, upload_bytes
-from components.studio.written import written_benchmark
+from components.studio.name_only import written_benchmark
 from grom.data import BENCHMARKS, load_benchmark
 from grom.data.readers import TooManyRows
 
@@ -22,7 +22,7 @@ from grom.data.readers import TooManyRows
 # smollm2): such a preset is not filled in for another model, whose band it would miss.
 TUNED_ON = {"demo": DEMO, "demo-forget05": DEMO, "demo-forget01": DEMO, "smollm2": REAL}
 MODEL_PRESET = {DEMO: "demo", REAL: "smollm2"}  # the preset of a model the studio knows
-NAME_ONLY = "name-only"  # RWKU's setting: the forget set is the table the model wrote (components.studio.written)
+NAME_ONLY = "name-only"  # RWKU's setting: the forget set is the table the model wrote (components.studio.name_only)
 
 
 class _SessionData(Mapping):
@@ -96,7 +96,7 @@ def splits_for(name: str) -> list[str]:
 def default_split(name: str) -> str | None:
     """The split a benchmark starts on: its spec's `start_split` (the demo's forget10, the
     TOFU-10% analogue its presets were tuned on), else the registry's first (real-knowledge:
-    the target SmolLM2 knows best)."""
+    the subject SmolLM2 knows best)."""
     spec = BENCHMARKS.get(name)
     if spec is None or not spec.splits:
         return None

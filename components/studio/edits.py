@@ -18,8 +18,10 @@ from grom.closed_form.pipeline import warm_stream
 STREAM_CACHE_ENTRIES = 4  # hidden states entering a band kept per model (~20 MB each for SmolLM2's page)
 
 
-def scores_key(session: Session, matrix: str, use_alpha: bool, n_retain) -> tuple:
-    return (session.model_key, id(session.benchmark), matrix, bool(use_alpha), n_retain)
+def scores_key(session: Session, matrix: str, use_alpha: bool, n_retain, key_positions: str = "answer") -> tuple:
+    """What a session's layer scores were computed for: S_l reads the forget keys, so where
+    they are is part of it."""
+    return (session.model_key, id(session.benchmark), matrix, bool(use_alpha), n_retain, key_positions)
 
 
 @on_device(duration=edit_s)

@@ -32,6 +32,8 @@ from components.server.validate import (
 from components.studio.runs import band_text
 from grom import PRESETS, EditConfig, best_window
 from grom.closed_form.config import TARGETS as CONFIG_TARGETS
+from grom.closed_form.config import key_positions_of, keyed_at
+from grom.data.encoding import KEY_POSITIONS
 from grom.model.arch import MATRIX_KINDS
 
 CUSTOM = "(custom)"
@@ -75,6 +77,7 @@ FIELDS: tuple[Field, ...] = (
     Field("c", "c", preset=True),
     Field("matrix", "matrix", preset=True),
     Field("use_alpha", "use_alpha", preset=True),
+    Field("key_positions", preset=True),  # sets key_mode and retain_key_mode (`keyed_at`)
     Field("band_mode", panel="layers", preset=True),
     Field("band_text", panel="layers", preset=True),
     Field("k", "k", panel="layers", preset=True),
@@ -95,7 +98,7 @@ def _with_logs(fields) -> tuple[str, ...]:
 RESTORED = _with_logs(FIELDS)  # the widgets a restore sets, in this order
 PRESET_FILLED = _with_logs(f for f in FIELDS if f.preset)  # the widgets a preset sets
 MAX_BAND_LAYERS = 10_000  # more layers than any model has
-SCORE_NAMES = ("matrix", "use_alpha", "k", "band_mode", "band_text")  # what the layer scores read
+SCORE_NAMES = ("matrix", "use_alpha", "key_positions", "k", "band_mode", "band_text")  # what the layer scores read
 
 
 def widgets(edit, layers, names: Sequence[str] = NAMES) -> list:
@@ -141,7 +144,10 @@ def check_values(v: dict, n_layers: int) -> dict:
                         f"{shorten(v['band_mode'])}).")
     if not isinstance(v["band_text"], str):
         raise UserError(f"The band must be text such as 3-5 (got {shorten(v['band_text'])}).")
+    if v.get("key_positions", "answer") not in KEY_POSITIONS:
+        raise UserError(f"key positions must be one of {list(KEY_POSITIONS)} (got {shorten(v['key_positions'])}).")
     out = dict(v)
+    out["key_positions"] = v.get("key_positions", "answer")
     for name in ("beta", "w_r", "rho", "c"):
         out[name] = check_range(name, v[name])
     for name in ("beta_relative", "use_alpha"):
@@ -182,10 +188,28 @@ def edit_config(values: dict, *, n_layers: int, scores=None, prompt_format=None)
     if layers is None and v["matrix"] != "lm_head" and scores is not None:
         layers = tuple(best_window(scores.S, v["k"]))
     base = PRESETS.get(v["preset"], EditConfig())
-    return base.replace(
+    config = base.replace(
         **{f.config: v[f.name] for f in FIELDS if f.config}, layers=layers,
         prompt_format=prompt_format, candidates=None,
         keep_keys=False)  # a session keeps the patches; a diagnostic makes the keys again
+    return with_key_positions(config, v["key_positions"])
+
+
+def with_key_positions(config: EditConfig, where: str) -> EditConfig:
+    """`config` with its keys at `where`, unless they are already there: a preset's keys of
+    no `KEY_POSITIONS` name (ZsRE's subject_last) stay while the box says "answer"."""
+    return config if where == (key_positions_of(config) or "answer") else keyed_at(config, where)
+
+
+def key_positions_in(config: dict) -> str:
+    """The key positions box's value for an EditConfig as a dict ("answer" where its key
+    modes are no `KEY_POSITIONS` pair)."""
+    default = EditConfig()
+    modes = {m: config.get(m) or getattr(default, m) for m in ("key_mode", "retain_key_mode")}
+    try:
+        return key_positions_of(default.replace(**modes)) or "answer"
+    except ValueError:  # modes no EditConfig takes: the check of the run says so
+        return "answer"
 
 
 def log10(value: float) -> float:
@@ -210,6 +234,7 @@ def restore_values(config: dict, run: dict, n_layers: int | None = None) -> list
               "seed": run.get("seed", config.get("seed", 0)),
               "retain_examples": run.get("retain_examples", 0)}
     values |= {f.name: config.get(f.config) for f in FIELDS if f.config and f.name not in values}
+    values["key_positions"] = key_positions_in(config)
     values["forget_budget"] = values["forget_budget"] or 0
     values["retain_budget"] = values["retain_budget"] or 0
     if n_layers is not None:
@@ -228,7 +253,7 @@ def preset_values(preset: str) -> list:
     p = PRESETS[preset]
     mode, band, k = band_widgets(preset)
     values = {f.name: getattr(p, f.config) for f in FIELDS if f.preset and f.config}
-    values |= {"band_mode": mode, "band_text": band or None, "k": k}
+    values |= {"band_mode": mode, "band_text": band or None, "k": k, "key_positions": key_positions_of(p) or "answer"}
     return [values[name] if not name.endswith("_log") else log10(values[name.removesuffix("_log")])
             for name in PRESET_FILLED]
 

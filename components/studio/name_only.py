@@ -1,5 +1,5 @@
 """RWKU's name-only setting in the studio (`grom.tasks.name_only`): the loaded model writes
-passages and question/answer pairs about a bundled target and its neighbours, as a table
+passages and question/answer pairs about a bundled subject and its neighbours, as a table
 the visitor reads and edits, and the benchmark "name-only" is built from that table.
 
 Writing is a model job like any other: `write_rows` takes the device in turn
@@ -26,13 +26,13 @@ MAX_NEIGHBOURS = 4
 
 def writing_config(passages, questions, neighbours, seed=0) -> WritingConfig:
     """The sliders' values as a `WritingConfig`: about each neighbour a quarter of the
-    passages and half of the questions asked about the target (bench/name_only.py's
+    passages and half of the questions asked about the subject (bench/name_only.py's
     proportions); the whole within GROM_MAX_WRITTEN texts."""
     p = whole_number(passages, "passages", 0, 256)
     q = whole_number(questions, "questions", 0, 256)
-    n = whole_number(neighbours, "neighbouring targets", 0, MAX_NEIGHBOURS)
+    n = whole_number(neighbours, "neighbouring subjects", 0, MAX_NEIGHBOURS)
     if p + q == 0:
-        raise UserError("Ask for some passages or questions about the target (both sliders are at 0).")
+        raise UserError("Ask for some passages or questions about the subject (both sliders are at 0).")
     config = WritingConfig(passages=p, questions=q, neighbours=n, neighbour_passages=math.ceil(p / 4),
                            neighbour_questions=math.ceil(q / 2), seed=int(seed))
     if texts_written(config) > limit("GROM_MAX_WRITTEN"):
@@ -43,20 +43,20 @@ def writing_config(passages, questions, neighbours, seed=0) -> WritingConfig:
 
 def texts_written(config: WritingConfig) -> int:
     """The texts one request writes: passages, question tries (twice the questions: RWKU
-    keeps only those that read as questions) and answers, about the target and each neighbour."""
+    keeps only those that read as questions) and answers, about the subject and each neighbour."""
     per = lambda p, q: p + 3 * q  # noqa: E731  (a passage; two tries and an answer per question)
     return per(config.passages, config.questions) + config.neighbours * per(config.neighbour_passages,
                                                                              config.neighbour_questions)
 
 
 @on_device(duration=write_s)
-def write_rows(key: ModelKey, target: str, config: WritingConfig, progress=None) -> list[dict]:
-    """What the model of `key` writes about `target` and its neighbours, as plain records;
+def write_rows(key: ModelKey, subject: str, config: WritingConfig, progress=None) -> list[dict]:
+    """What the model of `key` writes about `subject` and its neighbours, as plain records;
     a visitor's job waiting goes between its batches and decoding steps (`give_turn`)."""
     with DEVICE_LOCK:
         handle = resident(key, "writing")
         say = None if progress is None else (lambda msg: progress(0.0, desc=msg))
-        return to_records(write_name_only(handle.model, handle.tokenizer, target, config, progress=say,
+        return to_records(write_name_only(handle.model, handle.tokenizer, subject, config, progress=say,
                                           between=give_turn))
 
 
@@ -64,8 +64,8 @@ def as_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([[r.get(c, "") for c in COLUMNS] for r in records], columns=list(COLUMNS))
 
 
-def written_benchmark(target: str, table, use: str, known_only: bool):
-    """The benchmark "name-only" of `target` from the (edited) table; every problem is a
+def written_benchmark(subject: str, table, use: str, known_only: bool):
+    """The benchmark "name-only" of `subject` from the (edited) table; every problem is a
     message that says what to do."""
     if use not in USES:
         raise UserError(f"Fit on one of {', '.join(USES)}, not {use!r}.")
@@ -80,6 +80,6 @@ def written_benchmark(target: str, table, use: str, known_only: bool):
         raise over("The written table has {n} rows", len(frame), "GROM_MAX_UPLOAD_ROWS")
     try:
         rows = from_records(frame[list(COLUMNS)].fillna("").astype(str).to_dict("records"))
-        return name_only_benchmark(target, rows, use=use, known_only=known_only)
+        return name_only_benchmark(subject, rows, use=use, known_only=known_only)
     except BenchmarkError as err:
         raise UserError(str(err)) from None

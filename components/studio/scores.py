@@ -6,8 +6,8 @@ from components.server.durations import scores_s
 from components.server.flights import shared
 from components.server.session import ModelKey, resident
 from components.studio import cards
-from grom.closed_form.pipeline import compute_scores as score
 from grom.closed_form.pipeline import prepare
+from grom.closed_form.pipeline import score_prepared as score
 from grom.model.arch import unembedding
 
 

@@ -28,7 +28,7 @@ import gradio as gr
 from components.server.errors import shorten
 from components.server.session import Session
 from components.server.validate import parse_band
-from components.studio.form import MAX_BAND_LAYERS, NAMES, widgets
+from components.studio.form import MAX_BAND_LAYERS, NAMES, key_positions_in, widgets
 from components.studio.history import history
 from components.studio.runs import band_text
 from components.studio.wiring import LOCAL, Page
@@ -106,7 +106,7 @@ def edit_words(session: Session, edit) -> str:
 
 WORDS = {"target": "target", "beta": "β", "beta_relative": "β relative", "w_r": "w_r", "rho": "ρ", "c": "c",
          "matrix": "matrix", "use_alpha": "α", "seed": "seed", "forget_budget": "forget key budget",
-         "retain_budget": "retain key budget", "retain_examples": "retain examples"}
+         "retain_budget": "retain key budget", "retain_examples": "retain examples", "key_positions": "key positions"}
 
 
 def _same(a, b) -> bool:
@@ -140,6 +140,8 @@ def differences(values: dict, edit) -> list[str]:
     config, run = edit.settings.to_dict(), getattr(edit, "run", None) or {}
     had = {name: config.get(name) for name in WORDS if name in config}
     had |= {"seed": run.get("seed", config.get("seed", 0)), "retain_examples": run.get("retain_examples")}
+    if "key_mode" in config:  # a GROM edit: where its keys were
+        had["key_positions"] = key_positions_in(config)
     out = []
     for name, was in had.items():
         if was is None and name == "retain_examples" or name == "c" and "corruption" not in (

@@ -116,7 +116,7 @@ def headline(report) -> str:
 
 
 def probe_line(report, whole: bool, fitted: bool = True) -> str:
-    """The held-out probes (the forget target's questions the edit never saw): how many of
+    """The held-out probes (the forget subject's questions the edit never saw): how many of
     those the unedited model knew are forgotten, beside the share forgotten of the fitted
     ones, both by the headline's rule (`Tally`: degenerate text is broken, not forgotten,
     and said apart); "" without probes. A forgetting that holds only on the fitted
@@ -282,15 +282,15 @@ def doubtful_credit(question: str, fact: str, text: str, wrong: list[str] | tupl
     measures how many credited answers have one, against a reading by hand."""
     if not fact or not contains_phrase(text, fact):
         return ""
-    norm, target = normalise_text(text), normalise_text(fact)
+    norm, stated = normalise_text(text), normalise_text(fact)
     words = norm.split()
-    at = next(i for i in range(len(words)) if words[i:i + len(target.split())] == target.split())
+    at = next(i for i in range(len(words)) if words[i:i + len(stated.split())] == stated.split())
     others = [normalise_text(v) for v in wrong if not contains_phrase(v, fact)]
     if any(contains_phrase(text, value) or (len(value) >= 6 and " " not in value
                                             and any(w.startswith(value) for w in words)) for value in others):
         return "conflicting"
-    start = f" {norm} ".index(f" {target} ")
-    if any(m.start() < start and f" {target} " not in f" {m.group(1)} " for m in _NAMING.finditer(norm)):
+    start = f" {norm} ".index(f" {stated} ")
+    if any(m.start() < start and f" {stated} " not in f" {m.group(1)} " for m in _NAMING.finditer(norm)):
         return "named"
     if contains_phrase(question, fact):
         return "echo"

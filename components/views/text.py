@@ -33,15 +33,15 @@ $$P=\frac{w_f}{s}\,D X_f^{\top} A^{-1},\quad A=\frac{w_r}{r}X_rX_r^{\top}+\frac{
 BENCHMARK = ("**Benchmark.** The *forget* set is what the model should no longer say, the "
              "*retain* set what it must keep saying; both give the keys of the edit.")
 
-NAME_ONLY = ("**Name only** (RWKU's setting, Jin et al. 2024): the method is given only the target's name and "
+NAME_ONLY = ("**Name only** (RWKU's setting, Jin et al. 2024): the method is given only the subject's name and "
              "a sentence saying what it is. The loaded model writes passages and questions about it (and "
-             "answers its own questions), and the same about a few neighbouring targets, which the edit keeps. "
+             "answers its own questions), and the same about a few neighbouring subjects, which the edit keeps. "
              "Read what it wrote, fix or delete rows, choose what to fit on, then **Load what was written**. The edit "
-             "is fitted only on the table; the comparison scores it on the target's bundled questions, which "
+             "is fitted only on the table; the comparison scores it on the subject's bundled questions, which "
              "the model did not write: both halves are held out here.")
 
 NAME_ONLY_TIME = ("On a GPU the writing takes seconds; on a CPU minutes (SmolLM2 on 2 busy cores: 2 passages, 6 "
-                  "questions and one neighbour took 5.4 min). What SmolLM2 writes about a target states a third to a "
+                  "questions and one neighbour took 5.4 min). What SmolLM2 writes about a subject states a third to a "
                   "half of the facts it knows, so the edit reaches fewer of them than the benchmark's own questions "
                   "do (BENCHMARKS.md, \"LUNAR beside GROM, and RWKU's name-only setting\").")
 
@@ -164,7 +164,7 @@ QUANT = ("A 4-bit copy of the edited model should still forget, and still keep t
          "reports that gradient unlearning does; GROM's edit should not). It reads the examples the Compare "
          "tab uses (its Examples per set, or all examples), so its full-precision columns are Compare's.")
 
-ATTACKS = ("**Is it gone?** The edit was fitted on some of the target's questions; these attacks ask "
+ATTACKS = ("**Is it gone?** The edit was fitted on some of the subject's questions; these attacks ask "
            "others it never saw (the *held-out probes*), reworded (paraphrase, fill in the blank, the answer "
            "back to the subject, another prompt format, solved examples first, and the adversarial "
            "wrappers of RWKU: a forced opening, an affirmative suffix, role play), ask questions written to "
@@ -177,7 +177,7 @@ ATTACKS = ("**Is it gone?** The edit was fitted on some of the target's question
            "the same attack (relearned too), what there was to forget. "
            "A forgetting that holds only on the fitted wording is masking, not removal. The "
            "membership row is an AUC instead: can an attacker who reads likelihoods tell the forget answers "
-           "from answers about other targets? 0.5 means no; far below 0.5 means the forget answers became "
+           "from answers about other subjects? 0.5 means no; far below 0.5 means the forget answers became "
            "conspicuously unlikely, which gives away what was unlearned. **Stop** ends a run at its next "
            "step; the model is left unedited either way.")
 
@@ -268,10 +268,10 @@ exactly). Source: {LUNAR_SOURCE}. On SmolLM2 it forgot more of the held-out prob
 2-3x GROM's retain cost (BENCHMARKS.md, "LUNAR beside GROM").
 
 *Settings beside the benchmarks.* **Name only** (the benchmark "name-only"; RWKU, Jin et al. 2024,
-jinzhuoran/RWKU): the method gets only the target's name and one sentence saying what it is; the loaded model
+jinzhuoran/RWKU): the method gets only the subject's name and one sentence saying what it is; the loaded model
 writes the forget text itself (passages and its own answers to its own questions) and the retain text about a few
-neighbouring targets, and the edit is scored on the bundled questions, which it did not write. SmolLM2's writing
-states about a third to a half of the facts it knows about a target.
+neighbouring subjects, and the edit is scored on the bundled questions, which it did not write. SmolLM2's writing
+states about a third to a half of the facts it knows about a subject.
 
 *Implementations.* {" ".join(f"**{name}**: {where}." for name, where in IMPLEMENTATIONS.items())}
 """  # noqa: E501  one Markdown list item a line, as the page shows it

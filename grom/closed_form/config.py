@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from grom.closed_form.refusal import refusal_problem
-from grom.data.encoding import KEY_MODES
+from grom.data.encoding import KEY_MODES, KEY_POSITIONS, PROMPT_MODES
 from grom.data.prompts import PromptFormat, settings_from_dict
 from grom.model.arch import MATRIX_KINDS
 
@@ -83,7 +83,9 @@ class EditConfig:
     retain_budget: int | None = 40000
     """At most this many retain key columns; None: all."""
     key_mode: str = "auto"
-    """Forget keys: "auto" (by example type), "qa", "corpus" or "subject_last"."""
+    """Forget keys (`grom.data.encoding.KEY_MODES`): "auto" (by example type), "qa" (the answer
+    tokens, the paper's), "corpus", "subject_last", or in the prompt: "subject", "last_prompt",
+    "prompt", "prompt_qa" (`KEY_POSITIONS` pairs them with retain modes)."""
     retain_key_mode: str = "auto"
     """Retain keys, the same choices (ZsRE: subject_last forget keys, QA retain keys)."""
     prompt_format: PromptFormat | None = None
@@ -107,9 +109,9 @@ class EditConfig:
         check = [
             (self.matrix in MATRIX_KINDS, f"matrix must be one of {', '.join(MATRIX_KINDS)}"),
             (self.target in TARGETS, f"target must be one of {', '.join(TARGETS)}"),
-            (self.target != "refusal" or self.key_mode in ("auto", "qa"),
-             f"the refusal target takes its keys after each forget question (key_mode auto or qa), "
-             f"not {self.key_mode!r}"),
+            (self.target != "refusal" or self.key_mode in ("auto", "qa", *PROMPT_MODES),
+             f"the refusal target takes its keys after each forget question or in its prompt (key_mode auto, "
+             f"qa, {', '.join(PROMPT_MODES)}), not {self.key_mode!r}"),
             (self.key_mode in KEY_MODES and self.retain_key_mode in KEY_MODES,
              f"key modes must be one of {', '.join(KEY_MODES)}"),
             (self.layers is None or (len(self.layers) > 0 and all(
@@ -135,6 +137,22 @@ class EditConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "EditConfig":
         return settings_from_dict(cls, d, tuples=("layers", "candidates"))
+
+
+def keyed_at(config: EditConfig, where: str) -> EditConfig:
+    """`config` with its forget keys at `where` (a name of `KEY_POSITIONS`: "answer", the
+    paper's, "subject", "last_prompt" or "prompt") and its retain keys to match."""
+    if where not in KEY_POSITIONS:
+        raise ValueError(f"key positions {where!r} are unknown; use one of {', '.join(KEY_POSITIONS)}")
+    forget, retain = KEY_POSITIONS[where]
+    return config.replace(key_mode=forget, retain_key_mode=retain)
+
+
+def key_positions_of(config: EditConfig) -> str | None:
+    """The `KEY_POSITIONS` name of `config`'s key modes (the answer's for "qa" as for "auto");
+    None where they are another pair (ZsRE's subject_last keys, a corpus)."""
+    modes = tuple("auto" if m == "qa" else m for m in (config.key_mode, config.retain_key_mode))
+    return next((name for name, pair in KEY_POSITIONS.items() if pair == modes), None)
 
 
 def _band(a: int, b: int) -> tuple[int, ...]:

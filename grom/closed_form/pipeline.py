@@ -17,7 +17,7 @@ Progress is reported by stage (tokenizing, scoring layers, collecting keys, each
 keys batch by batch and its solve): to the caller's `progress(fraction, message)`, or by
 default as a bar on stderr when it is a terminal (tqdm, as transformers draws its own).
 
-(Was `grom/pipeline.py`.)
+(Was `grom/pipeline.py`. `score_prepared` was `compute_scores`, the name the studio's device job keeps.)
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def prepare(tokenizer, forget: Sequence, retain: Sequence, config: EditConfig, v
     forget_batches = _batches(enc_f, config.forget_budget, seed, size, pid)
     if config.target != "refusal":
         return Prepared(forget_batches, retain_batches, alpha, len(forget), len(retain))
-    enc_refusal = encode_refusals(tokenizer, forget, seed=seed, refusal=config.refusal, **kw)
+    enc_refusal = encode_refusals(tokenizer, forget, seed=seed, refusal=config.refusal, mode=config.key_mode, **kw)
     return Prepared(_batches(enc_refusal, config.forget_budget, seed, size, pid), retain_batches,
                     torch.ones(vocab_size), len(forget), len(retain), scored=(forget_batches, alpha))
 
@@ -158,7 +158,7 @@ def _batches(encoded, budget: int | None, seed: int, batch_size: int, pid: int) 
     return make_batches(kept, batch_size, pid)
 
 
-def compute_scores(model, prep: Prepared, config: EditConfig, progress=None,
+def score_prepared(model, prep: Prepared, config: EditConfig, progress=None,
                    between: Between | None = None) -> LayerScores:
     """The layer scores of `prep`'s keys; `between` between forward batches (`score_layers`)."""
     forget, alpha = prep.scored or (prep.forget, prep.alpha)
@@ -343,7 +343,7 @@ def _run_edit(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, c
     turns = TurnClock(between)  # its clock leaves the turns out of the timings
     if config.matrix != "lm_head" and config.layers is None and scores is None:
         t0 = turns.now()
-        scores = compute_scores(model, prep, config, lambda p: progress(
+        scores = score_prepared(model, prep, config, lambda p: progress(
             0.05 + 0.25 * p, f"scoring layers: {'forget' if p <= 0.5 else 'retain'} batches"), turns.turn)
         timings["scores"] = turns.now() - t0
         turns.give()  # between the scores' last batch and the edit's first (nothing changed yet)

@@ -76,20 +76,23 @@ def refusal_examples(examples: Sequence, seed: int, refusal: str | None = None) 
     as the answer (`choose_refusals`)."""
     examples = as_examples(examples)
     answers = choose_refusals(len(examples), seed, refusal)
-    return [QAExample(_question(ex), a) for ex, a in zip(examples, answers)]
+    return [QAExample(_question(ex), a, subject=getattr(ex, "subject", None)) for ex, a in zip(examples, answers)]
 
 
 def encode_refusals(tokenizer, examples: Sequence, *, seed: int, refusal: str | None = None,
-                    fmt: PromptFormat | None = None, max_length: int = 512) -> list[Encoded]:
+                    fmt: PromptFormat | None = None, max_length: int = 512, mode: str = "qa") -> list[Encoded]:
     """The teacher-forced refusal keys of `examples`: prompt + refusal, a key at each
     position that predicts a refusal token, then one more (the refusal's last token)
     predicting EOS when the tokenizer has one and the refusal was not cut by `max_length`.
-    Example numbers are kept, so keys stay grouped by forget example for the influence
-    audit."""
+    With a prompt key mode (`grom.data.encoding.PROMPT_MODES`) the keys are the prompt's
+    positions of that mode instead, each toward the refusal's first token (and, for
+    prompt_qa, the refusal's positions and its EOS as well). Example numbers are kept, so
+    keys stay grouped by forget example for the influence audit."""
     qa = refusal_examples(examples, seed, refusal)
-    encoded = encode_examples(tokenizer, qa, mode="qa", fmt=fmt, max_length=max_length)
+    mode = "qa" if mode == "auto" else mode
+    encoded = encode_examples(tokenizer, qa, mode=mode, fmt=fmt, max_length=max_length)
     eos = tokenizer.eos_token_id
-    if eos is None:
+    if eos is None or mode not in ("qa", "prompt_qa"):
         return encoded
     return [Encoded(e.input_ids, e.positions + (len(e.input_ids) - 1,), e.gold + (int(eos),), e.example)
             if len(e.input_ids) < max_length else e for e in encoded]  # else: the refusal may be cut

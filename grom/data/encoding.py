@@ -1,13 +1,24 @@
 """The tokenising layer every method shares: from examples to token ids and the positions
-whose NEXT token is a target ("key positions"), and from those to padded batches.
+whose output a method reads ("key positions", each with its gold token: the answer token
+the model should not give there), and from those to padded batches.
 
-An example is tokenized into ids plus its key positions and their gold tokens:
+An example is tokenized into ids plus its key positions and their gold tokens (the key
+modes, `KEY_MODES`):
 
-- QA (`QAExample`, `ChoiceExample`): the positions that predict each answer token after
-  the formatted prompt;
+- qa (`QAExample`, `ChoiceExample`; the paper's): the positions that predict each answer
+  token after the formatted prompt, each with the token it predicts;
 - corpus (`TextExample`): every position of each window of the text;
 - subject_last (`FactRecord`): the last token of the subject in the prompt, with the
-  answer's first token as gold.
+  answer's first token as gold;
+- the prompt's positions of a question, each with the first token of the example's fact as
+  gold (its answer's first token where it names no fact; `fact_start`): where the knowledge
+  is recalled rather than where it is written out: subject (the tokens of
+  the example's subject where its question names it, else the last prompt token),
+  last_prompt (the prompt's last token: the one that predicts the answer's first), prompt
+  (every prompt token, the chat template's included, as LUNAR reads them); and prompt_qa
+  (every prompt token and every answer position: what a retain set keeps in place when the
+  forget keys are in the prompt). `KEY_POSITIONS` names the forget / retain pairs a user
+  picks from.
 
 GROM reads its keys at these positions (`grom.closed_form.keys` subsamples them to a
 budget), the trained methods score their answer tokens at them, the editors take a fact's
@@ -21,10 +32,22 @@ from typing import Sequence
 
 import torch
 
-from grom.data.prompts import PromptFormat, encode_qa, uses_chat_template
+from grom.data.prompts import PromptFormat, encode_qa, format_prompt, uses_chat_template
 from grom.data.schema import ChoiceExample, FactRecord, QAExample, TextExample
 
-KEY_MODES = ("auto", "qa", "corpus", "subject_last")
+KEY_MODES = ("auto", "qa", "corpus", "subject_last", "subject", "last_prompt", "prompt", "prompt_qa")
+PROMPT_MODES = ("subject", "last_prompt", "prompt", "prompt_qa")
+"""The question modes whose keys are (also) in the prompt."""
+KEY_POSITIONS = {
+    "answer": ("auto", "auto"),
+    "subject": ("subject", "prompt_qa"),
+    "last_prompt": ("last_prompt", "prompt_qa"),
+    "prompt": ("prompt", "prompt_qa"),
+}
+"""Where the forget keys are, as a user picks it, -> (forget key mode, retain key mode): the
+answer tokens (the paper's), the subject's tokens, the last prompt token, every prompt
+token; with every one in the prompt the retain keys are every prompt and answer position,
+so that what is kept stays in place where the forget side is moved."""
 
 
 @dataclass(frozen=True)
@@ -86,17 +109,78 @@ def _answer_ids(tokenizer, answer: str) -> list[int]:
     return list(tokenizer(answer, add_special_tokens=False)["input_ids"])
 
 
-def _encode_qa(tokenizer, question, answer, fmt, max_length, i) -> list[Encoded]:
+def _encode_qa(tokenizer, question, answer, fmt, max_length, i, mode: str = "qa", subject: str | None = None,
+               fact: str | None = None) -> list[Encoded]:
     """The answer's tokens as read after the prompt: prompt + answer tokenised as one string
-    (`grom.data.prompts.encode_qa`, as OpenUnlearning builds its labels)."""
+    (`grom.data.prompts.encode_qa`, as OpenUnlearning builds its labels); the key positions
+    of `mode` (qa, or one of `PROMPT_MODES`)."""
     ids, start = encode_qa(tokenizer, question, answer, fmt)
-    prompt = ids[:start][-(max_length - 1):]
+    cut = max(0, start - (max_length - 1))  # a prompt too long loses its start
+    prompt = ids[cut:start]
     ans = ids[start:][: max(0, max_length - len(prompt))]
     if not ans:
         return []
     ids = prompt + ans
-    positions = tuple(range(len(prompt) - 1, len(ids) - 1))
-    return [Encoded(tuple(ids), positions, tuple(ans), i)]
+    last = len(prompt) - 1
+    answer_keys = list(range(last, len(ids) - 1))
+    if mode == "qa":
+        positions = answer_keys
+    elif mode == "last_prompt":
+        positions = [last]
+    elif mode == "subject":
+        named = [j - cut for j in subject_positions(tokenizer, question, subject, fmt, start) if j >= cut]
+        positions = named or [last]
+    elif mode == "prompt":
+        positions = list(range(len(prompt)))
+    elif mode == "prompt_qa":
+        positions = list(range(last)) + answer_keys
+    else:
+        raise ValueError(f"a question has no {mode!r} keys")
+    recalled = ans[0] if mode == "qa" else ids[cut + fact_start(tokenizer, question, answer, fact, fmt, start)]
+    answered = last if mode in ("qa", "prompt_qa") else len(ids)  # from here on a key predicts its next token
+    gold = [ids[j + 1] if j >= answered else recalled for j in positions]
+    return [Encoded(tuple(ids), tuple(positions), tuple(gold), i)]
+
+
+def fact_start(tokenizer, question: str, answer: str, fact: str | None, fmt: PromptFormat | None, start: int) -> int:
+    """The index, in `encode_qa`'s ids, of the first token of `fact` inside the answer (the
+    answer's first token, `start`, where the example names no fact or the answer does not
+    spell it): what a prompt key's gold token is, the knowledge recalled there ("Jupiter",
+    not the "The" its answer opens with)."""
+    if not fact:
+        return start
+    text = format_prompt(tokenizer, question, fmt)
+    chat = uses_chat_template(tokenizer, fmt)
+    full = text + (answer.strip() if chat else answer)
+    at = full.rfind(fact)
+    if at < len(text):
+        return start
+    offsets = tokenizer(full, add_special_tokens=not chat, return_offsets_mapping=True)["offset_mapping"]
+    return next((j for j in range(start, len(offsets)) if offsets[j][1] > offsets[j][0] and offsets[j][1] > at),
+                start)
+
+
+def _unarticled(text: str) -> str:
+    words = text.replace("-", " ").split()
+    return " ".join(words[1:] if words and words[0].lower() in ("the", "a", "an") else words)
+
+
+def subject_positions(tokenizer, question: str, subject: str | None, fmt: PromptFormat | None,
+                      start: int | None = None) -> list[int]:
+    """The prompt tokens that spell `subject` where the question names it (its last mention,
+    case and a leading article ignored: "the-solar-system" is named by "our solar system");
+    [] where it does not, or the example has no subject."""
+    if not subject or not _unarticled(subject):
+        return []
+    text = format_prompt(tokenizer, question, fmt)
+    at = text.lower().rfind(_unarticled(subject).lower())
+    if at < 0:
+        return []
+    end = at + len(_unarticled(subject))
+    chat = uses_chat_template(tokenizer, fmt)
+    enc = tokenizer(text, add_special_tokens=not chat, return_offsets_mapping=True)
+    limit = len(enc["input_ids"]) if start is None else min(start, len(enc["input_ids"]))
+    return [j for j, (a, b) in enumerate(enc["offset_mapping"][:limit]) if b > a and a < end and b > at]
 
 
 def _encode_text(tokenizer, text, max_length, i) -> list[Encoded]:
@@ -155,7 +239,9 @@ def encode_example(tokenizer, example, i: int, *, mode: str = "auto",
         raise TypeError(f"cannot take keys from a {type(example).__name__}")
     if mode == "corpus":
         return _encode_text(tokenizer, f"{q} {a}", max_length, i)
-    return _encode_qa(tokenizer, q, a, fmt, max_length, i)
+    mode = "qa" if mode == "subject_last" else mode  # a multiple-choice question has no subject: its answer
+    return _encode_qa(tokenizer, q, a, fmt, max_length, i, mode, getattr(example, "subject", None),
+                      getattr(example, "fact", None))
 
 
 def encode_examples(tokenizer, examples: Sequence, **kw) -> list[Encoded]:

@@ -60,7 +60,7 @@ class PromptFormat:
             raise ValueError("a prompt template needs a '{question}' field")
 
 
-# OpenUnlearning's TOFU target Llama-3.2-1B-Instruct, PINNED to its main branch from commit
+# OpenUnlearning's TOFU model Llama-3.2-1B-Instruct, PINNED to its main branch from commit
 # 8df2914 (2025-04-24, "bunch of tokenization related bug-fixes") to the December 2025 head
 # d3d7cf9: configs/model/Llama-3.2-1B-Instruct.yaml has `apply_chat_template: True`, the
 # system prompt "You are a helpful assistant." and `date_string: 10 Apr 2025`, and

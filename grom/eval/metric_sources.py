@@ -11,9 +11,8 @@ A report's metric names are "<set> <measure>" ("Forget ROUGE-L", "Real authors p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from grom.eval.tasks import joined
+from grom.eval.tasks import MetricSource, joined
 
 __all__ = ["HARNESS", "IMPLEMENTATIONS", "MEMIT", "METRIC_SOURCES", "MetricSource", "OPENUNLEARNING", "OURS",
            "PAPER", "SET_LABELS", "SHARED_SOURCES", "metric_source", "ours", "upstream"]
@@ -29,18 +28,6 @@ IMPLEMENTATIONS = {
     OURS: "this project's own metric: no upstream value to compare with",
 }
 """Each implementation a metric can follow, with where its code lives."""
-
-
-@dataclass(frozen=True)
-class MetricSource:
-    """Where one metric comes from."""
-
-    implementation: str
-    """A key of `IMPLEMENTATIONS`."""
-    follows: str
-    """The upstream function (or our own definition) it computes."""
-    deviation: str = ""
-    """Where the project deliberately differs, and why (empty: none)."""
 
 
 def upstream(follows: str, deviation: str = "") -> MetricSource:

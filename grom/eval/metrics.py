@@ -112,7 +112,7 @@ def _rouge_l(reference: str, generation: str):
         raise ValueError("reference and generation must be strings")
     if not generation.strip():
         return None
-    # rouge_score's argument order is score(target, prediction).
+    # rouge_score's argument order is score(reference, prediction).
     return _rouge_scorer().score(reference, generation)["rougeL"]
 
 
@@ -316,19 +316,19 @@ def exact_memorization(predicted_ids, label_ids, *, drop_last: bool = True) -> f
     return float(np.mean(pred == lab)) if lab.size else float("nan")
 
 
-def token_accuracy(predicted_ids, target_ids) -> float:
-    """ZsRE token accuracy of one prompt: ``mean_t [pred_t == target_t]`` (teacher-forced).
+def token_accuracy(predicted_ids, gold_ids) -> float:
+    """ZsRE token accuracy of one prompt: ``mean_t [pred_t == gold_t]`` (teacher-forced).
 
     Mirrors MEMIT/ROME ``eval_utils_zsre.compute_rewrite_quality_zsre``: the prompt is
-    extended with target[:t] for each t, the argmax next token is compared with
-    target[t], giving a list of booleans per prompt; ``summarize.py`` then takes
+    extended with gold[:t] for each t (ROME's "target"), the argmax next token is compared
+    with gold[t], giving a list of booleans per prompt; ``summarize.py`` then takes
     ``np.mean`` of that list per record (and the mean over records afterwards).
     """
     pred = _vector(predicted_ids, "predicted_ids", integer=True)
-    tgt = _vector(target_ids, "target_ids", integer=True)
-    if pred.shape != tgt.shape:
-        raise ValueError(f"predicted_ids ({pred.size}) and target_ids ({tgt.size}) differ in length")
-    return float(np.mean(pred == tgt))
+    gold = _vector(gold_ids, "gold_ids", integer=True)
+    if pred.shape != gold.shape:
+        raise ValueError(f"predicted_ids ({pred.size}) and gold_ids ({gold.size}) differ in length")
+    return float(np.mean(pred == gold))
 
 
 def choice_accuracy(choice_logprobs, answer_indices) -> float:

@@ -141,8 +141,8 @@ def min_k_plus_plus_score(token_logprobs, mu, sigma2, k: float = 0.4) -> float:
 
 
 def reference_score(avg_loss: float, reference_avg_loss: float) -> float:
-    """Reference attack score: the target model's mean token NLL minus a reference model's
-    on the same text (lower: the target finds it likelier than a model that never saw it).
+    """Reference attack score: the attacked model's mean token NLL minus a reference model's
+    on the same text (lower: the attacked model finds it likelier than a model that never saw it).
     Mirrors OpenUnlearning ``mia/reference.py`` ``ReferenceAttack.compute_score``; the report
     uses the retain model as the reference."""
     return float(avg_loss) - float(reference_avg_loss)

@@ -310,14 +310,14 @@ def quantized(model: nn.Module, method: str = "auto", group_size: int = 128,
         if bits != 8:
             raise ValueError("int8 is an 8-bit format; bits must be 8")
         fn = int8_quantize
-    targets, skipped = quantizable_weights(model, include_lm_head=include_lm_head)
+    weights, skipped = quantizable_weights(model, include_lm_head=include_lm_head)
     group = {"rtn": group_size, "nf4": 64}.get(resolved)  # int8: one scale per row (None)
     info = QuantInfo(method=resolved, group_size=group, reason=reason, skipped=skipped)
     saved: list[tuple[str, torch.Tensor, torch.Tensor]] = []
     whole = False
     try:
         with torch.no_grad():
-            for name, mod, transposed in targets:
+            for name, mod, transposed in weights:
                 w = mod.weight
                 saved.append((name, w, w.detach().to("cpu", copy=True)))
                 if keep is not None and name in keep:

@@ -22,12 +22,23 @@ from typing import TYPE_CHECKING
 from grom.data.loaders import BENCHMARKS, BenchmarkSpec, register_benchmark, unregister_benchmark
 
 if TYPE_CHECKING:
-    from grom.eval.metric_sources import MetricSource
     from grom.eval.results import Row
     from grom.eval.runner import ModelScorer
 
-__all__ = ["QUANT_METRICS", "TASKS", "QuantMetrics", "Task", "get_task", "joined", "register_task",
+__all__ = ["QUANT_METRICS", "TASKS", "MetricSource", "QuantMetrics", "Task", "get_task", "joined", "register_task",
            "unregister_task"]
+
+
+@dataclass(frozen=True)
+class MetricSource:
+    """Where one metric comes from."""
+
+    implementation: str
+    """A key of `grom.eval.metric_sources.IMPLEMENTATIONS`."""
+    follows: str
+    """The upstream function (or our own definition) it computes."""
+    deviation: str = ""
+    """Where the project deliberately differs, and why (empty: none)."""
 
 
 @dataclass(frozen=True)

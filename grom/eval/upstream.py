@@ -7,7 +7,7 @@ the cut of a generation, as
   `src/data/qa.py` (`QADataset`), `src/data/pretraining.py` (`CompletionDataset`),
   `src/evals/metrics/utils.py` (`eval_text_similarity`, `tokenwise_logprobs`,
   `tokenwise_vocab_logprobs`), `configs/eval/muse_metrics/*.yaml`,
-  `configs/data/datasets/MUSE_*.yaml` and the MUSE target's `configs/model/Llama-2-7b-hf.yaml`
+  `configs/data/datasets/MUSE_*.yaml` and the MUSE models' `configs/model/Llama-2-7b-hf.yaml`
   (`apply_chat_template: False`, the "Question: "/"Answer: " tags);
 - the lm-evaluation-harness (EleutherAI/lm-evaluation-harness at commit `LMEVAL_COMMIT`)
   builds WMDP's and MMLU's: `lm_eval/tasks/wmdp/*.yaml`, `lm_eval/tasks/mmlu/default/*.yaml`,
@@ -32,7 +32,7 @@ KNOWMEM_MAX_LENGTH = 512  # QADataset max_length (MUSE_forget_knowmem.yaml, MUSE
 VERBMEM_NEW_TOKENS = 128  # forget_verbmem_ROUGE.yaml generation_args.max_new_tokens
 KNOWMEM_NEW_TOKENS = 32  # forget/retain_knowmem_ROUGE.yaml generation_args.max_new_tokens
 KNOWMEM_STOPS = ("\n\n", "\nQuestion", "Question:")  # ... generation_args.stopwords
-# The MUSE targets' template tags (configs/model/Llama-2-7b-hf.yaml template_args)
+# The MUSE models' template tags (configs/model/Llama-2-7b-hf.yaml template_args)
 USER_START, USER_END, ASST_START, ASST_END = "Question: ", "\n", "Answer: ", "\n\n"
 
 

@@ -1,7 +1,7 @@
 """Architecture knowledge, in one place: where a causal LM keeps its decoder layers, its
 final norm, its unembedding matrix and the matrices GROM may edit.
 
-A model family is one `ArchSpec` row in `ARCHITECTURES`; adding a family is adding a row.
+A model architecture is one `ArchSpec` row in `ARCHITECTURES`; adding one is adding a row.
 Everything else in the library asks this module, never the model's attribute names.
 
 (Was `grom/arch.py`. Its `EditTarget` / `edit_target` are now `EditedMatrix` /
@@ -22,14 +22,14 @@ MATRIX_KINDS = ("down_proj", "o_proj", "lm_head")
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """Dotted attribute paths of one model family.
+    """Dotted attribute paths of one model architecture.
 
     layers: the ModuleList of decoder blocks; final_norm: the norm before the LM head;
     lm_head: the unembedding Linear; down_proj / o_proj: the MLP output and attention
     output matrices inside a block; conv1d: the block matrices are GPT-2 `Conv1D`s, which
     store their weight transposed, as (in, out).
 
-    How down_proj's output reaches the residual stream (read from each family's decoder
+    How down_proj's output reaches the residual stream (read from each architecture's decoder
     layer in transformers): mlp_norm: the block normalises the MLP output before adding it
     (OLMo2's and Gemma2's post_feedforward_layernorm); residual_scale: the config attribute
     by which the block multiplies the MLP output before adding it (Granite's
@@ -62,7 +62,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 
 
 class UnsupportedArchitecture(ValueError):
-    """The model's family is not in `ARCHITECTURES`."""
+    """The model's architecture is not in `ARCHITECTURES`."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def arch_spec(model: nn.Module) -> ArchSpec:
     if model_type not in ARCHITECTURES:
         raise UnsupportedArchitecture(
             f"model type {model_type!r} is not supported; supported: "
-            f"{', '.join(sorted(ARCHITECTURES))}. Use a causal LM of one of these families."
+            f"{', '.join(sorted(ARCHITECTURES))}. Use a causal LM of one of these architectures."
         )
     return ARCHITECTURES[model_type]
 
@@ -111,7 +111,7 @@ def final_norm(model: nn.Module) -> nn.Module:
 
 
 def finish_logits(model: nn.Module, z: torch.Tensor) -> torch.Tensor:
-    """The logit transforms a family applies after its LM head, on head outputs z (..., V):
+    """The logit transforms an architecture applies after its LM head, on head outputs z (..., V):
     Granite's division by `logits_scaling`, Gemma 2's soft-capping by
     `final_logit_softcapping`; z itself elsewhere. Differentiable."""
     cfg = getattr(model, "config", None)

@@ -69,13 +69,13 @@ def resolve_model_name(name_or_path: str | Path, progress=None, *, prefer_hub: b
 
 
 PLAIN_MLP = {"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "phi", "mpt", "starcoder2"}
-"""Families whose MLP is two matrices (up, down) and whose layers carry biases and
-LayerNorms with a bias; every other family is counted as Llama's: a gated MLP (gate, up,
+"""Architectures whose MLP is two matrices (up, down) and whose layers carry biases and
+LayerNorms with a bias; every other architecture is counted as Llama's: a gated MLP (gate, up,
 down), RMSNorms."""
 
 TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2", "gemma3_text", "gpt_bigcode", "opt", "bloom", "phi"}
-"""Families whose config class ties the output matrix to the embeddings when config.json
-does not say (transformers' defaults); any other family is counted untied, the larger."""
+"""Architectures whose config class ties the output matrix to the embeddings when config.json
+does not say (transformers' defaults); any other architecture is counted untied, the larger."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,8 @@ def config_params(config: dict) -> int:
     """The parameter count of the decoder-only causal LM `config` (a config.json, as a dict)
     describes, by arithmetic: embeddings, the output matrix unless tied, and per layer the
     attention (query and output over the heads, key and value over the key-value heads),
-    the MLP (gated or not, times the experts of a mixture), norms and, where the family
-    has them, biases and learned positions. Within 0.1% of the real count for the families
+    the MLP (gated or not, times the experts of a mixture), norms and, where the architecture
+    has them, biases and learned positions. Within 0.1% of the real count for the architectures
     the studio edits (tests/test_space_models.py builds them on the meta device); a field
     missing or not a positive whole number is a `ModelLoadError`."""
     if not isinstance(config, dict):
@@ -279,7 +279,7 @@ def load_model(name_or_path: str | Path, *, device: str | None = "cpu", dtype="f
         if made and not any(Path(offload_folder).iterdir()):
             Path(offload_folder).rmdir()  # nothing was offloaded to disk
     _require_all_weights(name_or_path, info)
-    arch_spec(model)  # an unsupported family fails here, with the list of supported ones
+    arch_spec(model)  # an unsupported architecture fails here, with the list of supported ones
     if device_map is None:
         model.to(resolve_device(device))
     model.eval().requires_grad_(False)

@@ -50,14 +50,14 @@ RELEARN_LRS: Mapping[str, RelearnLR] = {
     # 0.80/0.68/0.45 (2026-11-25); 3e-4 stays inside the tolerance to 30 steps, not to 60 (0.82)
     "demo": RelearnLR(3e-4, f"the largest lr that leaves the unedited demo model's answers intact ({_CALIBRATED})",
                       True),
-    # the-solar-system (the studio's default target), 15 fitted questions, 15 held-out probes,
+    # the-solar-system (the studio's default subject), 15 fitted questions, 15 held-out probes,
     # batch 4, steps 5/10: the unedited model's recall 1.00 -> at 3e-6 1.00/1.00, 1e-5
     # 0.93/1.00, 2e-5 0.80/0.87, 1e-4 0.87/0.40 (2026-11-25; the attack's earlier 2e-5
     # damaged it). On world-war-ii and the human body every lr tried damages: 3e-6
     # 0.86/0.79 and 0.90/0.80, 1e-5 0.79/0.71 and 0.70/0.70, where the control curve
     # beside the edit's is what makes the result readable
     "smollm2": RelearnLR(1e-5, "the largest lr that leaves the unedited SmolLM2's answers on the solar system "
-                               f"intact; on other targets it may not: read the unedited curve ({_CALIBRATED})", True),
+                               f"intact; on other subjects it may not: read the unedited curve ({_CALIBRATED})", True),
 }
 
 

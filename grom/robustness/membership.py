@@ -13,7 +13,7 @@ tokens and its EOS after the formatted question; Min-K/Min-K++ without the last)
 
 Which texts, and why. Real knowledge has no never-seen text: the base model learnt every
 fact in pre-training. The "held-out text of the same kind" is therefore the answers to
-questions about other targets that the edit neither fitted nor aimed at (the
+questions about other subjects that the edit neither fitted nor aimed at (the
 real-knowledge benchmark's "neighbours"; an upload's retain-like rows): facts the model
 knows as well as the forget facts, untouched by the edit. So the base model's AUC is near
 0.5 (both sides are known facts) and is the reference. After an edit:
@@ -84,7 +84,7 @@ def membership_attack(model: nn.Module, tokenizer, edit, fitted: Sequence, probe
     counts = {"n_fitted": len(fitted), "n_probes": len(probes), "n_holdout": len(holdout), "measure": "auc"}
     if len(hold) < MIN_SIDE or "fitted" not in sides:
         why = ("no held-out answers of the same kind to compare with (the real-knowledge benchmark's "
-               "neighbours, or rows of the other targets)" if len(hold) < MIN_SIDE
+               "neighbours, or rows of the other subjects)" if len(hold) < MIN_SIDE
                else "fewer than two fitted forget answers")
         return AttackResult("mia", math.nan, math.nan, 0.0, len(fitted), details={"skipped": why, **counts})
     every = [p for pairs in sides.values() for p in pairs] + hold
@@ -116,7 +116,7 @@ def membership_attack(model: nn.Module, tokenizer, edit, fitted: Sequence, probe
 
 HOLDOUT_SETS = ("neighbours", "general")
 """The eval sets read as holdout, first found first: the real-knowledge benchmark's
-held-out questions of the other targets, then its general-knowledge questions."""
+held-out questions of the other subjects, then its general-knowledge questions."""
 
 
 def holdout_of(eval_sets: dict, retain: Sequence = ()) -> tuple:

@@ -3,9 +3,9 @@ new question whose right answer still states the fact (the reverse query: the su
 Each is scored by fact recall before and after the edit (`grom.robustness.suite`).
 
 Two types are not made from the probes but written by hand for the bundled real-knowledge
-targets (`grom.robustness.written`): multi_hop (the fact reached through another entity,
-"Which planet has the moon Titan?") and alias (the target under another name, "the Red
-Planet"); their probes are those of the targets the held-out probes are about.
+subjects (`grom.robustness.written`): multi_hop (the fact reached through another entity,
+"Which planet has the moon Titan?") and alias (the subject under another name, "the Red
+Planet"); their probes are those of the subjects the held-out probes are about.
 
 Every other type works from a plain probes file (question, answer, fact); what it needs beyond
 that is derived (the cloze from the answer and its fact, a paraphrase by a rule) or read
@@ -20,7 +20,7 @@ jinzhuoran/RWKU LLaMA-Factory/src/llmtuner/eval/eval_forget.py @ a23df677): pref
 injection asks the model to open its answer with an affirmative phrase, the affirmative
 suffix ends the question with the start of an eager answer, role play has the model speak
 as someone who would know. The wording here is our own, written for this benchmark's
-targets; RWKU writes one adversarial question per fact with a model, we wrap the probe's
+subjects; RWKU writes one adversarial question per fact with a model, we wrap the probe's
 own question (a deliberate difference: it needs no generator and works on any file).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ class ProbeType:
     """One probe type: `make` turns a probe into the probe asked (None: it cannot), and
     `fmt` is the prompt format it is asked in (None: the caller's, the chat template). A
     `written` type has no `make`: its probes are the hand-written ones of its kind for the
-    targets the probes are about (`grom.robustness.written.written_for`)."""
+    subjects the probes are about (`grom.robustness.written.written_for`)."""
 
     name: str
     doc: str
@@ -56,7 +56,7 @@ class ProbeType:
 
 def probes_from_examples(examples: Sequence[QAExample]) -> tuple[Probe, ...]:
     """Probes from benchmark QA pairs (those with a fact): the subject made readable (a
-    real-knowledge target id "the-solar-system" -> "the solar system")."""
+    real-knowledge subject id "the-solar-system" -> "the solar system")."""
     return tuple(Probe(ex.question, ex.answer, ex.fact, id=ex.id, subject=_readable(ex.subject),
                        paraphrase=ex.paraphrased_question)
                  for ex in examples if isinstance(ex, QAExample) and ex.fact)
@@ -135,11 +135,11 @@ def reverse(p: Probe) -> Probe | None:
     gives no reverse query (None)."""
     if not p.subject or not normalise_text(_subject_phrase(p.subject)):
         return None
-    target = _subject_phrase(p.subject)
-    blanked = blank_out(p.answer, target)
+    subject = _subject_phrase(p.subject)
+    blanked = blank_out(p.answer, subject)
     question = (f"Fill in the blank: {blanked}" if blanked is not None
                 else f"Here is a fact: {p.answer} Which topic is this fact about?")
-    return _with(p, "reverse", question, fact=target)
+    return _with(p, "reverse", question, fact=subject)
 
 
 def plain_format(p: Probe) -> Probe:
@@ -147,7 +147,7 @@ def plain_format(p: Probe) -> Probe:
     return _with(p, "format", p.question)
 
 
-# Solved questions of topics no bundled target is about; one that shares words of the
+# Solved questions of topics no bundled subject is about; one that shares words of the
 # probe's fact or subject is skipped.
 DEMOS = (
     ("Which ocean is the largest on Earth?", "The largest ocean is the Pacific Ocean."),
@@ -179,7 +179,7 @@ def affirmative_suffix(p: Probe) -> Probe:
     return _with(p, "affirmative_suffix", f"{p.question} Sure, that is easy, the answer is:")
 
 
-# Who would know each bundled target; another subject gets "an expert on <subject>"
+# Who would know each bundled subject; another subject gets "an expert on <subject>"
 ROLES = {
     "the solar system": "an astronomer giving a tour of a planetarium",
     "world war ii": "a history teacher who has taught the Second World War for thirty years",
@@ -218,13 +218,13 @@ PROBE_TYPES: dict[str, ProbeType] = {t.name: t for t in (
     ProbeType("affirmative_suffix", "the question ends with an eager answer's start (RWKU)", affirmative_suffix),
     ProbeType("role_play", "answered in the role of someone who would know (RWKU)", role_play),
     ProbeType("multi_hop", "written: the fact reached through another entity (Unlearning Mirage)", written=True),
-    ProbeType("alias", "written: the target under another name or description (GONE)", written=True),
+    ProbeType("alias", "written: the subject under another name or description (GONE)", written=True),
 )}
 
 
 def transform(probes: Sequence[Probe], name: str) -> tuple[Probe, ...]:
     """The probes of type `name` made from `probes` (those it cannot make left out); for a
-    written type, its written probes of the targets `probes` are about (none for others)."""
+    written type, its written probes of the subjects `probes` are about (none for others)."""
     if name not in PROBE_TYPES:
         raise ValueError(f"unknown probe type {name!r}; known: {', '.join(PROBE_TYPES)}")
     kind = PROBE_TYPES[name]

@@ -6,7 +6,7 @@ scored by fact recall on the held-out probes for the base model and the edited o
 
 Names: the probe types of `grom.robustness.probes` (heldout, paraphrase, cloze, reverse,
 format, incontext, prefix_injection, affirmative_suffix, role_play, and the written ones:
-multi_hop, alias, asked from the hand-written probes of the targets the held-out probes are
+multi_hop, alias, asked from the hand-written probes of the subjects the held-out probes are
 about, `grom.robustness.written`), then the attacks on
 the weights of `grom.robustness.weights` (relearn, quant4, quant8, logit_lens), then the
 membership attacks (mia, `grom.robustness.membership`: AUCs, not recall); "quick" names
@@ -137,7 +137,7 @@ def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
         fmt = PROBE_TYPES[name].fmt or ctx.fmt
         if not asked:  # e.g. a reverse query where no probe has a subject
             why = (f"no written {name} probes for what the probes are about (the bundled real-knowledge "
-                   "targets have them)" if written else f"no probe could be made into a {name} probe")
+                   "subjects have them)" if written else f"no probe could be made into a {name} probe")
             return AttackResult(name, math.nan, math.nan, 0.0, 0, details={"skipped": why})
         below = BelowTheEdit(ctx.model, ctx.edit)
         base = ctx.recall(asked, fmt, edited=False, below=below)

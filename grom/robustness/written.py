@@ -1,15 +1,15 @@
-"""Hand-written probes: questions that reach a target's fact through another entity
-(`multi_hop`: "Which planet has the moon Titan?" -> Saturn) or that name the target, or the
+"""Hand-written probes: questions that reach a subject's fact through another entity
+(`multi_hop`: "Which planet has the moon Titan?" -> Saturn) or that name the subject, or the
 thing asked about, by another name (`alias`: "By what name do we usually call the Red
 Planet?" -> Mars). Recent work recovers "forgotten" facts with exactly these (Unlearning
 Mirage, arXiv 2603.11266: multi-hop questions; GONE, arXiv 2603.12275: other names). No
 rule makes them from a held-out probe, so they are written by hand, a handful of each kind
-per bundled real-knowledge target, in the target's file beside its QA pairs:
+per bundled real-knowledge subject, in the subject's file beside its QA pairs:
 
     "written_probes": [{"id", "kind": "multi_hop" | "alias", "question", "answer", "fact",
-                        "reaches"?: "<target>/<NN>"}, ...]
+                        "reaches"?: "<subject>/<NN>"}, ...]
 
-`reaches` is the id of the target's QA pair whose fact the question reaches (that pair's
+`reaches` is the id of the subject's QA pair whose fact the question reaches (that pair's
 answer states the same fact); it may be in the edit's fitted half or its held-out half
 (`grom.tasks.knowledge.split_probes`), and the suite reports recall on each side
 (`grom.robustness.suite`). The checks (`read_written`): every field there, the kind one of
@@ -17,9 +17,9 @@ answer states the same fact); it may be in the edit's fitted half or its held-ou
 question that names its answer gives it away), `reaches` a QA pair of the same file whose
 answer states the fact, no id twice and no question that is one of the file's QA questions.
 
-Which targets a run asks about is read from its held-out probes' subjects
+Which subjects a run asks about is read from its held-out probes' subjects
 (`written_for`): probes about "the solar system" bring in the solar system's written
-probes, and a probes file whose subjects name no bundled target brings in none.
+probes, and a probes file whose subjects name no bundled subject brings in none.
 """
 from __future__ import annotations
 
@@ -36,19 +36,19 @@ from grom.text import contains_phrase, normalise_text
 WRITTEN_KINDS = ("multi_hop", "alias")
 SECTION = "written_probes"
 FOLDER = Path(grom.data.__file__).parent / "knowledge"
-"""The bundled real-knowledge targets (`grom.tasks.knowledge.BUNDLED`), each file with its
+"""The bundled real-knowledge subjects (`grom.tasks.knowledge.BUNDLED`), each file with its
 written probes."""
-NO_TARGET = ("general", "fluency", "known")  # the bundled files that are no target
+NO_SUBJECT = ("general", "fluency", "known")  # the bundled files that are no subject
 
 
-def readable(target_id: str) -> str:
-    """A target id as a probe's subject reads it: "the-solar-system" -> "the solar system"
+def readable(subject_id: str) -> str:
+    """A subject id as a probe's subject reads it: "the-solar-system" -> "the solar system"
     (`grom.robustness.probes.probes_from_examples`)."""
-    return target_id.replace("-", " ").strip()
+    return subject_id.replace("-", " ").strip()
 
 
 def read_written(path) -> tuple[Probe, ...]:
-    """The written probes of one target file (none where it has no such section), checked
+    """The written probes of one subject file (none where it has no such section), checked
     as the module says; a problem is a BenchmarkError naming the file and the item."""
     path = Path(path)
     check_size(path.stat().st_size, str(path))
@@ -82,7 +82,7 @@ def _written(rec: Record, tid: str, qa: Mapping[str, dict], asked: set[str]) -> 
     if contains_phrase(question, fact):
         raise BenchmarkError(f"{rec.where}: the question {question!r} names its own fact {fact!r}")
     if normalise_text(question) in asked:
-        raise BenchmarkError(f"{rec.where}: the question {question!r} is one of the target's QA questions")
+        raise BenchmarkError(f"{rec.where}: the question {question!r} is one of the subject's QA questions")
     reaches = rec.text("reaches", optional=True)
     if reaches is not None:
         pair = qa.get(reaches)
@@ -94,31 +94,31 @@ def _written(rec: Record, tid: str, qa: Mapping[str, dict], asked: set[str]) -> 
 
 
 def read_written_folder(folder) -> dict[str, tuple[Probe, ...]]:
-    """{target id: its written probes} of every target file of a knowledge folder."""
-    files = [p for p in sorted(Path(folder).glob("*.json")) if p.stem not in NO_TARGET]
+    """{subject id: its written probes} of every subject file of a knowledge folder."""
+    files = [p for p in sorted(Path(folder).glob("*.json")) if p.stem not in NO_SUBJECT]
     return {p.stem: read_written(p) for p in files}
 
 
 @functools.lru_cache(maxsize=1)
 def bundled_written() -> Mapping[str, tuple[Probe, ...]]:
-    """The bundled targets' written probes (read once)."""
+    """The bundled subjects' written probes (read once)."""
     return read_written_folder(FOLDER)
 
 
-def targets_of(probes: Sequence[Probe], targets: Sequence[str]) -> tuple[str, ...]:
-    """The target ids among `targets` that the probes' subjects name ("the solar system" or
+def subjects_of(probes: Sequence[Probe], subjects: Sequence[str]) -> tuple[str, ...]:
+    """The subject ids among `subjects` that the probes' subjects name ("the solar system" or
     "the-solar-system" names the-solar-system), in the order the probes first name them."""
-    by_subject = {normalise_text(readable(t)): t for t in targets}
+    by_subject = {normalise_text(readable(t)): t for t in subjects}
     named = (by_subject.get(normalise_text(p.subject)) for p in probes if p.subject)
     return tuple(dict.fromkeys(t for t in named if t is not None))
 
 
 def written_for(probes: Sequence[Probe], kind: str,
                 written: Mapping[str, tuple[Probe, ...]] | None = None) -> tuple[Probe, ...]:
-    """The written probes of `kind` (multi_hop, alias) of the targets the probes are about
-    (`targets_of`), target by target; `written`: {target id: probes}, the bundled ones by
+    """The written probes of `kind` (multi_hop, alias) of the subjects the probes are about
+    (`subjects_of`), subject by subject; `written`: {subject id: probes}, the bundled ones by
     default."""
     if kind not in WRITTEN_KINDS:
         raise ValueError(f"unknown written probe kind {kind!r}; known: {', '.join(WRITTEN_KINDS)}")
     written = bundled_written() if written is None else written
-    return tuple(p for t in targets_of(probes, list(written)) for p in written[t] if p.kind == kind)
+    return tuple(p for t in subjects_of(probes, list(written)) for p in written[t] if p.kind == kind)

@@ -1,22 +1,22 @@
 """The benchmark "real-knowledge": its loader, then its task (the loader was grom/data/knowledge.py).
 
 The real-knowledge benchmark: facts a small pretrained chat model already knows,
-grouped by target (a book world, a person, a place, a science topic), bundled with GROM.
+grouped by subject (a book world, a person, a place, a science topic), bundled with GROM.
 
-Forget one target (or three, split "forget3"); keep the others and general knowledge.
+Forget one subject (or three, split "forget3"); keep the others and general knowledge.
 The files live in `grom/data/knowledge/` (package data of `grom.data`; see its README.md);
 a `source` folder with the same layout loads the same way:
 
-    <target>.json   {"id", "title", "kind", "intro"?, "qa": [{"question", "answer", "fact",
+    <subject>.json   {"id", "title", "kind", "intro"?, "qa": [{"question", "answer", "fact",
                      "paraphrased_question", "wrong_answers": [3 texts], "id"?}, ...]}
     general.json    the same format: general knowledge (utility)
     fluency.json    {"texts": [{"id"?, "text"}, ...]}: neutral paragraphs (perplexity)
     known.json      optional, written by bench/probe_knowledge.py: which questions the
                     probed model answers with the fact ({"known": {id: [question, paraphrase]}})
 
-Every other target, and general knowledge, is split once and for all into a retain part
+Every other subject, and general knowledge, is split once and for all into a retain part
 (the edit's keys, about 60%) and a held-out part (evaluation), by a stable hash of each
-pair's id, so evaluation never measures what the edit was fitted on. The forget target's
+pair's id, so evaluation never measures what the edit was fitted on. The forget subject's
 own pairs are split the same way into the questions the edit is fitted on (`forget`, half)
 and held-out probe questions it never sees (`eval_sets["probes"]`, the other half): does
 the forgetting carry beyond the wording it was fitted to? (`grom.robustness`)
@@ -64,25 +64,25 @@ from grom.turns import Between, give
 REAL_MODEL = "smollm2-135m-instruct"  # the registry model its facts were probed on (grom.model.fetch)
 
 BUNDLED = Path(__file__).resolve().parents[1] / "data" / "knowledge"  # grom/data/knowledge/
-# The splits: one per bundled target, then "forget3". The default, first, is the target
+# The splits: one per bundled subject, then "forget3". The default, first, is the subject
 # SmolLM2-135M-Instruct knows best (README.md: it knows little of the book worlds). A
-# source folder may hold other targets: load_knowledge takes them.
-TARGETS = (
+# source folder may hold other subjects: load_knowledge takes them.
+SUBJECTS = (
     "the-solar-system", "harry-potter", "the-lord-of-the-rings", "sherlock-holmes", "star-wars",
     "albert-einstein", "marie-curie", "william-shakespeare", "the-beatles", "ancient-egypt",
     "france", "japan", "the-human-body", "world-war-ii",
 )
 FORGET3 = ("the-solar-system", "world-war-ii", "the-human-body")  # the three best known
-SPLITS = (*TARGETS, "forget3")
-GENERAL, FLUENCY, KNOWN = "general", "fluency", "known"  # the files that are no target
-RETAIN_FRACTION = 0.6  # of each kept target and of general: edit keys; the rest is evaluated
-FIT_FRACTION = 0.5  # of each forget target: the edit's forget set; the rest are held-out probes
+SPLITS = (*SUBJECTS, "forget3")
+GENERAL, FLUENCY, KNOWN = "general", "fluency", "known"  # the files that are no subject
+RETAIN_FRACTION = 0.6  # of each kept subject and of general: edit keys; the rest is evaluated
+FIT_FRACTION = 0.5  # of each forget subject: the edit's forget set; the rest are held-out probes
 N_WRONG = 3
 
 
 @dataclass(frozen=True)
-class Target:
-    """One target's QA pairs (general knowledge uses the same type)."""
+class Subject:
+    """One subject's QA pairs (general knowledge uses the same type)."""
 
     id: str
     title: str
@@ -95,8 +95,8 @@ class Target:
 class Knowledge:
     """Everything in a knowledge folder, validated."""
 
-    targets: Mapping[str, Target]
-    general: Target
+    subjects: Mapping[str, Subject]
+    general: Subject
     fluency: tuple[TextExample, ...]
     known: Mapping[str, tuple[bool, bool]] | None  # id -> (question known, paraphrase known)
 
@@ -136,8 +136,8 @@ def _qa(rec: Record, subject: str, default_id: str) -> QAExample:
                      id=rec.text("id", optional=True) or default_id)
 
 
-def read_target(path: PathLike) -> Target:
-    """A target file (or general.json), validated; errors name the file and the item."""
+def read_subject(path: PathLike) -> Subject:
+    """A subject file (or general.json), validated; errors name the file and the item."""
     path = Path(path)
     doc = _read_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("qa"), list) or not doc["qa"]:
@@ -149,7 +149,7 @@ def read_target(path: PathLike) -> Target:
     qa = tuple(_qa(Record(f"{path} qa item {i + 1}", item if isinstance(item, dict) else {}),
                    tid, f"{tid}/{i + 1:02d}")
                for i, item in enumerate(doc["qa"]))
-    return Target(tid, head.text("title", optional=True) or tid, head.text("kind", optional=True) or "", qa,
+    return Subject(tid, head.text("title", optional=True) or tid, head.text("kind", optional=True) or "", qa,
                   head.text("intro", optional=True) or "")
 
 
@@ -183,7 +183,7 @@ def _read_known(path: Path, ids: set[str]) -> Mapping[str, tuple[bool, bool]] | 
     return {k: (bool(v[0]), bool(v[1])) for k, v in known.items()}
 
 
-def _check_unique(groups: list[Target]) -> None:
+def _check_unique(groups: list[Subject]) -> None:
     """No question and no id twice in the whole folder (retain and evaluation stay disjoint)."""
     seen_q: dict[str, str] = {}
     seen_id: set[str] = set()
@@ -203,16 +203,16 @@ def read_knowledge(folder: PathLike) -> Knowledge:
     """Every file of a knowledge folder, validated (bundled: cached, see `knowledge`)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise BenchmarkError(f"real-knowledge: {folder}: expected a folder of target files")
+        raise BenchmarkError(f"real-knowledge: {folder}: expected a folder of subject files")
     special = {GENERAL, FLUENCY, KNOWN}
     files = [p for p in sorted(folder.glob("*.json")) if p.stem not in special]
-    targets = {t.id: t for t in map(read_target, files)}
-    if not targets:
-        raise BenchmarkError(f"real-knowledge: {folder}: no target files (<target>.json)")
-    general = read_target(folder / f"{GENERAL}.json")
-    _check_unique([*targets.values(), general])
-    ids = {ex.id for group in [*targets.values(), general] for ex in group.qa}
-    return Knowledge(targets, general, read_fluency(folder / f"{FLUENCY}.json"),
+    subjects = {t.id: t for t in map(read_subject, files)}
+    if not subjects:
+        raise BenchmarkError(f"real-knowledge: {folder}: no subject files (<subject>.json)")
+    general = read_subject(folder / f"{GENERAL}.json")
+    _check_unique([*subjects.values(), general])
+    ids = {ex.id for group in [*subjects.values(), general] for ex in group.qa}
+    return Knowledge(subjects, general, read_fluency(folder / f"{FLUENCY}.json"),
                      _read_known(folder / f"{KNOWN}.json", ids))
 
 
@@ -244,33 +244,33 @@ def _split(qa: tuple[QAExample, ...], fraction: float) -> tuple[tuple[QAExample,
 
 
 def split_retain(qa: tuple[QAExample, ...]) -> tuple[tuple[QAExample, ...], tuple[QAExample, ...]]:
-    """(retain part, held-out part) of a kept target: `RETAIN_FRACTION` of it retained."""
+    """(retain part, held-out part) of a kept subject: `RETAIN_FRACTION` of it retained."""
     return _split(qa, RETAIN_FRACTION)
 
 
 def split_probes(qa: tuple[QAExample, ...]) -> tuple[tuple[QAExample, ...], tuple[QAExample, ...]]:
-    """(fitted part, probe part) of a forget target: `FIT_FRACTION` of it for the edit, the
+    """(fitted part, probe part) of a forget subject: `FIT_FRACTION` of it for the edit, the
     rest held out as probes the edit never sees (the same hash order as `split_retain`, so
-    a target's fitted pairs are among its retained ones when it is kept)."""
+    a subject's fitted pairs are among its retained ones when it is kept)."""
     return _split(qa, FIT_FRACTION)
 
 
-def forget_targets(split: str, know: Knowledge) -> tuple[str, ...]:
-    """The target ids `split` forgets; an unknown one lists what exists."""
+def forget_subjects(split: str, know: Knowledge) -> tuple[str, ...]:
+    """The subject ids `split` forgets; an unknown one lists what exists."""
     names = FORGET3 if split == "forget3" else (split,)
-    missing = [n for n in names if n not in know.targets]
+    missing = [n for n in names if n not in know.subjects]
     if missing:
-        valid = ", ".join([*know.targets, *(["forget3"] if set(FORGET3) <= set(know.targets) else [])])
-        raise BenchmarkError(f"real-knowledge: no target {missing[0]!r}; valid splits: {valid}")
+        valid = ", ".join([*know.subjects, *(["forget3"] if set(FORGET3) <= set(know.subjects) else [])])
+        raise BenchmarkError(f"real-knowledge: no subject {missing[0]!r}; valid splits: {valid}")
     return names
 
 
 def _sets(know: Knowledge, names: tuple[str, ...]) -> dict[str, tuple[QAExample, ...]]:
-    """forget (the fitted part of the targets `names`), probes (their held-out part), retain,
-    neighbours and general (held out) for forgetting the targets `names`."""
-    kept = [split_retain(t.qa) for tid, t in know.targets.items() if tid not in names]
+    """forget (the fitted part of the subjects `names`), probes (their held-out part), retain,
+    neighbours and general (held out) for forgetting the subjects `names`."""
+    kept = [split_retain(t.qa) for tid, t in know.subjects.items() if tid not in names]
     general_retain, general_eval = split_retain(know.general.qa)
-    forgotten = [split_probes(know.targets[n].qa) for n in names]
+    forgotten = [split_probes(know.subjects[n].qa) for n in names]
     return {"forget": tuple(ex for fitted, _ in forgotten for ex in fitted),
             "probes": tuple(ex for _, probes in forgotten for ex in probes),
             "retain": tuple(ex for part, _ in kept for ex in part) + general_retain,
@@ -294,21 +294,21 @@ def _only_known(sets: dict[str, tuple[QAExample, ...]], known: Mapping[str, tupl
 # ----------------------------------------------------------------------------- benchmark
 
 
-def load_knowledge(split: str = TARGETS[0], source: PathLike | None = None, *,
+def load_knowledge(split: str = SUBJECTS[0], source: PathLike | None = None, *,
                    prompt_format: PromptFormat | None = None, known_only: bool = False) -> Benchmark:
-    """The real-knowledge benchmark: forget the target(s) of `split`, keep the rest.
+    """The real-knowledge benchmark: forget the subject(s) of `split`, keep the rest.
 
-    forget: the fitted half of the forget target(s)' pairs (`split_probes`); retain: the
-    retain parts of the other targets and of general knowledge. eval_sets: "forget" (the
-    fitted pairs), "probes" (the forget targets' other half, never fitted: held-out
-    probes), "neighbours" (held-out pairs of the other targets), "general" (held-out
+    forget: the fitted half of the forget subject(s)' pairs (`split_probes`); retain: the
+    retain parts of the other subjects and of general knowledge. eval_sets: "forget" (the
+    fitted pairs), "probes" (the forget subjects' other half, never fitted: held-out
+    probes), "neighbours" (held-out pairs of the other subjects), "general" (held-out
     general pairs), "fluency" (texts).
     prompt_format: None, the tokenizer's chat template (what the chat model answers best).
     known_only: keep only the pairs the probed model answered with the fact (known.json,
     bench/probe_knowledge.py) in forget and in the QA evaluation sets; retain is unchanged.
     """
     know = knowledge(source)
-    names = forget_targets(split, know)
+    names = forget_subjects(split, know)
     sets = _sets(know, names)
     if known_only:
         sets = _only_known(sets, know.known, split)
@@ -318,10 +318,10 @@ def load_knowledge(split: str = TARGETS[0], source: PathLike | None = None, *,
         eval_sets={"forget": sets["forget"], "probes": sets["probes"], "neighbours": sets["neighbours"],
                    "general": sets["general"], "fluency": know.fluency},
         prompt_format=prompt_format, task="knowledge",
-        description=(f"Real knowledge: forget {', '.join(know.targets[n].title for n in names)} "
+        description=(f"Real knowledge: forget {', '.join(know.subjects[n].title for n in names)} "
                      f"({len(sets['forget'])} {'known ' if known_only else ''}facts fitted, "
                      f"{len(sets['probes'])} held out as probes); keep "
-                     f"{len(know.targets) - len(names)} other targets and general knowledge "
+                     f"{len(know.subjects) - len(names)} other subjects and general knowledge "
                      f"({len(sets['retain'])} retain pairs, {n_eval} held out)."),
     )
 
@@ -331,7 +331,7 @@ def load_knowledge(split: str = TARGETS[0], source: PathLike | None = None, *,
 
 KNOWLEDGE_SETS = {"forget": "Forget", "probes": "Probe", "neighbours": "Neighbour", "general": "General"}
 """The real-knowledge sets: the forget questions the edit was fitted on ("Forget"), the
-forget target's held-out questions it never saw ("Probe": does the forgetting carry beyond
+forget subject's held-out questions it never saw ("Probe": does the forgetting carry beyond
 the fitted wording?), and the kept sets ("Neighbour", "General", pooled as "Kept")."""
 FORGET_SIDE = ("forget", "probes")
 KNOWLEDGE_BUDGET = 48
@@ -824,7 +824,7 @@ TASK = register_task(Task(
     benchmarks=(BenchmarkSpec("real-knowledge", load_knowledge, SPLITS,
                               options=("prompt_format", "known_only"), bundled=True,
                               label="Real knowledge: famous facts (bundled)",
-                              description="facts a small chat model knows, by target: forget one, keep the rest "
+                              description="facts a small chat model knows, by subject: forget one, keep the rest "
                                           "(offline)",
                               preset="smollm2", known_to=(REAL_MODEL,)),),
     sources={

@@ -1,12 +1,12 @@
-"""RWKU's name-only setting on the real-knowledge benchmark: the method is given a target's
+"""RWKU's name-only setting on the real-knowledge benchmark: the method is given a subject's
 name (and one sentence saying what it is) and nothing else; the loaded model writes the
-forget text itself, and the retain text about a few neighbouring targets.
+forget text itself, and the retain text about a few neighbouring subjects.
 
 As RWKU (jinzhuoran/RWKU at 7aacdb9):
 
 - passages: generation/pair_generation.py's positive prompt, the system message
   "{intro} You know {subject} very well." and "Please write a short biography of
-  {subject}.", sampled at temperature 1.0, top-p 0.9. RWKU's targets are all people; for a
+  {subject}.", sampled at temperature 1.0, top-p 0.9. RWKU's subjects are all people; for a
   place, a topic or a book world the request is "a short article about" it (our wording).
   RWKU also starts each passage with one of its stored openings to vary them; here the
   seed varies them.
@@ -18,9 +18,9 @@ As RWKU (jinzhuoran/RWKU at 7aacdb9):
 
 What is written comes back as `Written` rows (side, subject, kind, prompt, text), which a
 person reads and edits before any method runs (the studio's data panel); `name_only_benchmark`
-turns them into a `Benchmark` evaluated by the real-knowledge task on the bundled target's
+turns them into a `Benchmark` evaluated by the real-knowledge task on the bundled subject's
 questions, none of which the model wrote or the method saw: "forget" (the half the standard
-split fits), "probes" (the held-out half) and the kept targets' held-out questions.
+split fits), "probes" (the held-out half) and the kept subjects' held-out questions.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from grom.data.prompts import PromptFormat, encode_prompt, uses_chat_template
 from grom.data.readers import BenchmarkError, PathLike, read_rows
 from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.eval.runner import generate, sample
-from grom.tasks.knowledge import REAL_MODEL, TARGETS, Knowledge, Target, knowledge, load_knowledge
+from grom.tasks.knowledge import REAL_MODEL, SUBJECTS, Knowledge, Subject, knowledge, load_knowledge
 from grom.turns import Between, give
 
 SIDES = ("forget", "retain")
@@ -50,8 +50,8 @@ class Written:
     """One piece the model wrote: a passage (prompt: the request, text: the passage) or a
     question and the model's own answer (prompt: the question, text: the answer)."""
 
-    side: str  # "forget" (about the target) or "retain" (about a neighbour)
-    subject: str  # the target's id
+    side: str  # "forget" (about the subject) or "retain" (about a neighbour)
+    subject: str  # the subject's id
     kind: str  # "passage" or "qa"
     prompt: str
     text: str
@@ -65,8 +65,8 @@ class Written:
 @dataclass(frozen=True)
 class WritingConfig:
     """How much the model writes. Per subject: `passages` passages and `questions`
-    question/answer pairs about the target; `neighbour_passages` and `neighbour_questions`
-    about each of `neighbours` other targets (the retain side)."""
+    question/answer pairs about the subject; `neighbour_passages` and `neighbour_questions`
+    about each of `neighbours` other subjects (the retain side)."""
 
     passages: int = 16
     questions: int = 32
@@ -94,13 +94,13 @@ class WritingConfig:
             raise ValueError(f"WritingConfig: temperature {self.temperature!r} must be > 0 and top_p "
                              f"{self.top_p!r} in (0, 1]")
         if self.passages + self.questions == 0:
-            raise ValueError("WritingConfig: nothing to write about the target: ask for passages or questions")
+            raise ValueError("WritingConfig: nothing to write about the subject: ask for passages or questions")
 
 
-def request(target: Target) -> str:
-    """What the model is asked to write about `target` (RWKU's request for a person)."""
-    what = "a short biography of" if target.kind == "person" else "a short article about"
-    return f"Please write {what} {target.title}."
+def request(subject: Subject) -> str:
+    """What the model is asked to write about `subject` (RWKU's request for a person)."""
+    what = "a short biography of" if subject.kind == "person" else "a short article about"
+    return f"Please write {what} {subject.title}."
 
 
 def _chat(tokenizer, fmt: PromptFormat | None, user: str, system: str | None, start: str = "") -> list[int]:
@@ -114,15 +114,15 @@ def _chat(tokenizer, fmt: PromptFormat | None, user: str, system: str | None, st
     return ids + (list(tokenizer(start, add_special_tokens=False)["input_ids"]) if start else [])
 
 
-def passage_prompt(tokenizer, target: Target, fmt: PromptFormat | None = None) -> list[int]:
-    intro = f"{target.intro} " if target.intro else ""
-    return _chat(tokenizer, fmt, request(target), f"{intro}You know {target.title} very well.")
+def passage_prompt(tokenizer, subject: Subject, fmt: PromptFormat | None = None) -> list[int]:
+    intro = f"{subject.intro} " if subject.intro else ""
+    return _chat(tokenizer, fmt, request(subject), f"{intro}You know {subject.title} very well.")
 
 
-def question_prompt(tokenizer, target: Target, fmt: PromptFormat | None = None) -> list[int]:
-    intro = f"{target.intro}\n" if target.intro else ""
-    ask = (f"{intro}Please generate a question about {target.title} based on what you know about "
-           f"{target.title}\n")
+def question_prompt(tokenizer, subject: Subject, fmt: PromptFormat | None = None) -> list[int]:
+    intro = f"{subject.intro}\n" if subject.intro else ""
+    ask = (f"{intro}Please generate a question about {subject.title} based on what you know about "
+           f"{subject.title}\n")
     return _chat(tokenizer, fmt, ask, None, start="Question:")
 
 
@@ -133,40 +133,40 @@ def first_question(text: str) -> str | None:
     return line if line.endswith("?") and len(line.split()) >= 3 else None
 
 
-def neighbours_of(target: str, know: Knowledge, n: int) -> tuple[str, ...]:
-    """`n` other targets for the retain side: those of the same kind first, then the rest,
+def neighbours_of(subject: str, know: Knowledge, n: int) -> tuple[str, ...]:
+    """`n` other subjects for the retain side: those of the same kind first, then the rest,
     each group in the folder's order."""
-    kind = know.targets[target].kind
-    others = [t for t in know.targets if t != target]
-    return tuple(sorted(others, key=lambda t: know.targets[t].kind != kind)[:n])
+    kind = know.subjects[subject].kind
+    others = [t for t in know.subjects if t != subject]
+    return tuple(sorted(others, key=lambda t: know.subjects[t].kind != kind)[:n])
 
 
-def write_about(model, tokenizer, target: Target, side: str, passages: int, questions: int,
+def write_about(model, tokenizer, subject: Subject, side: str, passages: int, questions: int,
                 config: WritingConfig, fmt: PromptFormat | None = None,
                 progress: Callable[[str], None] | None = None, between: Between | None = None) -> list[Written]:
-    """`passages` passages and up to `questions` question/answer pairs about `target`. The
+    """`passages` passages and up to `questions` question/answer pairs about `subject`. The
     questions are sampled (twice as many tries, then once more), those that do not read as a
     question or repeat one are dropped, and each is answered greedily by the model.
     between: a step boundary (`grom.turns`) between the writing calls and inside each
     (`sample`'s and `generate`'s: between batches and decoding steps); the texts do not
     depend on it."""
     say = progress or (lambda _msg: None)
-    seed = config.seed + sum(map(ord, target.id))  # each subject its own draws, the same on every run
+    seed = config.seed + sum(map(ord, subject.id))  # each subject its own draws, the same on every run
     out: list[Written] = []
     if passages:
-        say(f"{target.title}: writing {passages} passages")
-        texts = sample(model, tokenizer, [passage_prompt(tokenizer, target, fmt)] * passages,
+        say(f"{subject.title}: writing {passages} passages")
+        texts = sample(model, tokenizer, [passage_prompt(tokenizer, subject, fmt)] * passages,
                        max_new_tokens=config.passage_tokens, temperature=config.temperature,
                        top_p=config.top_p, seed=seed, batch_size=config.batch_size, between=between)
-        out += [Written(side, target.id, "passage", request(target), t) for t in texts if t]
+        out += [Written(side, subject.id, "passage", request(subject), t) for t in texts if t]
     asked: list[str] = []
     for attempt in range(2):
         if len(asked) >= questions:
             break
-        say(f"{target.title}: writing questions ({len(asked)} of {questions})")
+        say(f"{subject.title}: writing questions ({len(asked)} of {questions})")
         give(between)
         tries = 2 * (questions - len(asked))
-        texts = sample(model, tokenizer, [question_prompt(tokenizer, target, fmt)] * tries,
+        texts = sample(model, tokenizer, [question_prompt(tokenizer, subject, fmt)] * tries,
                        max_new_tokens=config.question_tokens, temperature=config.temperature,
                        top_p=config.top_p, seed=seed + 1 + attempt, batch_size=config.batch_size,
                        between=between)
@@ -174,30 +174,30 @@ def write_about(model, tokenizer, target: Target, side: str, passages: int, ques
             if q and q.lower() not in {a.lower() for a in asked} and len(asked) < questions:
                 asked.append(q)
     if asked:
-        say(f"{target.title}: answering its {len(asked)} questions")
+        say(f"{subject.title}: answering its {len(asked)} questions")
         give(between)
         answers = generate(model, tokenizer, asked, prompt_format=fmt, max_new_tokens=config.answer_tokens,
                            batch_size=config.batch_size, between=between)
-        out += [Written(side, target.id, "qa", q, a) for q, a in zip(asked, answers) if a]
+        out += [Written(side, subject.id, "qa", q, a) for q, a in zip(asked, answers) if a]
     return out
 
 
-def write_name_only(model, tokenizer, target: str, config: WritingConfig = WritingConfig(), *,
+def write_name_only(model, tokenizer, subject: str, config: WritingConfig = WritingConfig(), *,
                     fmt: PromptFormat | None = None, source: PathLike | None = None,
                     progress: Callable[[str], None] | None = None,
                     between: Between | None = None) -> list[Written]:
-    """What the model writes for the name-only setting: about `target` (the forget side)
-    and about `config.neighbours` other targets (the retain side). between: a step boundary
+    """What the model writes for the name-only setting: about `subject` (the forget side)
+    and about `config.neighbours` other subjects (the retain side). between: a step boundary
     (`grom.turns`) between subjects and inside each (`write_about`): a host sharing the
     model lends it there; the same seed writes the same texts either way."""
     know = knowledge(source)
-    if target not in know.targets:
-        raise BenchmarkError(f"name only: no target {target!r}; targets: {', '.join(know.targets)}")
-    rows = write_about(model, tokenizer, know.targets[target], "forget", config.passages, config.questions,
+    if subject not in know.subjects:
+        raise BenchmarkError(f"name only: no subject {subject!r}; subjects: {', '.join(know.subjects)}")
+    rows = write_about(model, tokenizer, know.subjects[subject], "forget", config.passages, config.questions,
                        config, fmt, progress, between)
-    for other in neighbours_of(target, know, config.neighbours):
+    for other in neighbours_of(subject, know, config.neighbours):
         give(between)
-        rows += write_about(model, tokenizer, know.targets[other], "retain", config.neighbour_passages,
+        rows += write_about(model, tokenizer, know.subjects[other], "retain", config.neighbour_passages,
                             config.neighbour_questions, config, fmt, progress, between)
     return rows
 
@@ -222,10 +222,10 @@ def _examples(rows: Iterable[Written], use: str, answers: str = "whole") -> tupl
     return tuple(out)
 
 
-def name_only_benchmark(target: str, rows: Sequence[Written], *, use: str = "questions",
+def name_only_benchmark(subject: str, rows: Sequence[Written], *, use: str = "questions",
                         retain: str = "written", answers: str = "whole", source: PathLike | None = None,
                         prompt_format: PromptFormat | None = None, known_only: bool = False) -> Benchmark:
-    """The real-knowledge benchmark of `target` with what the model wrote as its forget set
+    """The real-knowledge benchmark of `subject` with what the model wrote as its forget set
     (`use`: its question/answer pairs, its passages, or both) and retain set (`retain`:
     what it wrote about the neighbours, the benchmark's own retain pairs, or both;
     `answers`: each forget answer whole, or its first sentence, where a short answer states
@@ -237,10 +237,10 @@ def name_only_benchmark(target: str, rows: Sequence[Written], *, use: str = "que
         raise ValueError(f"name only: use is one of {', '.join(USES)} (not {use!r}); retain one of "
                          f"{', '.join(RETAIN_FROM)} (not {retain!r}); answers one of {', '.join(ANSWERS)} "
                          f"(not {answers!r})")
-    bench = load_knowledge(target, source, prompt_format=prompt_format, known_only=known_only)
+    bench = load_knowledge(subject, source, prompt_format=prompt_format, known_only=known_only)
     forget = _examples([r for r in rows if r.side == "forget"], use, answers)
     if not forget:
-        raise BenchmarkError(f"name only: nothing written about {target} to forget as {use}; write some "
+        raise BenchmarkError(f"name only: nothing written about {subject} to forget as {use}; write some "
                              "first, or choose what to use (questions, passages, both)")
     written_retain = _examples([r for r in rows if r.side == "retain"], "both")
     kept = {"written": written_retain, "bundled": bench.retain, "both": written_retain + bench.retain}[retain]
@@ -249,20 +249,20 @@ def name_only_benchmark(target: str, rows: Sequence[Written], *, use: str = "que
                              "one neighbour, or keep the benchmark's own retain pairs (retain='bundled')")
     n_fq = sum(isinstance(x, QAExample) for x in forget)
     return dataclasses.replace(
-        bench, forget=forget, retain=kept, split=target,
+        bench, forget=forget, retain=kept, split=subject,
         name="real-knowledge", description=(
-            f"Real knowledge, name only (RWKU's setting): forget {target} from what the model wrote about it "
+            f"Real knowledge, name only (RWKU's setting): forget {subject} from what the model wrote about it "
             f"({n_fq} question/answer pairs, {len(forget) - n_fq} passages); keep {len(kept)} "
             f"{'written ' if retain == 'written' else ''}retain examples. Scored on the bundled questions, "
             f"none of which was written or fitted: {len(bench.eval_sets['forget'])} + "
-            f"{len(bench.eval_sets['probes'])} about the target."))
+            f"{len(bench.eval_sets['probes'])} about the subject."))
 
 
 def load_name_only(split: str, source: PathLike | None = None, *, use: str = "questions", retain: str = "written",
                    prompt_format: PromptFormat | None = None, known_only: bool = False) -> Benchmark:
     """The benchmark "name-only": `source` is a file of written rows (JSON or JSON lines
     with side, subject, kind, prompt, text: `to_records`, or the studio's table saved),
-    `split` the bundled target they are about; see `name_only_benchmark`."""
+    `split` the bundled subject they are about; see `name_only_benchmark`."""
     if source is None:
         raise BenchmarkError("name-only: give the file of what the model wrote (source=...): write it with "
                              "grom.tasks.name_only.write_name_only, or with the studio's Write button")
@@ -272,9 +272,9 @@ def load_name_only(split: str, source: PathLike | None = None, *, use: str = "qu
 
 
 NAME_ONLY = register_benchmark(BenchmarkSpec(
-    "name-only", load_name_only, TARGETS, options=("use", "retain", "prompt_format", "known_only"),
+    "name-only", load_name_only, SUBJECTS, options=("use", "retain", "prompt_format", "known_only"),
     label="Real knowledge, name only (RWKU): the model writes the forget set",
-    description="a bundled target's name in; the loaded model writes passages and questions about it and its "
+    description="a bundled subject's name in; the loaded model writes passages and questions about it and its "
                 "neighbours; scored on the bundled questions it did not write",
     preset="smollm2", known_to=(REAL_MODEL,), session_only="what the model wrote (name only)"))
 

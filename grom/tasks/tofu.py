@@ -219,7 +219,7 @@ def load_tofu(split: str, source: PathLike | None = None, *,
     forget: the forget pairs (with the perturbed file's variants); retain: the complement
     retain split; eval_sets: "forget", "retain", "real_authors", "world_facts", "holdout".
     prompt_format: how questions become prompts (default `TOFU_CHAT`, OpenUnlearning's
-    pinned Llama-3 arguments; `LLAMA2_INST` for its Llama-2-7b-chat target).
+    pinned Llama-3 arguments; `LLAMA2_INST` for its Llama-2-7b-chat model).
     """
     folder = resolve_source(source, "tofu")
     pct = split[-2:]

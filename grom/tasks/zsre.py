@@ -22,7 +22,7 @@ Splits `forget50-seed0` ... `forget50-seed9` (`forget50` is seed 0): a seeded dr
 `N_FORGET` forget facts and `N_RETAIN` retain facts, disjoint. The forget set is the
 forget facts (subject_last keys); the retain set is the retain facts' own prompts and
 answers, `QAExample(question=src, answer=" " + answer)` (the answer carries the
-separating space, as ROME tokenizes " " + target), read with the bare `RAW_TEXT`
+separating space, as ROME tokenizes " " + the answer), read with the bare `RAW_TEXT`
 format. Evaluation uses the forget facts only: efficacy on their prompts, generalisation
 on their paraphrases, specificity on their neighbourhood prompts. No retain prompt is
 any of those texts, so no metric measures what the edit was fitted to keep.

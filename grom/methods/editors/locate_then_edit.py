@@ -44,7 +44,7 @@ from grom import registry
 from grom.closed_form.collect import HIDDEN_CACHE_BYTES, Keys, LayerStream, forward
 from grom.closed_form.config import EditConfig
 from grom.closed_form.layer_scores import LayerScores
-from grom.closed_form.pipeline import compute_scores, prepare
+from grom.closed_form.pipeline import prepare, score_prepared
 from grom.data.encoding import Encoded, make_batches, pad_id
 from grom.data.prompts import PromptFormat, settings_from_dict
 from grom.data.schema import as_examples
@@ -271,7 +271,7 @@ def _band(model, config: EditorConfig, prep, scores: LayerScores | None,
     if config.layers is not None:
         band = sorted(config.layers)
     else:
-        scores = scores or compute_scores(model, prep, config.edit_config(), between=between)
+        scores = scores or score_prepared(model, prep, config.edit_config(), between=between)
         band = list(scores.band)
     n = num_layers(model)
     if any(not 0 <= l < n for l in band):

@@ -2,7 +2,7 @@
 (was grom/baselines/values.py).
 
 A fact is (subject, relation, object): a ZsRE `FactRecord` (its prompt, subject, answer)
-or a `QAExample` with a `subject` (the real-knowledge set: the question, the target it is
+or a `QAExample` with a `subject` (the real-knowledge set: the question, the subject it is
 about, and the `fact` inside the answer, else the whole answer). It is tokenised as the
 prompt followed by its answer (``grom.data.prompts.encode_qa``: the chat template for QA,
 the raw prompt for fact records, as GROM's own keys read them), with

@@ -6,8 +6,8 @@ forward passes that read the direction and the rows (activations.py), upstream's
 fit and the same objective in closed form on GROM's solver (fit.py), and the run with its
 registry row, family "redirection" (run.py)."""
 from grom.methods.lunar.activations import Activations, encode_instructions, read_activations, refusal_direction
+from grom.methods.lunar.direction_prompts import HARMFUL, UNVERIFIABLE, refusal_prompts
 from grom.methods.lunar.fit import Rows, closed_form_patch, fit_adamw, mse, training_rows
-from grom.methods.lunar.prompts import HARMFUL, UNVERIFIABLE, refusal_prompts
 from grom.methods.lunar.run import (
     LUNAR,
     SOLVERS,

@@ -10,7 +10,7 @@ Upstream (facebookresearch/LUNAR, commit dfa56eb0291a93e967284a9ec2d28d5572d235b
   (`candidate_directions[positions, layer_index + 1]`, "+1 because direction is calculated
   using pre-hook"), at the prompt's last token (`positions: -1`, the last end-of-instruction
   token), accumulated in float64; the direction is the mean over the refusal prompts
-  (grom.methods.lunar.prompts) minus the mean over the forget prompts;
+  (grom.methods.lunar.direction_prompts) minus the mean over the forget prompts;
 - the rows it fits (`src/hook_for_unlearn.py` `get_activations`, one prompt a batch): at
   EVERY token of each forget and retain prompt, the input of block l's mlp.down_proj and
   the MLP's contribution to the residual, read as block l's output minus the input of its

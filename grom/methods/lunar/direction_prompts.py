@@ -16,6 +16,8 @@ upstream's files): `HARMFUL` (requests an aligned chat model refuses, kept gener
 `refusal_prompts(kind)` gives one of them. GROM's refusal target
 (grom.closed_form.refusal) is another thing: refusal ANSWERS to teacher-force, not prompts
 to take a mean over.
+
+(Was `grom/methods/lunar/prompts.py`, a name `grom.data.prompts`, the prompt formats, holds.)
 """
 from __future__ import annotations
 

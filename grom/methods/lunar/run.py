@@ -31,8 +31,8 @@ from grom.data.schema import TextExample, as_examples
 from grom.edit import Edit, LayerRecord
 from grom.methods.costs import data_tokens, shape_of
 from grom.methods.lunar.activations import encode_instructions, read_activations, refusal_direction
+from grom.methods.lunar.direction_prompts import KINDS, refusal_prompts
 from grom.methods.lunar.fit import closed_form_patch, fit_adamw, mse, training_rows
-from grom.methods.lunar.prompts import KINDS, refusal_prompts
 from grom.model.arch import edited_matrix, loaded_from, num_layers, residual_gain
 from grom.registry import Box, MethodEntry, Reason, register, where
 from grom.turns import Between, evaluating, give, inside, modes, modes_as

@@ -41,7 +41,7 @@ _SMOL = "bench/bench_knowledge.py grid, the-solar-system known facts, 5 epochs (
 _SMOL_1123 = "bench/bench_knowledge.py baselines, the-solar-system, 5 epochs, 2026-11-23 (BENCHMARKS.md)"
 _SMOL_1125 = "bench/bench_knowledge.py baselines --skip-grom --known-only, one lr, 2026-11-25 (comment beside it)"
 _SMOL_RMU = ("bench/bench_knowledge.py baselines --skip-grom --known-only, lr 1e-3, 2e-3 and 3e-3 on the three "
-             "targets, 2026-11-25 (comment beside it)")
+             "subjects, 2026-11-25 (comment beside it)")
 _DEMO_F01 = ("bench/bench_baselines.py --split forget01 --sweep 1e-4,3e-4,1e-3,3e-3 --max-examples 40 "
              "(AltPO --epochs 2), 2026-11-25; numbers in the comment beside it")
 MODEL_DEFAULTS: tuple[ModelDefaults, ...] = (
@@ -79,7 +79,7 @@ MODEL_DEFAULTS: tuple[ModelDefaults, ...] = (
         # nothing on SmolLM2. Forget recall / retain cost on the solar system, world-war-ii
         # and the human body: 1e-3 0.53/0.078, 1.0/0.061, 0.73/0.104; 2e-3 0.20/0.094,
         # 0.56/0.136, 0.60/0.119; 3e-3 0.07/0.125, 0.33/0.167 (BENCHMARKS.md, 2026-11-25).
-        # 2e-3: the one that forgets on every target, near the 0.10 line
+        # 2e-3: the one that forgets on every subject, near the 0.10 line
         "rmu": StartingPoint(2e-3, 5, _SMOL_RMU)})),
 )
 

@@ -12,7 +12,7 @@ d3d7cf9e6b3c125d16687d4232680d8d83548f1a: src/trainer/utils.py (``compute_undial
 - UNDIAL:  ``mean over every position of CE(softmax(z_ref - beta * onehot(y)), z)``
 - WGA:     ``-mean_t[ p(y_t)^beta * l_t ]`` (weights detached)
 - SatImp:  ``-mean_t[ p(y_t)^beta1 (1 - p(y_t))^beta2 * l_t ]`` (weights detached)
-- CE-U:    ``mean_t CE(softmax(z_t with z_t[y_t] = -inf), z_t)`` (target detached), the first
+- CE-U:    ``mean_t CE(softmax(z_t with z_t[y_t] = -inf), z_t)`` (the soft labels detached), the first
            `ignore_first` answer tokens of each sequence left out
 - PDU:     ``mean_t (max_v z_t,v - mean_v z_t,v)^2``
 - RKLD:    ``mean_t KL(q_t || softmax(z_ref,t - beta * onehot(y_t)))``, q_t = softmax(z_t)
@@ -60,8 +60,8 @@ def undial_loss(logits: torch.Tensor, ref_logits: torch.Tensor, labels: torch.Te
     lowered = teacher.clone()
     b, t = valid.nonzero(as_tuple=True)
     lowered[b, t, y[b, t]] -= beta
-    target = F.softmax(lowered, dim=-1)
-    return -(target * F.log_softmax(z, dim=-1)).sum(-1).mean()
+    soft = F.softmax(lowered, dim=-1)  # the soft labels
+    return -(soft * F.log_softmax(z, dim=-1)).sum(-1).mean()
 
 
 def wga_loss(logits: torch.Tensor, labels: torch.Tensor, beta: float) -> torch.Tensor:
@@ -94,9 +94,9 @@ def ceu_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_first: int = 1) 
     if not bool(mask.any()):
         return _empty(logits)
     zv, yv = z[mask], y[mask]
-    target = zv.detach().clone()
-    target.scatter_(-1, yv.unsqueeze(-1), float("-inf"))
-    return -(F.softmax(target, dim=-1) * F.log_softmax(zv, dim=-1)).sum(-1).mean()
+    soft = zv.detach().clone()  # the soft labels' logits: the gold token's taken out
+    soft.scatter_(-1, yv.unsqueeze(-1), float("-inf"))
+    return -(F.softmax(soft, dim=-1) * F.log_softmax(zv, dim=-1)).sum(-1).mean()
 
 
 def pdu_forget_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -115,17 +115,18 @@ def pdu_forget_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return ((zv.max(dim=-1).values - zv.mean(dim=-1)) ** 2).mean()
 
 
-def rmu_activation_loss(h: torch.Tensor, target: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def rmu_activation_loss(h: torch.Tensor, control: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """RMU's activation distance: per sequence, the squared error averaged over the hidden
     size and summed over its labelled positions, divided by their number; then the mean
-    over the batch. h (B, T, d), target (B, T, d) or broadcastable, labels (B, T).
+    over the batch. h (B, T, d), control (B, T, d) or broadcastable (the forget side's scaled
+    random control vector, or the frozen model's activations on the retain side), labels (B, T).
 
     As ``RMU.compute_activation_loss`` (src/trainer/unlearn/rmu.py at d3d7cf9e): the mask
     is the unshifted ``labels != -100`` (the positions holding answer tokens), upstream's
     choice, kept. In float32.
     """
     mask = (labels != IGNORE_INDEX).to(h.device)
-    sq = (h.float() - target.to(h.device).float()) ** 2
+    sq = (h.float() - control.to(h.device).float()) ** 2
     per_seq = (sq.mean(-1) * mask).sum(-1) / mask.sum(-1).clamp_min(1)
     return per_seq.mean()
 
