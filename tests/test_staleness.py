@@ -110,7 +110,7 @@ def test_the_form_changed_marks_the_results_and_changed_back_unmarks_them():
     out = st.on_settings_changed(*values_of(edit, beta=150.0, band_text="2-4"), session, BASELINE, *TEXTS)
     texts = after(TEXTS, out[:len(st.SHOWN)])
     assert ("These results are of the edit at β 10, w_r 100, ρ 0.03, band 3-5; the form now says β 10 → 150, "
-            "band 3-5 → 2-4: press **Run edit** for those settings.") in texts[1]
+            "band 3-5 → 2-4: press <b>Run edit</b> for those settings.") in texts[1]
     assert out[len(st.SHOWN)].label.startswith("⚠ These results are of the edit at β 10")
     back = st.on_settings_changed(*values_of(edit), session, BASELINE, *texts)
     assert after(texts, back[:len(st.SHOWN)]) == [TEXTS[0].replace(" rc-new", "")] + TEXTS[1:]

@@ -86,12 +86,14 @@ def unmarked(text) -> str:
 
 
 def marked(text: str, why: str, line: str, as_html: bool) -> str:
-    """`text` (unmarked) with `line` (Markdown's **bold** allowed) above it, tagged `why`."""
+    """`text` (unmarked) with `line` (Markdown's **bold** allowed) above it, tagged `why`. The
+    line is written as HTML in a Markdown box too: after the tag, an HTML comment, Markdown
+    reads the whole line as HTML and would show its ** as they are."""
+    shown = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(line, quote=False))
     if as_html:
-        shown = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(line))
         text = text.replace('class="result-card rc-new"', 'class="result-card"', 1)  # not scrolled to again
         return f'{MARK.format(why)}<div class="stale-note" style="{STYLE}">⚠ {shown}</div>{END}{text}'
-    return f"{MARK.format(why)}⚠ {line}{END}\n\n{text}"
+    return f"{MARK.format(why)}⚠ {shown}{END}\n\n{text}"
 
 
 def edit_words(session: Session, edit) -> str:
