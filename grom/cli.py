@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 # What the parser shows and checks, written out here: their sources (grom.closed_form.config,
 # grom.model.sharding) load torch, seconds before `--help` or a wrong option could answer.
 # tests/test_cli.py checks each against its source.
-PRESET_NAMES = ("demo", "demo-forget01", "demo-forget05", "muse-books", "muse-news", "smollm2", "tofu10", "tofu5",
-                "wmdp-bio", "zsre")
+PRESET_NAMES = ("demo", "demo-forget01", "demo-forget05", "muse-books", "muse-news", "smollm2", "smollm2-prompt",
+                "tofu10", "tofu5", "wmdp-bio", "zsre")
 TARGETS = ("suppression", "corruption", "refusal")
 KEY_POSITIONS = ("answer", "subject", "last_prompt", "prompt")  # grom.data.encoding.KEY_POSITIONS (a test says)
 DEVICE_MAP_HELP = ("auto, balanced or sequential (accelerate spreads the model over the GPUs, then the "

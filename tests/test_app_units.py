@@ -660,7 +660,8 @@ def test_a_restored_run_names_its_preset_as_typed_values_do():
     config = PRESETS["smollm2"].replace(layers=(25, 26, 27, 28, 29))
     assert restored(config) == "smollm2"
     assert restored(config.replace(beta=80.0)) == form.CUSTOM
-    assert restored(config.replace(key_mode="qa")) == form.CUSTOM  # no widget holds it: not the preset's edit
+    assert restored(config.replace(max_length=256)) == form.CUSTOM  # no widget holds it: not the preset's edit
+    assert restored(config.replace(key_mode="qa")) == "smollm2"  # the answer tokens, as "auto" reads questions
     assert restored(config, mode="manual") == form.CUSTOM  # a fixed band is not the preset's suggested one
     tofu = PRESETS["tofu10"]
     assert restored(tofu, mode="manual", band=tofu.layers, k=5) == "tofu10"

@@ -122,3 +122,24 @@ def test_the_form_box_sets_them_and_a_restore_reads_them_back():
     assert kept.key_mode == "subject_last"  # the box at "answer" leaves ZsRE's keys as they are
     with pytest.raises(Exception, match="key positions must be one of"):
         form.edit_config({**values, "key_positions": "everywhere"}, n_layers=4)
+
+
+def test_the_prompt_keys_preset_fills_the_box_and_runs_as_stated():
+    """smollm2-prompt (BENCHMARKS.md: fewer held-out facts left than smollm2 at its retain cost,
+    more answers broken) is offered beside the default: choosing it puts "prompt" in the key
+    positions box and the refusal target in its radio, and the form's config is the preset's."""
+    pytest.importorskip("gradio")
+    from components.studio import form
+
+    preset = PRESETS["smollm2-prompt"]
+    assert key_positions_of(preset) == "prompt" and preset.target == "refusal"
+    assert key_positions_of(PRESETS["smollm2"]) == "answer"  # the default stays the paper's keys
+    filled = dict(zip(form.PRESET_FILLED, form.preset_values("smollm2-prompt")))
+    assert filled["key_positions"] == "prompt" and filled["target"] == "refusal"
+    values = {name: filled.get(name) for name in form.NAMES}
+    values.update(preset="smollm2-prompt", band_text="", seed=0, forget_budget=0, retain_budget=0, batch_size=32,
+                  retain_examples=128)
+    config = form.edit_config(values, n_layers=30)
+    assert (config.key_mode, config.retain_key_mode, config.beta, config.target) == (
+        preset.key_mode, preset.retain_key_mode, preset.beta, preset.target)
+    assert form.matching_preset(values, hidden=form._hidden(config)) == "smollm2-prompt"

@@ -45,7 +45,7 @@ DEFAULT_RETAIN_EXAMPLES = 1600
 # A 135M model costs ~2 ms of CPU per key token (the toy: ~0.02 ms): its preset starts with a
 # smaller seeded retain sample so that Run edit answers in seconds (BENCHMARKS.md). The demo's
 # presets need their 1600: with 128 the demo edit of forget10 lost 30-34% of its retain facts.
-RETAIN_EXAMPLES_FOR = {"smollm2": 128}
+RETAIN_EXAMPLES_FOR = {"smollm2": 128, "smollm2-prompt": 128}
 RUN_DEFAULTED = ("batch_size", "forget_budget", "retain_budget", "retain_examples")
 """The settings a preset gives a default for besides those it sets (`PRESET_FILLED`): a preset
 chosen, a model loaded or a split loaded puts them back to the preset's (`run_defaults`);
@@ -302,10 +302,23 @@ def _same(name: str, a, b) -> bool:
     return a == b
 
 
+def _shown(config: dict) -> set[str]:
+    """The EditConfig fields a widget holds for `config`: every field's, and the key modes
+    where the key positions box names them (not ZsRE's subject_last)."""
+    shown = {f.config for f in FIELDS if f.config} | _NOT_HIDDEN
+    default = EditConfig()
+    modes = {m: config.get(m) or getattr(default, m) for m in ("key_mode", "retain_key_mode")}
+    try:
+        named = key_positions_of(default.replace(**modes)) is not None
+    except ValueError:
+        named = False
+    return shown | ({"key_mode", "retain_key_mode"} if named else set())
+
+
 def _hidden(config: EditConfig | dict) -> dict:
     """The settings no widget holds (a preset's `key_mode`, for one)."""
     d = config.to_dict() if isinstance(config, EditConfig) else dict(config)
-    shown = {f.config for f in FIELDS if f.config} | _NOT_HIDDEN
+    shown = _shown(d)
     default = EditConfig().to_dict()
     return {key: d.get(key, default[key]) for key in default if key not in shown}
 
@@ -352,6 +365,6 @@ def hidden_differences(config: dict) -> list[str]:
     """The config's settings that no widget holds and that differ from EditConfig()'s (they
     came from a preset): a restore with the "(custom)" preset cannot bring them back."""
     default = EditConfig().to_dict()
-    shown = {f.config for f in FIELDS if f.config} | {"layers", "prompt_format", "candidates", "keep_keys"}
+    shown = _shown(config)
     return [f"{key}={config[key]!r}" for key in default if key not in shown and config.get(key) != default[key]]
 

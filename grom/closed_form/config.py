@@ -180,6 +180,14 @@ PRESETS: dict[str, EditConfig] = {
     # SmolLM2-135M-Instruct (30 layers) on the real-knowledge benchmark: the paper's
     # TOFU-10% settings (absolute beta 65, w_r 100, rho 0.03) with the automatic band of 5.
     "smollm2": EditConfig(k=5, beta=65.0, w_r=100.0, rho=0.03),
+    # The same model with its forget keys at every prompt token, each moved toward a refusal's
+    # first token, the retain keys at every prompt and answer position (issue 47, BENCHMARKS.md
+    # "Where GROM takes its keys"): at the smollm2 preset's retain cost or below it leaves half
+    # the held-out facts (0.20 / 0.36 / 0.10 of the solar system's, WWII's, the human body's
+    # known probes, against 0.53 / 0.43 / 0.40), and breaks more answers (0.33 / 0.14 / 0.20
+    # of the held-out ones degenerate, against 0.07 / 0.07 / 0.10). Offered, not the default.
+    "smollm2-prompt": EditConfig(k=5, beta=90.0, w_r=100.0, rho=0.03, target="refusal", key_mode="prompt",
+                                 retain_key_mode="prompt_qa"),
 }
 
 
