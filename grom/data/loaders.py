@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from grom.data.readers import BenchmarkError
 from grom.data.schema import Benchmark
+from grom.read_view import ReadView
 
 logger = logging.getLogger(__name__)
 
@@ -78,30 +79,16 @@ def fill_before_reading(fill: Callable[[], None]) -> None:
     _fills.append(fill)
 
 
-class _Registered(Mapping):
+def _full() -> Mapping[str, BenchmarkSpec]:
     """`_REGISTRY`, read-only, with the fills done before it is read."""
-
-    def _full(self) -> Mapping[str, BenchmarkSpec]:
-        for fill in list(_fills):  # a read during a fill (the tasks' own import) finds what is there so far
-            fill()
-        _fills.clear()
-        return MappingProxyType(_REGISTRY)
-
-    def __getitem__(self, name: str) -> BenchmarkSpec:
-        return self._full()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._full())
-
-    def __len__(self) -> int:
-        return len(self._full())
-
-    def __repr__(self) -> str:
-        return f"BENCHMARKS({list(self)})"
+    for fill in list(_fills):  # a read during a fill (the tasks' own import) finds what is there so far
+        fill()
+    _fills.clear()
+    return MappingProxyType(_REGISTRY)
 
 
 # Every registered benchmark, in the order a UI lists them; read-only (see register_benchmark).
-BENCHMARKS: Mapping[str, BenchmarkSpec] = _Registered()
+BENCHMARKS: Mapping[str, BenchmarkSpec] = ReadView(_full, "BENCHMARKS")
 
 
 def register_benchmark(spec: BenchmarkSpec, *, first: bool = False) -> BenchmarkSpec:

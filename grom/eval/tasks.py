@@ -14,12 +14,12 @@ filled on its first read (with the benchmarks': the `grom` package's import of g
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from grom.data.loaders import BENCHMARKS, BenchmarkSpec, register_benchmark, unregister_benchmark
+from grom.read_view import ReadView
 
 if TYPE_CHECKING:
     from grom.eval.results import Row
@@ -123,23 +123,7 @@ def _filled() -> dict[str, Task]:
     return _TASKS
 
 
-class _Tasks(Mapping):
-    """`_TASKS`, read-only, filled before it is read."""
-
-    def __getitem__(self, name: str) -> Task:
-        return _filled()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(dict(_filled()))
-
-    def __len__(self) -> int:
-        return len(_filled())
-
-    def __repr__(self) -> str:
-        return f"TASKS({', '.join(_filled())})"
-
-
-TASKS: Mapping[str, Task] = _Tasks()
+TASKS: Mapping[str, Task] = ReadView(_filled, "TASKS")
 """Every registered task by name; read-only (see `register_task`), filled on first read."""
 
 
@@ -153,32 +137,13 @@ def joined(name: str, shared: Mapping) -> Mapping:
     _SHARED[name] = shared
     for task in _TASKS.values():  # those registered before the shared table was made
         _stated_once(task, against_tasks=False)
-    return _Joined(name, shared)
 
-
-class _Joined(Mapping):
-    """`joined`'s view, filled before it is read."""
-
-    def __init__(self, name: str, shared: Mapping):
-        self._name, self._shared = name, shared
-
-    def _all(self) -> Mapping:
-        every = dict(self._shared)
+    def every() -> Mapping:
+        table = dict(shared)
         for task in _filled().values():
-            every.update(getattr(task, self._name))
-        return MappingProxyType(every)
-
-    def __getitem__(self, key: str):
-        return self._all()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __repr__(self) -> str:
-        return f"{self._name}({dict(self._all())!r})"
+            table.update(getattr(task, name))
+        return table
+    return ReadView(every, name)
 
 
 def _stated_once(task: Task, against_tasks: bool = True) -> None:
