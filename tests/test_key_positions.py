@@ -143,3 +143,15 @@ def test_the_prompt_keys_preset_fills_the_box_and_runs_as_stated():
     assert (config.key_mode, config.retain_key_mode, config.beta, config.target) == (
         preset.key_mode, preset.retain_key_mode, preset.beta, preset.target)
     assert form.matching_preset(values, hidden=form._hidden(config)) == "smollm2-prompt"
+
+
+def test_a_prompt_cut_by_max_length_reads_its_gold_in_the_kept_ids(tokenizer):
+    """A prompt longer than max_length loses its start and keeps one answer token (as the
+    answer keys always did): the prompt keys are read in the kept ids, and the fact, cut off
+    there, gives way to the answer's first token."""
+    (full,) = encode_example(tokenizer, EX, 0, mode="prompt")
+    answer_start = len(full.positions)  # every prompt token is a key
+    (cut,) = encode_example(tokenizer, EX, 0, mode="prompt", max_length=answer_start - 1)
+    assert cut.input_ids == full.input_ids[2:answer_start + 1]  # the prompt's first two tokens gone, one answer token
+    assert cut.positions == tuple(range(answer_start - 2)) and set(cut.gold) == {full.input_ids[answer_start]}
+    assert _fact_token(tokenizer) != full.input_ids[answer_start]  # the fact was not the answer's first token

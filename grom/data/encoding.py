@@ -136,7 +136,8 @@ def _encode_qa(tokenizer, question, answer, fmt, max_length, i, mode: str = "qa"
         positions = list(range(last)) + answer_keys
     else:
         raise ValueError(f"a question has no {mode!r} keys")
-    recalled = ans[0] if mode == "qa" else ids[cut + fact_start(tokenizer, question, answer, fact, fmt, start)]
+    at = fact_start(tokenizer, question, answer, fact, fmt, start) - cut if mode != "qa" else len(prompt)
+    recalled = ids[at] if at < len(ids) else ans[0]  # a fact cut off by max_length: the answer's first token
     answered = last if mode in ("qa", "prompt_qa") else len(ids)  # from here on a key predicts its next token
     gold = [ids[j + 1] if j >= answered else recalled for j in positions]
     return [Encoded(tuple(ids), tuple(positions), tuple(gold), i)]
