@@ -201,15 +201,21 @@ def with_key_positions(config: EditConfig, where: str) -> EditConfig:
     return config if where == (key_positions_of(config) or "answer") else keyed_at(config, where)
 
 
-def key_positions_in(config: dict) -> str:
-    """The key positions box's value for an EditConfig as a dict ("answer" where its key
-    modes are no `KEY_POSITIONS` pair)."""
+def _named_positions(config: dict) -> str | None:
+    """The `KEY_POSITIONS` name of an EditConfig-as-a-dict's key modes; None where they are
+    another pair (ZsRE's subject_last) or modes no EditConfig takes (the run's check says so)."""
     default = EditConfig()
     modes = {m: config.get(m) or getattr(default, m) for m in ("key_mode", "retain_key_mode")}
     try:
-        return key_positions_of(default.replace(**modes)) or "answer"
-    except ValueError:  # modes no EditConfig takes: the check of the run says so
-        return "answer"
+        return key_positions_of(default.replace(**modes))
+    except ValueError:
+        return None
+
+
+def key_positions_in(config: dict) -> str:
+    """The key positions box's value for an EditConfig as a dict ("answer" where its key
+    modes are no `KEY_POSITIONS` pair)."""
+    return _named_positions(config) or "answer"
 
 
 def log10(value: float) -> float:
@@ -306,13 +312,7 @@ def _shown(config: dict) -> set[str]:
     """The EditConfig fields a widget holds for `config`: every field's, and the key modes
     where the key positions box names them (not ZsRE's subject_last)."""
     shown = {f.config for f in FIELDS if f.config} | _NOT_HIDDEN
-    default = EditConfig()
-    modes = {m: config.get(m) or getattr(default, m) for m in ("key_mode", "retain_key_mode")}
-    try:
-        named = key_positions_of(default.replace(**modes)) is not None
-    except ValueError:
-        named = False
-    return shown | ({"key_mode", "retain_key_mode"} if named else set())
+    return shown | ({"key_mode", "retain_key_mode"} if _named_positions(config) else set())
 
 
 def _hidden(config: EditConfig | dict) -> dict:
