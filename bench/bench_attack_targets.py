@@ -177,6 +177,9 @@ def run_target(args, model, tok, target: str) -> dict:
            "n_holdout": len(holdout), "methods": {}}
     if args.calibrate_relearn:
         out["relearn_calibration"] = calibration(args, model, tok, bench, probes, target)
+    reference = None
+    if args.reference:
+        reference, _ = load_model(args.reference, device="cpu", dtype="float32")
     args.grom_band = None  # the target's GROM band, which places the editors (`editor_band`)
     args.base_report = None  # --evaluate: the target's Base row, computed once
     for method in args.methods:
@@ -185,7 +188,7 @@ def run_target(args, model, tok, target: str) -> dict:
         _log(f"{target}: {method}: edit {secs:.1f} s; attacks")
         t0 = time.perf_counter()
         results = run_attacks(model, tok, edit, probes, fitted=fitted, holdout=holdout, attacks=args.attacks,
-                              fmt=bench.prompt_format)
+                              fmt=bench.prompt_format, reference=reference)
         attacks = {k: {**r.to_dict(), "edited_answers": list(r.edited_answers), "base_answers": list(r.base_answers)}
                    for k, r in results.items()}
         if args.relearn_grid:
@@ -348,6 +351,8 @@ def main(argv=None) -> None:
     ap.add_argument("--evaluate", action="store_true",
                     help="also the studio's evaluation of each edit (answers stage): forget and kept fact recall, "
                          "refusals, degenerate answers, Knowledge score, retain cost")
+    ap.add_argument("--reference", default=None,
+                    help="a retain model (never trained on the forget set): the depth attack reports UDS against it")
     ap.add_argument("--json", default=None)
     ap.add_argument("--tables", nargs="+", default=None, metavar="JSON",
                     help="no run: the tables of earlier --json files, their methods side by side per target")

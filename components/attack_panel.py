@@ -4,7 +4,8 @@ held-out probe questions the edit never saw, asked as they are and transformed
 adversarial wrappers), questions written to reach the same facts another way (through
 another entity, under another name: `grom.robustness.written`), and attacks on the
 weights (relearning, 4- and 8-bit quantization, the logit lens), each scored by fact
-recall for the base model and the edited one, and the membership attacks (LOSS, zlib,
+recall for the base model and the edited one, the depth score (at which layers the facts
+are still recoverable: per-layer activation patching, `grom.robustness.depth`), and the membership attacks (LOSS, zlib,
 Min-K, Min-K++: can the forget answers be told from the other subjects' answers by their
 likelihood? an AUC, 0.5 = they cannot).
 
@@ -54,12 +55,14 @@ from components.studio.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import TABLE_LABELS, answers_table_html, download_box, empty_table, title_html
 from grom.data.schema import QAExample
+from grom.eval.prefix import first_changed_layer
 from grom.eval.verdicts import Tally, tally_answers
 from grom.model.process_memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE
 from grom.robustness.membership import holdout_of
 from grom.robustness.probes import PROBE_TYPES, probes_from_examples, transform
-from grom.robustness.suite import AUC_ATTACKS, TEACHER_FORCED, WEIGHT_ATTACKS, attack_names, run_attacks
+from grom.robustness.suite import NOT_RECALL, TEACHER_FORCED, WEIGHT_ATTACKS, attack_names, run_attacks
+from grom.robustness.suite import QUICK as SUITE_QUICK
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +73,20 @@ LABELS = {
     "role_play": "Role play", "multi_hop": "Multi-hop (through another entity)",
     "alias": "Alias (another name)", "relearn": "Relearning", "quant4": "4-bit quantization",
     "quant8": "8-bit quantization", "logit_lens": "Logit lens (top-1, last layer)",
+    "depth": "Depth (share of layers erased; 1 = gone at every layer)",
     "mia": "Membership inference (Min-K AUC; 0.5 = can't tell)",
 }
 GROM = "GROM"
 TRAIN_SHARE = 0.4  # of the progress bar, when a baseline is trained first
-QUICK = ("heldout", "paraphrase", "incontext", "affirmative_suffix", "logit_lens")
+QUICK = SUITE_QUICK
 """The attacks ticked when the panel opens: the few that answer "is it gone?" soonest. The
 held-out probes (every other attack is read against them), and of the rest the cheap ones
 that most often brought recall back above them on SmolLM2's solar system (BENCHMARKS.md,
 "every pick through every attack"): a paraphrase, solved questions first (in context), RWKU's
 affirmative suffix, and the logit lens (two teacher-forced passes: is the fact still the
-model's top choice inside?). On SmolLM2 on a CPU that is about a fifth of the whole suite's
+model's top choice inside?), and the depth score beside it (at which layers is it still
+recoverable? on GROM's edit about two teacher-forced passes, its band's layers alone
+patched). On SmolLM2 on a CPU that is about a fifth of the whole suite's
 time (bench/attack_times.py); relearning alone, two fine-tunings each scored three times,
 is a third of it. The others are one click away (**Every attack**). The written probes
 (multi_hop, alias) are cheap but stay out: they exist only for the bundled real-knowledge
@@ -151,18 +157,25 @@ def attack_kind(name: str) -> str:
     return f"attack:{name}"
 
 
-def attack_estimates(handle, bench) -> dict[str, float]:
+def attack_estimates(handle, bench, edit=None) -> dict[str, float]:
     """{attack: estimated seconds on one edit} on the loaded model, for every attack: its
-    work counted (`components.server.durations.attack_work`) and priced at this host's pace
+    work counted (`components.server.durations.attack_work`, on `edit`'s layers where one is
+    given: the depth score patches only the layers it changed) and priced at this host's pace
     now (`components.server.pace.seconds`: the model's calibration, the attack's own measured
     pace, the CPU's load); a UserError where the benchmark has no held-out probes."""
     inputs = inputs_of(handle, bench)
-    return {name: pace.seconds(handle, attack_kind(name), attack_work(inputs, name), inputs.size)
+    first = changed_from(handle, edit)
+    return {name: pace.seconds(handle, attack_kind(name), attack_work(inputs, name, first), inputs.size)
             for name in attack_names("all")}
 
 
+def changed_from(handle, edit) -> int:
+    """The first layer `edit` changes on the model (0, every layer, without one: the most work)."""
+    return 0 if edit is None else first_changed_layer(handle.model, edit)
+
+
 @contextmanager
-def paced(key: ModelKey, bench, name: str):
+def paced(key: ModelKey, bench, name: str, edit=None):
     """Time one attack (`attack_once`) into the host's pace of its kind (nothing where the
     model or its inputs are not at hand: the attack runs all the same)."""
     handle = REGISTRY.get(key)
@@ -173,7 +186,7 @@ def paced(key: ModelKey, bench, name: str):
     if inputs is None:
         yield
         return
-    with pace.timed(handle, attack_kind(name), attack_work(inputs, name), inputs.size):
+    with pace.timed(handle, attack_kind(name), attack_work(inputs, name, changed_from(handle, edit)), inputs.size):
         yield
 
 
@@ -206,7 +219,7 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
         edits[label] = train_comparator(key, bench, method, epochs, lr, grom_edit.band,
                                         local_progress(lambda f, m: progress(TRAIN_SHARE * f, f"{label}: {m}")))
         start = TRAIN_SHARE
-    weight = progress_weights(key, bench, names)
+    weight = progress_weights(key, bench, names, grom_edit)
     share = (1 - start) / len(edits)
     out: dict[str, dict] = {}
     for i, (method, edit) in enumerate(edits.items()):
@@ -221,7 +234,7 @@ def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], bas
             progress(at, message)
             step = device_progress(lambda f, _m, at=at, width=width, message=message: progress(
                 at + width * f, message))
-            with paced(key, bench, name):
+            with paced(key, bench, name, edit):
                 out[method] |= attack_once(key, bench, edit, name, step)
             at += width
     progress(1.0, "attacks done")
@@ -240,13 +253,13 @@ def rising(progress):
     return said
 
 
-def progress_weights(key: ModelKey, bench, names: tuple[str, ...]) -> dict[str, float]:
+def progress_weights(key: ModelKey, bench, names: tuple[str, ...], edit=None) -> dict[str, float]:
     """Each attack's share of the progress bar: its estimated seconds over the selection's
     (relearning alone is a third of the whole suite), equal shares where there is no
     estimate."""
     handle = REGISTRY.get(key)
     try:
-        seconds = attack_estimates(handle, bench) if handle is not None else {}
+        seconds = attack_estimates(handle, bench, edit) if handle is not None else {}
     except Exception:  # noqa: BLE001  (a bar that moves evenly is no reason to stop the attacks)
         seconds = {}
     total = sum(max(seconds.get(n, 0.0), 0.0) for n in names)
@@ -319,7 +332,7 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...], probes=None) ->
             removed = f" (the edit removed {1 - h.edited / h.base:.0%} of it)" if h.base > 0 else ""
         parts.append(f"On **{h.n} held-out probes** the edit never saw, recall went from **{h.base:.2f}** to "
                      f"**{h.edited:.2f}**{removed}.")
-    ran = {k: r for k, r in grom.items() if not math.isnan(r.edited) and k != "heldout" and k not in AUC_ATTACKS
+    ran = {k: r for k, r in grom.items() if not math.isnan(r.edited) and k != "heldout" and k not in NOT_RECALL
            and not _written(k)}
     if ran:
         name, worst = max(ran.items(), key=lambda kv: kv[1].edited)
@@ -337,6 +350,8 @@ def summary_md(results: dict[str, dict], names: tuple[str, ...], probes=None) ->
                      f"against their own base): {'; '.join(written)}.")
     if "relearn" in grom:
         parts.append(relearn_md(grom["relearn"]))
+    if "depth" in grom:
+        parts.append(depth_md(results))
     if "mia" in grom and not math.isnan(grom["mia"].edited):
         parts.append(membership_md(grom["mia"]))
     for name, r in grom.items():
@@ -403,6 +418,51 @@ def lens_figure(results: dict[str, dict]):
         if method != GROM and "logit_lens" in res:
             prob[method] = res["logit_lens"].details["edited_prob"]
     return plots.plot_logit_lens(d["layers"], prob, d.get("band", ()), d.get("first_changed_layer"))
+
+
+def depth_figure(results: dict[str, dict]):
+    """The depth score's erased share per layer, one line per method attacked (GROM first)."""
+    if "depth" not in results.get(GROM, {}):
+        return plots.empty_figure("Tick the depth score and run the attacks.")
+    d = results[GROM]["depth"].details
+    share = {m: res["depth"].details["erased_share"] for m, res in results.items() if "depth" in res}
+    return plots.plot_depth(d["layers"], share, d.get("band", ()), d.get("first_changed_layer"),
+                            with_retain=d.get("measure") == "uds")
+
+
+def depth_md(results: dict[str, dict]) -> str:
+    """The depth score in words: what it measured (UDS with a retain model, else the depth
+    against the edit's own output), each method's value, and where GROM's facts are still
+    recoverable."""
+    grom = results[GROM]["depth"]
+    d = grom.details
+    layers, share = d.get("layers", []), d.get("erased_share", [])
+    kept = [layer for layer, v in zip(layers, share) if v is not None and v < 0.5]
+    values = "; ".join(f"{m} **{res['depth'].edited:.2f}**" for m, res in results.items()
+                       if "depth" in res and not math.isnan(res["depth"].edited))
+    if d.get("measure") == "uds":
+        what = ("Depth (the Unlearning Depth Score: each layer's states patched into the unedited model, against "
+                "a retain model's; 1 = erased wherever the retain model lacks the fact)")
+    else:
+        what = ("Depth (each layer's states patched into the unedited model, against the edit's own fall at the "
+                "output; no retain model here, so this is not UDS; 1 = gone at every layer)")
+    if not values:
+        return f"{what}: the edit did not lower the probes' facts by more than {d.get('threshold', 0.05)} nats."
+    where = (f" The unedited model reads most of GROM's forgotten facts back from the states of {len(kept)} of "
+             f"{len(layers)} layers ({_ranges(kept)})." if kept else "")
+    return f"{what}: {values}.{where}"
+
+
+def _ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out, start = [], None
+    for i, layer in enumerate(layers):
+        if start is None:
+            start = layer
+        if i + 1 == len(layers) or layers[i + 1] != layer + 1:
+            out.append(f"{start}" if start == layer else f"{start}-{layer}")
+            start = None
+    return ", ".join(out)
 
 
 def answers_html(session: Session, row: int) -> str:
@@ -494,11 +554,12 @@ def on_run_attacks(attacks: list[str], with_baseline: bool, method: str, epochs:
     session.extra["attacks"] = (edit, results, names, probes)
     release_memory()
     frame = results_frame(results, names, probes)
-    shown = [n for n in names if n not in AUC_ATTACKS]  # the plot's axis is recall, not an AUC
+    shown = [n for n in names if n not in NOT_RECALL]  # the plot's axis is recall, not an AUC or a depth
     recall = {"Base": [results[GROM][n].base for n in shown]}
     recall |= {m: [res[n].edited for n in shown] for m, res in results.items()}
     figure = plots.plot_attacks([LABELS.get(n, n) for n in shown], recall)
-    return summary_md(results, names, probes), frame, figure, lens_figure(results), answers_html(session, 0)
+    return (summary_md(results, names, probes), frame, figure, lens_figure(results), depth_figure(results),
+            answers_html(session, 0))
 
 
 def chosen(attacks) -> tuple[str, ...]:
@@ -527,6 +588,15 @@ def estimate_md(names, seconds: dict[str, float], n_probes: int, with_baseline: 
     return text + pace.queue_words()
 
 
+def edit_of(session: Session):
+    """The session's edit where it has one for its model (what the estimates are counted on),
+    else None (counted on every layer)."""
+    try:
+        return current_edit(session)
+    except UserError:
+        return None
+
+
 def attack_view(attacks, with_baseline: bool, session: Session):
     """(the attacks' choices, labelled with their estimates, the ticked ones kept; the
     estimate line) for the session's model and benchmark; plain labels and a line that says
@@ -534,7 +604,7 @@ def attack_view(attacks, with_baseline: bool, session: Session):
     names = [n for n in attack_names("all") if n in set(attacks or ())]
     try:
         handle, bench = current_model(session), current_benchmark(session)
-        seconds = attack_estimates(handle, bench)
+        seconds = attack_estimates(handle, bench, edit_of(session))
         n_probes = len(probes_of(bench)[0])
     except UserError as err:
         return gr.CheckboxGroup(choices=attack_choices(), value=names), f"No estimate: {err}"
@@ -588,7 +658,7 @@ def on_attacks_start(attacks, with_baseline: bool, session: Session) -> str:
     except UserError as err:
         return f"Not run: {err}"
     try:
-        seconds = attack_estimates(current_model(session), bench)
+        seconds = attack_estimates(current_model(session), bench, edit_of(session))
         total = sum(seconds.get(n, 0.0) for n in names) * (2 if with_baseline else 1)
         took = f", about {about(total).lstrip('~')}"
     except Exception:  # noqa: BLE001  (the run says what it does without a time)
@@ -635,11 +705,13 @@ def build_attack_panel() -> SimpleNamespace:
                          interactive=False, wrap=True, elem_id="attack-table")
     files = download_box("the attack table")
     plot = gr.Plot(plots.empty_figure("Run the attacks to see recall per attack."), show_label=False)
-    lens = gr.Plot(plots.empty_figure("Tick the logit lens and run the attacks."), show_label=False)
+    with gr.Row(equal_height=True):
+        lens = gr.Plot(plots.empty_figure("Tick the logit lens and run the attacks."), show_label=False)
+        depth = gr.Plot(plots.empty_figure("Tick the depth score and run the attacks."), show_label=False)
     answers = gr.HTML(elem_id="attack-answers")
     return SimpleNamespace(attacks=attacks, estimate=estimate, quick=quick, every=every, with_baseline=with_baseline,
                            run=run, stop=stop, summary=summary, table=table, files=files, plot=plot, lens=lens,
-                           answers=answers)
+                           depth=depth, answers=answers)
 
 
 def wire(k: SimpleNamespace, page: Page) -> None:
@@ -655,7 +727,7 @@ def wire(k: SimpleNamespace, page: Page) -> None:
     k.every.click(on_every_attack, None, k.attacks, **LOCAL)
     k.run.click(on_attacks_start, estimates[0], k.summary, **LOCAL)  # what runs, at once
     attacked = k.run.click(in_turn(on_run_attacks), [k.attacks, k.with_baseline, bl.method, bl.epochs, bl.lr, s],
-                           [k.summary, k.table, k.plot, k.lens, k.answers], api_name="attacks",
+                           [k.summary, k.table, k.plot, k.lens, k.depth, k.answers], api_name="attacks",
                            show_progress_on=[k.summary], **device_queue())
     # Stop: the running suite ends at its next forward pass (components.server.device), the model unedited
     attacked.failure(on_attacks_failed, k.summary, k.summary, **LOCAL)  # a "Running ..." line says it did not finish

@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a comma list of attack names, or all; multi_hop and alias ask the questions written "
                              "for the bundled real-knowledge subjects the probes are about "
                              "(grom/robustness/written.py)")
+    attack.add_argument("--reference", help="a retain model (a model folder or Hub id, never trained on the forget "
+                                            "set): the depth attack then reports the Unlearning Depth Score (UDS); "
+                                            "without it, the depth against the edit's own output")
     _json_arg(attack, "every attack's results")
     evaluate = sub.add_parser("evaluate", help="a benchmark's metrics of the model, a saved edit applied; "
                                                "TOFU also as OpenUnlearning's TOFU_EVAL.json")
@@ -437,10 +440,15 @@ def attack_command(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                                   max_memory=args.max_memory)
     check_edit_fits(model, edit)
+    reference = None
+    if args.reference and "depth" in names:
+        reference, _ = load_model(args.reference, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                                  max_memory=args.max_memory)
     results = run_attacks(model, tokenizer, edit, probes, fitted=fitted, holdout=holdout, attacks=names, fmt=fmt,
-                          progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg))
+                          progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg),
+                          reference=reference)
     doc = {"model": args.model, "edit": str(args.edit), "method": edit.method, "n_probes": len(probes),
-           "n_fitted": len(fitted), "n_holdout": len(holdout),
+           "n_fitted": len(fitted), "n_holdout": len(holdout), "reference": args.reference,
            "attacks": {n: r.to_dict() for n, r in results.items()}}
     table = [f"{'attack':<20} {'base':>6} {'edited':>6} {'n':>4} {'seconds':>8}"]
     table += [f"{n:<20} {r.base:>6.3f} {r.edited:>6.3f} {r.n:>4} {r.seconds:>8.1f}" for n, r in results.items()]

@@ -15,7 +15,7 @@ from gradio_client import Client, handle_file  # noqa: E402
 
 from tests.app_fixtures import url  # noqa: E402,F401  (the fixture)
 
-ATTACKS = ["heldout", "paraphrase", "cloze", "quant8", "logit_lens", "relearn", "mia"]
+ATTACKS = ["heldout", "paraphrase", "cloze", "quant8", "logit_lens", "depth", "relearn", "mia"]
 
 
 def probe_upload(path):
@@ -38,7 +38,7 @@ def test_the_attack_suite_on_an_uploaded_benchmark_with_probes(url, tmp_path):  
                          api_name="/load_benchmark")
     assert "16 forget" in info
     c.predict(preset="(custom)", beta=150.0, beta_relative=True, api_name="/run_edit")
-    summary, table, plot, lens, answers = c.predict(ATTACKS, False, "npo", 1, 1e-3, api_name="/attacks")
+    summary, table, plot, lens, depth, answers = c.predict(ATTACKS, False, "npo", 1, 1e-3, api_name="/attacks")
     rows = {r[0]: r for r in table["data"]}
     assert table["headers"][:3] == ["attack", "Base", "GROM"] and len(rows) == len(ATTACKS)
     held = dict(zip(table["headers"], rows["Held-out probes"]))
@@ -50,7 +50,10 @@ def test_the_attack_suite_on_an_uploaded_benchmark_with_probes(url, tmp_path):  
     assert "Relearning (lr 0.0003, calibrated for this model) on 16 fitted questions" in summary
     assert "The unedited model relearned the same way: 0 steps" in summary  # the control, beside the edit's
     assert float(rows["Relearning"][1]) > 0  # its Base: the unedited model after the same steps
-    assert plot["type"] == "plotly" and lens["type"] == "plotly"
+    assert plot["type"] == "plotly" and lens["type"] == "plotly" and depth["type"] == "plotly"
+    # the depth score: no retain model for an upload, so against the edit's own output, said as not UDS
+    assert "Depth (each layer's states patched into the unedited model" in summary and "not UDS" in summary
+    assert "Depth (share of layers erased; 1 = gone at every layer)" in rows
     assert "the 8 questions asked" in answers
     mia = rows["Membership inference (Min-K AUC; 0.5 = can't tell)"]  # the upload's retain rows as holdout
     assert 0 <= float(mia[1]) <= 1 and 0 <= float(mia[2]) <= 1

@@ -55,6 +55,9 @@ def test_the_estimate_grows_with_the_model_and_the_probes(tokenizer):
     assert all(asked[n] > few[n] for n in written)  # the solar system's written probes: asked whatever their number
     assert few["relearn"] == max(few.values())  # two fine-tunings, each scored three times
     assert few["logit_lens"] < few["heldout"]  # two teacher-forced passes against two decodings
+    deep_inputs = D.attack_inputs(large, tokenizer, probes(4), tuple(FORGET), tuple(RETAIN[:4]), None)
+    band, every = D.attack_work(deep_inputs, "depth", first=6), D.attack_work(deep_inputs, "depth", first=0)
+    assert every.flops > 4 * band.flops  # a band edit: its two layers patched; a trained method: all eight
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +75,7 @@ def demo(tmp_path_factory):
     return session
 
 
-@pytest.mark.parametrize("name", ["heldout", "format"])
+@pytest.mark.parametrize("name", ["heldout", "format", "depth"])
 def test_a_cheap_attacks_estimate_is_within_1_5x_of_its_time_on_the_demo(demo, name):
     """Wall time, as the estimate is: its work priced at this host's pace (the model's
     calibration, the attack's own pace, the CPU's load now: components.server.pace). Each run
@@ -85,7 +88,7 @@ def test_a_cheap_attacks_estimate_is_within_1_5x_of_its_time_on_the_demo(demo, n
     ap.compute_attacks(handle.key, demo.benchmark, demo.edit, (name,), None, None)  # timed into the pace
     runs = []
     for _ in range(3):
-        guess = ap.attack_estimates(handle, demo.benchmark)[name]
+        guess = ap.attack_estimates(handle, demo.benchmark, demo.edit)[name]  # depth: the edit's layers
         t0 = time.perf_counter()
         ap.compute_attacks(handle.key, demo.benchmark, demo.edit, (name,), None, None)
         runs.append((guess, time.perf_counter() - t0))
@@ -133,7 +136,7 @@ def test_the_panel_opens_on_the_quick_set_and_says_what_it_costs(demo):
     labels = dict((v, k) for k, v in update.choices)
     assert update.value == list(ap.QUICK) and all(" · " in label for label in labels.values()), labels
     assert labels["relearn"].startswith("Relearning · ")
-    assert "The 5 ticked attack(s) take about" in line and "the 8 held-out probes" in line
+    assert f"The {len(ap.QUICK)} ticked attack(s) take about" in line and "the 8 held-out probes" in line
     seconds = ap.attack_estimates(ensure_model(demo.model_key), demo.benchmark)
     assert sum(seconds[n] for n in ap.QUICK) < sum(seconds.values()) / 3  # quick: a fraction of the suite
     assert "With the baseline" in ap.on_attack_total(["heldout"], True, demo)

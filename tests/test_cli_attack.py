@@ -62,6 +62,26 @@ def test_attack_writes_the_json_of_every_attack_asked(world, capsys):
     assert "heldout" in table and "reverse" in table
 
 
+def test_attack_depth_with_a_retain_model_reports_uds(world, tokenizer, tmp_path):
+    """--reference: the depth attack against a retain model (UDS, per probe), else against the
+    edit's own output (not UDS); the retain model is loaded only when depth is asked."""
+    root, model, data, files = world
+    retain = tmp_path / "retain"
+    memorise(tiny_llama(len(tokenizer), seed=1), tokenizer, RETAIN, steps=60).save_pretrained(retain)
+    tokenizer.save_pretrained(retain)
+    out = tmp_path / "depth.json"
+    args = ["attack", "--model", str(model), "--device", "cpu", "--edit", str(root / "edit"), *data,
+            "--probes", str(files["probes"]), "--attacks", "depth", "--json", str(out)]
+    assert main([*args, "--reference", str(retain)]) == 0
+    doc = json.loads(out.read_text())
+    depth = doc["attacks"]["depth"]
+    assert doc["reference"] == str(retain) and depth["measure"] == "uds" and len(depth["uds"]) == 4
+    assert len(depth["s1"]) == len(depth["s2"]) == len(depth["layers"]) == 4 and depth["base"] == 0.0
+    assert main(args) == 0
+    plain = json.loads(out.read_text())["attacks"]["depth"]
+    assert plain["measure"] == "output" and plain["s1"] == [] and plain["s2"] == depth["s2"]
+
+
 def test_attack_takes_the_probes_a_benchmark_holds(world, tmp_path):
     root, model, _, _ = world
     rows = ([{"split": "forget", "question": e.question, "answer": e.answer} for e in FORGET]

@@ -294,7 +294,7 @@ design) runs to EOS or the budget."""
 LIVE_ROWS = 0.5
 """Rows still decoding, on average over those steps (answers that stated their fact, or
 ended, leave the batch)."""
-LENS_BATCH, MIA_BATCH = 16, 32  # grom.robustness.weights.lens, grom.eval.runner.score_answers
+LENS_BATCH, MIA_BATCH, DEPTH_BATCH = 16, 32, 16  # weights.lens, eval.runner.score_answers, depth.BATCH
 TRAIN_PASSES = 3  # a training step: the forward and a backward of about twice its cost
 ADAMW_OPS = 2.5  # an AdamW step (torch's fused foreach kernels: clip, two moments, update) in weight copies
 QUANT_OPS = 4  # sweeps per quantization of the linear weights: group min/max, round, dequantize, restore
@@ -414,6 +414,9 @@ class AttackInputs:
     """The membership attacks' rows: fitted, probes and holdout, each question and answer."""
     mia_sides: bool
     """Whether the membership attacks run (two rows or more on each side)."""
+    depth: Lengths = Lengths(0, 0.0, 0.0)
+    """The depth score's rows: the probes and the fitted questions with a fact, each question
+    and answer (`grom.robustness.depth`)."""
 
 
 def attack_inputs(model, tokenizer, probes, fitted, holdout, fmt) -> AttackInputs:
@@ -436,12 +439,15 @@ def attack_inputs(model, tokenizer, probes, fitted, holdout, fmt) -> AttackInput
     fit = with_answer(lengths(words, [pair(r) for r in fitted]))
     mia_rows = list(fitted) + list(probes) + list(holdout)
     scored = with_answer(lengths(words, [pair(r) for r in mia_rows]))
+    depth = with_answer(lengths(words, [pair(r) for r in list(probes) + [f for f in fitted if f.fact]]))
     return AttackInputs(size_of(model), held, budget, asked, lens, fit, scored,
-                        len(fitted) >= 2 and len(holdout) >= 2)
+                        len(fitted) >= 2 and len(holdout) >= 2, depth)
 
 
-def attack_work(inputs: AttackInputs, name: str) -> Work:
-    """The work of attack `name` (grom.robustness.suite) on one edit, in `Work` units."""
+def attack_work(inputs: AttackInputs, name: str, first: int = 0) -> Work:
+    """The work of attack `name` (grom.robustness.suite) on one edit whose first changed
+    layer is `first` (`grom.eval.prefix.first_changed_layer`; 0: every layer, the most), in
+    `Work` units."""
     size = inputs.size
     if name in inputs.asked:  # a probe type: the base model's answers and the edited one's
         return 2 * generation_work(size, inputs.asked[name], inputs.budget)
@@ -458,6 +464,10 @@ def attack_work(inputs: AttackInputs, name: str) -> Work:
     if name == "logit_lens":  # every layer read through the head, at one position a probe
         readout = size.layers * inputs.lens.n * (2.0 * size.head + 4.0 * size.vocab)
         return 2 * (forced_work(size, inputs.lens, LENS_BATCH, 0.0) + Work(flops=readout))
+    if name == "depth":  # the unedited pass; the edited one and one patched pass a changed layer, above `first`
+        layers = max(1, size.layers)
+        above = max(1, layers - min(max(first, 0), layers))
+        return forced_work(size, inputs.depth, DEPTH_BATCH, 0.0) * (1 + (1 + above) * above / layers)
     if name == "mia":
         if not inputs.mia_sides:
             return Work()

@@ -4,6 +4,7 @@ Colours: forget is warm (orange), retain cool (blue), the band and highlights vi
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -251,3 +252,27 @@ def plot_logit_lens(layers: Sequence[int], prob: dict[str, Sequence[float]], ban
     fig.update_xaxes(title_text="layer (its output read through the final norm and head)")
     fig.update_yaxes(title_text="probability of the answer's fact token")
     return _layout(fig, "Where the answer still lives: the logit lens", 340)
+
+
+def plot_depth(layers: Sequence[int], share: dict[str, Sequence[float | None]], band: Sequence[int],
+               first_changed: int | None = None, with_retain: bool = False) -> go.Figure:
+    """The depth score per layer (`grom.robustness.depth`): how much of the forgotten facts
+    each layer's states have lost when patched into the unedited model (0: it reads them
+    back; 1: gone there), one line per method; against a retain model's states (UDS's layer
+    erasure ratio) or, without one, against the edit's own fall at the output."""
+    fig = go.Figure()
+    for i, (name, values) in enumerate(share.items()):
+        y = [math.nan if v is None else v for v in values]
+        fig.add_trace(go.Scatter(x=list(layers), y=y, mode="lines+markers", name=name,
+                                 line=dict(color=[ACCENT, FORGET, RETAIN][i % 3], width=2),
+                                 hovertemplate=f"{name}<br>layer %{{x}}: erased %{{y:.2f}}<extra></extra>"))
+    if band:
+        fig.add_vrect(x0=min(band) - 0.5, x1=max(band) + 0.5, fillcolor=ACCENT, opacity=0.1, line_width=0,
+                      annotation_text="edited band", annotation_position="top left")
+    if first_changed:
+        fig.add_vrect(x0=-0.5, x1=first_changed - 0.5, fillcolor=MUTED, opacity=0.12, line_width=0,
+                      annotation_text="untouched by construction", annotation_position="top right")
+    fig.update_xaxes(title_text="layer (its states patched into the unedited model)")
+    fig.update_yaxes(title_text="share erased (vs the retain model)" if with_retain else
+                     "share erased (vs the edit's output)", range=[-0.05, 1.05])
+    return _layout(fig, "Where it is still recoverable: depth by activation patching", 340)

@@ -8,8 +8,10 @@ Names: the probe types of `grom.robustness.probes` (heldout, paraphrase, cloze, 
 format, incontext, prefix_injection, affirmative_suffix, role_play, and the written ones:
 multi_hop, alias, asked from the hand-written probes of the subjects the held-out probes are
 about, `grom.robustness.written`), then the attacks on
-the weights of `grom.robustness.weights` (relearn, quant4, quant8, logit_lens), then the
-membership attacks (mia, `grom.robustness.membership`: AUCs, not recall); "quick" names
+the weights of `grom.robustness.weights` (relearn, quant4, quant8, logit_lens), the depth
+score (depth, `grom.robustness.depth`: per-layer activation patching, UDS with a retain
+model), then the membership attacks (mia, `grom.robustness.membership`: AUCs, not recall);
+"quick" names
 the cheap set `QUICK`. An unknown name is refused before any work, with the list of names. The model is left as it was
 found (unedited) whatever happens: an attack that raises with the edit applied still
 reverts it.
@@ -31,8 +33,9 @@ from grom.edit import check_patchable
 from grom.model.arch import loaded_from
 from grom.robustness import weights
 from grom.robustness.calibration import relearn_lr
+from grom.robustness.depth import depth_attack
 from grom.robustness.membership import membership_attack
-from grom.robustness.probes import PROBE_TYPES, transform
+from grom.robustness.probes import PROBE_TYPES, probes_from_examples, transform
 from grom.robustness.result import AttackResult, BelowTheEdit, Probe, Recall, probe_recall, probe_recalls
 from grom.turns import Between, Held, give, inside
 
@@ -51,6 +54,7 @@ class Context:
     fmt: PromptFormat | None
     holdout: tuple = ()
     between: Between | None = None  # the suite's step boundary, the model unedited there
+    reference: nn.Module | None = None  # a retain model (never saw the forget set), for UDS
     measured: dict = field(default_factory=dict)
     """The recalls this run has measured, by what they depend on (`_asked`): a generation
     the suite would run twice (the held-out probes' attack, then relearning's step 0) runs once."""
@@ -200,6 +204,11 @@ def _logit_lens(ctx: Context) -> AttackResult:
                                          between=ctx.between)
 
 
+def _depth(ctx: Context) -> AttackResult:
+    return depth_attack(ctx.model, ctx.tokenizer, ctx.edit, ctx.probes, fitted=probes_from_examples(ctx.fitted),
+                        reference=ctx.reference, fmt=ctx.fmt, between=ctx.between)
+
+
 def _membership(ctx: Context) -> AttackResult:
     return membership_attack(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.probes, ctx.holdout, fmt=ctx.fmt,
                              between=ctx.between)
@@ -208,16 +217,20 @@ def _membership(ctx: Context) -> AttackResult:
 ATTACKS: dict[str, Callable[[Context], AttackResult]] = {
     **{name: _probe_attack(name) for name in PROBE_TYPES},
     "relearn": _relearn, "quant4": _quant(4), "quant8": _quant(8), "logit_lens": _logit_lens,
-    "mia": _membership,
+    "depth": _depth, "mia": _membership,
 }
 WEIGHT_ATTACKS = ("relearn", "quant4", "quant8", "logit_lens")
-TEACHER_FORCED = ("logit_lens", "mia")
+TEACHER_FORCED = ("logit_lens", "depth", "mia")
 """The attacks that read likelihoods, not generated answers (no answers to show)."""
 AUC_ATTACKS = ("mia",)
 """The attacks whose `base`/`edited` are an AUC (0.5: cannot tell), not a recall."""
-QUICK = ("heldout", "paraphrase", "incontext", "affirmative_suffix", "logit_lens")
-"""`attacks="quick"`: the held-out probes (every other attack is read against them) and the
-cheap attacks that most often raised recall above them (BENCHMARKS.md, "Is it gone?"):
+NOT_RECALL = ("depth", *AUC_ATTACKS)
+"""The attacks whose `base`/`edited` are not a recall: the depth score (0 to 1, higher: the
+fact erased deeper) and the AUCs."""
+QUICK = ("heldout", "paraphrase", "incontext", "affirmative_suffix", "logit_lens", "depth")
+"""`attacks="quick"`: the held-out probes (every other attack is read against them), the
+cheap attacks that most often raised recall above them (BENCHMARKS.md, "Is it gone?"), and
+the depth score beside the logit lens (on a GROM edit its band's layers alone are patched):
 about a fifth of the whole suite's time on SmolLM2."""
 
 
@@ -267,7 +280,7 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
                 fitted: Sequence[QAExample] = (), holdout: Sequence = (),
                 attacks: str | Sequence[str] = "all", fmt: PromptFormat | None = None,
                 progress: Callable[[float, str], None] | None = None,
-                between: Between | None = None) -> dict[str, AttackResult]:
+                between: Between | None = None, reference: nn.Module | None = None) -> dict[str, AttackResult]:
     """Each attack of `attacks` on `edit` (a grom.edit.Edit of `model`), by name, in the
     suite's order. probes: the held-out probes (never fitted); fitted: the questions the
     edit was fitted on (relearning trains on a part of them; the membership attacks score
@@ -283,7 +296,9 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
     between: a step boundary (`grom.turns`) between two attacks and inside each (between
     generation batches and decoding steps, teacher-forced batches, relearning steps), the
     model as found there (the edit reverted, trained or quantized weights put back); the
-    results do not depend on it."""
+    results do not depend on it. reference: a retain model (of the same architecture and
+    tokenizer, never trained on the forget set), with which the depth attack reports UDS
+    (`grom.robustness.depth`); without one, the output-referenced depth."""
     names = attack_names(attacks)
     if not probes:
         raise ValueError("no probes to attack with: give the held-out probe questions (question, answer, fact)")
@@ -296,7 +311,8 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
     if edit.is_applied:
         raise ValueError("the edit is applied to the model; revert it first (the suite applies it itself)")
     progress = progress or (lambda *_: None)
-    ctx = Context(model, tokenizer, edit, tuple(probes), tuple(fitted), fmt, tuple(holdout), between)
+    ctx = Context(model, tokenizer, edit, tuple(probes), tuple(fitted), fmt, tuple(holdout), between,
+                  reference=reference)
     out: dict[str, AttackResult] = {}
     try:
         together = [n for n in names if n in PROBE_TYPES]

@@ -216,7 +216,7 @@ def fact_position(tokenizer, probe: Probe, fmt: PromptFormat | None = None) -> t
     return encode_prompt(tokenizer, probe.question, fmt) + list(enc["input_ids"][:k]), int(enc["input_ids"][k]), bool(m)
 
 
-def _readout(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
+def readout(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """Logits of residual states h (k, n) through the final norm and the unembedding, in
     float32, with the logit scaling / soft-capping a family applies after its head
     (Granite's logits_scaling, Gemma 2's final_logit_softcapping), so that at the last
@@ -234,9 +234,9 @@ def lens(model: nn.Module, ids: Sequence[Sequence[int]], tokens: Sequence[int], 
          batch_size: int = 16, between: Between | None = None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(prob, rank), each (L - start, P) float64: at the output of every decoder layer l
     from `start` on and for every sequence p, the probability of tokens[p] read from the
-    residual stream at the sequence's last position (`_readout`), and its rank (1 = the most
+    residual stream at the sequence's last position (`readout`), and its rank (1 = the most
     likely token; a tie counts for it). The last layer's row is the model's own next-token
-    distribution. The decoder stack runs without the head (`_readout` reads the last
+    distribution. The decoder stack runs without the head (`readout` reads the last
     positions only). between: a step boundary (`grom.turns`) between two batches."""
     layers, dev = decoder_layers(model)[start:], model_device(model)
     prob, rank = [], []
@@ -253,7 +253,7 @@ def lens(model: nn.Module, ids: Sequence[Sequence[int]], tokens: Sequence[int], 
         with ExitStack() as stack:
             got = [stack.enter_context(capture_outputs(layer, at)) for layer in layers]
             model.base_model(input_ids=x.to(dev), attention_mask=mask.to(dev), use_cache=False)
-        z = torch.stack([_readout(model, g[0]) for g in got]).cpu()  # (L, B, vocab)
+        z = torch.stack([readout(model, g[0]) for g in got]).cpu()  # (L, B, vocab)
         gold = z.gather(2, t.expand(len(layers), -1)[..., None])  # (L, B, 1)
         prob.append(torch.softmax(z, -1).gather(2, t.expand(len(layers), -1)[..., None])[..., 0].double())
         rank.append(1 + (z > gold).sum(2).double())
