@@ -9,6 +9,7 @@ from grom.methods.lunar.activations import Activations, encode_instructions, rea
 from grom.methods.lunar.direction_prompts import HARMFUL, UNVERIFIABLE, refusal_prompts
 from grom.methods.lunar.fit import Rows, closed_form_patch, fit_adamw, mse, training_rows
 from grom.methods.lunar.run import (
+    DTYPES,
     LUNAR,
     SOLVERS,
     SOURCE,
@@ -20,7 +21,7 @@ from grom.methods.lunar.run import (
 )
 
 __all__ = [
-    "HARMFUL", "LUNAR", "SOLVERS", "SOURCE", "UNVERIFIABLE", "Activations", "LunarConfig", "Rows", "closed_form_patch",
-    "encode_instructions", "fit_adamw", "lunar_defaults", "lunar_layer", "lunar_reason", "mse",
+    "DTYPES", "HARMFUL", "LUNAR", "SOLVERS", "SOURCE", "UNVERIFIABLE", "Activations", "LunarConfig", "Rows",
+    "closed_form_patch", "encode_instructions", "fit_adamw", "lunar_defaults", "lunar_layer", "lunar_reason", "mse",
     "read_activations", "refusal_direction", "refusal_prompts", "run_lunar", "training_rows",
 ]

@@ -15,8 +15,27 @@ rows, forget and retain mixed, every token weighted alike:
 (`EstimatedNet` copies the down_proj weight), AdamW at `lr` with torch's default weight
 decay 0.01, batches of 64 rows drawn from the forget and retain rows shuffled together
 (`ConcatDataset`, `DataLoader(batch_size=64, shuffle=True)`), `nn.MSELoss` (mean), and an
-`ExponentialLR(gamma=0.9)` step after each epoch. Upstream trains in bfloat16 (its model's
-dtype); here in the down_proj weight's own dtype.
+`ExponentialLR(gamma=0.9)` step after each epoch.
+
+Upstream's dtypes, all bfloat16: the model is loaded in bfloat16 (`src/model_utils/*_model.py`
+`_load_model`, `torch_dtype=torch.bfloat16`), so the hooked keys and targets are bfloat16
+(the direction, a float64 mean, is added in place to the bfloat16 block outputs, which stay
+bfloat16); `prepare_estimated_net_list` (`src/dataset_utils.py`) casts the EstimatedNet with
+`.to(device, dtype=torch.bfloat16)`, so the trained weight, its gradients and AdamW's two
+moments (created `zeros_like` the weight) are bfloat16; `nn.MSELoss` of two bfloat16 tensors
+is a bfloat16 loss. `fit_adamw(dtype=torch.bfloat16)` does the same: W0, the keys and the
+targets rounded to bfloat16, the weight, the loss and the optimizer in bfloat16
+(`LunarConfig.dtype="bfloat16"`, the default); `dtype=torch.float32` is our variant, the same
+loop without the rounding. What stays ours in bfloat16: the rows are read from the model in
+its own dtype (float32 on a float32 model) and rounded once, where upstream's forget targets
+are rounded at the residual stream's scale (block output + coeff r, minus the block's mid
+residual, in bfloat16). Two effects of bfloat16 worth knowing (8 bits of mantissa: a step
+below half an ulp, 2^-9 to 2^-8 of the weight, is lost): AdamW's weight decay, a factor
+1 - lr x 0.01 = 1 - 1e-4 a step, rounds back to the weight itself (it does nothing), and the
+small steps of late epochs (lr 0.01 x 0.9^19 = 1.4e-3 at most) are partly lost. On SmolLM2's
+solar system (docs/notebook/2026-11-30-lunar-upstream.md) the bfloat16 update was at cosine
+0.983 to float32's (relative difference 0.19; another shuffle seed alone: 0.12), the objective
+after 20 epochs 0.4% higher.
 
 `fit_closed_form` minimises the same L exactly. With P = W - W0 it is
 
@@ -30,7 +49,7 @@ needs when there are fewer rows than down_proj's inputs). `LunarConfig` takes GR
 near the least-norm solution (1e-6) SmolLM2 lost nearly every other fact it knew. What the closed form does not
 have: AdamW's weight decay (it pulls W toward 0, not W0), the finite number of epochs with
 a decaying rate (upstream stops before the minimum: the closer the training gets to it, the
-closer the two), the minibatch noise and the bfloat16 rounding.
+closer the two), the minibatch noise and (at upstream's dtype) the bfloat16 rounding.
 """
 from __future__ import annotations
 
@@ -73,7 +92,10 @@ def fit_adamw(W0: torch.Tensor, rows: Rows, *, lr: float = 0.01, epochs: int = 2
               dtype: torch.dtype | None = None, progress=None,
               between: Between | None = None) -> tuple[torch.Tensor, list[float]]:
     """Upstream's training of the estimated down_proj from W0 (m, n): the new weight (in
-    `dtype`, W0's by default) and each epoch's mean batch loss (upstream's printed "Loss").
+    `dtype`, W0's by default; upstream's is torch.bfloat16, see the module docstring: W0, the
+    rows, the weight, the loss and AdamW's moments all in `dtype`) and each epoch's mean batch
+    loss (upstream's printed "Loss"). The update the training made is W - W0.to(dtype): W0's
+    own rounding to `dtype` is no part of it.
     between: a step boundary (`grom.turns`) after every epoch but the last, and every
     `TURN_STEPS` optimizer steps inside one (an epoch of the demo's 59k rows is ~900 steps):
     the weight trained is a copy, the model is as found there (and nothing else draws on

@@ -6,9 +6,10 @@ one layer, its config's `layer_modified: [22]` of Llama-3-8B's 32):
    forget prompts, grom.methods.lunar.activations);
 2. the rows: down_proj's inputs and outputs at every token of the forget and retain
    prompts; the forget targets moved by coeff r;
-3. the fit of block l's down_proj to them: upstream's AdamW training (`solver="adamw"`) or
-   the same least-squares objective solved exactly on GROM's solver
-   (`solver="closed-form"`, grom.methods.lunar.fit).
+3. the fit of block l's down_proj to them: upstream's AdamW training (`solver="adamw"`, in
+   upstream's bfloat16 by default, `dtype="float32"` our variant) or the same least-squares
+   objective solved exactly on GROM's solver (`solver="closed-form"`, float64;
+   grom.methods.lunar.fit).
 The result is a `grom.Edit` with one patch, W - W0 of that down_proj (applied, reverted,
 saved and checked as an editor's: `config.layers` is (l,), one `LayerRecord`); the model
 is left as it was found.
@@ -38,6 +39,9 @@ from grom.registry import Box, MethodEntry, Reason, register, where
 from grom.turns import Between, evaluating, give, inside, modes, modes_as
 
 SOLVERS = ("adamw", "closed-form")
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+"""The AdamW fit's dtypes (`LunarConfig.dtype`): upstream's bfloat16 (its EstimatedNet cast,
+src/dataset_utils.py `prepare_estimated_net_list`), or float32, our variant."""
 SOURCE = ("Shen et al., \"LUNAR: LLM Unlearning via Neural Activation Redirection\", NeurIPS 2025; "
           "code github.com/facebookresearch/LUNAR, read at commit dfa56eb0291a93e967284a9ec2d28d5572d235b1 "
           "(run_lunar.py, src/generate_directions.py, src/estimated_net_utils.py, config/forget.yaml)")
@@ -62,7 +66,13 @@ class LunarConfig:
     batch_size: int = 64  # rows (tokens) per optimizer step: run_lunar.py's DataLoader
     gamma: float = 0.9  # ExponentialLR, stepped each epoch
     weight_decay: float = 0.01  # torch AdamW's default, which upstream keeps
+    # the AdamW fit's dtype (weight, rows, loss, moments): upstream's bfloat16 (src/dataset_utils.py casts the
+    # EstimatedNet to it; the model is loaded in it), or "float32", our variant; the closed form is float64 either way
+    dtype: str = "bfloat16"
     prompts: str = "harmful"  # the direction's refusal prompts: use_harmful (default) or "unverifiable"
+    # how many of them (the first n; None: all 120 of a kind). Upstream's files hold 260 harmful / 199 unverified;
+    # ours, in our own words, 120 / 120 since issue 47 item 4 (24: the set before, for the older benchmark rows)
+    n_prompts: int | None = None
     solver: str = "adamw"  # upstream's training, or "closed-form": the same objective solved exactly
     # the closed form's ridge (GROM's mu = rho x mean diagonal; GROM's 0.03); ours, not upstream's. At 1e-6
     # (near the least-norm solution) SmolLM2 kept 0.016 of its other facts on the solar system, 80% of the
@@ -87,8 +97,12 @@ class LunarConfig:
                 bad.append(f"{k} = {x!r}: use a whole number from 1 to {hi}")
         if self.layer is not None and not (isinstance(self.layer, int) and self.layer >= 0):
             bad.append(f"layer = {self.layer!r}: use a block index >= 0, or None")
+        if self.n_prompts is not None and not (isinstance(self.n_prompts, int) and self.n_prompts >= 1):
+            bad.append(f"n_prompts = {self.n_prompts!r}: use a whole number >= 1, or None for all")
         if self.prompts not in KINDS:
             bad.append(f"prompts = {self.prompts!r}: use one of {', '.join(KINDS)}")
+        if self.dtype not in DTYPES:
+            bad.append(f"dtype = {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.solver not in SOLVERS:
             bad.append(f"solver = {self.solver!r}: use one of {', '.join(SOLVERS)}")
         if bad:
@@ -136,15 +150,17 @@ def lunar_defaults(model=None) -> dict:
     return config.to_dict()
 
 
-def _rows_and_direction(model, tokenizer, forget, retain, config: LunarConfig, layer: int, pid: int,
-                        between: Between | None = None):
+def rows_and_direction(model, tokenizer, forget, retain, config: LunarConfig, layer: int, pid: int,
+                       between: Between | None = None):
+    """The forget and retain `Activations` at block `layer` and the refusal direction
+    (config.prompts, its first config.n_prompts) minus the forget prompts' mean."""
     enc = lambda xs: encode_instructions(tokenizer, xs, config.prompt_format, config.max_length)  # noqa: E731
     f = read_activations(model, enc(forget), layer, pid, config.forward_batch, between=between)
     give(between)
     r = read_activations(model, enc(retain), layer, pid, config.forward_batch, between=between)
     give(between)
-    refusals = read_activations(model, enc(refusal_prompts(config.prompts)), layer, pid, config.forward_batch,
-                                keys=False, between=between)
+    refusals = read_activations(model, enc(refusal_prompts(config.prompts)[:config.n_prompts]), layer, pid,
+                                config.forward_batch, keys=False, between=between)
     return f, r, refusal_direction(refusals.last, f.last)
 
 
@@ -169,8 +185,8 @@ def run_lunar(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, c
     found = modes(model)
     progress(0.0, f"activations at layer {layer}")
     with evaluating(model):
-        f, r, direction = _rows_and_direction(model, tokenizer, forget, retain, config, layer, pad_id(tokenizer),
-                                              inside(between, lambda: modes_as(model, found)))
+        f, r, direction = rows_and_direction(model, tokenizer, forget, retain, config, layer, pad_id(tokenizer),
+                                             inside(between, lambda: modes_as(model, found)))
     timings = {"activations": time.perf_counter() - t_start}
     rows = training_rows(f.keys, f.outputs, r.keys, r.outputs, direction, config.coeff, gain)
     W0 = t.from_param(param.detach()).cpu()
@@ -179,8 +195,9 @@ def run_lunar(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, c
     if config.solver == "adamw":
         W, losses = fit_adamw(W0, rows, lr=config.lr, epochs=config.epochs, batch_size=config.batch_size,
                               gamma=config.gamma, weight_decay=config.weight_decay, gain=gain, seed=config.seed,
-                              progress=lambda x, m: progress(0.2 + 0.75 * x, m), between=between)
-        P = W.double() - W0.double()
+                              dtype=DTYPES[config.dtype], progress=lambda x, m: progress(0.2 + 0.75 * x, m),
+                              between=between)
+        P = W.double() - W0.to(W.dtype).double()  # the training's update, not W0's rounding to its dtype
     else:
         progress(0.5, "closed-form solve")
         P = closed_form_patch(f.keys, r.keys, direction, config.coeff, gain=gain, rho=config.rho)
@@ -191,6 +208,7 @@ def run_lunar(model: nn.Module, tokenizer, forget: Sequence, retain: Sequence, c
     timings["total"] = time.perf_counter() - t_start
     progress(1.0, "done")
     info = {"settings": config.to_dict(), "layer": layer, "solver": config.solver,
+            "dtype": config.dtype if config.solver == "adamw" else "float64",
             "direction_norm": float(direction.norm()), "forget_rows": rows.n_forget,
             "retain_rows": rows.X.shape[0] - rows.n_forget, "epoch_losses": losses,
             "loss_before": mse(W0, rows, gain), "loss_after": mse(W0.double() + P, rows, gain),
@@ -248,7 +266,8 @@ def describe_lunar(edit, values) -> str:
     info = edit.info
     return (f"**LUNAR** (activation redirection: the down_proj of layer {info.get('layer', '?')} refitted on "
             f"{info.get('forget_rows', '?')} forget and {info.get('retain_rows', '?')} retain prompt tokens, "
-            f"{float(values['epochs']):g} epochs of AdamW at lr {float(values['lr']):g}; the forget tokens reach "
+            f"{float(values['epochs']):g} epochs of AdamW at lr {float(values['lr']):g} in "
+            f"{(info.get('settings') or {}).get('dtype', 'bfloat16')}; the forget tokens reach "
             f"{info.get('forget_reach', float('nan')):.0%} of the refusal shift)")
 
 
