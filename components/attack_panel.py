@@ -705,9 +705,9 @@ def build_attack_panel() -> SimpleNamespace:
                          interactive=False, wrap=True, elem_id="attack-table")
     files = download_box("the attack table")
     plot = gr.Plot(plots.empty_figure("Run the attacks to see recall per attack."), show_label=False)
-    with gr.Row(equal_height=True):
-        lens = gr.Plot(plots.empty_figure("Tick the logit lens and run the attacks."), show_label=False)
-        depth = gr.Plot(plots.empty_figure("Tick the depth score and run the attacks."), show_label=False)
+    # one under the other: side by side, half the column each, their layer axes are too narrow to read
+    lens = gr.Plot(plots.empty_figure("Tick the logit lens and run the attacks."), show_label=False)
+    depth = gr.Plot(plots.empty_figure("Tick the depth score and run the attacks."), show_label=False)
     answers = gr.HTML(elem_id="attack-answers")
     return SimpleNamespace(attacks=attacks, estimate=estimate, quick=quick, every=every, with_baseline=with_baseline,
                            run=run, stop=stop, summary=summary, table=table, files=files, plot=plot, lens=lens,

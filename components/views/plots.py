@@ -272,7 +272,7 @@ def plot_depth(layers: Sequence[int], share: dict[str, Sequence[float | None]], 
     if first_changed:
         fig.add_vrect(x0=-0.5, x1=first_changed - 0.5, fillcolor=MUTED, opacity=0.12, line_width=0,
                       annotation_text="untouched by construction", annotation_position="top right")
-    fig.update_xaxes(title_text="layer (its states patched into the unedited model)")
-    fig.update_yaxes(title_text="share erased (vs the retain model)" if with_retain else
-                     "share erased (vs the edit's output)", range=[-0.05, 1.05])
-    return _layout(fig, "Where it is still recoverable: depth by activation patching", 340)
+    fig.update_xaxes(title_text="layer (its states patched in)")
+    fig.update_yaxes(title_text="erased (vs retain model)" if with_retain else "erased (vs the output)",
+                     range=[-0.05, 1.05])
+    return _layout(fig, "Where it is still recoverable: depth by patching", 340)
