@@ -9,12 +9,16 @@ forgets the target's facts?
 
 Per target: the model writes (`grom.tasks.name_only.write_name_only`, seeded; the rows are
 kept in the JSON, and --rows FILE reuses an earlier run's) passages and question/answer
-pairs about the target and about --neighbours other targets. Then GROM (--preset, the
-studio's edit on SmolLM2) runs on each variant of the forget and retain sets:
+pairs about the target and about --neighbours other targets, as --protocol says: "rwku"
+(the default: RWKU's sampling, top-k 50 on the passages, the questions at the model's own
+generation config, every question kept) or "project" (this project's earlier writing,
+issue 39's table: no top-k, the questions sampled as the passages, filtered and deduplicated).
+Then GROM (--preset, the studio's edit on SmolLM2) runs on each variant of the forget and
+retain sets:
 
     standard          the benchmark's own fitted questions and retain pairs (the usual split)
+    passages          the model's passages (RWKU's GA/NPO forget corpus); retain: written
     questions         the model's questions and answers about the target; retain: written
-    passages          the model's passages; retain: written
     both              questions and passages; retain: written
     questions+bundled the model's questions; retain: the benchmark's own retain pairs
     questions@wr=X    the model's questions, w_r = X (specificity against the neighbours)
@@ -48,7 +52,14 @@ from grom import PRESETS, run_edit  # noqa: E402
 from grom.eval.report import evaluate  # noqa: E402
 from grom.model.loading import load_model  # noqa: E402
 from grom.tasks.knowledge import load_knowledge  # noqa: E402
-from grom.tasks.name_only import WritingConfig, from_records, name_only_benchmark, to_records, write_name_only  # noqa: E402,E501
+from grom.tasks.name_only import (  # noqa: E402
+    PROTOCOLS,
+    from_records,
+    name_only_benchmark,
+    to_records,
+    write_name_only,
+    writing_config,
+)
 
 METRICS = ("Probe fact recall", "Forget fact recall", "Kept fact recall", "Forget degenerate", "Probe degenerate",
            "Knowledge score", "Retain cost")
@@ -169,7 +180,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--subjects", "--targets", dest="subjects", default="the-solar-system")
-    ap.add_argument("--variants", default="standard,questions,passages,both,questions+bundled")
+    ap.add_argument("--variants", default="standard,passages,questions,both,questions+bundled")
+    ap.add_argument("--protocol", choices=tuple(PROTOCOLS), default="rwku",
+                    help="how the model writes: RWKU's sampling and every question kept (rwku), or this "
+                         "project's earlier writing (project)")
     ap.add_argument("--preset", default="smollm2")
     ap.add_argument("--passages", type=int, default=32)
     ap.add_argument("--questions", type=int, default=32)
@@ -190,9 +204,9 @@ def main(argv=None) -> None:
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in args.variants:
         variant_split(v)
-    args.writing = WritingConfig(passages=args.passages, questions=args.questions, neighbours=args.neighbours,
-                                 neighbour_passages=args.neighbour_passages,
-                                 neighbour_questions=args.neighbour_questions, seed=args.seed)
+    args.writing = writing_config(args.protocol, passages=args.passages, questions=args.questions,
+                                  neighbours=args.neighbours, neighbour_passages=args.neighbour_passages,
+                                  neighbour_questions=args.neighbour_questions, seed=args.seed)
     written = {}
     if args.rows:
         written = {r["target"]: r["rows"] for r in json.loads(Path(args.rows).read_text())["targets"]}
@@ -206,7 +220,8 @@ def main(argv=None) -> None:
         results.append(run_target(args, model, tok, target, written))
         print(table(results[-1]), flush=True)
         if args.json:
-            Path(args.json).write_text(json.dumps({"machine": machine, "writing": dataclasses.asdict(args.writing),
+            Path(args.json).write_text(json.dumps({"machine": machine, "protocol": args.protocol,
+                                                   "writing": dataclasses.asdict(args.writing),
                                                    "preset": args.preset, "targets": results}, indent=1))
 
 

@@ -38,6 +38,8 @@ from components.views import text
 from components.views.tables import describe, examples_html
 from grom.tasks.name_only import USES
 
+USE_LABELS = {"passages": "passages (RWKU's)", "questions": "its answers to its questions (ours)"}
+
 
 def loads_when_chosen(name: str) -> bool:
     """Whether choosing `name` (or one of its splits) loads it at once: every registered
@@ -90,7 +92,7 @@ def on_write(split: str, passages, questions, neighbours, session: Session, prog
             f"{len(sides['retain'])} about {config.neighbours} neighbour{'s' * (config.neighbours != 1)}. "
             "Read them, edit or delete rows (clear a text to drop it), then **Load what was written**.")
     table = as_table(records)
-    use = session.extra.get("written", (None, "questions"))[1]
+    use = session.extra.get("written", (None, "passages"))[1]
     session.extra["written"] = (kept_written(table), use)  # kept for the load: an API client's too
     return table, line
 
@@ -162,7 +164,7 @@ def on_load_benchmark(name: str, split: str, source: str, forget_file, retain_fi
     and retain examples, and the suggested preset. Benchmark name-only: the session's
     written table (`on_written_edit`)."""
     model_name = session.model_key.name if session.model_key else None
-    written, use = session.extra.get("written", (None, "questions"))
+    written, use = session.extra.get("written", (None, "passages"))
     bench = read_benchmark(name, split, source, forget_file, retain_file, model_name, written_frame(written), use)
     # every job checks again, with the model it runs on; a shared benchmark once per model
     check_once(bench, _tokenizer(session), session.model_key)
@@ -236,7 +238,9 @@ def build_written(shown: bool) -> SimpleNamespace:
             neighbours = gr.Slider(0, MAX_NEIGHBOURS, value=2, step=1, label="Neighbouring subjects (kept)",
                                    min_width=160)
         with gr.Row(equal_height=True):
-            use = gr.Radio(list(USES), value="questions", label="Fit on", scale=2, min_width=200)
+            # RWKU's GA/NPO fit the passages (its default here); the model's own answers to its questions are ours
+            use = gr.Radio([(USE_LABELS.get(u, u), u) for u in USES], value="passages", label="Fit on", scale=2,
+                           min_width=200)
             write = gr.Button("Write with the model", scale=1, min_width=180)
         written_info = gr.Markdown("", elem_classes="status-line")
         written = gr.Dataframe(headers=list(COLUMNS), datatype=["str"] * len(COLUMNS), interactive=True,

@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("neighbour-questions", 8, "questions about each neighbour"),
                                 ("seed", 0, "the sampling seed")):
         write.add_argument(f"--{name}", type=int, default=default, help=f"{what} (default {default})")
+    write.add_argument("--protocol", choices=("rwku", "project"), default="rwku",
+                       help="rwku (default): RWKU's sampling (top-k 50 on the passages, the questions at the model's "
+                            "own generation config) and every question kept; project: this project's earlier "
+                            "writing (no top-k, the questions sampled as the passages, filtered and deduplicated)")
     return parser
 
 
@@ -184,11 +188,11 @@ def write_command(args: argparse.Namespace) -> int:
     """`python -m grom write`: `grom.tasks.name_only.write_name_only` into --out, one JSON
     object a line, ready for `--benchmark name-only --split SUBJECT --source FILE`."""
     from grom.model.loading import load_model
-    from grom.tasks.name_only import WritingConfig, to_records, write_name_only
+    from grom.tasks.name_only import to_records, write_name_only, writing_config
 
-    config = WritingConfig(passages=args.passages, questions=args.questions, neighbours=args.neighbours,
-                           neighbour_passages=args.neighbour_passages, neighbour_questions=args.neighbour_questions,
-                           seed=args.seed)
+    config = writing_config(args.protocol, passages=args.passages, questions=args.questions,
+                            neighbours=args.neighbours, neighbour_passages=args.neighbour_passages,
+                            neighbour_questions=args.neighbour_questions, seed=args.seed)
     model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                                   max_memory=args.max_memory)
     log = logging.getLogger("grom.write")

@@ -1,8 +1,10 @@
 """The studio's name-only box (components.studio.name_only, the benchmark panel): how much one
 request writes is bounded and priced, the edited table becomes the benchmark "name-only" or
 a message that says what to do, and the Write button runs the model's writing in the
-session's turn, on the demo model (which writes no questions that read as one: passages only)."""
+session's turn, on the demo model."""
 from __future__ import annotations
+
+import dataclasses
 
 import pandas as pd
 import pytest
@@ -30,7 +32,10 @@ def test_the_sliders_make_a_writing_config_with_the_neighbours_share():
     config = writing_config(8, 16, 2)
     assert (config.passages, config.questions, config.neighbours) == (8, 16, 2)
     assert (config.neighbour_passages, config.neighbour_questions) == (2, 8)
-    assert texts_written(config) == 8 + 3 * 16 + 2 * (2 + 3 * 8) == 108
+    assert config.questions_kept == "all"  # RWKU's: one try a question, every one kept, then its answer
+    assert texts_written(config) == 8 + 2 * 16 + 2 * (2 + 2 * 8) == 76
+    project = dataclasses.replace(config, questions_kept="filtered")  # the project's: two tries a question
+    assert texts_written(project) == 8 + 3 * 16 + 2 * (2 + 3 * 8) == 108
 
 
 def test_a_request_past_the_limit_names_it(monkeypatch):

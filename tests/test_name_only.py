@@ -1,9 +1,11 @@
 """RWKU's name-only setting (grom.tasks.name_only) against its upstream prompts
 (jinzhuoran/RWKU at 7aacdb9d57fb32658e04c0509c3f92e9d7b190e4: generation/pair_generation.py,
 generation/question_generation.py, transcribed below), on the tiny test models: the prompts
-are RWKU's messages under the chat template, sampling is `model.generate` under the seed,
-the questions kept are first lines that read as questions, and the benchmark fits only what
-was written while it is scored on the bundled questions, none of them written or fitted."""
+are RWKU's messages under the chat template, sampling is `model.generate` under the seed
+(the passages at T 1.0, top-p 0.9 and transformers' top-k 50, the questions at the model's
+own generation config), every question is kept (the project's filtering is a named
+variant), the methods fit the passages by default, and the benchmark fits only what was
+written while it is scored on the bundled questions, none of them written or fitted."""
 from __future__ import annotations
 
 import json
@@ -88,6 +90,29 @@ def test_sampling_is_model_generate_under_the_seed_and_leaves_the_global_state(l
     assert sample(llama, tokenizer, [prompt], max_new_tokens=8, seed=7, batch_size=1) == got
 
 
+def test_sampling_with_top_k_is_model_generate_with_it(llama, tokenizer):
+    prompt = N.passage_prompt(tokenizer, SOLAR)
+    got = sample(llama, tokenizer, [prompt], max_new_tokens=8, seed=3, batch_size=1, top_k=50)
+    torch.manual_seed(3)
+    ids = torch.tensor([prompt])
+    want = llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                          top_p=0.9, max_new_tokens=8, pad_token_id=tokenizer.pad_token_id,
+                          eos_token_id=[tokenizer.eos_token_id])  # no top_k named: transformers' 50, as RWKU
+    assert got == [tokenizer.decode(want[0, len(prompt):], skip_special_tokens=True).strip()]
+    # a sharp top-k changes the draws: the argument reaches generate
+    assert sample(llama, tokenizer, [prompt] * 4, max_new_tokens=8, seed=3, top_k=1) != sample(
+        llama, tokenizer, [prompt] * 4, max_new_tokens=8, seed=3)
+
+
+def test_the_model_sampling_is_its_generation_config_else_transformers_defaults(llama):
+    assert N.model_sampling(llama) == {"temperature": 1.0, "top_p": 1.0, "top_k": 50}  # sets none (as SmolLM2)
+    llama.generation_config.temperature, llama.generation_config.top_p = 0.6, 0.9  # as Llama-3-8B-Instruct's
+    assert N.model_sampling(llama) == {"temperature": 0.6, "top_p": 0.9, "top_k": 50}
+    llama.generation_config.top_k = 0
+    assert N.model_sampling(llama)["top_k"] is None  # 0: no top-k
+    assert N.model_sampling(object()) == {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
+
+
 def test_different_seeds_write_different_texts(llama, tokenizer):
     prompts = [N.passage_prompt(tokenizer, SOLAR)] * 4
     a = sample(llama, tokenizer, prompts, max_new_tokens=12, seed=0)
@@ -106,6 +131,47 @@ def test_different_seeds_write_different_texts(llama, tokenizer):
 ])
 def test_first_question(text, want):
     assert N.first_question(text) == want
+
+
+def test_the_defaults_are_rwkus_and_the_projects_writing_is_a_named_variant():
+    rwku = N.WritingConfig()
+    assert (rwku.temperature, rwku.top_p, rwku.top_k) == (1.0, 0.9, 50)
+    assert (rwku.question_sampling, rwku.questions_kept) == ("model", "all")
+    assert N.writing_config() == rwku and N.writing_config("rwku", passages=3).passages == 3
+    project = N.writing_config("project", questions=4)
+    assert (project.top_k, project.question_sampling, project.questions_kept, project.questions) == (
+        None, "passages", "filtered", 4)
+    with pytest.raises(ValueError, match="protocol 'lunar'"):
+        N.writing_config("lunar")
+
+
+def test_rwkus_writing_samples_as_rwku_and_keeps_every_question(monkeypatch, llama, tokenizer):
+    """RWKU's: the passages at T 1.0, top-p 0.9, top-k 50; `questions` tries at the model's
+    own sampling, every non-empty first line kept (repeats and non-questions too), one round."""
+    llama.generation_config.temperature = 0.7
+    drawn = iter([["A passage."], ["What is Mercury?\nmore", "Tell me of Mars.", "What is Mercury?", "\nlost"]])
+    calls = []
+
+    def fake_sample(model, tok, prompts, **kw):
+        calls.append((len(prompts), {k: kw.get(k) for k in ("temperature", "top_p", "top_k")}))
+        return next(drawn)
+
+    monkeypatch.setattr(N, "sample", fake_sample)
+    monkeypatch.setattr(N, "generate", lambda model, tok, qs, **kw: [f"answer to {q}" for q in qs])
+    rows = N.write_about(llama, tokenizer, SOLAR, "forget", 1, 4, N.WritingConfig(passages=1, questions=4))
+    assert calls == [(1, {"temperature": 1.0, "top_p": 0.9, "top_k": 50}),
+                     (4, {"temperature": 0.7, "top_p": 1.0, "top_k": 50})]
+    assert [r.prompt for r in rows if r.kind == "qa"] == ["What is Mercury?", "Tell me of Mars.", "What is Mercury?"]
+
+
+def test_the_projects_writing_samples_questions_as_the_passages_without_top_k(monkeypatch, llama, tokenizer):
+    calls = []
+    monkeypatch.setattr(N, "sample", lambda model, tok, prompts, **kw: calls.append(
+        {k: kw.get(k) for k in ("temperature", "top_p", "top_k")}) or ["What is the Sun?"] * len(prompts))
+    monkeypatch.setattr(N, "generate", lambda model, tok, qs, **kw: ["It is a star."] * len(qs))
+    rows = N.write_about(llama, tokenizer, SOLAR, "forget", 1, 2, N.writing_config("project"))
+    assert calls == [{"temperature": 1.0, "top_p": 0.9, "top_k": None}] * 3  # passages; two rounds of questions
+    assert [r.prompt for r in rows if r.kind == "qa"] == ["What is the Sun?"]  # repeats dropped
 
 
 def test_neighbours_are_of_the_same_kind_first():
@@ -130,7 +196,7 @@ def test_writing_keeps_distinct_questions_tries_again_and_answers_them(monkeypat
 
     monkeypatch.setattr(N, "sample", fake_sample)
     monkeypatch.setattr(N, "generate", lambda model, tok, qs, **kw: [f"answer to {q}" for q in qs])
-    config = N.WritingConfig(passages=3, questions=3, neighbours=0)
+    config = N.writing_config("project", passages=3, questions=3, neighbours=0)
     rows = N.write_about(None, tokenizer, SOLAR, "forget", 3, 3, config)
     assert [(r.kind, r.prompt, r.text) for r in rows] == [
         ("passage", N.request(SOLAR), "A passage."), ("passage", N.request(SOLAR), "Another passage."),
@@ -155,7 +221,8 @@ def test_the_target_and_its_neighbours_are_written(monkeypatch, tokenizer):
 
 
 @pytest.mark.parametrize("bad", [dict(passages=-1), dict(questions=1.5), dict(passage_tokens=0),
-                                 dict(temperature=0), dict(top_p=1.5), dict(passages=0, questions=0)])
+                                 dict(temperature=0), dict(top_p=1.5), dict(passages=0, questions=0),
+                                 dict(top_k=0), dict(question_sampling="greedy"), dict(questions_kept="some")])
 def test_bad_writing_settings_are_refused(bad):
     with pytest.raises(ValueError, match="WritingConfig"):
         N.WritingConfig(**bad)
@@ -171,18 +238,27 @@ ROWS = [N.Written("forget", "the-solar-system", "qa", "Which planet has rings?",
 
 def test_the_benchmark_fits_what_was_written_and_scores_the_bundled_questions():
     standard = load_knowledge("the-solar-system")
-    bench = N.name_only_benchmark("the-solar-system", ROWS)
+    bench = N.name_only_benchmark("the-solar-system", ROWS, use="questions")
     assert bench.eval_sets == standard.eval_sets and bench.task == "knowledge" and bench.split == "the-solar-system"
     assert bench.forget == (QAExample(question="Which planet has rings?", answer="Saturn has rings.",
                                       subject="the-solar-system", id="the-solar-system/written-0"),)
     assert [type(x) for x in bench.retain] == [QAExample, TextExample]
     bundled = {ex.question for ex in standard.forget + standard.retain + standard.eval_sets["probes"]}
     assert not bundled & {getattr(x, "question", None) for x in bench.forget + bench.retain}
-    assert [type(x) for x in N.name_only_benchmark("the-solar-system", ROWS, use="passages").forget] == [TextExample]
+    # the default: the passages, RWKU's GA/NPO forget corpus
+    assert N.name_only_benchmark("the-solar-system", ROWS).forget == (
+        TextExample(text="The Sun is a star.", id="the-solar-system/written-1"),)
     assert len(N.name_only_benchmark("the-solar-system", ROWS, use="both").forget) == 2
     assert N.name_only_benchmark("the-solar-system", ROWS, retain="bundled").retain == standard.retain
     assert len(N.name_only_benchmark("the-solar-system", ROWS, retain="both").retain) == 2 + len(standard.retain)
     assert "name only" in bench.description
+
+
+def test_rwkus_no_retain_corpus_is_selectable_and_grom_says_it_needs_one(llama, tokenizer):
+    bench = N.name_only_benchmark("the-solar-system", ROWS[:2], retain="none")
+    assert bench.retain == () and "no retain corpus, as RWKU" in bench.description
+    with pytest.raises(ValueError, match="GROM needs retain examples"):
+        run_edit(llama, tokenizer, bench.forget, bench.retain, EditConfig(layers=(1, 2)))
 
 
 def test_what_cannot_make_a_benchmark_says_what_to_do():
@@ -250,9 +326,9 @@ def test_first_sentence(text, want):
 def test_the_answers_can_be_cut_to_their_first_sentence():
     rows = [N.Written("forget", "the-solar-system", "qa", "Which planet has rings?",
                       "Saturn has rings. They are made of ice and rock."), *ROWS[2:]]
-    whole = N.name_only_benchmark("the-solar-system", rows)
-    short = N.name_only_benchmark("the-solar-system", rows, answers="first_sentence")
+    whole = N.name_only_benchmark("the-solar-system", rows, use="questions")
+    short = N.name_only_benchmark("the-solar-system", rows, use="questions", answers="first_sentence")
     assert whole.forget[0].answer == rows[0].text and short.forget[0].answer == "Saturn has rings."
     assert short.retain == whole.retain  # the kept side is fitted whole
     with pytest.raises(ValueError, match="answers one of whole, first_sentence"):
-        N.name_only_benchmark("the-solar-system", rows, answers="half")
+        N.name_only_benchmark("the-solar-system", rows, use="questions", answers="half")

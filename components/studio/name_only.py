@@ -42,9 +42,11 @@ def writing_config(passages, questions, neighbours, seed=0) -> WritingConfig:
 
 
 def texts_written(config: WritingConfig) -> int:
-    """The texts one request writes: passages, question tries (twice the questions: RWKU
-    keeps only those that read as questions) and answers, about the subject and each neighbour."""
-    per = lambda p, q: p + 3 * q  # noqa: E731  (a passage; two tries and an answer per question)
+    """The texts one request writes: passages, question tries (one a question as RWKU keeps
+    every one; twice the questions where only those that read as questions are kept, the
+    project's variant) and answers, about the subject and each neighbour."""
+    tries = 1 if config.questions_kept == "all" else 2
+    per = lambda p, q: p + (tries + 1) * q  # noqa: E731  (a passage; the tries and an answer per question)
     return per(config.passages, config.questions) + config.neighbours * per(config.neighbour_passages,
                                                                              config.neighbour_questions)
 

@@ -360,12 +360,15 @@ def generate_ids(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], 
 @torch.no_grad()
 def sample(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], *, max_new_tokens: int,
            temperature: float = 1.0, top_p: float = 0.9, seed: int = 0, batch_size: int = 16,
-           on_batch: Callable[[int, int], None] | None = None, between: Between | None = None) -> list[str]:
+           on_batch: Callable[[int, int], None] | None = None, between: Between | None = None,
+           top_k: int | None = None) -> list[str]:
     """Sampled continuations of prompts given as token ids (fed whole, left-padded, in
     the given order), decoded without special tokens: nucleus sampling at `temperature`
     and `top_p` (RWKU writes its forget corpus so, generation/pair_generation.py: 1.0 and
-    0.9). The same seed, prompts and batch size give the same texts; the global random
-    state is left as it was. on_batch: called after each batch with (prompts done, all).
+    0.9), after top-k filtering when `top_k` is given (None: none; transformers applies its
+    default 50 where a caller names no top_k, as RWKU's does). The same seed, prompts and
+    batch size give the same texts; the global random state is left as it was. on_batch:
+    called after each batch with (prompts done, all).
     between: a step boundary (`grom.turns`) between two batches and after each decoding
     step, whose as_found keeps this run's random state (`random_kept`): the same texts
     whatever other jobs draw meanwhile."""
@@ -379,7 +382,7 @@ def sample(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], *, max
                 give(between, random_kept)
             ids, mask = _left_padded([list(e) for e in encoded[b:b + batch_size]], pad)
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
-                                 temperature=temperature, top_p=top_p, top_k=None, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                                  pad_token_id=pad, eos_token_id=eos or None, **_turns(between, random_kept))
             out += [t.strip() for t in tokenizer.batch_decode(gen[:, ids.shape[1]:], skip_special_tokens=True)]
             if on_batch is not None:

@@ -6,15 +6,31 @@ As RWKU (jinzhuoran/RWKU at 7aacdb9):
 
 - passages: generation/pair_generation.py's positive prompt, the system message
   "{intro} You know {subject} very well." and "Please write a short biography of
-  {subject}.", sampled at temperature 1.0, top-p 0.9. RWKU's subjects are all people; for a
-  place, a topic or a book world the request is "a short article about" it (our wording).
-  RWKU also starts each passage with one of its stored openings to vary them; here the
-  seed varies them.
+  {subject}.", sampled at temperature 1.0, top-p 0.9 and transformers' default top-k 50
+  (RWKU names no top_k, so `generate` keeps 50; the project's variant drops it), up to
+  `passage_tokens` (RWKU: 512). RWKU's subjects are all people; for a place, a topic or a
+  book world the request is "a short article about" it (our wording). RWKU also starts
+  each passage with one of its stored openings to vary them; here the seed varies them.
 - questions: generation/question_generation.py's "{intro}\\nPlease generate a question
   about {subject} based on what you know about {subject}\\n", the answer begun with
-  "Question:", up to 50 sampled tokens, the first line kept. RWKU pairs each question with
-  an "I don't know" for its rejection methods; here the model answers its own question
-  greedily, in the benchmark's prompt format, and that answer is what a method unlearns.
+  "Question:", up to 50 tokens sampled with the model's own generation config (RWKU passes
+  only do_sample=True: the temperature, top-p and top-k of the model's
+  generation_config.json, transformers' 1.0, 1.0 and 50 where it sets none, as for
+  SmolLM2), the first line kept, every one of them: RWKU asks 300 times and keeps all 300,
+  repeats and non-questions included. RWKU pairs each question with an "I don't know" for
+  its rejection tuning; here the model answers its own question greedily, in the
+  benchmark's prompt format.
+- what is unlearnt: RWKU's GA and NPO train on the passages (LLaMA-Factory/scripts/full/
+  run_ga.sh and run_npo.sh: --dataset {target}_Positive, the "train_positive" forget corpus
+  of pair_generation.py), so the methods fit the passages by default (`use="passages"`);
+  the model's question/answer pairs ("questions", the project's earlier default) or both
+  stay selectable. RWKU gives no retain corpus and its GA/NPO have no retain term
+  (`retain="none"`, for methods that run without one); GROM needs retain keys, so the
+  default stays what the model writes about the neighbours (`retain="written"`).
+
+The project's earlier writing (`PROTOCOLS["project"]`: no top-k, the questions sampled
+like the passages, only first lines that read as questions kept, repeats dropped, up to
+twice the tries and one more round) stays selectable; `PROTOCOLS["rwku"]` is the default.
 
 What is written comes back as `Written` rows (side, subject, kind, prompt, text), which a
 person reads and edits before any method runs (the studio's data panel); `name_only_benchmark`
@@ -40,8 +56,10 @@ from grom.turns import Between, give
 
 SIDES = ("forget", "retain")
 KINDS = ("passage", "qa")
-USES = ("questions", "passages", "both")
-RETAIN_FROM = ("written", "bundled", "both")
+USES = ("questions", "passages", "both")  # the default is "passages": RWKU's GA/NPO forget corpus
+RETAIN_FROM = ("written", "bundled", "both", "none")  # "none": RWKU's (no retain corpus); GROM needs one
+QUESTION_SAMPLING = ("model", "passages")  # RWKU: the model's generation config; the project's: as the passages
+QUESTIONS_KEPT = ("all", "filtered")  # RWKU: every first line; the project's: questions, no repeats
 ANSWERS = ("whole", "first_sentence")  # what of the model's own answer is fitted
 
 
@@ -76,8 +94,11 @@ class WritingConfig:
     passage_tokens: int = 160  # RWKU: 512 (a Llama-3-8B biography); a small model rambles
     question_tokens: int = 50  # RWKU's max_new_tokens for a question
     answer_tokens: int = 48  # the real-knowledge evaluation's answer budget
-    temperature: float = 1.0
+    temperature: float = 1.0  # the passages' (RWKU's pair_generation.py)
     top_p: float = 0.9
+    top_k: int | None = 50  # transformers' default, which RWKU leaves on; None: none (the project's variant)
+    question_sampling: str = "model"  # see QUESTION_SAMPLING
+    questions_kept: str = "all"  # see QUESTIONS_KEPT
     seed: int = 0
     batch_size: int = 16
 
@@ -93,8 +114,54 @@ class WritingConfig:
         if not (math.isfinite(self.temperature) and self.temperature > 0 and 0 < self.top_p <= 1):
             raise ValueError(f"WritingConfig: temperature {self.temperature!r} must be > 0 and top_p "
                              f"{self.top_p!r} in (0, 1]")
+        if self.top_k is not None and not (isinstance(self.top_k, int) and self.top_k >= 1):
+            raise ValueError(f"WritingConfig: top_k {self.top_k!r}: use a whole number from 1, or None for none")
+        if self.question_sampling not in QUESTION_SAMPLING or self.questions_kept not in QUESTIONS_KEPT:
+            raise ValueError(f"WritingConfig: question_sampling {self.question_sampling!r} (use "
+                             f"{' or '.join(QUESTION_SAMPLING)}) and questions_kept {self.questions_kept!r} "
+                             f"(use {' or '.join(QUESTIONS_KEPT)})")
         if self.passages + self.questions == 0:
             raise ValueError("WritingConfig: nothing to write about the subject: ask for passages or questions")
+
+
+PROTOCOLS = {
+    "rwku": {},  # WritingConfig's defaults: RWKU's sampling and every question kept
+    "project": {"top_k": None, "question_sampling": "passages", "questions_kept": "filtered"},
+}
+
+
+def writing_config(protocol: str = "rwku", **kw) -> WritingConfig:
+    """A `WritingConfig` of one of `PROTOCOLS` ("rwku", the default, or "project": this
+    project's earlier writing), with `kw` for the counts and the rest."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"WritingConfig: protocol {protocol!r}: use {' or '.join(PROTOCOLS)}")
+    return WritingConfig(**{**PROTOCOLS[protocol], **kw})
+
+
+# transformers' values for what a generation config leaves unset (GenerationConfig's defaults)
+_TRANSFORMERS_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}
+
+
+def model_sampling(model) -> dict:
+    """The temperature, top_p and top_k that `generate(do_sample=True)` samples with when
+    given none of them, as RWKU's question_generation.py calls it: the model's
+    `generation_config` where it sets them, transformers' defaults (1.0, 1.0, 50) where not.
+    A top_k of 0 (none) comes back as None, `sample`'s spelling."""
+    config = getattr(model, "generation_config", None)
+    out = {}
+    for k, default in _TRANSFORMERS_SAMPLING.items():
+        v = getattr(config, k, None)
+        out[k] = default if v is None else v
+    out["top_k"] = int(out["top_k"]) or None
+    return {"temperature": float(out["temperature"]), "top_p": float(out["top_p"]), "top_k": out["top_k"]}
+
+
+def question_sampling(model, config: WritingConfig) -> dict:
+    """How the questions are sampled: the model's own generation config (RWKU's, "model")
+    or as the passages ("passages": the project's variant, with its top_k)."""
+    if config.question_sampling == "model":
+        return model_sampling(model)
+    return {"temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k}
 
 
 def request(subject: Subject) -> str:
@@ -126,6 +193,12 @@ def question_prompt(tokenizer, subject: Subject, fmt: PromptFormat | None = None
     return _chat(tokenizer, fmt, ask, None, start="Question:")
 
 
+def first_line(text: str) -> str:
+    """The first line of a sampled continuation, stripped (RWKU's
+    question_generation.py: .split('\\n')[0].strip()): what RWKU keeps as a question."""
+    return text.split("\n")[0].strip()
+
+
 def first_question(text: str) -> str | None:
     """The question of a sampled continuation: its first line (RWKU's), kept when it reads
     as one (it ends with "?" and has at least three words)."""
@@ -144,9 +217,11 @@ def neighbours_of(subject: str, know: Knowledge, n: int) -> tuple[str, ...]:
 def write_about(model, tokenizer, subject: Subject, side: str, passages: int, questions: int,
                 config: WritingConfig, fmt: PromptFormat | None = None,
                 progress: Callable[[str], None] | None = None, between: Between | None = None) -> list[Written]:
-    """`passages` passages and up to `questions` question/answer pairs about `subject`. The
-    questions are sampled (twice as many tries, then once more), those that do not read as a
-    question or repeat one are dropped, and each is answered greedily by the model.
+    """`passages` passages and up to `questions` question/answer pairs about `subject`.
+    config.questions_kept "all" (RWKU's): `questions` tries, every non-empty first line kept
+    (RWKU keeps an empty one too, which cannot be asked); "filtered" (the project's): twice
+    as many tries, then once more, those that do not read as a question or repeat one
+    dropped. Each question is answered greedily by the model.
     between: a step boundary (`grom.turns`) between the writing calls and inside each
     (`sample`'s and `generate`'s: between batches and decoding steps); the texts do not
     depend on it."""
@@ -157,19 +232,24 @@ def write_about(model, tokenizer, subject: Subject, side: str, passages: int, qu
         say(f"{subject.title}: writing {passages} passages")
         texts = sample(model, tokenizer, [passage_prompt(tokenizer, subject, fmt)] * passages,
                        max_new_tokens=config.passage_tokens, temperature=config.temperature,
-                       top_p=config.top_p, seed=seed, batch_size=config.batch_size, between=between)
+                       top_p=config.top_p, top_k=config.top_k, seed=seed, batch_size=config.batch_size,
+                       between=between)
         out += [Written(side, subject.id, "passage", request(subject), t) for t in texts if t]
     asked: list[str] = []
-    for attempt in range(2):
+    how = question_sampling(model, config) if questions else {}
+    keep_all = config.questions_kept == "all"
+    for attempt in range(1 if keep_all else 2):
         if len(asked) >= questions:
             break
         say(f"{subject.title}: writing questions ({len(asked)} of {questions})")
         give(between)
-        tries = 2 * (questions - len(asked))
+        tries = questions if keep_all else 2 * (questions - len(asked))
         texts = sample(model, tokenizer, [question_prompt(tokenizer, subject, fmt)] * tries,
-                       max_new_tokens=config.question_tokens, temperature=config.temperature,
-                       top_p=config.top_p, seed=seed + 1 + attempt, batch_size=config.batch_size,
-                       between=between)
+                       max_new_tokens=config.question_tokens, seed=seed + 1 + attempt, batch_size=config.batch_size,
+                       between=between, **how)
+        if keep_all:
+            asked += [q for q in map(first_line, texts) if q]
+            continue
         for q in map(first_question, texts):
             if q and q.lower() not in {a.lower() for a in asked} and len(asked) < questions:
                 asked.append(q)
@@ -222,12 +302,14 @@ def _examples(rows: Iterable[Written], use: str, answers: str = "whole") -> tupl
     return tuple(out)
 
 
-def name_only_benchmark(subject: str, rows: Sequence[Written], *, use: str = "questions",
+def name_only_benchmark(subject: str, rows: Sequence[Written], *, use: str = "passages",
                         retain: str = "written", answers: str = "whole", source: PathLike | None = None,
                         prompt_format: PromptFormat | None = None, known_only: bool = False) -> Benchmark:
     """The real-knowledge benchmark of `subject` with what the model wrote as its forget set
-    (`use`: its question/answer pairs, its passages, or both) and retain set (`retain`:
-    what it wrote about the neighbours, the benchmark's own retain pairs, or both;
+    (`use`: its passages, RWKU's GA/NPO forget corpus and the default; its question/answer
+    pairs; or both) and retain set (`retain`: what it wrote about the neighbours, the
+    default; the benchmark's own retain pairs; both; or "none", RWKU's: no retain corpus,
+    for methods without a retain term, not GROM;
     `answers`: each forget answer whole, or its first sentence, where a short answer states
     its fact before the model's elaboration). The
     evaluation sets are the bundled ones, so every question scored is one the model did
@@ -243,8 +325,9 @@ def name_only_benchmark(subject: str, rows: Sequence[Written], *, use: str = "qu
         raise BenchmarkError(f"name only: nothing written about {subject} to forget as {use}; write some "
                              "first, or choose what to use (questions, passages, both)")
     written_retain = _examples([r for r in rows if r.side == "retain"], "both")
-    kept = {"written": written_retain, "bundled": bench.retain, "both": written_retain + bench.retain}[retain]
-    if not kept:
+    kept = {"written": written_retain, "bundled": bench.retain, "both": written_retain + bench.retain,
+            "none": ()}[retain]
+    if not kept and retain != "none":
         raise BenchmarkError("name only: nothing written about the neighbours to keep; write about at least "
                              "one neighbour, or keep the benchmark's own retain pairs (retain='bundled')")
     n_fq = sum(isinstance(x, QAExample) for x in forget)
@@ -253,12 +336,13 @@ def name_only_benchmark(subject: str, rows: Sequence[Written], *, use: str = "qu
         name="real-knowledge", description=(
             f"Real knowledge, name only (RWKU's setting): forget {subject} from what the model wrote about it "
             f"({n_fq} question/answer pairs, {len(forget) - n_fq} passages); keep {len(kept)} "
-            f"{'written ' if retain == 'written' else ''}retain examples. Scored on the bundled questions, "
+            f"{'written ' if retain == 'written' else ''}retain examples"
+            f"{' (no retain corpus, as RWKU)' if retain == 'none' else ''}. Scored on the bundled questions, "
             f"none of which was written or fitted: {len(bench.eval_sets['forget'])} + "
             f"{len(bench.eval_sets['probes'])} about the subject."))
 
 
-def load_name_only(split: str, source: PathLike | None = None, *, use: str = "questions", retain: str = "written",
+def load_name_only(split: str, source: PathLike | None = None, *, use: str = "passages", retain: str = "written",
                    prompt_format: PromptFormat | None = None, known_only: bool = False) -> Benchmark:
     """The benchmark "name-only": `source` is a file of written rows (JSON or JSON lines
     with side, subject, kind, prompt, text: `to_records`, or the studio's table saved),
