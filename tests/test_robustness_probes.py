@@ -217,8 +217,8 @@ def test_names_are_checked_before_any_work(monkeypatch):
         run_attacks(None, None, None, PROBES, attacks="heldout,jailbreak")
     monkeypatch.setattr(suite, "weights", _fake_weights([]))
     assert attack_names("all") == tuple(ATTACKS) and attack_names(["cloze", "heldout"]) == ("heldout", "cloze")
-    assert attack_names("quick") == ("heldout", "paraphrase", "incontext", "affirmative_suffix", "logit_lens")
-    assert attack_names("relearn, quick") == attack_names("quick")[:4] + ("relearn", "logit_lens")
+    assert attack_names("quick") == ("heldout", "paraphrase", "incontext", "affirmative_suffix", "logit_lens", "depth")
+    assert attack_names("relearn, quick") == attack_names("quick")[:4] + ("relearn", "logit_lens", "depth")
     with pytest.raises(ValueError, match=r", mia, or quick \(heldout, paraphrase, incontext"):
         attack_names("quik")
     assert set(ATTACKS) >= {"heldout", "paraphrase", "cloze", "format", "incontext", "prefix_injection",
