@@ -243,15 +243,21 @@ def plot_logit_lens(layers: Sequence[int], prob: dict[str, Sequence[float]], ban
         fig.add_trace(go.Scatter(x=list(layers), y=list(values), mode="lines+markers", name=name,
                                  line=dict(color=colours.get(name, [ACCENT, FORGET, RETAIN][i % 3]), width=2),
                                  hovertemplate=f"{name}<br>layer %{{x}}: p %{{y:.3f}}<extra></extra>"))
+    _shade_layers(fig, band, first_changed)
+    fig.update_xaxes(title_text="layer (its output read through the final norm and head)")
+    fig.update_yaxes(title_text="probability of the answer's fact token")
+    return _layout(fig, "Where the answer still lives: the logit lens", 340)
+
+
+def _shade_layers(fig: go.Figure, band: Sequence[int], first_changed: int | None) -> None:
+    """A per-layer plot's edited band shaded, and the layers below the first changed weight
+    labelled as untouched by construction."""
     if band:
         fig.add_vrect(x0=min(band) - 0.5, x1=max(band) + 0.5, fillcolor=ACCENT, opacity=0.1, line_width=0,
                       annotation_text="edited band", annotation_position="top left")
     if first_changed:
         fig.add_vrect(x0=-0.5, x1=first_changed - 0.5, fillcolor=MUTED, opacity=0.12, line_width=0,
                       annotation_text="untouched by construction", annotation_position="top right")
-    fig.update_xaxes(title_text="layer (its output read through the final norm and head)")
-    fig.update_yaxes(title_text="probability of the answer's fact token")
-    return _layout(fig, "Where the answer still lives: the logit lens", 340)
 
 
 def plot_depth(layers: Sequence[int], share: dict[str, Sequence[float | None]], band: Sequence[int],
@@ -266,12 +272,7 @@ def plot_depth(layers: Sequence[int], share: dict[str, Sequence[float | None]], 
         fig.add_trace(go.Scatter(x=list(layers), y=y, mode="lines+markers", name=name,
                                  line=dict(color=[ACCENT, FORGET, RETAIN][i % 3], width=2),
                                  hovertemplate=f"{name}<br>layer %{{x}}: erased %{{y:.2f}}<extra></extra>"))
-    if band:
-        fig.add_vrect(x0=min(band) - 0.5, x1=max(band) + 0.5, fillcolor=ACCENT, opacity=0.1, line_width=0,
-                      annotation_text="edited band", annotation_position="top left")
-    if first_changed:
-        fig.add_vrect(x0=-0.5, x1=first_changed - 0.5, fillcolor=MUTED, opacity=0.12, line_width=0,
-                      annotation_text="untouched by construction", annotation_position="top right")
+    _shade_layers(fig, band, first_changed)
     fig.update_xaxes(title_text="layer (its states patched in)")
     fig.update_yaxes(title_text="erased (vs retain model)" if with_retain else "erased (vs the output)",
                      range=[-0.05, 1.05])
