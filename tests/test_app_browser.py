@@ -292,7 +292,9 @@ def test_name_only_from_the_written_table_to_a_card(url, browser, tmp_path):
     table = text_of(page, "#name-only")
     assert "The model wrote 3 texts about" in table, (table, text_of(page, ".toast-body.error"))
     assert "the-solar-system" in table and "the-human-body" in table and "passage" in table
-    page.get_by_label("passages", exact=True).check()  # the demo model writes no question that reads as one
+    fit_on = page.get_by_label("passages (RWKU's)", exact=True)  # RWKU's GA/NPO corpus, the default
+    assert fit_on.is_checked()
+    fit_on.check()  # the demo model writes no question that reads as one
     page.get_by_role("button", name="Load what was written").click()
     page.wait_for_function("document.body.innerText.includes('name only (RWKU')", timeout=120_000)
     shot(page, "name_only_loaded.png", tmp_path, full_page=False)
