@@ -51,6 +51,7 @@ from components.server.session import (
 )
 from components.studio.comparators import check_gpu_time, check_request, comparator_label, train_comparator
 from components.studio.comparison import shared_model
+from components.studio.runs import band_text
 from components.studio.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import TABLE_LABELS, answers_table_html, download_box, empty_table, title_html
@@ -449,20 +450,8 @@ def depth_md(results: dict[str, dict]) -> str:
     if not values:
         return f"{what}: the edit did not lower the probes' facts by more than {d.get('threshold', 0.05)} nats."
     where = (f" The unedited model reads most of GROM's forgotten facts back from the states of {len(kept)} of "
-             f"{len(layers)} layers ({_ranges(kept)})." if kept else "")
+             f"{len(layers)} layers ({band_text(kept)})." if kept else "")
     return f"{what}: {values}.{where}"
-
-
-def _ranges(layers: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2, 5"."""
-    out, start = [], None
-    for i, layer in enumerate(layers):
-        if start is None:
-            start = layer
-        if i + 1 == len(layers) or layers[i + 1] != layer + 1:
-            out.append(f"{start}" if start == layer else f"{start}-{layer}")
-            start = None
-    return ", ".join(out)
 
 
 def answers_html(session: Session, row: int) -> str:

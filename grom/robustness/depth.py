@@ -53,6 +53,7 @@ from torch import nn
 
 from grom.data.encoding import pad_id
 from grom.data.prompts import PromptFormat, encode_prompt
+from grom.eval.prefix import first_changed_layer
 from grom.model.arch import decoder_layers, model_device, num_layers
 from grom.model.hooks import capture_outputs, hooked
 from grom.robustness.result import AttackResult, BelowTheEdit, Probe
@@ -315,7 +316,7 @@ def depth_attack(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *, 
     measure = "uds" if reference is not None else "output"
     value = lambda part: part.mean_uds if reference is not None else part.output_depth  # noqa: E731
     details = {"measure": measure, "threshold": d.threshold, **_summary(held),
-               "first_changed_layer": int(BelowTheEdit(model, edit).first), "band": list(getattr(edit, "band", [])),
+               "first_changed_layer": first_changed_layer(model, edit), "band": list(getattr(edit, "band", [])),
                "fact_not_in_answer": sum(not f for f in held.found)}
     if mine is not None:
         details["fitted"] = {**_summary(mine), "value": _finite(value(mine))}
