@@ -43,6 +43,7 @@ from components import (
     edit_panel,
     export_panel,
     history_panel,
+    landscape_panel,
     layers_panel,
     model_panel,
     sweep_panel,
@@ -104,6 +105,8 @@ def build_layout(start_model: str = DEMO, template: Session | None = None) -> Si
                     ui.data = benchmark_panel.build_examples_panel()
                 with gr.Tab("Layers", id="layers"):
                     ui.layers = layers_panel.build_layers_panel(preset)
+                with gr.Tab("Trade-off", id="landscape", elem_id="landscape-tab"):
+                    ui.landscape = landscape_panel.build_landscape_panel(preset)
                 with gr.Tab("Edit details", id="edit"):
                     ui.result = edit_panel.build_result_view()
                     ui.runs = history_panel.build_history_panel()  # the session's runs, under the last edit
@@ -141,6 +144,7 @@ def wire_panels(demo: gr.Blocks, ui: SimpleNamespace, start_key) -> Page:
     layers_panel.wire(ui.layers, page)
     baseline_panel.wire(ui.baseline, page)  # baseline_trained
     sweep_panel.wire(ui.sweep, page)  # swept
+    landscape_panel.wire(ui.landscape, page)
     history_panel.wire(ui.runs, page)
     diagnostics_panel.wire(ui.diag, page)
     return page

@@ -172,6 +172,8 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
                                "higher: forgets harder (too high: noise)")
     w_r_log, w_r = _log_pair("w_r", "w_r", demo.w_r, "higher: keeps the retain set (w_f = 1)")
     rho_log, rho = _log_pair("rho", "ρ", demo.rho, "higher: a smaller, smoother edit (ridge)")
+    # where a landscape cell costs under a second (a GPU), the settings' cell as the sliders move
+    preview = gr.Markdown("", elem_id="slider-preview")
     with gr.Row(elem_id="run-row"):
         run = gr.Button("Run edit", variant="primary", scale=3, elem_id="run-edit")
         reset_btn = gr.Button("Reset", variant="secondary", scale=1, min_width=90, elem_id="reset-edit")
@@ -222,7 +224,7 @@ def build_edit_panel(start_preset: str = "demo") -> SimpleNamespace:
                            key_positions=key_positions, seed=seed,
                            batch_size=batch_size, forget_budget=forget_budget,
                            retain_budget=retain_budget, retain_examples=retain_examples, run=run,
-                           reset=reset_btn, status=status, card=card, memory_plan=memory_plan)
+                           reset=reset_btn, status=status, card=card, memory_plan=memory_plan, preview=preview)
 
 
 def build_result_view() -> SimpleNamespace:

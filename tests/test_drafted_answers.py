@@ -15,7 +15,7 @@ from grom.data.prompts import encode_prompt
 from grom.eval import evaluate
 from grom.eval.prefix import PrefixCache
 from grom.eval.report import BASE, DRAFTS, EDITED, record_drafts
-from grom.eval.runner import _eos_ids, _left_padded, generate, greedy_answers, greedy_until
+from grom.eval.runner import eos_ids, generate, greedy_answers, greedy_until, left_padded
 from tests.conftest import FORGET, RETAIN
 from tests.test_eval_knowledge import _knowledge_bench
 
@@ -23,7 +23,7 @@ BUDGET = 20
 
 
 def _batch(tokenizer, questions):
-    ids, mask = _left_padded([encode_prompt(tokenizer, q) for q in questions], tokenizer.pad_token_id)
+    ids, mask = left_padded([encode_prompt(tokenizer, q) for q in questions], tokenizer.pad_token_id)
     return ids, mask
 
 
@@ -33,7 +33,7 @@ def test_drafts_give_the_greedy_answers_whatever_they_guess(trained_llama, token
     facts = [ex.answer.rstrip(".").split()[-1] for ex in FORGET + RETAIN]
     facts[0], facts[1] = "Nowhere", None  # never stated: run to the budget
     ids, mask = _batch(tokenizer, questions)
-    eos = _eos_ids(trained_llama, tokenizer)
+    eos = eos_ids(trained_llama, tokenizer)
     plain = greedy_until(trained_llama, tokenizer, ids, mask, BUDGET, eos, facts)
     wrong = tokenizer(" the the the", add_special_tokens=False)["input_ids"]
     drafts = []

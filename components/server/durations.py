@@ -125,6 +125,17 @@ def sweep_point_s(key: ModelKey, forget, retain, config, f_eval, r_eval, *_rest,
     return gpu_seconds(edit + probe)
 
 
+def landscape_cell_s(key: ModelKey, forget, retain, config, reader, *_rest, **_kw) -> int:
+    """One cell of the landscape: the edit of `config` and one teacher-forced pass of the
+    reader's prompts and answers (`grom.landscape.AnswerReader.tokens`)."""
+    shape = shape_of(key)
+    if shape is None:
+        return DEFAULT_S
+    edit = edit_flops(shape, example_tokens(forget) + example_tokens(retain),
+                      len(config.layers) if config.layers else config.k, False)
+    return gpu_seconds(edit + 2.0 * reader.tokens * shape.layers * shape.layer_params)
+
+
 def train_plan(key: ModelKey, bench, method: str, epochs) -> TrainPlan | None:
     """A trained method's run on `bench` (its recipe, `epochs`) priced per optimizer step
     and split into calls (None where the model is not loaded). A step costs `train_flops`

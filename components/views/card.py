@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 from grom.eval.metrics import rouge_l_recall
 from grom.eval.report import BASE, EDITED, RETAIN_BROKEN, retain_drops
-from grom.eval.verdicts import NONE, Tally, pooled
+from grom.eval.verdicts import KEPT_SETS, NONE, Tally, pooled
 from grom.text import contains_phrase, normalise_text
 
-KEPT_SETS = ("neighbours", "general", "retain")
 CLASS_WORDS = {"fluent": "another fluent answer", "refusal": "a refusal", "degenerate": "degenerate text"}
 
 

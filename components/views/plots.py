@@ -277,3 +277,93 @@ def plot_depth(layers: Sequence[int], share: dict[str, Sequence[float | None]], 
     fig.update_yaxes(title_text="erased (vs retain model)" if with_retain else "erased (vs the output)",
                      range=[-0.05, 1.05])
     return _layout(fig, "Where it is still recoverable: depth by patching", 340)
+
+
+def _cell_text(counts: dict, names: Sequence[tuple[str, str, bool]], reading: str) -> str:
+    """A landscape cell's counts, one line a set: "fitted gone 12/15" or "kept 60/64"
+    (held or not by `reading`)."""
+    col = 1 if reading == "stated" else 2
+    lines = []
+    for label, name, gone in names:
+        group = [counts[n] for n in (name if isinstance(name, tuple) else (name,)) if n in counts]
+        if group:
+            read, held = sum(g[0] for g in group), sum(g[col] for g in group)
+            lines.append(f"{label} {read - held if gone else held}/{read}")
+    return "<br>".join(lines)
+
+
+def plot_landscape_map(strengths: Sequence[float], w_rs: Sequence[float], cells: dict, *, strength: str,
+                       forget: str, forget_label: str, kept: tuple[str, ...], reading: str,
+                       current: tuple[float, float] | None = None, front: Sequence[tuple[float, float]] = (),
+                       title: str = "") -> go.Figure:
+    """The grid as a map: one square per (strength, w_r), coloured by the share of `forget`'s
+    facts gone (no longer held by `reading`), each with its sets' counts of facts still held
+    (fitted, held-out, kept); a cell not computed yet is blank; `current` outlined (you are
+    here), the cells of the Pareto front starred. cells: {(strength, w_r): grom.landscape.Cell}.
+    customdata "strength,w_r" per square (a click restores it)."""
+    xs, ys = [f"{v:g}" for v in strengths], [f"{v:g}" for v in w_rs]
+    z, text, custom = [], [], []
+    shown = (("fitted gone", "forget", True), ("held-out gone", "probes", True), ("kept", tuple(kept), False))
+    for w in w_rs:
+        row_z, row_t, row_c = [], [], []
+        for s in strengths:
+            cell = cells.get((s, w))
+            lost = cell.lost(forget, reading) if cell is not None else None
+            row_z.append(lost)
+            star = "★ " if (s, w) in set(front) else ""
+            row_t.append("…" if cell is None else star + _cell_text(cell.counts, shown, reading))
+            row_c.append(f"{s:g},{w:g}")
+        z.append(row_z)
+        text.append(row_t)
+        custom.append(row_c)
+    # squares at integer places, labelled with the values (a numeric axis would space them by value)
+    fig = go.Figure(go.Heatmap(
+        x=list(range(len(xs))), y=list(range(len(ys))), z=z, text=text, customdata=custom, texttemplate="%{text}",
+        textfont=dict(size=10), zmin=0, zmax=1, colorscale=[[0, "#f8f9fa"], [1, FORGET]], xgap=2, ygap=2,
+        colorbar=dict(title=dict(text=f"{forget_label}<br>gone", side="top"), thickness=10, len=0.9),
+        hovertemplate="%{customdata} (" + strength + ", w_r)<br>%{text}<extra>click: put it in the Edit form</extra>"))
+    if current is not None and current[0] in strengths and current[1] in w_rs:
+        i, j = list(strengths).index(current[0]), list(w_rs).index(current[1])
+        fig.add_shape(type="rect", x0=i - 0.5, x1=i + 0.5, y0=j - 0.5, y1=j + 0.5, xref="x", yref="y",
+                      line=dict(color=ACCENT, width=4))
+        fig.add_annotation(x=i, y=j - 0.5, text="you are here", showarrow=False, yshift=-8,
+                           font=dict(size=10, color=ACCENT), bgcolor="rgba(255,255,255,0.8)")
+    fig.update_xaxes(title=f"{strength} (forgets harder →)", tickvals=list(range(len(xs))), ticktext=xs,
+                     showgrid=False, zeroline=False)
+    fig.update_yaxes(title="w_r (keeps more ↑)", tickvals=list(range(len(ys))), ticktext=ys, showgrid=False,
+                     zeroline=False)
+    return _layout(fig, title or "The trade-off, cell by cell", height=430)
+
+
+def plot_landscape_front(points: Sequence[tuple[float, float]], labels: Sequence[str], keys: Sequence[str], *,
+                         front: Sequence[int], forget_label: str, current: int | None = None,
+                         preview: tuple[float, float, str] | None = None) -> go.Figure:
+    """Each computed cell as a point (retain cost, forgetting): up and left is better; the
+    Pareto front (`front`, indices) joined; `current` ringed (you are here); `preview`
+    (cost, forgetting, label), a settings' preview not yet run, as a hollow diamond.
+    customdata: each point's "strength,w_r" (a click restores it)."""
+    cost, gone = [p[0] for p in points], [p[1] for p in points]
+    fig = go.Figure(go.Scatter(
+        x=cost, y=gone, mode="markers", customdata=list(keys), text=list(labels), name="cells",
+        marker=dict(size=10, color=ACCENT, opacity=0.55),
+        hovertemplate="%{text}<br>retain cost %{x:.0%}<br>gone %{y:.0%}<extra>click: put in the Edit form</extra>"))
+    if front:
+        order = sorted(front, key=lambda i: (cost[i], gone[i]))
+        fig.add_trace(go.Scatter(x=[cost[i] for i in order], y=[gone[i] for i in order], mode="lines+markers",
+                                 customdata=[keys[i] for i in order], text=[labels[i] for i in order],
+                                 name="Pareto front", line=dict(color=FORGET, width=2),
+                                 marker=dict(size=12, color=FORGET, symbol="star"),
+                                 hovertemplate="%{text}<br>on the front<extra></extra>"))
+    if current is not None and 0 <= current < len(points):
+        fig.add_trace(go.Scatter(x=[cost[current]], y=[gone[current]], mode="markers+text", text=["you are here"],
+                                 textposition="bottom right", customdata=[keys[current]], name="you are here",
+                                 marker=dict(size=22, color="rgba(0,0,0,0)", line=dict(color=ACCENT, width=3)),
+                                 hoverinfo="skip"))
+    if preview is not None:
+        fig.add_trace(go.Scatter(x=[preview[0]], y=[preview[1]], mode="markers+text", text=[preview[2]],
+                                 textposition="top right", name="preview", hoverinfo="skip",
+                                 marker=dict(size=16, symbol="diamond-open", color=RETAIN, line=dict(width=3))))
+    fig.update_xaxes(title="retain cost: kept facts no longer held →", tickformat=".0%", rangemode="tozero")
+    fig.update_yaxes(title=f"{forget_label} facts gone ↑", tickformat=".0%", range=[-0.03, 1.03])
+    return _layout(fig, "Forgetting against retain cost<br><sup>up and left is better</sup>", height=430,
+                   showlegend=False)

@@ -144,6 +144,8 @@ EMPTY = {
     "baseline": ("metric", "Base", "GROM", "baseline", "goal"),
     "history": ("#", "time", "benchmark", "β", "w_r", "ρ", "band", "edit s"),
     "sweep": ("point", "p(answer), forget", "p(answer), retain", "edit s"),
+    "landscape": ("β", "w_r", "ρ", "fitted gone", "held-out gone", "kept lost", "words kept", "front", "edit s",
+                  "read s", "card check"),
     "influence": ("rank", "share of ‖P‖", "example"),
     "quantization": ("metric", "Base", "Base 4-bit", "Edited", "Edited 4-bit"),
     "attacks": ("attack", "Base", "GROM", "GROM forgot", "probes", "seconds"),

@@ -153,6 +153,14 @@ SWEEP = ("Each value is a full edit of the session's last edit with that one set
          "scored by the mean probability of the gold answer, teacher-forced, on up to 40 forget and "
          "40 retain evaluation examples: a quick proxy, not the Compare tab's metrics.")
 
+LANDSCAPE = ("**The whole trade-off around your edit.** Each square is GROM's edit at one β and w_r (5 x 5 "
+             "around yours, at the ρ chosen), exactly as Run edit makes it, and what it does to the facts the "
+             "unedited model stated: the forget questions it was fitted on, held-out questions on the same "
+             "subject, and kept facts. Each is read in one pass over the unedited answers rather than decoded, "
+             "so a square costs seconds, not a card; how often that reading and the card disagree is counted "
+             "below on every card you run at a square. ★ marks the Pareto front: no other square forgets "
+             "more for less. Click a square (or a row) to put its settings in the Edit form, then Run edit.")
+
 HISTORY = ("Every edit of this session (the last 50), with its settings and, once "
            "compared, its headline metrics, and every baseline or editor run of Compare (its method "
            "under \"from\", its own settings and metrics); the scatter puts forgetting against "

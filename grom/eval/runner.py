@@ -57,7 +57,7 @@ class TokenScores:
                            None if self.sigma2 is None else self.sigma2[cut])
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def eos_ids(model, tokenizer) -> list[int]:
     ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids = [ids] if isinstance(ids, int) else list(ids or [])
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
@@ -220,7 +220,7 @@ def _turns(between: Between | None, as_found: AsFound = nullcontext) -> dict:
     return {} if between is None else {"stopping_criteria": StoppingCriteriaList([_Turns(between, as_found)])}
 
 
-def _left_padded(encoded: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(encoded: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask), both (B, W): the prompts right-aligned, pads on the left."""
     width = max(len(e) for e in encoded)
     ids = torch.full((len(encoded), width), pad, dtype=torch.long)
@@ -287,7 +287,7 @@ def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
     longest = max(budgets, default=0)
     device = model_device(model)
     pad = pad_id(tokenizer)
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     encoded = [encode_prompt(tokenizer, p, prompt_format)[-(max_length - longest):]
                for p in prompts]
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
@@ -296,7 +296,7 @@ def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
         if b:
             give(between)
         idx = order[b:b + batch_size]
-        ids, mask = _left_padded([encoded[i] for i in idx], pad)
+        ids, mask = left_padded([encoded[i] for i in idx], pad)
         if stop_at is not None:
             step = None if on_step is None else (lambda done, b=b: on_step(b + done, len(encoded)))
             new, done = greedy_answers(model, tokenizer, ids.to(device), mask.to(device),
@@ -338,14 +338,14 @@ def generate_ids(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], 
     EOS decode to nothing). The caller decodes (`grom.eval.upstream.decode`). between: as
     `generate`'s."""
     device = model_device(model)
-    pad, eos = pad_id(tokenizer), _eos_ids(model, tokenizer)
+    pad, eos = pad_id(tokenizer), eos_ids(model, tokenizer)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     out: list[list[int]] = [[] for _ in encoded]
     for b in range(0, len(order), batch_size):
         if b:
             give(between)
         idx = order[b:b + batch_size]
-        ids, mask = _left_padded([list(encoded[i]) for i in idx], pad)
+        ids, mask = left_padded([list(encoded[i]) for i in idx], pad)
         gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                              do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
                              eos_token_id=eos or None, temperature=None, top_p=None, top_k=None,
@@ -373,14 +373,14 @@ def sample(model: nn.Module, tokenizer, encoded: Sequence[Sequence[int]], *, max
     step, whose as_found keeps this run's random state (`random_kept`): the same texts
     whatever other jobs draw meanwhile."""
     device = model_device(model)
-    pad, eos = pad_id(tokenizer), _eos_ids(model, tokenizer)
+    pad, eos = pad_id(tokenizer), eos_ids(model, tokenizer)
     out: list[str] = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for b in range(0, len(encoded), batch_size):
             if b:
                 give(between, random_kept)
-            ids, mask = _left_padded([list(e) for e in encoded[b:b + batch_size]], pad)
+            ids, mask = left_padded([list(e) for e in encoded[b:b + batch_size]], pad)
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
                                  temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                                  pad_token_id=pad, eos_token_id=eos or None, **_turns(between, random_kept))
@@ -433,7 +433,7 @@ def greedy_until(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.Ten
                           on_step=on_step, between=between)[0]
 
 
-def _argmax_at(model: nn.Module, hidden: torch.Tensor, rows: list[int], cols: list[int],
+def argmax_at(model: nn.Module, hidden: torch.Tensor, rows: list[int], cols: list[int],
                chunk: int = 512) -> list[int]:
     """The LM head's argmax at positions (rows[i], cols[i]) of `hidden` (B, T, d), in
     chunks of positions (a (positions, vocab) logit tensor of a long batch would not fit)."""
@@ -466,7 +466,7 @@ def _drafted_pass(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, draft
     name = "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
     out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{name: cache})
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    read = iter(_argmax_at(model, hidden, [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)],
+    read = iter(argmax_at(model, hidden, [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)],
                            [width - 1 + j for d in drafts for j in range(len(d) + 1)]))
     guessed = [[next(read) for _ in range(len(d) + 1)] for d in drafts]
     live, last = [], pos[:, width - 1].clone()

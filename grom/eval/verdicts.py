@@ -24,6 +24,10 @@ import pandas as pd
 
 from grom.eval import metrics as M
 
+KEPT_SETS = ("neighbours", "general", "retain")
+"""The evaluation sets whose facts an edit should keep, pooled as "kept" (the card, the
+landscape): real knowledge's neighbours and general facts, TOFU's retain set."""
+
 
 @dataclass(frozen=True)
 class Tally:

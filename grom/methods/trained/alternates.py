@@ -83,7 +83,7 @@ def clean_alternate(text: str, gold: str, fact: str | None = None) -> str | None
     return text
 
 
-def _left_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask), (B, W): the rows right-aligned, as generation wants them."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -105,7 +105,7 @@ def _eos(model: nn.Module, tokenizer) -> list[int]:
 def _sample(model, tokenizer, prompts: list[list[int]], n: int, temperature: float,
             max_new_tokens: int) -> list[list[str]]:
     """n decoded continuations of each prompt (token ids), (len(prompts), n)."""
-    ids, mask = _left_padded(prompts, pad_id(tokenizer))
+    ids, mask = left_padded(prompts, pad_id(tokenizer))
     dev = model_device(model)
     how = (dict(do_sample=True, temperature=temperature, top_k=TOP_K, top_p=1.0) if temperature > 0
            else dict(do_sample=False, temperature=None, top_k=None, top_p=None))
