@@ -33,7 +33,7 @@ from components.server.session import (
     in_turn,
     resident,
 )
-from components.server.validate import RANGES
+from components.server.validate import RANGES, check_range
 from components.studio.comparison import base_report, comparison_report, examples_per_set
 from components.studio.edits import trim_stream_cache
 from components.studio.form import RESTORED, widgets
@@ -42,6 +42,7 @@ from components.studio.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
 from grom import PRESETS
+from grom.eval.tasks import get_task
 from grom.eval.verdicts import KEPT_SETS
 from grom.landscape import AnswerReader, Cell, Grid, pareto, strength_name
 from grom.landscape.grid import FITTED, HELD_OUT, RHO_STEPS, around
@@ -116,12 +117,13 @@ def _state(session: Session, max_examples, full_set, progress) -> tuple[Landscap
     if held is not None and held.bench is bench and held.n == n and plain(held.base) == plain(base):
         held.base, held.run = base, dict(edit.run) | {"band": list(edit.band)}
         return held, edit
-    answers = base_report(handle.key, bench, n, "answers")
+    stage = "answers" if "answers" in get_task(bench.task).stages else "full"  # the unedited answers alone
+    answers = base_report(handle.key, bench, n, stage)
     if answers is None:
         progress(0.0, desc="the unedited answers the cells are read against")
-        answers = comparison_report(handle, bench, None, n, None, stage="answers")
+        answers = comparison_report(handle, bench, None, n, None, stage=stage)
     try:
-        reader = AnswerReader.from_report(handle.tokenizer, bench, answers)
+        reader = AnswerReader.from_report(handle.tokenizer, bench, answers, max_examples=n)
     except ValueError:
         raise UserError("The landscape reads the unedited model's answers to questions, and this benchmark's "
                         "evaluation sets have none it answered: pick a split with questions.") from None
@@ -247,7 +249,9 @@ def on_landscape(rho: float, forget_axis: str, reading_label: str, max_examples,
     handle = current_model(session)
     held, edit = _state(session, max_examples, full_set, progress)
     forget, reading = FORGET_AXES.get(forget_axis, HELD_OUT), READINGS.get(reading_label, "top")
-    rho = float(rho) if rho else held.base.rho
+    rho = held.base.rho if rho in (None, "") else check_range("rho", rho)
+    if rho <= 0:
+        raise UserError("ρ must be above 0 (the ridge keeps A invertible).")
     grid = grid_for(held.base, rho)
     name = strength_name(held.base)
     at = (getattr(edit.settings, name), edit.settings.w_r)
@@ -300,6 +304,16 @@ def on_row(evt: gr.SelectData, session: Session):
     return _pick(f"{s:g},{w:g}", session)
 
 
+def _from_log(v) -> float:
+    """A log slider's value as its number box shows it (`edit_panel._log_pair`); NaN for
+    anything else (refused by the range check)."""
+    try:
+        v = float(v)
+        return round(10 ** v, 6 if v < 0 else 3)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")
+
+
 def _previewable(held: Landscape | None, handle) -> bool:
     """Whether a cell is cheap enough here to preview as the sliders move: on a GPU, or
     where the cells measured cost under `PREVIEW_WITHIN_S` on average."""
@@ -322,7 +336,10 @@ def on_preview(beta_log: float, w_r_log: float, rho_log: float, forget_axis: str
     if not _previewable(held, handle) or strength_name(session.edit.settings) != "beta":
         return gr.skip(), gr.skip()
     held, edit = _state(session, max_examples, full_set, lambda *a, **k: None)
-    beta, w_r, rho = (round(10 ** v, 6 if v < 0 else 3) for v in (beta_log, w_r_log, rho_log))
+    beta, w_r, rho = (check_range(name, _from_log(v)) for name, v in (("beta", beta_log), ("w_r", w_r_log),
+                                                                        ("rho", rho_log)))
+    if min(beta, w_r) <= 0:
+        raise UserError("β and w_r must be above 0 for a preview.")
     grid = Grid((beta,), (w_r,), rho)
     cell = held.cells.get((beta, w_r, rho))
     if cell is None:

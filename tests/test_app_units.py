@@ -735,3 +735,58 @@ def test_finding_a_loaded_model_waits_for_no_device():
         assert time.monotonic() - t0 < 1.0
     finally:
         done.set()
+
+
+def test_landscape_map_blanks_cells_to_come_and_marks_the_current_one_and_the_front():
+    from grom.landscape import Cell
+
+    cells = {(10.0, 100.0): Cell(10.0, 100.0, 0.03, {"forget": (15, 9, 12), "probes": (15, 10, 14),
+                                                     "neighbours": (48, 40, 47)}),
+             (20.0, 100.0): Cell(20.0, 100.0, 0.03, {"forget": (15, 0, 3), "neighbours": (48, 30, 40)})}
+    fig = plots.plot_landscape_map([10.0, 20.0, 40.0], [30.0, 100.0], cells, strength="β", forget="forget",
+                                   forget_label="fitted", kept=("neighbours", "general"), reading="top",
+                                   current=(20.0, 100.0), front=[(20.0, 100.0)])
+    heat = fig.data[0]
+    assert heat.z[1][0] == pytest.approx(0.2) and heat.z[1][1] == pytest.approx(0.8) and heat.z[0][0] is None
+    assert heat.text[0][0] == "…" and heat.text[1][1].startswith("★ fitted gone 12/15")
+    assert "kept 40/48" in heat.text[1][1] and "held-out" not in heat.text[1][1]  # a set not read: no line
+    assert heat.customdata[1][1] == "20,100" and list(fig.layout.xaxis.ticktext) == ["10", "20", "40"]
+    (rect,) = fig.layout.shapes
+    assert (rect.x0, rect.x1, rect.y0, rect.y1) == (0.5, 1.5, 0.5, 1.5)  # you are here: (20, 100)
+    stated = plots.plot_landscape_map([10.0, 20.0, 40.0], [30.0, 100.0], cells, strength="β", forget="forget",
+                                      forget_label="fitted", kept=("neighbours",), reading="stated")
+    assert stated.data[0].z[1][0] == pytest.approx(0.4) and not stated.layout.shapes
+    json.loads(fig.to_json())
+
+
+def test_landscape_front_joins_the_front_and_rings_you_are_here():
+    fig = plots.plot_landscape_front([(0.0, 0.2), (0.1, 0.8), (0.3, 0.7)], ["a", "b", "c"], ["1,1", "2,1", "3,1"],
+                                     front=[1, 0], forget_label="held-out", current=2, preview=(0.05, 0.5, "p"))
+    assert list(fig.data[1].x) == [0.0, 0.1] and list(fig.data[1].customdata) == ["1,1", "2,1"]
+    assert fig.data[2].x[0] == 0.3 and fig.data[3].marker.symbol == "diamond-open"
+    assert "held-out facts gone" in fig.layout.yaxis.title.text
+
+
+def test_a_landscape_cell_picked_fills_the_edit_form_and_a_cell_not_computed_is_refused():
+    from components import landscape_panel as L
+    from components.server.session import Session
+    from components.studio.form import RESTORED
+    from grom import EditConfig
+    from grom.landscape import Cell
+
+    session = Session()
+    base = EditConfig(beta=65.0, w_r=100.0, rho=0.03, layers=(25, 26, 27, 28, 29))
+    held = L.Landscape(base, None, None, None, {"band": [25, 26, 27, 28, 29], "band_mode": "suggested"})
+    held.cells[(130.0, 30.0, 0.03)] = Cell(130.0, 30.0, 0.03)
+    held.shown = [(130.0, 30.0)]
+    session.extra["landscape"] = held
+    values = L.on_pick.__wrapped__("130,30", session)
+    restored = dict(zip(RESTORED, values))
+    assert restored["beta"] == 130.0 and restored["w_r"] == 30.0 and restored["rho"] == 0.03
+    assert restored["band_text"] == "25-29" and "landscape cell 130,30" in values[-1]
+    assert L.on_row.__wrapped__(SimpleNamespace(index=[0, 3]), session) == values
+    for bad in ("260,30", "x" * 100_000, ""):
+        with pytest.raises(UserError):
+            L.on_pick.__wrapped__(bad, session)
+    with pytest.raises(UserError, match="Map the trade-off"):
+        L.on_row.__wrapped__(SimpleNamespace(index=[5, 0]), session)

@@ -136,14 +136,16 @@ class AnswerReader:
         return _Item(name, prompt, ids[:s], (a, b), False, index)
 
     @classmethod
-    def from_report(cls, tokenizer, benchmark, base: Report, *, names: Sequence[str] = READ_SETS,
-                    max_per_set: int | None = MAX_PER_SET, batch_size: int = 32) -> "AnswerReader":
-        """The questions of `benchmark`'s sets `names` that `base`'s Base row answered: on
-        real knowledge those whose fact it stated (the facts the card counts), elsewhere
-        every one, compared whole. At most `max_per_set` a set, spread evenly."""
+    def from_report(cls, tokenizer, benchmark, base: Report, *, max_examples: int | None = None,
+                    names: Sequence[str] = READ_SETS, max_per_set: int | None = MAX_PER_SET,
+                    batch_size: int = 32) -> "AnswerReader":
+        """The questions of `benchmark`'s sets `names` that `base`'s Base row answered
+        (`base` evaluated with `max_examples`, as `grom.eval.evaluate` takes it): on real
+        knowledge those whose fact it stated (the facts the card counts), elsewhere every
+        one, compared whole. At most `max_per_set` a set, spread evenly."""
         if BASE not in base.rows:
             raise ValueError("the report has no Base row: evaluate the unedited model first")
-        sets = eval_sets(benchmark)
+        sets = eval_sets(benchmark, max_examples)
         out: dict[str, list[Question]] = {}
         for name in names:
             df = base.rows[BASE].examples.get(name)

@@ -1,0 +1,80 @@
+"""The landscape panel's handlers in process (the demo model, a small edit): the grid streamed
+cell by cell and kept, nothing computed again for a second map; the sliders' preview only
+where a cell is cheap enough, and then a cell kept like the others; bad values refused."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("gradio")
+
+import gradio as gr  # noqa: E402
+
+from components import landscape_panel as L  # noqa: E402
+from components.server.errors import UserError  # noqa: E402
+from components.server.model_choices import ensure_model, model_key  # noqa: E402
+from components.server.session import Session  # noqa: E402
+from components.studio.form import log10  # noqa: E402
+from grom import PRESETS, run_edit  # noqa: E402
+from grom.data import load_benchmark  # noqa: E402
+
+TOP = next(iter(L.READINGS))
+
+
+@pytest.fixture(scope="module")
+def session():
+    """The demo model on demo/forget01 with an edit of 40 retain examples (the session's
+    edit inputs, as the Edit panel keeps them)."""
+    handle = ensure_model(model_key("demo", "cpu", "float32"))
+    s = Session()
+    s.model_key, s.bench_label = handle.key, "demo/forget01"
+    s.benchmark = bench = load_benchmark("demo", "forget01")
+    s.extra["edit_inputs"] = (bench.forget, bench.retain[:40])
+    s.edit = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain[:40], PRESETS["demo"],
+                      progress=False)
+    s.edit_for = handle.key
+    return s
+
+
+def _map(session, rho=None):
+    return list(L.on_landscape.__wrapped__(rho, "fitted questions", TOP, 5, False, session,
+                                           progress=lambda *a, **k: None))
+
+
+def test_the_grid_streams_cell_by_cell_and_is_kept(session, monkeypatch):
+    steps = _map(session)
+    assert len(steps) == 26  # what was kept (nothing), then one view a cell
+    held = session.extra["landscape"]
+    assert len(held.cells) == 25 and len(held.shown) == 25
+    _, _, table, note = steps[-1]
+    assert len(table) == 25 and (table["front"] == "★").any() and "Each cell is the edit Run edit makes" in note
+    sizes = [len(step[2]) for step in steps[1:]]
+    assert sizes == list(range(1, 26))  # one more row each step
+    own = held.cells[(session.edit.settings.beta, session.edit.settings.w_r, session.edit.settings.rho)]
+    assert own.edit_s == pytest.approx(session.edit.timings["total"])  # the session's edit, not made again
+
+    def refuse(*a, **k):
+        raise AssertionError("a kept cell was computed again")
+    monkeypatch.setattr(L, "landscape_cell", refuse)
+    again = _map(session)
+    assert len(again) == 1 and again[0][2].equals(table)
+
+
+def test_a_preview_only_where_a_cell_is_cheap_and_then_kept(session, monkeypatch):
+    _map(session)
+    held = session.extra["landscape"]
+    args = (log10(100.0), log10(50.0), log10(0.03), "fitted questions", TOP, 5, False, session)
+    monkeypatch.setattr(L, "PREVIEW_WITHIN_S", 0.0)
+    line, front = L.on_preview.__wrapped__(*args)
+    assert line == gr.skip() and (100.0, 50.0, 0.03) not in held.cells  # skipped: a cell is too slow here
+    monkeypatch.setattr(L, "PREVIEW_WITHIN_S", 1e9)
+    line, front = L.on_preview.__wrapped__(*args)
+    beta, w_r, rho = (L._from_log(v) for v in args[:3])  # the values the number boxes show, as Run edit reads them
+    assert line.startswith(f"**Preview** at β {beta:g}, w_r {w_r:g}, ρ {rho:g}") and "Run edit for the card" in line
+    assert (beta, w_r, rho) in held.cells
+    assert any(t.name == "preview" for t in front.data)
+
+
+@pytest.mark.parametrize("rho", ["abc", -1.0, 1e9, float("nan")])
+def test_a_bad_rho_is_refused(session, rho):
+    with pytest.raises(UserError, match="rho|ρ"):
+        _map(session, rho)
