@@ -102,8 +102,8 @@ def main(argv=None) -> None:
     if not args.cards:
         return
     print("| β | w_r | top: differ / facts | stated: differ / facts | card broke | card still | cell top | "
-          "card s |")
-    print("|---|---|---|---|---|---|---|---|")
+          "words kept (forget side) | card s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     totals = np.zeros(5, dtype=int)
     for cell in cells[:args.cards]:
         t = clock()
@@ -123,8 +123,9 @@ def main(argv=None) -> None:
             still += int(card_still.sum())
         top = sum(c[2] for c in cell.counts.values())
         totals += (d_top, d_stated, n, broke, 1)
+        words = cell.words_kept(("forget", "probes"))
         print(f"| {cell.strength:g} | {cell.w_r:g} | {d_top} / {n} | {d_stated} / {n} | {broke} | {still} | {top} | "
-              f"{card_s:.1f} |")
+              f"{words:.0%} | {card_s:.1f} |")
     d_top, d_stated, n, broke, k = totals
     print(f"**at {k} cells: the top-choice reading disagrees with the card on {d_top} of {n} facts "
           f"({d_top / n:.1%}), the stated reading on {d_stated} ({d_stated / n:.1%}); the cards called {broke} "
