@@ -48,6 +48,9 @@ from grom.landscape import AnswerReader, Cell, Grid, pareto, strength_name
 from grom.landscape.grid import FITTED, HELD_OUT, RHO_STEPS, around
 from grom.landscape.run import cell_edit, read_cell
 
+SAME_DATA = ("model", "benchmark", "split", "source", "retain_examples", "n_retain", "seed", "band")
+"""What, besides the settings a grid does not vary, two edits share for their cells to be kept
+(`components.studio.runs.run_record`'s keys; not its preset's name, which a moved slider changes)."""
 PREVIEW_WITHIN_S = 1.0  # a cell costs at most this (measured) for the sliders to preview as they move
 FORGET_AXES = {"held-out probes": HELD_OUT, "fitted questions": FITTED}
 READINGS = {"top choice (the fact still the model's first pick)": "top",
@@ -113,9 +116,9 @@ def _state(session: Session, max_examples, full_set, progress) -> tuple[Landscap
     base = edit.settings.replace(layers=tuple(edit.band) or None, keep_keys=False)
     n = examples_per_set(max_examples, full_set, bench)
     held: Landscape | None = session.extra.get("landscape")
-    plain = lambda c: c.replace(beta=1.0, c=1.0, w_r=1.0, rho=1.0)  # noqa: E731  (what cells share)
-    if held is not None and held.bench is bench and held.n == n and plain(held.base) == plain(base):
-        held.base, held.run = base, dict(edit.run) | {"band": list(edit.band)}
+    run = dict(edit.run) | {"band": list(edit.band)}
+    if held is not None and held.n == n and _applies(held, session):
+        held.base, held.run = base, run  # the grid now centred on this edit; its cells kept
         return held, edit
     stage = "answers" if "answers" in get_task(bench.task).stages else "full"  # the unedited answers alone
     answers = base_report(handle.key, bench, n, stage)
@@ -129,7 +132,7 @@ def _state(session: Session, max_examples, full_set, progress) -> tuple[Landscap
                         "evaluation sets have none it answered: pick a split with questions.") from None
     if not any(name in reader.sets for name in (FITTED, HELD_OUT)):
         raise UserError("The landscape needs forget questions the unedited model answered; this split has none.")
-    held = Landscape(base, bench, n, reader, dict(edit.run) | {"band": list(edit.band)})
+    held = Landscape(base, bench, n, reader, run)
     session.extra["landscape"] = held
     return held, edit
 
@@ -364,12 +367,51 @@ def on_preview(beta_log: float, w_r_log: float, rho_log: float, forget_axis: str
     return line, front
 
 
-def on_edit_made(session: Session):
-    """A new edit: the rho choices around it; the map redrawn where its cells still apply."""
+def _applies(held: Landscape | None, session: Session) -> bool:
+    """Whether `held`'s cells are cells of the session's edit: the same data, band and every
+    setting but beta (or c), w_r and rho."""
+    edit = session.edit
+    if held is None or edit is None or session.benchmark is not held.bench:
+        return False
+    mine = edit.settings.replace(layers=tuple(edit.band) or None, keep_keys=False)
+    plain = lambda c: c.replace(beta=1.0, c=1.0, w_r=1.0, rho=1.0)  # noqa: E731
+    run = dict(getattr(edit, "run", {}) or {}) | {"band": list(edit.band)}
+    return plain(mine) == plain(held.base) and all(held.run.get(k) == run.get(k) for k in SAME_DATA)
+
+
+def _redrawn(forget_axis: str, reading_label: str, session: Session, check: bool) -> tuple:
+    """(map, front, table, note) for the session's edit now: its landscape redrawn with "you
+    are here" where the edit is (and, with `check`, its card compared), or cleared, saying
+    why, where the cells were computed for other data or another band."""
+    held: Landscape | None = session.extra.get("landscape")
+    if held is None:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    if not _applies(held, session):
+        return (plots.empty_figure("The map was computed for another edit's data, band or settings: press "
+                                   "Map the trade-off for this one.", 430),
+                plots.empty_figure("", 400), empty_table("landscape"), "")
+    if check:
+        _check(held, session)
+    rho = session.edit.settings.rho
+    grid = grid_for(held.base, rho if any(k[2] == rho for k in held.cells) else held.base.rho)
+    return _views(held, grid, FORGET_AXES.get(forget_axis, HELD_OUT), READINGS.get(reading_label, "top"), session)
+
+
+@ui_errors
+def on_edit_made(forget_axis: str, reading_label: str, session: Session):
+    """A new edit: the rho choices around it, and the map redrawn with you are here on it (or
+    cleared: cells of other data)."""
     edit = session.edit
     if edit is None:
-        return gr.skip()
-    return gr.Dropdown(choices=rho_choices(edit.settings.rho), value=edit.settings.rho)
+        return (gr.skip(),) * 5
+    rho = gr.Dropdown(choices=rho_choices(edit.settings.rho), value=edit.settings.rho)
+    return (rho, *_redrawn(forget_axis, reading_label, session, check=False))
+
+
+@ui_errors
+def on_card_done(forget_axis: str, reading_label: str, session: Session):
+    """The edit's card computed: compared with its cell, where the landscape has it."""
+    return _redrawn(forget_axis, reading_label, session, check=True)
 
 
 PICK_JS = """
@@ -430,7 +472,9 @@ def wire(w: SimpleNamespace, page: Page) -> None:
     form, the rho choices after each edit, its files."""
     s, ui = page.session, page.ui
     restored = widgets(ui.edit, ui.layers, RESTORED) + [ui.edit.status]  # the note by Run edit
-    page.edit_run.success(on_edit_made, s, w.rho, **LOCAL)
+    views = [w.map, w.front, w.table, w.note]
+    page.edit_run.success(on_edit_made, [w.forget_axis, w.reading, s], [w.rho, *views], **LOCAL)
+    page.edit_compared.success(on_card_done, [w.forget_axis, w.reading, s], views, **LOCAL)
     w.pick.change(on_pick, [w.pick, s], restored, **LOCAL)  # set only by a click (PICK_JS)
     w.table.select(on_row, s, restored, **LOCAL)
     for plot in (w.map, w.front):

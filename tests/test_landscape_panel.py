@@ -78,3 +78,25 @@ def test_a_preview_only_where_a_cell_is_cheap_and_then_kept(session, monkeypatch
 def test_a_bad_rho_is_refused(session, rho):
     with pytest.raises(UserError, match="rho|ρ"):
         _map(session, rho)
+
+
+def test_a_new_edit_moves_you_are_here_or_clears_a_map_of_other_data(session):
+    _map(session)
+    held = session.extra["landscape"]
+    handle = ensure_model(session.model_key)
+    before = session.edit
+    s, w = next(k for k in held.shown if k != (before.settings.beta, before.settings.w_r))
+    forget, retain = session.extra["edit_inputs"]
+    try:
+        session.edit = run_edit(handle.model, handle.tokenizer, forget, retain,
+                                before.settings.replace(beta=s, w_r=w, layers=tuple(before.band)), progress=False)
+        rho_box, fig_map, fig_front, table, _ = L.on_edit_made.__wrapped__("fitted questions", TOP, session)
+        (rect,) = fig_map.layout.shapes
+        i, j = sorted({k[0] for k in held.shown}).index(s), sorted({k[1] for k in held.shown}).index(w)
+        assert (rect.x0 + 0.5, rect.y0 + 0.5) == (i, j) and len(table) == 25  # the same map, you are here moved
+        session.edit = run_edit(handle.model, handle.tokenizer, forget, retain,
+                                before.settings.replace(layers=(1,)), progress=False)  # another band
+        _, fig_map, _, table, note = L.on_edit_made.__wrapped__("fitted questions", TOP, session)
+        assert len(table) == 0 and "another edit" in fig_map.layout.annotations[0].text and note == ""
+    finally:
+        session.edit = before
