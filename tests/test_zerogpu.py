@@ -42,7 +42,8 @@ FAKE = ROOT / "tests" / "fake_spaces"
 
 def test_every_flow_of_the_app_runs_under_zerogpu(tmp_path):
     """Page load, Run edit, Compare (twice: the Base report kept in the parent), a typed
-    question, the three diagnostics, a sweep (a call per point), a baseline (training and
+    question, the three diagnostics, a sweep (a call per point), the landscape (a call per
+    cell), a baseline (training and
     evaluation apart; one priced above a call trained in 3 calls, equal to the plain run),
     export then import (bit for bit), the attacks (refused without
     probes; on an upload with probes, a call per attack and edit): in the

@@ -30,6 +30,7 @@ from components import (  # noqa: E402
     diagnostics_panel,
     edit_panel,
     export_panel,
+    landscape_panel,
     page,
     sweep_panel,
 )
@@ -166,6 +167,16 @@ def main() -> dict:
     mark = len(spaces.CALLS)
     _, frame, _ = sweep_panel.on_sweep("beta", "20, 65", session, progress=quiet)
     assert calls_since(mark) == ["sweep_point"] * 3 and len(frame) == 3
+
+    # the landscape: a call per cell (two cells here; the session's own edit among them, sent to the call)
+    from grom.landscape import Grid
+
+    mark = len(spaces.CALLS)
+    landscape_panel.grid_for = lambda base, rho: Grid((base.beta, 2 * base.beta), (base.w_r,), rho)
+    views = list(landscape_panel.on_landscape(None, "fitted questions", next(iter(landscape_panel.READINGS)), 8,
+                                              False, session, progress=quiet))
+    assert calls_since(mark) == ["landscape_cell"] * 2 and len(views[-1][2]) == 2, calls_since(mark)
+    seen["landscape"] = views[-1][3][:40]
 
     # a baseline: training, then its evaluation, each a call of its own
     mark = len(spaces.CALLS)
