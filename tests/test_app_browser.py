@@ -320,8 +320,8 @@ def test_the_first_screen_holds_the_choices_the_settings_run_edit_and_the_card(u
     button's height (Load model was a tall empty box beside its status)."""
     page, errors = open_page(browser, url, 1366, 768)
     assert page.locator("#edit-panel").count() == 1
-    assert page.locator("#tabs [role=tab]").all_inner_texts() == ["Data", "Layers", "Edit details", "Compare",
-                                                                  "Is it gone?", "Diagnostics", "Export"]
+    assert page.locator("#tabs [role=tab]").all_inner_texts() == ["Data", "Layers", "Trade-off", "Edit details",
+                                                                  "Compare", "Is it gone?", "Diagnostics", "Export"]
     run_edit_to_card(page)
     shot(page, "first_screen_1366.png", tmp_path, full_page=False)
     first = {"model": page.get_by_label("Model", exact=True), "split": page.get_by_label("Split", exact=True),
