@@ -750,6 +750,7 @@ def test_landscape_map_blanks_cells_to_come_and_marks_the_current_one_and_the_fr
     assert heat.z[1][0] == pytest.approx(0.2) and heat.z[1][1] == pytest.approx(0.8) and heat.z[0][0] is None
     assert heat.text[0][0] == "…" and heat.text[1][1].startswith("★ fitted gone 12/15")
     assert "kept 40/48" in heat.text[1][1] and "held-out" not in heat.text[1][1]  # a set not read: no line
+    assert "words kept" not in heat.text[1][1]  # none read
     assert heat.customdata[1][1] == "20,100" and list(fig.layout.xaxis.ticktext) == ["10", "20", "40"]
     (rect,) = fig.layout.shapes
     assert (rect.x0, rect.x1, rect.y0, rect.y1) == (0.5, 1.5, 0.5, 1.5)  # you are here: (20, 100)

@@ -299,7 +299,9 @@ def plot_landscape_map(strengths: Sequence[float], w_rs: Sequence[float], cells:
     """The grid as a map: one square per (strength, w_r), coloured by the share of `forget`'s
     facts gone (no longer held by `reading`), each with its sets' counts of facts still held
     (fitted, held-out, kept); a cell not computed yet is blank; `current` outlined (you are
-    here), the cells of the Pareto front starred. cells: {(strength, w_r): grom.landscape.Cell}.
+    here), the cells of the Pareto front starred, and the forget side's "words kept" (the
+    unedited answers' other tokens still the first pick: it falls as the text breaks, which a
+    reading counts as gone). cells: {(strength, w_r): grom.landscape.Cell}.
     customdata "strength,w_r" per square (a click restores it)."""
     xs, ys = [f"{v:g}" for v in strengths], [f"{v:g}" for v in w_rs]
     z, text, custom = [], [], []
@@ -311,7 +313,9 @@ def plot_landscape_map(strengths: Sequence[float], w_rs: Sequence[float], cells:
             lost = cell.lost(forget, reading) if cell is not None else None
             row_z.append(lost)
             star = "★ " if (s, w) in set(front) else ""
-            row_t.append("…" if cell is None else star + _cell_text(cell.counts, shown, reading))
+            words = cell.words_kept(("forget", "probes")) if cell is not None else None
+            row_t.append("…" if cell is None else star + _cell_text(cell.counts, shown, reading)
+                         + ("" if words is None else f"<br>words kept {words:.0%}"))
             row_c.append(f"{s:g},{w:g}")
         z.append(row_z)
         text.append(row_t)
