@@ -330,13 +330,13 @@ def plot_landscape_map(strengths: Sequence[float], w_rs: Sequence[float], cells:
         i, j = list(strengths).index(current[0]), list(w_rs).index(current[1])
         fig.add_shape(type="rect", x0=i - 0.5, x1=i + 0.5, y0=j - 0.5, y1=j + 0.5, xref="x", yref="y",
                       line=dict(color=ACCENT, width=4))
-        fig.add_annotation(x=i, y=j - 0.5, text="you are here", showarrow=False, yshift=-8,
-                           font=dict(size=10, color=ACCENT), bgcolor="rgba(255,255,255,0.8)")
     fig.update_xaxes(title=f"{strength} (forgets harder →)", tickvals=list(range(len(xs))), ticktext=xs,
                      showgrid=False, zeroline=False)
     fig.update_yaxes(title="w_r (keeps more ↑)", tickvals=list(range(len(ys))), ticktext=ys, showgrid=False,
                      zeroline=False)
-    return _layout(fig, title or "The trade-off, cell by cell", height=430)
+    title = (title or "The trade-off, cell by cell") + ("<br><sup>outlined: you are here · ★ the Pareto front</sup>"
+                                                         if current is not None or front else "")
+    return _layout(fig, title, height=450)
 
 
 def plot_landscape_front(points: Sequence[tuple[float, float]], labels: Sequence[str], keys: Sequence[str], *,
