@@ -41,7 +41,7 @@ from components.studio.history import restore, row_index
 from components.studio.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
 from components.views.tables import download_box, empty_table
-from grom import PRESETS
+from grom import PRESETS, EditConfig
 from grom.eval.tasks import get_task
 from grom.eval.verdicts import KEPT_SETS
 from grom.landscape import AnswerReader, Cell, Grid, pareto, strength_name
@@ -70,6 +70,7 @@ class Landscape:
     cells: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)  # cell key -> (facts read differently, facts, broke) on a card
     shown: list = field(default_factory=list)  # the table's rows as last drawn: (strength, w_r) each
+    shown_rho: float | None = None  # the rho of the map as last drawn
 
 
 @on_device(duration=landscape_cell_s)
@@ -113,6 +114,9 @@ def _state(session: Session, max_examples, full_set, progress) -> tuple[Landscap
     """The session's landscape for its edit's data and band (kept where they are the same;
     else a new one, its reader built from the unedited answers), and the edit."""
     handle, edit, bench = current_model(session), current_edit(session), current_benchmark(session)
+    if not isinstance(edit.settings, EditConfig):
+        raise UserError("The landscape varies GROM's β, w_r and ρ, and the session's edit was made by another "
+                        "method: run a GROM edit first.")
     base = edit.settings.replace(layers=tuple(edit.band) or None, keep_keys=False)
     n = examples_per_set(max_examples, full_set, bench)
     held: Landscape | None = session.extra.get("landscape")
@@ -188,7 +192,7 @@ def _views(held: Landscape, grid: Grid, forget: str, reading: str, session: Sess
              if (s, w, grid.rho) in held.cells}
     order = list(cells)
     if preview is None:
-        held.shown = order
+        held.shown, held.shown_rho = order, grid.rho
     points = [(cells[k].lost(kept, reading) or 0.0, cells[k].lost(forget, reading) or 0.0) for k in order]
     front = pareto([(g, c) for c, g in points])
     edit = session.edit
@@ -285,7 +289,8 @@ def _pick(value: str, session: Session) -> list:
     rhos = [k[2] for k in held.cells if k[:2] == (s, w)]
     if not rhos:
         raise UserError("That cell is not computed yet: wait for it, or click another.")
-    config = Grid((s,), (w,), held.base.rho if held.base.rho in rhos else rhos[-1]).config(held.base, s, w)
+    rho = next((r for r in (held.shown_rho, held.base.rho) if r in rhos), rhos[-1])  # the map's own rho first
+    config = Grid((s,), (w,), rho).config(held.base, s, w)
     return restore(config.to_dict(), held.run, session, f"landscape cell {value}")
 
 
@@ -336,7 +341,8 @@ def on_preview(beta_log: float, w_r_log: float, rho_log: float, forget_axis: str
         return gr.skip(), gr.skip()
     handle = current_model(session)
     held = session.extra.get("landscape")
-    if not _previewable(held, handle) or strength_name(session.edit.settings) != "beta":
+    if not isinstance(session.edit.settings, EditConfig) or not _previewable(held, handle) or \
+            strength_name(session.edit.settings) != "beta":
         return gr.skip(), gr.skip()
     held, edit = _state(session, max_examples, full_set, lambda *a, **k: None)
     beta, w_r, rho = (check_range(name, _from_log(v)) for name, v in (("beta", beta_log), ("w_r", w_r_log),
@@ -371,7 +377,8 @@ def _applies(held: Landscape | None, session: Session) -> bool:
     """Whether `held`'s cells are cells of the session's edit: the same data, band and every
     setting but beta (or c), w_r and rho."""
     edit = session.edit
-    if held is None or edit is None or session.benchmark is not held.bench:
+    if held is None or edit is None or session.benchmark is not held.bench or \
+            not isinstance(edit.settings, EditConfig):
         return False
     mine = edit.settings.replace(layers=tuple(edit.band) or None, keep_keys=False)
     plain = lambda c: c.replace(beta=1.0, c=1.0, w_r=1.0, rho=1.0)  # noqa: E731
@@ -402,7 +409,7 @@ def on_edit_made(forget_axis: str, reading_label: str, session: Session):
     """A new edit: the rho choices around it, and the map redrawn with you are here on it (or
     cleared: cells of other data)."""
     edit = session.edit
-    if edit is None:
+    if edit is None or not isinstance(edit.settings, EditConfig):
         return (gr.skip(),) * 5
     rho = gr.Dropdown(choices=rho_choices(edit.settings.rho), value=edit.settings.rho)
     return (rho, *_redrawn(forget_axis, reading_label, session, check=False))

@@ -100,3 +100,16 @@ def test_a_new_edit_moves_you_are_here_or_clears_a_map_of_other_data(session):
         assert len(table) == 0 and "another edit" in fig_map.layout.annotations[0].text and note == ""
     finally:
         session.edit = before
+
+
+def test_a_click_restores_the_rho_of_the_map_shown(session):
+    _map(session)
+    other = L.rho_choices(session.edit.settings.rho)[-1]
+    held = session.extra["landscape"]
+    s, w = held.shown[0]
+    held.cells[(s, w, other)] = held.cells[(s, w, held.base.rho)]  # as if mapped at that rho too
+    held.shown_rho = other
+    values = L.on_pick.__wrapped__(f"{s:g},{w:g}", session)
+    from components.studio.form import RESTORED
+
+    assert dict(zip(RESTORED, values))["rho"] == other
