@@ -267,7 +267,10 @@ def on_landscape(rho: float, forget_axis: str, reading_label: str, max_examples,
     yield _views(held, grid, forget, reading, session)
     forget_set, retain_set = session.extra.get("edit_inputs", (held.bench.forget, held.bench.retain))
     for i, (s, w) in enumerate(todo):
-        progress(i / len(todo), desc=f"cell {i + 1} of {len(todo)}: {name} {s:g}, w_r {w:g}, ρ {grid.rho:g}")
+        spent = [c.edit_s + c.read_s for c in held.cells.values() if c.edit_s]  # measured here, this session
+        per = sum(spent) / len(spent) if spent else 0.0
+        left = f" (about {per * (len(todo) - i):.0f} s left at the {per:.1f} s a cell measured here)" if spent else ""
+        progress(i / len(todo), desc=f"cell {i + 1} of {len(todo)}: {name} {s:g}, w_r {w:g}, ρ {grid.rho:g}{left}")
         config = grid.config(held.base, s, w)
         same = config == edit.settings.replace(layers=held.base.layers, keep_keys=False)
         cell = landscape_cell(handle.key, forget_set, retain_set, config, held.reader, grid, s, w,
