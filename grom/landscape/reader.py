@@ -21,8 +21,9 @@ the first j agreed. So:
   reading cannot see, and cannot tell forgetting from breaking.
 
 Drafts are cut where their fact settles, so the pass reads only what decides it. The
-first pass over the unedited model records the layers below the band in a
-`grom.eval.prefix.PrefixCache`; every edit of that band then runs only the band and above.
+first reading records the layers below the band in a `grom.eval.prefix.PrefixCache` (they
+are the unedited model's whatever the edit); every later edit of that band then runs only
+the band and above.
 (Our design, on the drafted pass the card's first verdict reads.)
 """
 from __future__ import annotations
@@ -124,7 +125,6 @@ class AnswerReader:
             raise ValueError("there is nothing to read: no set has a question the unedited model answered")
         items = [self._item(name, i, q, prompt_format) for name, qs in self.sets.items() for i, q in enumerate(qs)]
         self._items = sorted(items, key=lambda it: len(it.prompt) + len(it.draft))  # batches of like length
-        self.first: int | None = None  # the layer `record` recorded at
 
     def _item(self, name: str, index: int, q: Question, fmt) -> _Item:
         ids = draft_ids(self.tokenizer, q.draft)
@@ -213,14 +213,14 @@ class AnswerReader:
 
     def record(self, model, first: int, prefix: PrefixCache | None, between: Between | None = None
                ) -> dict[str, Reading]:
-        """The unedited model's reading (every fact stated, up to a batch's float rounding),
-        recording in `prefix` the layers below `first`, which every edit of a band starting
-        there reuses."""
+        """The unedited model's reading (every fact stated, up to a batch's float rounding: a
+        check), recording in `prefix` the layers below `first`, which every edit of a band
+        starting there reuses (an edited reading records them too where nothing is recorded
+        yet: the layers below its band are the unedited model's)."""
         held = Held(lambda: evaluating(model),
                     (lambda: prefix.reusing(model, None, capture=(first,))) if prefix is not None else None)
         with held:
             out = self._pass(model, inside(between, held.left))
-        self.first = first
         return self._count(model, out)
 
     def read(self, model, edit=None, prefix: PrefixCache | None = None, between: Between | None = None

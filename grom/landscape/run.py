@@ -7,8 +7,8 @@ collected from the model as the earlier ones left it, as the paper does. Beta mo
 keys of every layer after the first, so no solve is shared between two cells of a band
 wider than one layer; what is shared is what does not move: the hidden states entering
 the band (`run_edit`'s stream cache), the layer scores, and the evaluation's layers below
-the band (the reader's prefix cache). A cell's patches are Run edit's bit for bit (a
-test). (Keys collected once from the unedited model for every layer would make a whole
+the band (the reader's prefix cache). A cell's edit is `run_edit`'s (a test reads both
+the same). (Keys collected once from the unedited model for every layer would make a whole
 beta column one solve; on SmolLM2 they leave retain answers twice as likely at beta 1000
 as the real edit does, so the map would not be the one Run edit walks.)
 """
@@ -60,8 +60,9 @@ def landscape(model, tokenizer, forget: Sequence, retain: Sequence, config: Edit
     config: the settings every cell starts from (its band: `config.layers`, else the band
     its layer scores give, `scores` or computed with the first cell). current: an `Edit`
     made with one cell's settings (the session's), reused rather than made again. skip:
-    (strength, w_r) pairs already computed. prefix: records, then replays, the layers below
-    the band for the reader (None: every pass runs every layer). progress(fraction,
+    (strength, w_r) pairs already computed. prefix: the first cell's reading records the
+    layers below the band there, every later one replays them (None: every pass runs every
+    layer). progress(fraction,
     message) before each cell; `between` between two cells and inside each one's steps."""
     progress = progress or (lambda f, m: None)
     name = "c" if config.target == "corruption" else "beta"
@@ -84,8 +85,5 @@ def landscape(model, tokenizer, forget: Sequence, retain: Sequence, config: Edit
             scores = edit.scores
         if config.layers is None and edit.band:
             config = config.replace(layers=tuple(edit.band))  # every later cell on this band
-        band = list(edit.band)
-        if band and reader.first != band[0]:
-            reader.record(model, band[0], prefix, between)
         yield read_cell(model, reader, grid, strength, w_r, edit, edit_s, prefix, between)
     progress(1.0, "done")
