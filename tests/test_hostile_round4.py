@@ -43,7 +43,7 @@ def download_events(blocks) -> list[dict]:
 def test_a_table_of_one_huge_header_writes_no_more_than_it_was_sent(served):  # noqa: F811
     blocks, url = served
     events = download_events(blocks)
-    assert len(events) == 4  # the attack, baseline, sweep and history tables
+    assert len(events) == 5  # the attack, baseline, sweep, landscape and history tables
     folder = upload_folder()
     table = {"headers": ["H" * 50_000], "data": [[0]] * 25_000}  # 150 KB: once a 1 GB JSON file
     for dep in events:
