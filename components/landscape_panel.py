@@ -51,6 +51,7 @@ from grom.landscape.run import cell_edit, read_cell
 SAME_DATA = ("model", "benchmark", "split", "source", "retain_examples", "n_retain", "seed", "band")
 """What, besides the settings a grid does not vary, two edits share for their cells to be kept
 (`components.studio.runs.run_record`'s keys; not its preset's name, which a moved slider changes)."""
+MAX_CELLS = 400  # cells a session keeps (16 maps of 25); the oldest go first
 PREVIEW_WITHIN_S = 1.0  # a cell costs at most this (measured) for the sliders to preview as they move
 FORGET_AXES = {"held-out probes": HELD_OUT, "fitted questions": FITTED}
 READINGS = {"top choice (the fact still the model's first pick)": "top",
@@ -92,6 +93,13 @@ def landscape_cell(key: ModelKey, forget, retain, config, reader: AnswerReader, 
             trim_stream_cache(cache)
         return read_cell(model, reader, grid, strength, w_r, edit, edit_s, kept_cache(handle.prefix_cache),
                          give_turn)
+
+
+def _keep(held: Landscape, cell: Cell) -> None:
+    """`cell` into the session's landscape, the oldest cells dropped past `MAX_CELLS`."""
+    held.cells[cell.key()] = cell
+    while len(held.cells) > MAX_CELLS:
+        held.cells.pop(next(iter(held.cells)))
 
 
 def _clip(name: str, values) -> tuple[float, ...]:
@@ -275,7 +283,7 @@ def on_landscape(rho: float, forget_axis: str, reading_label: str, max_examples,
         same = config == edit.settings.replace(layers=held.base.layers, keep_keys=False)
         cell = landscape_cell(handle.key, forget_set, retain_set, config, held.reader, grid, s, w,
                               edit if same else None)
-        held.cells[cell.key()] = cell
+        _keep(held, cell)
         _check(held, session)
         yield _views(held, grid, forget, reading, session)
 
@@ -360,7 +368,7 @@ def on_preview(beta_log: float, w_r_log: float, rho_log: float, forget_axis: str
         same = config == edit.settings.replace(layers=held.base.layers, keep_keys=False)
         cell = landscape_cell(handle.key, forget_set, retain_set, config, held.reader, grid, beta, w_r,
                               edit if same else None)
-        held.cells[cell.key()] = cell
+        _keep(held, cell)
     forget, reading = FORGET_AXES.get(forget_axis, HELD_OUT), READINGS.get(reading_label, "top")
     kept = _kept_names(held.reader)
     parts = [f"{label} gone {cell.lost(name, reading):.0%}" for label, name in (("fitted", FITTED),
