@@ -153,7 +153,7 @@ def _log_pair(name: str, label: str, value: float, info: str):
         slider = gr.Slider(lo, hi, value=form.log10(value), step=0.01, label=f"log₁₀ {label.split()[0]}", scale=3,
                            info=info, buttons=[])
         number = gr.Number(value=value, label=label, scale=1, min_width=110)
-    slider.input(lambda v: round(10 ** v, 6 if v < 0 else 3), slider, number, queue=False,
+    slider.input(form.from_log10, slider, number, queue=False,
                  api_visibility="private")
     number.input(lambda v: form.log10(v) if v and v > 0 else gr.skip(), number, slider, queue=False,
                  api_visibility="private")

@@ -36,7 +36,7 @@ from components.server.session import (
 from components.server.validate import RANGES, check_range
 from components.studio.comparison import base_report, comparison_report, examples_per_set
 from components.studio.edits import trim_stream_cache
-from components.studio.form import RESTORED, widgets
+from components.studio.form import RESTORED, from_log10, widgets
 from components.studio.history import restore, row_index
 from components.studio.wiring import LOCAL, Page, device_queue, offer_files
 from components.views import plots, text
@@ -323,16 +323,6 @@ def on_row(evt: gr.SelectData, session: Session):
     return _pick(f"{s:g},{w:g}", session)
 
 
-def _from_log(v) -> float:
-    """A log slider's value as its number box shows it (`edit_panel._log_pair`); NaN for
-    anything else (refused by the range check)."""
-    try:
-        v = float(v)
-        return round(10 ** v, 6 if v < 0 else 3)
-    except (TypeError, ValueError, OverflowError):
-        return float("nan")
-
-
 def _previewable(held: Landscape | None, handle) -> bool:
     """Whether a cell is cheap enough here to preview as the sliders move: on a GPU, or
     where the cells measured cost under `PREVIEW_WITHIN_S` on average."""
@@ -356,7 +346,7 @@ def on_preview(beta_log: float, w_r_log: float, rho_log: float, forget_axis: str
             strength_name(session.edit.settings) != "beta":
         return gr.skip(), gr.skip()
     held, edit = _state(session, max_examples, full_set, lambda *a, **k: None)
-    beta, w_r, rho = (check_range(name, _from_log(v)) for name, v in (("beta", beta_log), ("w_r", w_r_log),
+    beta, w_r, rho = (check_range(name, from_log10(v)) for name, v in (("beta", beta_log), ("w_r", w_r_log),
                                                                         ("rho", rho_log)))
     if min(beta, w_r) <= 0:
         raise UserError("β and w_r must be above 0 for a preview.")

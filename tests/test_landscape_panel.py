@@ -13,7 +13,7 @@ from components import landscape_panel as L  # noqa: E402
 from components.server.errors import UserError  # noqa: E402
 from components.server.model_choices import ensure_model, model_key  # noqa: E402
 from components.server.session import Session  # noqa: E402
-from components.studio.form import log10  # noqa: E402
+from components.studio.form import from_log10, log10  # noqa: E402
 from grom import PRESETS, run_edit  # noqa: E402
 from grom.data import load_benchmark  # noqa: E402
 
@@ -68,7 +68,7 @@ def test_a_preview_only_where_a_cell_is_cheap_and_then_kept(session, monkeypatch
     assert line == gr.skip() and (100.0, 50.0, 0.03) not in held.cells  # skipped: a cell is too slow here
     monkeypatch.setattr(L, "PREVIEW_WITHIN_S", 1e9)
     line, front = L.on_preview.__wrapped__(*args)
-    beta, w_r, rho = (L._from_log(v) for v in args[:3])  # the values the number boxes show, as Run edit reads them
+    beta, w_r, rho = (from_log10(v) for v in args[:3])  # the values the number boxes show, as Run edit reads them
     assert line.startswith(f"**Preview** at β {beta:g}, w_r {w_r:g}, ρ {rho:g}") and "Run edit for the card" in line
     assert (beta, w_r, rho) in held.cells
     assert any(t.name == "preview" for t in front.data)

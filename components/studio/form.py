@@ -223,6 +223,16 @@ def log10(value: float) -> float:
     return round(math.log10(value), 3) if value and value > 0 else -1.0
 
 
+def from_log10(position) -> float:
+    """The value a log slider's position gives its number box (and so Run edit): 10^position,
+    to 6 decimals below 1 and 3 above; NaN for anything else (a range check refuses it)."""
+    try:
+        v = float(position)
+        return round(10 ** v, 6 if v < 0 else 3)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")
+
+
 def restore_values(config: dict, run: dict, n_layers: int | None = None) -> list:
     """The widgets' values (in `RESTORED` order) for an EditConfig as a dict and its run:
     a history row, a sweep point or an uploaded edit.json. With `n_layers` every value is

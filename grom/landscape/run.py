@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from grom.closed_form.config import EditConfig
 from grom.closed_form.pipeline import run_edit
 from grom.eval.prefix import PrefixCache
-from grom.landscape.grid import Cell, Grid
+from grom.landscape.grid import Cell, Grid, strength_name
 from grom.landscape.reader import AnswerReader
 from grom.turns import Between, give
 
@@ -65,7 +65,7 @@ def landscape(model, tokenizer, forget: Sequence, retain: Sequence, config: Edit
     layer). progress(fraction,
     message) before each cell; `between` between two cells and inside each one's steps."""
     progress = progress or (lambda f, m: None)
-    name = "c" if config.target == "corruption" else "beta"
+    name = strength_name(config)
     at = (getattr(config, name), config.w_r)
     todo = [c for c in grid.order(at) if c not in set(skip)]
     stream_cache = {} if stream_cache is None else stream_cache
