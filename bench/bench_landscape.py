@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     t0 = clock()
     cells = []
     for cell in landscape(model, tok, bench.forget, retain, fixed, grid, reader, scores=current.scores,
-                          stream_cache=stream, prefix=prefix, current=current):
+                          stream_cache=stream, current=current):
         cells.append(cell)
         if len(cells) in (1, 9, 25):
             print(f"  {len(cells)} cells in {clock() - t0:.1f} s")

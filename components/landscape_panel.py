@@ -91,8 +91,7 @@ def landscape_cell(key: ModelKey, forget, retain, config, reader: AnswerReader, 
             edit = cell_edit(model, tok, forget, retain, config, stream_cache=cache, between=give_turn)
             edit_s = time.perf_counter() - t0
             trim_stream_cache(cache)
-        return read_cell(model, reader, grid, strength, w_r, edit, edit_s, kept_cache(handle.prefix_cache),
-                         give_turn)
+        return read_cell(model, reader, grid, strength, w_r, edit, edit_s, give_turn)
 
 
 def _keep(held: Landscape, cell: Cell) -> None:

@@ -10,7 +10,6 @@ import pytest
 
 from grom import EditConfig, run_edit
 from grom.eval import evaluate
-from grom.eval.prefix import PrefixCache
 from grom.eval.results import EDITED
 from grom.eval.runner import generate
 from grom.landscape import AnswerReader, Cell, Grid, Question, around, landscape, pareto
@@ -57,21 +56,20 @@ def _edited(model, tokenizer, bench, **changes):
 
 def test_a_reading_says_what_the_decoded_answers_say(trained_llama, tokenizer):
     """Stated along the unedited answer: the card, which decodes, states it too; the cloze
-    reading holds every stated fact; the unedited model reads every fact it stated; a
-    prefix cache recorded at the band's first layer replays to the same reading."""
+    reading holds every stated fact; the unedited model reads every fact it stated; the
+    states kept at the band's first layer give the same reading as a pass from the start."""
     bench = _knowledge_bench()
     base = evaluate(trained_llama, tokenizer, bench, batch_size=8, stage="answers")
     reader = AnswerReader.from_report(tokenizer, bench, base, batch_size=8)
     known = base.tallies("Base")
     assert reader.sizes == {name: t.known for name, t in known.items() if t.known}
-    prefix = PrefixCache()
-    unedited = reader.record(trained_llama, 1, prefix)
+    fresh = AnswerReader.from_report(tokenizer, bench, base, batch_size=8)
+    unedited = reader.record(trained_llama, 1)
     assert all(r.counts() == (r.read,) * 3 and r.words[0] == r.words[1] for r in unedited.values())
     for beta in (3.0, 30.0, 300.0):
         edit = _edited(trained_llama, tokenizer, bench, beta=beta)
         plain = reader.read(trained_llama, edit)
-        hits = prefix.hits
-        assert reader.read(trained_llama, edit, prefix) == plain and prefix.hits > hits
+        assert fresh.read(trained_llama, edit) == plain
         card = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers", reuse=base)
         for name, got in plain.items():
             read, stated, top = got.counts()
@@ -120,7 +118,7 @@ def test_each_cell_is_the_edit_run_edit_makes(trained_llama, tokenizer, monkeypa
     monkeypatch.setattr(landscape_run, "cell_edit", counting)
     snap = snapshot(trained_llama)
     cells = list(landscape(trained_llama, tokenizer, bench.forget, bench.retain, CONFIG, grid, reader,
-                           prefix=PrefixCache(), current=current, skip=[(60.0, 30.0)]))
+                           current=current, skip=[(60.0, 30.0)]))
     assert_bit_exact(trained_llama, snap)
     assert [c.key()[:2] for c in cells][0] == (30.0, 30.0) and len(cells) == 5  # the current one first
     assert len(made) == 4 and all(c.beta != 30.0 or c.w_r != 30.0 for c in made)

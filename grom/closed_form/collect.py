@@ -17,7 +17,7 @@ Two ways to get a layer's keys:
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -26,6 +26,7 @@ from torch import nn
 from grom.data.encoding import Batch
 from grom.model.arch import model_device
 from grom.model.hooks import StopForward, capture_inputs, drop_frames, hooked, stop_after
+from grom.model.shared_prefix import PrefixKV, common_prefix, is_view, recording, suffix_batch
 from grom.turns import Between, give
 
 # Above this many bytes of cached matrix inputs, the stream re-runs layers instead.
@@ -51,10 +52,15 @@ class Keys:
         return cls(X, gold, example)
 
 
-def forward(model: nn.Module, batch: Batch):
+def forward(model: nn.Module, batch: Batch, shared: int = 0, extra: dict | None = None):
+    """A forward pass of `batch`; with `shared`, the batch is the rest of sequences whose
+    first `shared` tokens a key/value cache view in `extra` holds (`grom.model.shared_prefix`)."""
     dev = model_device(model)
-    return model(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev),
-                 use_cache=False)
+    mask = batch.attention_mask
+    if shared:
+        mask = torch.cat([torch.ones((mask.shape[0], shared), dtype=mask.dtype), mask], 1)
+    return model(input_ids=batch.input_ids.to(dev), attention_mask=mask.to(dev),
+                 **(extra or {"use_cache": False}))
 
 
 def collect_keys(model: nn.Module, batches: Sequence[Batch], module: nn.Module, device,
@@ -79,9 +85,9 @@ def _call_sources(kinds: Sequence, first: int, last: int) -> dict[int, int]:
 
 
 def _capture_layer_calls(model: nn.Module, layers: nn.ModuleList, wanted: Sequence[int],
-                         batch: Batch) -> dict[int, tuple]:
-    """The (args, kwargs) the model passes each layer of `wanted` for this batch; the
-    forward pass stops before the last of them runs."""
+                         batch: Batch, shared: int = 0, extra: dict | None = None) -> dict[int, tuple]:
+    """The (args, kwargs) the model passes each layer of `wanted` for this batch (`forward`'s
+    `shared` and `extra`); the forward pass stops before the last of them runs."""
     calls: dict[int, tuple] = {}
     stop = max(wanted)
 
@@ -96,7 +102,7 @@ def _capture_layer_calls(model: nn.Module, layers: nn.ModuleList, wanted: Sequen
         with ExitStack() as stack:
             for j in wanted:
                 stack.enter_context(hooked(layers[j], hook_for(j), pre=True, with_kwargs=True))
-            forward(model, batch)
+            forward(model, batch, shared, extra)
     except StopForward as stopped:
         drop_frames(stopped)
     return calls
@@ -107,6 +113,18 @@ def _split_hidden(call: tuple) -> tuple[torch.Tensor, tuple]:
     args, kwargs = call
     hidden = args[0] if args else kwargs.pop("hidden_states")
     return hidden, (args[1:], kwargs)
+
+
+def _with_view(call: tuple, slot: tuple, view) -> tuple:
+    """A layer call's (other args, kwargs) with `view` put where the model passes its cache
+    (`slot`: ("arg", index) or ("kw", name))."""
+    args, kwargs = call
+    if slot[0] == "arg":
+        args = tuple(view if j == slot[1] else v for j, v in enumerate(args))
+        if slot[1] >= len(args):
+            raise ValueError("the layer call has no such argument")
+        return args, kwargs
+    return args, {**kwargs, slot[1]: view}
 
 
 def _first(x):
@@ -135,6 +153,17 @@ def _tensor_bytes(x) -> int:
     return 0
 
 
+@dataclass
+class _Opening:
+    """A stream's shared opening (`grom.model.shared_prefix`): its keys and values as the
+    model was, its own row's state entering the current layer and that row's call
+    arguments (with a cache view, recording there)."""
+
+    kv: PrefixKV
+    hidden: torch.Tensor  # (1, n, d)
+    calls: dict  # layer -> (args, kwargs) of the opening's own row
+
+
 class LayerStream:
     """The residual stream of every batch, entering one decoder layer at a time, from
     layer `first` up to `last`.
@@ -149,6 +178,12 @@ class LayerStream:
     layer), which gives the states the stream would hold: the keys are the same, up to the
     rounding of the shortcut `advance_linear` takes for the kept batches.
 
+    share_prefix: where every sequence of the right-padded batches begins with the same
+    tokens (a chat template's opening), run them once as a row of their own and each batch
+    from where its rows differ (`grom.model.shared_prefix`): the same keys up to a
+    product's rounding, for about half the work on SmolLM2's questions. `self.batches` are
+    then the batches' rest, their key positions moved.
+
     between: a step boundary (`grom.turns`) between two batches' forward passes (its
     as_found the caller's; `advance` takes one too). The stream is the caller's own: another
     job using the model there changes none of it.
@@ -156,18 +191,19 @@ class LayerStream:
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList, first: int,
                  batches: Sequence[Batch], last: int | None = None, kinds: Sequence | None = None,
-                 budget: int | None = None, between: Between | None = None):
+                 budget: int | None = None, between: Between | None = None, share_prefix: bool = False):
         kinds = kinds if kinds is not None else [None] * len(layers)
         self.source = _call_sources(kinds, first, first if last is None else last)
         self.model, self.layers, self.batches, self.at = model, layers, list(batches), first
         self.hidden, self.calls = [], []
         wanted, held = sorted(set(self.source.values())), 0
         with torch.no_grad():
+            self._opening, self._view, probe = self._open(wanted) if share_prefix else (None, None, None)
             for b, batch in enumerate(self.batches):
                 if b:
                     give(between)
                 parts = {j: _split_hidden(c)
-                         for j, c in _capture_layer_calls(model, layers, wanted, batch).items()}
+                         for j, c in (probe if b == 0 and probe else self._capture(wanted, batch)).items()}
                 calls = {j: rest for j, (_, rest) in parts.items()}
                 held += _tensor_bytes(parts[first][0]) + _tensor_bytes(calls)
                 fits = budget is None or held <= budget
@@ -175,6 +211,43 @@ class LayerStream:
                 self.calls.append(calls if fits else None)
         self._outs: dict = {}
         self._inputs: dict = {}
+        self._opening_kept: tuple | None = None
+
+    def _open(self, wanted: Sequence[int]) -> tuple[_Opening | None, object, dict | None]:
+        """The shared opening of `self.batches` (then replaced by their rest), its cache view
+        and the first batch's captured calls; (None, None, None) where there is none or the
+        model's cache cannot share it."""
+        n = common_prefix(self.batches)
+        kv = PrefixKV.of(self.model, self.batches[0].input_ids[0, :n]) if n else None
+        if kv is None:
+            return None, None, None
+        view, extra = kv.view(), {"use_cache": True}
+        rest = [suffix_batch(b, n) for b in self.batches]
+        probe = _capture_layer_calls(self.model, self.layers, wanted, rest[0], n, {kv.kwarg: view, **extra})
+        _, (args, kwargs) = _split_hidden((tuple(probe[wanted[0]][0]), dict(probe[wanted[0]][1])))
+        slot = next((("arg", j) for j, v in enumerate(args) if is_view(v)), None) or \
+            next((("kw", k) for k, v in kwargs.items() if is_view(v)), None)
+        if slot is None:  # the model does not hand its layers the cache
+            return None, None, None
+        row = Batch(kv.ids.cpu(), torch.ones_like(kv.ids.cpu()), *(torch.zeros(0, dtype=torch.long),) * 4)
+        parts = {j: _split_hidden(c) for j, c in _capture_layer_calls(self.model, self.layers, wanted, row).items()}
+        try:
+            calls = {j: _with_view(rest_, slot, view) for j, (_, rest_) in parts.items()}
+        except ValueError:  # the opening's own call is not shaped like the batches'
+            return None, None, None
+        self.batches = rest
+        return _Opening(kv, parts[wanted[0]][0], calls), view, probe
+
+    def _capture(self, wanted: Sequence[int], batch: Batch) -> dict[int, tuple]:
+        if self._opening is None:
+            return _capture_layer_calls(self.model, self.layers, wanted, batch)
+        return _capture_layer_calls(self.model, self.layers, wanted, batch, len(self._opening.kv),
+                                    {self._opening.kv.kwarg: self._view, "use_cache": True})
+
+    @property
+    def shared(self) -> int:
+        """Tokens of the shared opening (0: none; every row runs whole)."""
+        return len(self._opening.kv) if self._opening is not None else 0
 
     @property
     def replayed(self) -> int:
@@ -184,27 +257,55 @@ class LayerStream:
     def start(self) -> tuple:
         """The stream as it enters its first layer (what the forward pass up to it gave),
         to `resume` later without that pass: valid while the layers before it are unchanged."""
-        return (self.at, dict(self.source), list(self.hidden), list(self.calls))
+        return (self.at, dict(self.source), list(self.hidden), list(self.calls), list(self.batches), self._opening)
 
     @classmethod
     def resume(cls, model: nn.Module, layers: nn.ModuleList, batches: Sequence[Batch],
                start: tuple) -> "LayerStream":
         """A stream from `start()` of one over the same batches (its tensors are shared,
-        never written: every step makes new ones)."""
+        never written: every step makes new ones; its opening's cache view is its own)."""
         stream = cls.__new__(cls)
-        stream.at, source, hidden, calls = start
+        stream.at, source, hidden, calls, own_batches, opening = start
         stream.source, stream.hidden, stream.calls = dict(source), list(hidden), list(calls)
-        stream.model, stream.layers, stream.batches = model, layers, list(batches)
-        stream._outs, stream._inputs = {}, {}
+        stream.model, stream.layers, stream.batches = model, layers, list(own_batches)
+        stream._opening = opening
+        stream._view = opening.kv.view() if opening is not None else None
+        stream._outs, stream._inputs, stream._opening_kept = {}, {}, None
         return stream
+
+    def _own(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Call arguments with this stream's own cache view in place of the one captured."""
+        if self._view is None:
+            return args, kwargs
+        swap = lambda v: self._view if is_view(v) else v  # noqa: E731
+        return tuple(swap(v) for v in args), {k: swap(v) for k, v in kwargs.items()}
+
+    def _call(self, layer: nn.Module, hidden: torch.Tensor, call: tuple):
+        args, kwargs = self._own(*call)
+        return _first(layer(hidden, *args, **kwargs))
 
     def _run(self, i: int, layer: nn.Module):
         if self.hidden[i] is None:  # replayed: the states entering this layer, from the start
-            call = _capture_layer_calls(self.model, self.layers, [self.at], self.batches[i])[self.at]
-            hidden, (rest, kwargs) = _split_hidden(call)
-            return _first(layer(hidden, *rest, **kwargs))
-        rest, kwargs = self.calls[i][self.source[self.at]]
-        return _first(layer(self.hidden[i], *rest, **kwargs))
+            call = self._capture([self.at], self.batches[i])[self.at]
+            hidden, rest = _split_hidden(call)
+            return self._call(layer, hidden, rest)
+        return self._call(layer, self.hidden[i], self.calls[i][self.source[self.at]])
+
+    def _run_opening(self, layer: nn.Module, matrix: nn.Module | None = None) -> torch.Tensor | None:
+        """The opening's own row through the current layer, its keys and values kept in the
+        view for the batches' rows to attend to; with `matrix`, also that matrix's input
+        there (for `advance_linear`). Returns the row's output (None: no opening)."""
+        op = self._opening
+        if op is None:
+            return None
+        call = op.calls[self.source[self.at]]
+        with recording(self._view):
+            if matrix is None:
+                return self._call(layer, op.hidden, call)
+            with capture_inputs(matrix, lambda x: x) as got:
+                out = self._call(layer, op.hidden, call)
+            self._opening_kept = (out, got[0])
+            return out
 
     def key_batches(self, matrix: nn.Module, keep_inputs: bool = False,
                     only: Sequence[int] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
@@ -212,9 +313,10 @@ class LayerStream:
         (k_i, n)) for every batch, or those of `only`. With keep_inputs, also keep the
         layer outputs and the matrix's full inputs of the kept batches, so that
         `advance_linear` can be used."""
-        self._outs, self._inputs = {}, {}
+        self._outs, self._inputs, self._opening_kept = {}, {}, None
         layer = self.layers[self.at]
         with torch.no_grad():
+            self._run_opening(layer, matrix if keep_inputs else None)
             for i in (range(len(self.batches)) if only is None else only):
                 keep = keep_inputs and self.hidden[i] is not None
 
@@ -241,20 +343,27 @@ class LayerStream:
             if h is not None:
                 out, x = self._outs.pop(i), self._inputs.pop(i)
                 self.hidden[i] = out + nn.functional.linear(x, gP.to(h.device, h.dtype))
-        self._outs, self._inputs = {}, {}
+        if self._opening is not None:
+            out, x = self._opening_kept
+            h = self._opening.hidden
+            self._opening = replace(self._opening, hidden=out + nn.functional.linear(x, gP.to(h.device, h.dtype)))
+        self._outs, self._inputs, self._opening_kept = {}, {}, None
         self.at += 1
 
     def advance(self, between: Between | None = None) -> None:
         """Next layer's input by running the current layer as the model now is (`between`
         between two batches)."""
         layer = self.layers[self.at]
-        self._outs, self._inputs = {}, {}
+        self._outs, self._inputs, self._opening_kept = {}, {}, None
         with torch.no_grad():
+            out = self._run_opening(layer)
             for i, h in enumerate(self.hidden):  # in place, batch by batch: the old states are freed
                 if h is not None:               # as the new ones come (a new list held both at once)
                     if i:
                         give(between)
                     self.hidden[i] = self._run(i, layer)
+            if out is not None:
+                self._opening = replace(self._opening, hidden=out)
         self.at += 1
 
     def input_cache_bytes(self, n: int) -> int:

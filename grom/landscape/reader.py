@@ -21,9 +21,11 @@ the first j agreed. So:
   reading cannot see, and cannot tell forgetting from breaking.
 
 Drafts are cut where their fact settles, so the pass reads only what decides it. The
-first reading records the layers below the band in a `grom.eval.prefix.PrefixCache` (they
-are the unedited model's whatever the edit); every later edit of that band then runs only
-the band and above.
+reader keeps the states entering the band's first layer from its first reading (a
+`grom.closed_form.collect.LayerStream`'s start: the layers below the band are the unedited
+model's whatever the edit), so every later edit of that band runs only the band and above;
+the chat template's opening that every question shares runs once, as a row of its own
+(`grom.model.shared_prefix`).
 (Our design, on the drafted pass the card's first verdict reads.)
 """
 from __future__ import annotations
@@ -33,15 +35,16 @@ from dataclasses import dataclass
 
 import torch
 
-from grom.data.encoding import pad_id
+from grom.closed_form.collect import LayerStream
+from grom.data.encoding import Batch, Encoded, make_batches, pad_id
 from grom.data.prompts import encode_prompt
-from grom.eval.prefix import PrefixCache, first_changed_layer
+from grom.eval.prefix import first_changed_layer
 from grom.eval.report import eval_sets
 from grom.eval.results import BASE, Report, subset
-from grom.eval.runner import argmax_at, draft_ids, eos_ids, left_padded, phrase_settled
+from grom.eval.runner import draft_ids, eos_ids, phrase_settled
 from grom.eval.verdicts import KEPT_SETS
 from grom.landscape.grid import FITTED, HELD_OUT
-from grom.model.arch import model_device
+from grom.model.arch import decoder_layers, final_norm, layer_kinds, num_layers
 from grom.text import contains_phrase
 from grom.turns import Between, Held, evaluating, give, inside
 
@@ -125,6 +128,8 @@ class AnswerReader:
             raise ValueError("there is nothing to read: no set has a question the unedited model answered")
         items = [self._item(name, i, q, prompt_format) for name, qs in self.sets.items() for i, q in enumerate(qs)]
         self._items = sorted(items, key=lambda it: len(it.prompt) + len(it.draft))  # batches of like length
+        self._made: list[Batch] | None = None
+        self._starts: dict[tuple[int, int], tuple] = {}  # (id(model), layer) -> the states entering it
 
     def _item(self, name: str, index: int, q: Question, fmt) -> _Item:
         ids = draft_ids(self.tokenizer, q.draft)
@@ -158,6 +163,10 @@ class AnswerReader:
             out[name] = list(subset(qs, max_per_set))
         return cls(tokenizer, out, benchmark.prompt_format, batch_size)
 
+    def __getstate__(self) -> dict:
+        """Without the kept states (tensors of one process's model, remade where needed)."""
+        return {**self.__dict__, "_starts": {}}
+
     @property
     def tokens(self) -> int:
         """Tokens one reading passes through the model (prompts and the drafts read)."""
@@ -167,29 +176,48 @@ class AnswerReader:
     def sizes(self) -> dict[str, int]:
         return {name: len(qs) for name, qs in self.sets.items()}
 
+    def _batches(self) -> list[Batch]:
+        """Each item's prompt and draft, right-padded in batches of `batch_size`; its read
+        positions (the prompt's last token and each of the draft's) as the batch's keys."""
+        if self._made is None:
+            enc = [Encoded(tuple(it.prompt + it.draft),
+                           tuple(range(len(it.prompt) - 1, len(it.prompt) + len(it.draft))),
+                           (0,) * (len(it.draft) + 1), k) for k, it in enumerate(self._items)]
+            self._made = make_batches(enc, self.batch_size, pad_id(self.tokenizer))
+        return self._made
+
+    def _stream(self, model, first: int, between: Between | None) -> LayerStream:
+        """The reading's batches entering layer `first`: resumed where this model's were
+        kept there, else by a pass up to it (kept: the layers below an edit's first are the
+        unedited model's whether or not it is applied)."""
+        layers, key = decoder_layers(model), (id(model), first)
+        if key in self._starts:
+            return LayerStream.resume(model, layers, self._batches(), self._starts[key])
+        stream = LayerStream(model, layers, first, self._batches(), last=len(layers) - 1,
+                             kinds=layer_kinds(model), between=between, share_prefix=True)
+        if first:
+            self._starts = {k: v for k, v in self._starts.items() if k[0] == id(model)}  # one model's at a time
+            self._starts[key] = stream.start()
+        return stream
+
     @torch.no_grad()
-    def _pass(self, model, between: Between | None) -> list[list[int]]:
+    def _pass(self, model, first: int, between: Between | None) -> list[list[int]]:
         """Per item, the model's argmax after the prompt and each of the draft's tokens read
-        (one more than the draft's tokens), in batches of `batch_size`."""
-        device, pad, out = model_device(model), pad_id(self.tokenizer), []
-        for b in range(0, len(self._items), self.batch_size):
-            if b:
-                give(between)
-            batch = self._items[b:b + self.batch_size]
-            ids, mask = left_padded([it.prompt for it in batch], pad)
-            width, longest = ids.shape[1], max(len(it.draft) for it in batch)
-            tail = torch.full((len(batch), longest), pad, dtype=torch.long)
-            tail_mask = torch.zeros((len(batch), longest), dtype=torch.long)
-            for r, it in enumerate(batch):
-                tail[r, :len(it.draft)] = torch.tensor(it.draft, dtype=torch.long)
-                tail_mask[r, :len(it.draft)] = 1
-            ids, mask = torch.cat([ids, tail], 1).to(device), torch.cat([mask, tail_mask], 1).to(device)
-            pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-            hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)[0]
-            rows = [r for r, it in enumerate(batch) for _ in range(len(it.draft) + 1)]
-            cols = [width - 1 + j for it in batch for j in range(len(it.draft) + 1)]
-            read = iter(argmax_at(model, hidden, rows, cols))
-            out += [[next(read) for _ in range(len(it.draft) + 1)] for it in batch]
+        (one more than the draft's tokens): the layers from `first` up run on the states
+        entering it (`_stream`), a step boundary between two layers and two batches."""
+        stream = self._stream(model, first, between)
+        for _ in range(first, len(stream.layers)):
+            give(between)
+            stream.advance(between)
+        norm, head = final_norm(model), model.get_output_embeddings()
+        out: list[list[int]] = [[] for _ in self._items]
+        for batch, hidden in zip(stream.batches, stream.hidden):
+            x = batch.select(hidden)
+            got: list[int] = []
+            for c in range(0, x.shape[0], 512):
+                got += head(norm(x[c:c + 512]).to(head.weight.device)).float().argmax(-1).tolist()
+            for k, g in zip(batch.example.tolist(), got):
+                out[k].append(g)
         return out
 
     def _count(self, model, argmax: list[list[int]]) -> dict[str, Reading]:
@@ -211,25 +239,22 @@ class AnswerReader:
             words[1] += len(outside)
         return {name: Reading(tuple(s), tuple(t), tuple(w)) for name, (s, t, w) in flags.items()}
 
-    def record(self, model, first: int, prefix: PrefixCache | None, between: Between | None = None
-               ) -> dict[str, Reading]:
+    def record(self, model, first: int, between: Between | None = None) -> dict[str, Reading]:
         """The unedited model's reading (every fact stated, up to a batch's float rounding: a
-        check), recording in `prefix` the layers below `first`, which every edit of a band
-        starting there reuses (an edited reading records them too where nothing is recorded
-        yet: the layers below its band are the unedited model's)."""
-        held = Held(lambda: evaluating(model),
-                    (lambda: prefix.reusing(model, None, capture=(first,))) if prefix is not None else None)
-        with held:
-            out = self._pass(model, inside(between, held.left))
+        check), keeping the states entering layer `first`, from which every reading of an
+        edit of a band starting there runs (an edited reading keeps its own where none is
+        kept yet: the layers below its band are the unedited model's)."""
+        with Held(lambda: evaluating(model)) as held:
+            out = self._pass(model, first, inside(between, held.left))
         return self._count(model, out)
 
-    def read(self, model, edit=None, prefix: PrefixCache | None = None, between: Between | None = None
-             ) -> dict[str, Reading]:
+    def read(self, model, edit=None, between: Between | None = None) -> dict[str, Reading]:
         """Per set, what `model` with `edit` applied does with the unedited answers'
         facts (`Reading`). The model is left as found."""
-        first = first_changed_layer(model, edit) if edit is not None else None
-        held = Held(lambda: evaluating(model), (lambda: edit.applied(model)) if edit is not None else None,
-                    (lambda: prefix.reusing(model, first)) if prefix is not None and first else None)
+        first = min(first_changed_layer(model, edit) if edit is not None else num_layers(model), num_layers(model) - 1)
+        kept = [f for (m, f) in self._starts if m == id(model) and f <= first]
+        first = max(kept) if kept else first
+        held = Held(lambda: evaluating(model), (lambda: edit.applied(model)) if edit is not None else None)
         with held:
-            out = self._pass(model, inside(between, held.left))
+            out = self._pass(model, first, inside(between, held.left))
         return self._count(model, out)

@@ -7,7 +7,7 @@ collected from the model as the earlier ones left it, as the paper does. Beta mo
 keys of every layer after the first, so no solve is shared between two cells of a band
 wider than one layer; what is shared is what does not move: the hidden states entering
 the band (`run_edit`'s stream cache), the layer scores, and the evaluation's layers below
-the band (the reader's prefix cache). A cell's edit is `run_edit`'s (a test reads both
+the band (kept by the reader). A cell's edit is `run_edit`'s (a test reads both
 the same). (Keys collected once from the unedited model for every layer would make a whole
 beta column one solve; on SmolLM2 they leave retain answers twice as likely at beta 1000
 as the real edit does, so the map would not be the one Run edit walks.)
@@ -19,7 +19,6 @@ from collections.abc import Iterator, Sequence
 
 from grom.closed_form.config import EditConfig
 from grom.closed_form.pipeline import run_edit
-from grom.eval.prefix import PrefixCache
 from grom.landscape.grid import Cell, Grid, strength_name
 from grom.landscape.reader import AnswerReader
 from grom.turns import Between, give
@@ -33,10 +32,10 @@ def cell_edit(model, tokenizer, forget, retain, config: EditConfig, *, scores=No
 
 
 def read_cell(model, reader: AnswerReader, grid: Grid, strength: float, w_r: float, edit, edit_s: float,
-              prefix: PrefixCache | None = None, between: Between | None = None) -> Cell:
+              between: Between | None = None) -> Cell:
     """The cell of `edit` (made at these settings in `edit_s` seconds), its answers read."""
     t0 = time.perf_counter()
-    readings = reader.read(model, edit, prefix, between)
+    readings = reader.read(model, edit, between)
     return Cell(strength, w_r, grid.rho, {name: r.counts() for name, r in readings.items()},
                 {name: r.words for name, r in readings.items()}, edit_s, time.perf_counter() - t0, readings)
 
@@ -53,16 +52,15 @@ def _same(edit, config: EditConfig) -> bool:
 
 def landscape(model, tokenizer, forget: Sequence, retain: Sequence, config: EditConfig, grid: Grid,
               reader: AnswerReader, *, scores=None, stream_cache: dict | None = None,
-              prefix: PrefixCache | None = None, between: Between | None = None, current=None,
+              between: Between | None = None, current=None,
               skip: Sequence[tuple[float, float]] = (), progress=None) -> Iterator[Cell]:
     """The grid's cells, nearest to `config`'s own first (`Grid.order`), one at a time.
 
     config: the settings every cell starts from (its band: `config.layers`, else the band
     its layer scores give, `scores` or computed with the first cell). current: an `Edit`
     made with one cell's settings (the session's), reused rather than made again. skip:
-    (strength, w_r) pairs already computed. prefix: the first cell's reading records the
-    layers below the band there, every later one replays them (None: every pass runs every
-    layer). progress(fraction,
+    (strength, w_r) pairs already computed. The reader keeps the states entering the band from
+    the first cell's reading; every later one runs the band and above. progress(fraction,
     message) before each cell; `between` between two cells and inside each one's steps."""
     progress = progress or (lambda f, m: None)
     name = strength_name(config)
@@ -85,5 +83,5 @@ def landscape(model, tokenizer, forget: Sequence, retain: Sequence, config: Edit
             scores = edit.scores
         if config.layers is None and edit.band:
             config = config.replace(layers=tuple(edit.band))  # every later cell on this band
-        yield read_cell(model, reader, grid, strength, w_r, edit, edit_s, prefix, between)
+        yield read_cell(model, reader, grid, strength, w_r, edit, edit_s, between)
     progress(1.0, "done")
