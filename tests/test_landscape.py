@@ -64,12 +64,15 @@ def test_a_reading_says_what_the_decoded_answers_say(trained_llama, tokenizer):
     known = base.tallies("Base")
     assert reader.sizes == {name: t.known for name, t in known.items() if t.known}
     fresh = AnswerReader.from_report(tokenizer, bench, base, batch_size=8)
+    whole = AnswerReader.from_report(tokenizer, bench, base, batch_size=8)
     unedited = reader.record(trained_llama, 1)
     assert all(r.counts() == (r.read,) * 3 and r.words[0] == r.words[1] for r in unedited.values())
     for beta in (3.0, 30.0, 300.0):
         edit = _edited(trained_llama, tokenizer, bench, beta=beta)
         plain = reader.read(trained_llama, edit)
         assert fresh.read(trained_llama, edit) == plain
+        whole._linear = lambda *a: None  # every band layer run as edited, none from the unedited pass
+        assert whole.read(trained_llama, edit) == plain
         card = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers", reuse=base)
         for name, got in plain.items():
             read, stated, top = got.counts()

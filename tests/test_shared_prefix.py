@@ -90,7 +90,8 @@ def test_a_resumed_stream_has_its_own_opening(tokenizer):
     first = LayerStream(model, layers, 1, batches, last=3, share_prefix=True)
     start = first.start()
     t = edited_matrix(model, "down_proj", 1)
-    param, matrix2 = model.get_parameter(t.param_name), model.get_submodule(edited_matrix(model, "down_proj", 2).module_name)
+    param = model.get_parameter(t.param_name)
+    matrix2 = model.get_submodule(edited_matrix(model, "down_proj", 2).module_name)
     a, b = (LayerStream.resume(model, layers, batches, start) for _ in range(2))
     P = t.to_param(torch.ones(t.from_param(param).shape) * 0.05)
     with torch.no_grad():

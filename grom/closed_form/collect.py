@@ -34,6 +34,9 @@ MAX_INPUT_CACHE_BYTES = 4 << 30
 # The hidden states (and call arguments) entering the band kept per batch, at most this
 # many bytes by default; batches beyond are replayed from the embeddings at each layer.
 HIDDEN_CACHE_BYTES = 8 << 30
+# A stream's first layer's keys, outputs and matrix inputs kept with its start, at most this
+# many bytes (`LayerStream.key_batches`).
+MEMO_BYTES = 512 << 20
 
 
 @dataclass
@@ -212,6 +215,7 @@ class LayerStream:
         self._outs: dict = {}
         self._inputs: dict = {}
         self._opening_kept: tuple | None = None
+        self.first, self._memo = first, {}
 
     def _open(self, wanted: Sequence[int]) -> tuple[_Opening | None, object, dict | None]:
         """The shared opening of `self.batches` (then replaced by their rest), its cache view
@@ -257,7 +261,8 @@ class LayerStream:
     def start(self) -> tuple:
         """The stream as it enters its first layer (what the forward pass up to it gave),
         to `resume` later without that pass: valid while the layers before it are unchanged."""
-        return (self.at, dict(self.source), list(self.hidden), list(self.calls), list(self.batches), self._opening)
+        return (self.at, dict(self.source), list(self.hidden), list(self.calls), list(self.batches), self._opening,
+                self._memo)
 
     @classmethod
     def resume(cls, model: nn.Module, layers: nn.ModuleList, batches: Sequence[Batch],
@@ -265,7 +270,8 @@ class LayerStream:
         """A stream from `start()` of one over the same batches (its tensors are shared,
         never written: every step makes new ones; its opening's cache view is its own)."""
         stream = cls.__new__(cls)
-        stream.at, source, hidden, calls, own_batches, opening = start
+        stream.at, source, hidden, calls, own_batches, opening, stream._memo = start
+        stream.first = stream.at
         stream.source, stream.hidden, stream.calls = dict(source), list(hidden), list(calls)
         stream.model, stream.layers, stream.batches = model, layers, list(own_batches)
         stream._opening = opening
@@ -312,9 +318,24 @@ class LayerStream:
         """(i, inputs of `matrix` (inside the current layer) at batch i's key positions,
         (k_i, n)) for every batch, or those of `only`. With keep_inputs, also keep the
         layer outputs and the matrix's full inputs of the kept batches, so that
-        `advance_linear` can be used."""
+        `advance_linear` can be used.
+
+        At the stream's first layer, which no edit has changed while the stream is valid,
+        a whole pass with keep_inputs is remembered (in what `start` gives, within
+        `MEMO_BYTES`): a stream resumed from there then reads its keys, outputs and inputs
+        from it instead of running the layer (every setting of a landscape edits the same
+        band on the same batches)."""
+        memo = self._memo.get(id(matrix)) if self.at == self.first else None
+        if memo is not None and (keep_inputs or only is not None):
+            keys, outs, inputs, opening = memo
+            if keep_inputs:
+                self._outs, self._inputs, self._opening_kept = dict(outs), dict(inputs), opening
+            for i in (range(len(self.batches)) if only is None else only):
+                yield i, keys[i]
+            return
         self._outs, self._inputs, self._opening_kept = {}, {}, None
         layer = self.layers[self.at]
+        got_all: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             self._run_opening(layer, matrix if keep_inputs else None)
             for i in (range(len(self.batches)) if only is None else only):
@@ -331,7 +352,20 @@ class LayerStream:
                     else:
                         with stop_after(matrix):
                             self._run(i, layer)
+                got_all[i] = got[0]
                 yield i, got[0]
+        if (self.at == self.first and keep_inputs and only is None and not self.replayed
+                and self._memo_bytes(got_all) <= MEMO_BYTES):
+            self._memo[id(matrix)] = ([got_all[i] for i in range(len(self.batches))], dict(self._outs),
+                                      dict(self._inputs), self._opening_kept)
+
+    def remembers(self, matrix: nn.Module) -> bool:
+        """Whether `key_batches(matrix, ...)` here reads a remembered first layer."""
+        return self.at == self.first and id(matrix) in self._memo
+
+    def _memo_bytes(self, keys: dict) -> int:
+        return _tensor_bytes(list(keys.values())) + _tensor_bytes(list(self._outs.values())) + \
+            _tensor_bytes(list(self._inputs.values())) + _tensor_bytes(self._opening_kept)
 
     def advance_linear(self, P: torch.Tensor, gain: float = 1.0) -> None:
         """Next layer's input = unpatched output + gain * P x, for a matrix whose output

@@ -44,7 +44,7 @@ from grom.eval.results import BASE, Report, subset
 from grom.eval.runner import draft_ids, eos_ids, phrase_settled
 from grom.eval.verdicts import KEPT_SETS
 from grom.landscape.grid import FITTED, HELD_OUT
-from grom.model.arch import decoder_layers, final_norm, layer_kinds, num_layers
+from grom.model.arch import decoder_layers, edited_matrix, final_norm, layer_kinds, num_layers, residual_gain
 from grom.text import contains_phrase
 from grom.turns import Between, Held, evaluating, give, inside
 
@@ -201,12 +201,22 @@ class AnswerReader:
         return stream
 
     @torch.no_grad()
-    def _pass(self, model, first: int, between: Between | None) -> list[list[int]]:
+    def _pass(self, model, first: int, between: Between | None, linear: tuple | None = None) -> list[list[int]]:
         """Per item, the model's argmax after the prompt and each of the draft's tokens read
         (one more than the draft's tokens): the layers from `first` up run on the states
-        entering it (`_stream`), a step boundary between two layers and two batches."""
+        entering it (`_stream`), a step boundary between two layers and two batches.
+        linear: (matrix, P, gain) where the edit's only change at `first` is P on a matrix
+        whose output reaches the residual stream linearly, and the layer's unedited pass is
+        remembered (`_remember`): that layer is then the remembered output plus gain P x."""
         stream = self._stream(model, first, between)
-        for _ in range(first, len(stream.layers)):
+        start = first
+        if linear is not None and stream.remembers(linear[0]):
+            matrix, P, gain = linear
+            for _ in stream.key_batches(matrix, keep_inputs=True):
+                pass
+            stream.advance_linear(P, gain)
+            start += 1
+        for _ in range(start, len(stream.layers)):
             give(between)
             stream.advance(between)
         norm, head = final_norm(model), model.get_output_embeddings()
@@ -219,6 +229,30 @@ class AnswerReader:
             for k, g in zip(batch.example.tolist(), got):
                 out[k].append(g)
         return out
+
+    @staticmethod
+    def _linear(model, edit, first: int) -> tuple | None:
+        """(matrix, P in the math layout, gain) where `edit` changes layer `first` by one
+        patch of a matrix whose output reaches the residual stream linearly; else None."""
+        if edit is None or first <= 0 or first >= num_layers(model):
+            return None
+        gain = residual_gain(model, "down_proj")
+        t = edited_matrix(model, "down_proj", first)
+        names = {name for name, p in model.named_parameters()
+                 if any(p is q for q in decoder_layers(model)[first].parameters())}
+        here = [name for name in edit.patches if name in names]
+        if gain is None or here != [t.param_name]:
+            return None
+        return model.get_submodule(t.module_name), t.from_param(edit.patch(t.param_name)).float(), gain
+
+    def _remember(self, model, first: int, matrix, between: Between | None) -> None:
+        """The unedited layer `first`'s pass over the reading, remembered with the states
+        kept there (`grom.closed_form.collect.LayerStream.key_batches`)."""
+        stream = self._stream(model, first, between)
+        if not stream.remembers(matrix):
+            with torch.no_grad():
+                for _ in stream.key_batches(matrix, keep_inputs=True):
+                    pass
 
     def _count(self, model, argmax: list[list[int]]) -> dict[str, Reading]:
         eos = set(eos_ids(model, self.tokenizer))
@@ -254,7 +288,11 @@ class AnswerReader:
         first = min(first_changed_layer(model, edit) if edit is not None else num_layers(model), num_layers(model) - 1)
         kept = [f for (m, f) in self._starts if m == id(model) and f <= first]
         first = max(kept) if kept else first
+        linear = self._linear(model, edit, first)
+        if linear is not None:  # the band's first layer, unedited, once
+            with Held(lambda: evaluating(model)) as held:
+                self._remember(model, first, linear[0], inside(between, held.left))
         held = Held(lambda: evaluating(model), (lambda: edit.applied(model)) if edit is not None else None)
         with held:
-            out = self._pass(model, first, inside(between, held.left))
+            out = self._pass(model, first, inside(between, held.left), linear)
         return self._count(model, out)
