@@ -10,7 +10,11 @@ Two ways to get a layer's keys:
   advance one decoder layer at a time. Where a matrix's output reaches the residual
   stream linearly (`grom.model.arch.residual_gain`: down_proj in most families), a layer's
   patch moves the next layer's input by exactly ``g P x``, so the stream advances without
-  re-running the layer; elsewhere it re-runs the layer as patched.
+  re-running the layer; elsewhere it re-runs the layer as patched. Two more savings: the
+  opening every sequence shares (a chat template's system prompt) runs once, as a row of
+  its own (`share_prefix`), and a stream resumed many times from its start (a landscape's
+  cells, Run edits at other settings) reads its first layer's pass from the first run
+  (`remember_first`).
 
 (Was `grom/collect.py`.)
 """
@@ -36,7 +40,7 @@ MAX_INPUT_CACHE_BYTES = 4 << 30
 HIDDEN_CACHE_BYTES = 8 << 30
 # A stream's first layer's keys, outputs and matrix inputs kept with its start, at most this
 # many bytes (`LayerStream.key_batches`).
-MEMO_BYTES = 512 << 20
+MEMO_BYTES = 256 << 20
 
 
 @dataclass
@@ -187,6 +191,9 @@ class LayerStream:
     product's rounding, for about half the work on SmolLM2's questions. `self.batches` are
     then the batches' rest, their key positions moved.
 
+    remember_first: keep the first layer's whole pass with the start (`key_batches`), for a
+    caller that resumes the stream from there many times.
+
     between: a step boundary (`grom.turns`) between two batches' forward passes (its
     as_found the caller's; `advance` takes one too). The stream is the caller's own: another
     job using the model there changes none of it.
@@ -194,7 +201,8 @@ class LayerStream:
 
     def __init__(self, model: nn.Module, layers: nn.ModuleList, first: int,
                  batches: Sequence[Batch], last: int | None = None, kinds: Sequence | None = None,
-                 budget: int | None = None, between: Between | None = None, share_prefix: bool = False):
+                 budget: int | None = None, between: Between | None = None, share_prefix: bool = False,
+                 remember_first: bool = False):
         kinds = kinds if kinds is not None else [None] * len(layers)
         self.source = _call_sources(kinds, first, first if last is None else last)
         self.model, self.layers, self.batches, self.at = model, layers, list(batches), first
@@ -215,7 +223,7 @@ class LayerStream:
         self._outs: dict = {}
         self._inputs: dict = {}
         self._opening_kept: tuple | None = None
-        self.first, self._memo = first, {}
+        self.first, self._memo = first, ({} if remember_first else None)
 
     def _open(self, wanted: Sequence[int]) -> tuple[_Opening | None, object, dict | None]:
         """The shared opening of `self.batches` (then replaced by their rest), its cache view
@@ -321,11 +329,11 @@ class LayerStream:
         `advance_linear` can be used.
 
         At the stream's first layer, which no edit has changed while the stream is valid,
-        a whole pass with keep_inputs is remembered (in what `start` gives, within
-        `MEMO_BYTES`): a stream resumed from there then reads its keys, outputs and inputs
-        from it instead of running the layer (every setting of a landscape edits the same
-        band on the same batches)."""
-        memo = self._memo.get(id(matrix)) if self.at == self.first else None
+        a whole pass with keep_inputs is remembered where the stream was made with
+        remember_first (in what `start` gives, within `MEMO_BYTES`): a stream resumed from
+        there then reads its keys, outputs and inputs from it instead of running the layer
+        (every setting of a landscape edits the same band on the same batches)."""
+        memo = self._memo.get(id(matrix)) if self._memo is not None and self.at == self.first else None
         if memo is not None and (keep_inputs or only is not None):
             keys, outs, inputs, opening = memo
             if keep_inputs:
@@ -335,6 +343,7 @@ class LayerStream:
             return
         self._outs, self._inputs, self._opening_kept = {}, {}, None
         layer = self.layers[self.at]
+        remember = self._memo is not None and self.at == self.first and keep_inputs and only is None
         got_all: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             self._run_opening(layer, matrix if keep_inputs else None)
@@ -352,16 +361,16 @@ class LayerStream:
                     else:
                         with stop_after(matrix):
                             self._run(i, layer)
-                got_all[i] = got[0]
+                if remember:
+                    got_all[i] = got[0]
                 yield i, got[0]
-        if (self.at == self.first and keep_inputs and only is None and not self.replayed
-                and self._memo_bytes(got_all) <= MEMO_BYTES):
+        if remember and not self.replayed and self._memo_bytes(got_all) <= MEMO_BYTES:
             self._memo[id(matrix)] = ([got_all[i] for i in range(len(self.batches))], dict(self._outs),
                                       dict(self._inputs), self._opening_kept)
 
     def remembers(self, matrix: nn.Module) -> bool:
         """Whether `key_batches(matrix, ...)` here reads a remembered first layer."""
-        return self.at == self.first and id(matrix) in self._memo
+        return self._memo is not None and self.at == self.first and id(matrix) in self._memo
 
     def _memo_bytes(self, keys: dict) -> int:
         return _tensor_bytes(list(keys.values())) + _tensor_bytes(list(self._outs.values())) + \

@@ -207,7 +207,7 @@ def _open_stream(model, band: list[int], batches, cache: dict | None,
     if key is not None and key in cache:
         return LayerStream.resume(model, layers, batches, cache[key])
     stream = LayerStream(model, layers, band[0], batches, last=band[-1], kinds=layer_kinds(model),
-                         budget=budget, between=between, share_prefix=True)
+                         budget=budget, between=between, share_prefix=True, remember_first=cache is not None)
     if stream.replayed:
         log.info("%d of %d batches replayed from the embeddings (hidden-state budget %s bytes)",
                  stream.replayed, len(batches), budget)

@@ -194,7 +194,7 @@ class AnswerReader:
         if key in self._starts:
             return LayerStream.resume(model, layers, self._batches(), self._starts[key])
         stream = LayerStream(model, layers, first, self._batches(), last=len(layers) - 1,
-                             kinds=layer_kinds(model), between=between, share_prefix=True)
+                             kinds=layer_kinds(model), between=between, share_prefix=True, remember_first=first > 0)
         if first:
             self._starts = {k: v for k, v in self._starts.items() if k[0] == id(model)}  # one model's at a time
             self._starts[key] = stream.start()
