@@ -121,3 +121,16 @@ def test_the_opening_and_a_reader_that_kept_one_pickle(tokenizer):
     reader.read(model, None)
     again = pickle.loads(pickle.dumps(reader))
     assert again.read(model, None) == reader.read(model, None)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "gpt_neox"])
+def test_answers_scored_with_the_opening_shared(tokenizer, model_type):
+    """The answer classes' perplexities (the judge's pass) share the opening: the same scores."""
+    from grom.eval.runner import score_answers
+
+    model = tiny_model(model_type, len(tokenizer))
+    pairs = [(ex.question, ex.answer) for ex in FORGET + RETAIN]
+    whole = score_answers(model, tokenizer, pairs, prompt_format=SYSTEM, batch_size=4)
+    shared = score_answers(model, tokenizer, pairs, prompt_format=SYSTEM, batch_size=4, share_opening=True)
+    for a, b in zip(whole, shared):
+        assert a.avg_loss == pytest.approx(b.avg_loss, rel=1e-5) and (a.predicted == b.predicted).all()

@@ -20,11 +20,12 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
 
-from grom.data.encoding import answer_letter, choice_question, pad_id
+from grom.data.encoding import Batch, answer_letter, choice_question, pad_id
 from grom.data.prompts import PromptFormat, encode_prompt, encode_qa
 from grom.eval.mia import vocab_moments
 from grom.eval.upstream import mc_context, mc_continuations, mc_encode_pair
 from grom.model.arch import model_device
+from grom.model.shared_prefix import PrefixKV, common_prefix
 from grom.text import contains_phrase
 from grom.turns import AsFound, Between, give, random_kept
 
@@ -87,12 +88,33 @@ def encode_pair(tokenizer, prompt: str, answer: str, fmt: PromptFormat | None,
     return p + a, len(p)
 
 
-def _final_hidden(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _final_hidden(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                  opening: PrefixKV | None = None) -> torch.Tensor:
     """The last hidden state (after the final norm), so the LM head is applied only at the
     positions that are scored: a full (B, T, vocab) logit tensor of a 128k-vocab model
-    would not fit."""
-    out = model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+    would not fit. opening: the tokens every row begins with, run once
+    (`grom.model.shared_prefix`); the states are then those of ids[:, len(opening):]."""
+    if opening is None:
+        out = model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+    else:
+        out = model.base_model(input_ids=ids[:, len(opening):], attention_mask=mask, use_cache=True,
+                               **{opening.kwarg: opening.view()})
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def _opening(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, cols: list[int],
+             kept: dict) -> PrefixKV | None:
+    """The opening every row of a right-padded batch shares, before every scored position
+    (`kept`: openings made already, by their tokens); None where there is none to share."""
+    batch = Batch(ids, mask, torch.zeros(len(cols), dtype=torch.long), torch.tensor(cols, dtype=torch.long),
+                  torch.zeros(len(cols), dtype=torch.long), torch.zeros(len(cols), dtype=torch.long))
+    n = common_prefix([batch])
+    if not n:
+        return None
+    key = tuple(ids[0, :n].tolist())
+    if key not in kept:
+        kept[key] = PrefixKV.of(model, ids[0, :n])
+    return kept[key]
 
 
 _MOMENT_ROWS = 1024  # positions per chunk of Min-K++'s moments (1024 x 128k vocab: 0.5 GB)
@@ -117,19 +139,24 @@ def _score_batches(order: list[int], lengths: list[int], batch_size: int, tokens
 
 @torch.no_grad()
 def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[int], int]],
-                    batch_size: int = 32, moments: bool = False, between: Between | None = None) -> list[TokenScores]:
+                    batch_size: int = 32, moments: bool = False, between: Between | None = None,
+                    share_opening: bool = False) -> list[TokenScores]:
     """Teacher-forced scores of ids[start:] for each (ids, start), right-padded batches,
     longest first (less padding), on a CPU of at most CPU_SCORE_TOKENS positions. moments:
     also each position's mean and variance of log p under the model's next-token
     distribution (`TokenScores.mu`, `.sigma2`, for Min-K++; from the same forward pass, in
     float32). between: a step boundary between two batches
-    (`grom.turns`; nothing here changes the model)."""
+    (`grom.turns`; nothing here changes the model). share_opening: run the tokens every
+    row of a batch begins with (a chat template's opening) once (`grom.model.shared_prefix`;
+    the same scores up to a product's rounding). Off by default: a pass a prefix cache
+    could replay (`grom.eval.prefix`: the same batch under an edit) must run whole."""
     device = model_device(model)
     head = model.get_output_embeddings()
     pad = pad_id(tokenizer)
     order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i][0]))
     out: list[TokenScores | None] = [None] * len(sequences)
     tokens = CPU_SCORE_TOKENS if device.type == "cpu" else None
+    openings: dict = {}
     for b, idx in enumerate(_score_batches(order, [len(s[0]) for s in sequences], batch_size, tokens)):
         if b:
             give(between)
@@ -145,10 +172,12 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
             rows += [r] * n
             cols += range(start - 1, len(seq) - 1)
             labels += seq[start:]
-        hidden = _final_hidden(model, ids.to(device), mask.to(device))
+        opening = _opening(model, ids, mask, cols, openings) if share_opening else None
+        hidden = _final_hidden(model, ids.to(device), mask.to(device), opening)
         # indices where the last hidden state lives: a sharded model (device_map) returns it
         # on its last device, not the first one the inputs went to
-        rows_t, cols_t = torch.tensor(rows, device=hidden.device), torch.tensor(cols, device=hidden.device)
+        shift = len(opening) if opening is not None else 0
+        rows_t, cols_t = torch.tensor(rows, device=hidden.device), torch.tensor(cols, device=hidden.device) - shift
         logits = head(hidden[rows_t, cols_t].to(head.weight.device)).float()
         logp = torch.log_softmax(logits, dim=-1)
         lab = torch.tensor(labels, device=logits.device)
@@ -173,11 +202,11 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
 def score_answers(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]], *,
                   prompt_format: PromptFormat | None = None, add_eos: bool = True,
                   batch_size: int = 32, max_length: int = 1024, moments: bool = False,
-                  between: Between | None = None) -> list[TokenScores]:
+                  between: Between | None = None, share_opening: bool = False) -> list[TokenScores]:
     """Teacher-forced scores of each answer after its formatted question (moments,
-    between: see `score_sequences`)."""
+    between, share_opening: see `score_sequences`)."""
     seqs = [encode_pair(tokenizer, q, a, prompt_format, add_eos, max_length) for q, a in pairs]
-    return score_sequences(model, tokenizer, seqs, batch_size, moments, between)
+    return score_sequences(model, tokenizer, seqs, batch_size, moments, between, share_opening)
 
 
 def score_texts(model: nn.Module, tokenizer, texts: Sequence[str], *, batch_size: int = 16,

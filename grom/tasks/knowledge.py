@@ -756,7 +756,7 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
                 pairs.append((q, g if g.strip() else "."))
                 where.append((name, i))
     scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size,
-                           between=between) if pairs else []
+                           between=between, share_opening=True) if pairs else []  # new answers: nothing to replay
     for (name, i), s in zip(where, scores):
         ppl[name][i] = float(np.exp(s.avg_loss))
     for name, df in frames.items():
