@@ -50,8 +50,8 @@ def common_prefix(batches: Sequence[Batch]) -> int:
         if mask.shape[1] == 0 or not bool((mask[:, 0] == 1).all()):
             return 0
         lengths = mask.sum(1)
-        if not bool((mask.cumsum(1)[:, -1] == lengths).all()) or not bool(
-                (mask[torch.arange(mask.shape[1]).expand_as(mask) < lengths[:, None]] == 1).all()):
+        plain = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
+        if not bool((mask == plain.to(mask.dtype)).all()):
             return 0  # holes in a row: not plain right padding
         rows += [b.input_ids[r, :int(lengths[r])] for r in range(b.input_ids.shape[0])]
         if len(b.cols):
