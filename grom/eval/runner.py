@@ -25,7 +25,7 @@ from grom.data.prompts import PromptFormat, encode_prompt, encode_qa
 from grom.eval.mia import vocab_moments
 from grom.eval.upstream import mc_context, mc_continuations, mc_encode_pair
 from grom.model.arch import model_device
-from grom.model.shared_prefix import PrefixKV, common_prefix
+from grom.model.shared_prefix import PrefixKV, cache_kwarg, common_prefix
 from grom.text import contains_phrase
 from grom.turns import AsFound, Between, give, random_kept
 
@@ -436,8 +436,7 @@ def phrase_settled(text: str, phrase: str | None) -> bool:
 def _cache_kwargs(model: nn.Module) -> tuple[str, bool]:
     """The name the model's forward gives its key/value cache (transformers renamed
     `past_key_values` to `cache`), and whether it takes `logits_to_keep`."""
-    params = inspect.signature(model.forward).parameters
-    return ("cache" if "cache" in params else "past_key_values"), "logits_to_keep" in params
+    return cache_kwarg(model), "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 @torch.no_grad()
@@ -492,7 +491,7 @@ def _drafted_pass(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, draft
     ids = torch.cat([ids, extra.to(ids.device)], dim=1)
     mask = torch.cat([mask, extra_mask.to(mask.device)], dim=1)
     pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    name = "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
+    name = cache_kwarg(model.base_model)
     out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{name: cache})
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     read = iter(argmax_at(model, hidden, [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)],
