@@ -58,7 +58,8 @@ def test_the_estimate_grows_with_the_model_and_the_probes(tokenizer):
     assert few["logit_lens"] < few["heldout"]  # two teacher-forced passes against two decodings
     deep_inputs = D.attack_inputs(large, tokenizer, probes(4), tuple(FORGET), tuple(RETAIN[:4]), None)
     band, every = D.attack_work(deep_inputs, "depth", first=6), D.attack_work(deep_inputs, "depth", first=0)
-    assert every.flops > 4 * band.flops  # a band edit: its two layers patched; a trained method: all eight
+    # a band edit: its two layers patched; a trained method: all eight (each patched pass runs the layers above it)
+    assert every.flops > 3.5 * band.flops
 
 
 @pytest.fixture(scope="module")

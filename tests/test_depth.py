@@ -209,3 +209,28 @@ def test_depth_in_the_suite_turns_and_leaves_the_model_as_found(trained_llama, t
 def test_a_retain_model_of_another_depth_is_refused(trained_llama, tokenizer, edit):
     with pytest.raises(ValueError, match="layers"):
         unlearning_depth(trained_llama, tokenizer, edit, PROBES, reference=tiny_llama(len(tokenizer), layers=2))
+
+
+def test_patched_passes_replay_the_unedited_layers_below_them(trained_llama, tokenizer, edit, retain_model,
+                                                              monkeypatch):
+    """A pass patched at layer l runs only the layers above l, the rest replayed from the
+    unedited pass (`BelowTheEdit.replaying_from`): the same Depth, bit for bit, as passes
+    that run every layer, and the replays hit."""
+    from contextlib import nullcontext
+
+    from grom.robustness import result
+
+    real = result.BelowTheEdit.replaying_from
+    hits = []
+
+    def counted(self, layer):
+        hits.append(self.cache)
+        return real(self, layer)
+    monkeypatch.setattr(result.BelowTheEdit, "replaying_from", counted)
+    fast = unlearning_depth(trained_llama, tokenizer, edit, PROBES, reference=retain_model)
+    n = len(fast.layers)
+    assert len(hits) == n + (n - edit.band[0]) and len({id(c) for c in hits}) == 1
+    assert hits[0].hits == len(hits) + 1 and hits[0].misses == 0  # and the edited pass replays below the band
+    monkeypatch.setattr(result.BelowTheEdit, "replaying_from", lambda self, layer: nullcontext())
+    whole = unlearning_depth(trained_llama, tokenizer, edit, PROBES, reference=retain_model)
+    assert fast == whole

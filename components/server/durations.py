@@ -475,10 +475,12 @@ def attack_work(inputs: AttackInputs, name: str, first: int = 0) -> Work:
     if name == "logit_lens":  # every layer read through the head, at one position a probe
         readout = size.layers * inputs.lens.n * (2.0 * size.head + 4.0 * size.vocab)
         return 2 * (forced_work(size, inputs.lens, LENS_BATCH, 0.0) + Work(flops=readout))
-    if name == "depth":  # the unedited pass; the edited one and one patched pass a changed layer, above `first`
+    if name == "depth":  # the unedited pass; the edited one from `first` up; a pass patched at each changed
+        # layer l, which runs only the layers above l (those below replayed from the unedited pass)
         layers = max(1, size.layers)
         above = max(1, layers - min(max(first, 0), layers))
-        return forced_work(size, inputs.depth, DEPTH_BATCH, 0.0) * (1 + (1 + above) * above / layers)
+        return forced_work(size, inputs.depth, DEPTH_BATCH, 0.0) * (1 + above / layers
+                                                                    + above * (above - 1) / (2 * layers))
     if name == "mia":
         if not inputs.mia_sides:
             return Work()

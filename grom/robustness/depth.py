@@ -258,8 +258,10 @@ def unlearning_depth(model: nn.Module, tokenizer, edit, probes: Sequence[Probe],
                          "layer by layer between two models of the same architecture")
     rows = [fact_tokens(tokenizer, p, fmt) for p in probes]
     pad = pad_id(tokenizer)
-    below = BelowTheEdit(model, edit)
-    first = min(below.first, n)
+    first = min(first_changed_layer(model, edit), n)
+    # the unedited pass records every layer a patched pass starts above: a pass patched at layer l
+    # runs only the layers above l (below and at l it is the unedited pass, bit for bit)
+    below = BelowTheEdit(model, edit, upward_from=0 if reference is not None else first)
     replay = 0 < first < n
     blocks = decoder_layers(model)
     model.eval()
@@ -269,7 +271,7 @@ def unlearning_depth(model: nn.Module, tokenizer, edit, probes: Sequence[Probe],
     for b in range(0, len(rows), batch_size):
         batch = _batch(rows[b:b + batch_size], pad)
         give(between)
-        with Held(below.recording if replay else None):
+        with Held(below.recording):
             full, _ = _pass(model, batch)
         give(between)
         with Held(lambda: edit.applied(model), below.replaying if replay else None):
@@ -277,7 +279,7 @@ def unlearning_depth(model: nn.Module, tokenizer, edit, probes: Sequence[Probe],
         d2 = torch.zeros(len(full), n, dtype=torch.float64)
         for layer in range(first, n):
             give(between)
-            with Held(below.replaying if replay else None,
+            with Held(lambda layer=layer: below.replaying_from(layer + 1),
                       lambda layer=layer: patching(blocks[layer], batch, states[layer])):
                 d2[:, layer] = full - _pass(model, batch)[0]
         base += full.tolist()
@@ -289,7 +291,8 @@ def unlearning_depth(model: nn.Module, tokenizer, edit, probes: Sequence[Probe],
             d1 = torch.zeros(len(full), n, dtype=torch.float64)
             for layer in range(n):
                 give(between)
-                with patching(blocks[layer], batch, kept[layer]):
+                with Held(lambda layer=layer: below.replaying_from(layer + 1),
+                          lambda layer=layer: patching(blocks[layer], batch, kept[layer])):
                     d1[:, layer] = full - _pass(model, batch)[0]
             s1 += [tuple(r) for r in d1.tolist()]
     return Depth(tuple(range(n)), tuple(base), tuple(edited), tuple(s2), tuple(s1) if reference is not None else None,

@@ -13,6 +13,7 @@ from grom.data.prompts import PromptFormat
 from grom.eval import metrics as M
 from grom.eval.prefix import PrefixCache, first_changed_layer
 from grom.eval.runner import generate
+from grom.model.arch import num_layers
 from grom.tasks.knowledge import KNOWLEDGE_GEN_BATCH, knowledge_budget
 from grom.turns import Between
 
@@ -107,14 +108,24 @@ class BelowTheEdit:
     attack takes a fresh one. ``Held(below.recording)``, ``Held(edit_applied,
     below.replaying)``: a turn (`grom.turns`) leaves the hooks off."""
 
-    def __init__(self, model: nn.Module, edit):
+    def __init__(self, model: nn.Module, edit, *, upward_from: int | None = None):
+        """upward_from: the unedited passes also record every layer from this one up, for
+        passes that run the unedited model again from a higher layer (`replaying_from`)."""
         self.model, self.first, self.cache = model, first_changed_layer(model, edit), PrefixCache()
+        above = range(max(upward_from, 1), num_layers(model) + 1) if upward_from is not None else ()
+        self.capture = tuple(sorted({self.first, *above}))
 
     def recording(self):
-        return self.cache.reusing(self.model, None, capture=(self.first,))
+        return self.cache.reusing(self.model, None, capture=self.capture)
 
     def replaying(self):
         return self.cache.reusing(self.model, self.first)
+
+    def replaying_from(self, layer: int):
+        """The unedited model's layers 0..layer-1 replayed on a batch `recording` saw
+        (`upward_from`): a pass that changes nothing below `layer` (a hook on layer-1's output
+        applies to the replayed output)."""
+        return self.cache.reusing(self.model, layer)
 
 
 @dataclass(frozen=True)

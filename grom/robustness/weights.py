@@ -253,7 +253,9 @@ def lens(model: nn.Module, ids: Sequence[Sequence[int]], tokens: Sequence[int], 
         with ExitStack() as stack:
             got = [stack.enter_context(capture_outputs(layer, at)) for layer in layers]
             model.base_model(input_ids=x.to(dev), attention_mask=mask.to(dev), use_cache=False)
-        z = torch.stack([readout(model, g[0]) for g in got]).cpu()  # (L, B, vocab)
+        # every layer's states through the head in one product: 30 products of a few rows each
+        # cost the head's weights read 30 times (on SmolLM2, 22 ms a layer on the 2-core CPU)
+        z = readout(model, torch.cat([g[0] for g in got])).view(len(layers), len(chunk), -1).cpu()  # (L, B, vocab)
         gold = z.gather(2, t.expand(len(layers), -1)[..., None])  # (L, B, 1)
         prob.append(torch.softmax(z, -1).gather(2, t.expand(len(layers), -1)[..., None])[..., 0].double())
         rank.append(1 + (z > gold).sum(2).double())
