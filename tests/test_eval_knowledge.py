@@ -354,9 +354,9 @@ def test_the_answers_first_then_the_scores_equal_one_full_evaluation(trained_lla
     monkeypatch.setattr(K, "generate", no_decoding)
     real_judge = K._judge_row
 
-    def judge_no_class_again(model, tok, frames, fmt, batch_size, needed, between=None):
+    def judge_no_class_again(model, tok, frames, fmt, batch_size, needed, between=None, lower=None):
         assert not needed, "the answers were judged again"
-        return real_judge(model, tok, frames, fmt, batch_size, needed, between)
+        return real_judge(model, tok, frames, fmt, batch_size, needed, between, lower)
     monkeypatch.setattr(K, "_judge_row", judge_no_class_again)
     rest = evaluate(trained_llama, tokenizer, bench, edit, reuse=base, batch_size=8, answers=quick)
     assert rest.stage == "full" and rest.rows[EDITED].metrics == w

@@ -25,7 +25,7 @@ import inspect
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -285,3 +285,66 @@ def _record(layers: nn.ModuleList, wanted: tuple[int, ...], cache, kind: str, di
             recorded[(kind, L, digest)] = _Entry(L, outputs[L], mine)
         state["recorded"] = recorded
     return undo
+
+
+class LowerStates:
+    """The states entering decoder layer `layer` at every position a greedy decoding fed
+    (`grom.eval.runner.greedy_answers`): a prompt's tokens and each answer token read
+    back. Below the first layer an edit changes, those states are a function of the tokens
+    alone, the same for the edited and the unedited model; so a teacher-forced pass of
+    the unedited model over a prompt and an answer the edited model gave (the knowledge
+    task's judge: each answer's perplexity under the unedited model) can start at `layer`
+    from them (`run`) instead of running every layer again. The same numbers up to the
+    float rounding of another batch. Valid while the weights below `layer` stay as they
+    were; None `layer`: nothing is kept."""
+
+    def __init__(self, layer: int | None = None):
+        self.layer = layer
+        self._held: list[tuple[tuple[int, ...], torch.Tensor]] = []
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @contextmanager
+    def watching(self, model: nn.Module) -> Iterator[list]:
+        """Within the block, the hidden states entering `layer` on each forward pass of
+        `model`'s decoder stack are appended to the list yielded (nothing where the layer
+        below returns a tuple: its other items could not be given back)."""
+        seen: list = []
+        if not self.layer:
+            yield seen
+            return
+        def keep(_module, _args, output):
+            seen.append(output if isinstance(output, torch.Tensor) else None)
+        handle = decoder_layers(model)[self.layer - 1].register_forward_hook(keep)
+        try:
+            yield seen
+        finally:
+            handle.remove()
+
+    def hold(self, ids: Sequence[int], states: torch.Tensor) -> None:
+        """Keep `states` (len(ids), d): those entering `layer` at each of `ids`."""
+        if self.layer and len(ids) == len(states):
+            self._held.append((tuple(int(t) for t in ids), states))
+
+    def states_for(self, ids: Sequence[int]) -> torch.Tensor | None:
+        """The states entering `layer` at each of `ids`, where a decoding fed them (or ids
+        and more: a position's states depend on the tokens up to it alone); else None."""
+        want = tuple(int(t) for t in ids)
+        for held, states in self._held:
+            if len(held) >= len(want) and held[:len(want)] == want:
+                self.hits += 1
+                return states[:len(want)]
+        return None
+
+    def run(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """The decoder stack's last hidden state (after the final norm) on a right-padded
+        batch (ids, mask: (B, T)) whose states entering `layer` are `states` (B, T, d):
+        the layers below it skip their work."""
+        undo = _replay(decoder_layers(model), _Entry(self.layer, states), None)
+        try:
+            out = model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+        finally:
+            undo()
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from grom.data.schema import Benchmark
-from grom.eval.prefix import PrefixCache, first_changed_layer
+from grom.eval.prefix import LowerStates, PrefixCache, first_changed_layer
 from grom.eval.quant import quantized
 from grom.eval.results import BASE, EDITED, REFERENCE, Report, Row, subset
 from grom.eval.runner import ModelScorer
@@ -106,7 +106,7 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
          quantize: str | None = None, group_size: int = 128, prefix: PrefixCache | None = None,
          record_at: tuple[int, ...] = (), stage: str = "full", given: dict | None = None,
          answered: Callable[[int, int], None] | None = None, between: Between | None = None,
-         drafts: dict | None = None) -> Row:
+         drafts: dict | None = None, lower: LowerStates | None = None) -> Row:
     """One model's row: the task's row builder (`Task.row`) run with `edit` applied (and
     reverted), in eval mode, optionally quantized or replaying the layers below the edit.
 
@@ -117,7 +117,10 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
     the model as found and the cache records nothing of it. drafts: the unedited row's
     answers frames (`Row.examples`), which a task may read as each answer's likely start
     (the knowledge task: `grom.eval.runner.greedy_answers`, the same answers sooner), where
-    `prefix` replays the layers below the edit on those passes (`record_drafts` recorded them)."""
+    `prefix` replays the layers below the edit on those passes (`record_drafts` recorded them).
+    lower: an empty `LowerStates`, given the edit's first changed layer here and filled by
+    the row's decodings on a CPU (for the judge of its answers; nothing kept on an
+    accelerator, with quantization, or without an edit)."""
     fn = get_task(benchmark.task).row
     run = ModelScorer(model, tokenizer, benchmark.prompt_format, batch_size, max_new_tokens, stage, given)
     run.answered, run.unedited = answered, edit is None
@@ -131,6 +134,9 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
         on_cpu = model_device(model).type == "cpu"
         run.drafts = (drafts or {}) if edit is not None and first and prefix.marked(DRAFTS, first) and on_cpu \
             else {}
+    if lower is not None and edit is not None and not quantize and model_device(model).type == "cpu":
+        lower.layer = first_changed_layer(model, edit) or None
+        run.lower = lower
     keep = {} if between is not None else None  # the quantized weights, not computed again after a turn
     held = Held(lambda: evaluating(model), (lambda: edit.applied(model)) if edit is not None else None, replay,
                 (lambda: quantized(model, method=quantize, group_size=group_size, keep=keep)) if quantize else None)
@@ -256,6 +262,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
             == (benchmark.name, benchmark.split, n_examples):
         given = answers.rows[EDITED].examples
     rows: dict[str, Row] = {}
+    lower = LowerStates()  # the Edited row's states below its edit, for the judge (`model_row`)
     for i, (name, m, tok, e) in enumerate(jobs):
         if name in reusable:
             rows[name] = reusable[name]
@@ -276,10 +283,12 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
                           prefix=mine, record_at=record_at, stage=stage,
                           given=given if edited else lent.get(name), answered=answered,
                           only_forget=stage == "forget", between=between,
-                          drafts=rows[BASE].examples if edited and BASE in rows else None)
+                          drafts=rows[BASE].examples if edited and BASE in rows else None,
+                          lower=lower if edited and m is model else None)
     if task.judge is not None:
         give(between)
-        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, stage, between=between)
+        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, stage, between=between,
+                   lower=lower if len(lower) else None)
     if task.relative is not None:
         task.relative(rows)
     _retain_cost(rows, benchmark.task)

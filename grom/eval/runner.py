@@ -23,6 +23,7 @@ from transformers.generation.stopping_criteria import StoppingCriteria, Stopping
 from grom.data.encoding import Batch, answer_letter, choice_question, pad_id
 from grom.data.prompts import PromptFormat, encode_prompt, encode_qa
 from grom.eval.mia import vocab_moments
+from grom.eval.prefix import LowerStates
 from grom.eval.upstream import mc_context, mc_continuations, mc_encode_pair
 from grom.model.arch import model_device
 from grom.model.shared_prefix import PrefixKV, cache_kwarg, common_prefix
@@ -140,7 +141,7 @@ def _score_batches(order: list[int], lengths: list[int], batch_size: int, tokens
 @torch.no_grad()
 def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[int], int]],
                     batch_size: int = 32, moments: bool = False, between: Between | None = None,
-                    share_opening: bool = False) -> list[TokenScores]:
+                    share_opening: bool = False, lower: LowerStates | None = None) -> list[TokenScores]:
     """Teacher-forced scores of ids[start:] for each (ids, start), right-padded batches,
     longest first (less padding), on a CPU of at most CPU_SCORE_TOKENS positions. moments:
     also each position's mean and variance of log p under the model's next-token
@@ -149,7 +150,10 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
     (`grom.turns`; nothing here changes the model). share_opening: run the tokens every
     row of a batch begins with (a chat template's opening) once (`grom.model.shared_prefix`;
     the same scores up to a product's rounding). Off by default: a pass a prefix cache
-    could replay (`grom.eval.prefix`: the same batch under an edit) must run whole."""
+    could replay (`grom.eval.prefix`: the same batch under an edit) must run whole.
+    lower: a sequence whose states entering `lower.layer` a decoding kept
+    (`grom.eval.prefix.LowerStates`; valid for this model below that layer) runs only the
+    layers from there on; the others as above."""
     device = model_device(model)
     head = model.get_output_embeddings()
     pad = pad_id(tokenizer)
@@ -157,7 +161,15 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
     out: list[TokenScores | None] = [None] * len(sequences)
     tokens = CPU_SCORE_TOKENS if device.type == "cpu" else None
     openings: dict = {}
-    for b, idx in enumerate(_score_batches(order, [len(s[0]) for s in sequences], batch_size, tokens)):
+    known = {}  # sequence -> its states entering lower.layer at every position but the last
+    if lower is not None and lower.layer:
+        for i, (seq, _) in enumerate(sequences):
+            if len(seq) >= 2 and (st := lower.states_for(seq[:-1])) is not None:
+                known[i] = st
+    lengths = [len(s[0]) for s in sequences]
+    batches = _score_batches([i for i in order if i not in known], lengths, batch_size, tokens) + \
+        _score_batches([i for i in order if i in known], lengths, batch_size, tokens)
+    for b, idx in enumerate(batches):
         if b:
             give(between)
         width = max(len(sequences[i][0]) for i in idx)
@@ -172,8 +184,15 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
             rows += [r] * n
             cols += range(start - 1, len(seq) - 1)
             labels += seq[start:]
-        opening = _opening(model, ids, mask, cols, openings) if share_opening else None
-        hidden = _final_hidden(model, ids.to(device), mask.to(device), opening)
+        opening = _opening(model, ids, mask, cols, openings) if share_opening and idx[0] not in known else None
+        if idx[0] in known:  # the last position's states: any (nothing reads them)
+            states = torch.zeros((len(idx), width, known[idx[0]].shape[-1]), dtype=known[idx[0]].dtype,
+                                 device=known[idx[0]].device)
+            for r, i in enumerate(idx):
+                states[r, :len(known[i])] = known[i]
+            hidden = lower.run(model, ids.to(device), mask.to(device), states)
+        else:
+            hidden = _final_hidden(model, ids.to(device), mask.to(device), opening)
         # indices where the last hidden state lives: a sharded model (device_map) returns it
         # on its last device, not the first one the inputs went to
         shift = len(opening) if opening is not None else 0
@@ -202,11 +221,12 @@ def score_sequences(model: nn.Module, tokenizer, sequences: Sequence[tuple[list[
 def score_answers(model: nn.Module, tokenizer, pairs: Sequence[tuple[str, str]], *,
                   prompt_format: PromptFormat | None = None, add_eos: bool = True,
                   batch_size: int = 32, max_length: int = 1024, moments: bool = False,
-                  between: Between | None = None, share_opening: bool = False) -> list[TokenScores]:
+                  between: Between | None = None, share_opening: bool = False,
+                  lower: LowerStates | None = None) -> list[TokenScores]:
     """Teacher-forced scores of each answer after its formatted question (moments,
-    between, share_opening: see `score_sequences`)."""
+    between, share_opening, lower: see `score_sequences`)."""
     seqs = [encode_pair(tokenizer, q, a, prompt_format, add_eos, max_length) for q, a in pairs]
-    return score_sequences(model, tokenizer, seqs, batch_size, moments, between, share_opening)
+    return score_sequences(model, tokenizer, seqs, batch_size, moments, between, share_opening, lower)
 
 
 def score_texts(model: nn.Module, tokenizer, texts: Sequence[str], *, batch_size: int = 16,
@@ -266,7 +286,7 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
              batch_size: int = 32, max_length: int = 1024,
              stop_at: Sequence[str | None] | None = None,
              on_step: Callable[[int, int], None] | None = None, between: Between | None = None,
-             drafts: Sequence[str | None] | None = None) -> list[str]:
+             drafts: Sequence[str | None] | None = None, lower: LowerStates | None = None) -> list[str]:
     """Greedy continuations of the formatted prompts (left padding; stops at EOS).
 
     stop_at: per prompt, a phrase (a fact) or None; an answer then ends as soon as it
@@ -281,11 +301,12 @@ def generate(model: nn.Module, tokenizer, prompts: Sequence[str], *,
     questions of several budgets share one decoding run. on_step (with stop_at): called
     after each decoding step with (the prompts finished, all prompts), for a progress line.
     between: a step boundary (`grom.turns`) between two batches and after each decoding
-    step; the texts are the same with or without it."""
+    step; the texts are the same with or without it. lower (with stop_at): keeps the
+    states entering its layer at every position fed (`greedy_answers`)."""
     return [t for t, _ in answers_until(model, tokenizer, prompts, prompt_format=prompt_format,
                                         max_new_tokens=max_new_tokens, batch_size=batch_size,
                                         max_length=max_length, stop_at=stop_at, on_step=on_step,
-                                        between=between, drafts=drafts)]
+                                        between=between, drafts=drafts, lower=lower)]
 
 
 def draft_ids(tokenizer, text: str | None) -> list[int]:
@@ -302,9 +323,10 @@ def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
                   stop_at: Sequence[str | None] | None = None,
                   on_step: Callable[[int, int], None] | None = None, between: Between | None = None,
                   drafts: Sequence[str | None] | None = None, decode: bool = True,
-                  wanted: Sequence[bool] | None = None) -> list[tuple[str, bool]]:
+                  wanted: Sequence[bool] | None = None, lower: LowerStates | None = None
+                  ) -> list[tuple[str, bool]]:
     """`generate`'s texts, each with whether it finished (EOS, its phrase, the budget; with
-    `decode` False, after the drafts' pass alone, and those not `wanted` likewise:
+    `decode` False, after the drafts' pass alone, and those not `wanted` likewise; lower:
     `greedy_answers`)."""
     if stop_at is not None and len(stop_at) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(stop_at)} stop phrases")
@@ -333,7 +355,7 @@ def answers_until(model: nn.Module, tokenizer, prompts: Sequence[str], *,
                                        on_step=step, between=between,
                                        drafts=None if drafts is None else [draft_ids(tokenizer, drafts[i])
                                                                            for i in idx], decode=decode,
-                                       wanted=None if wanted is None else [wanted[i] for i in idx])
+                                       wanted=None if wanted is None else [wanted[i] for i in idx], lower=lower)
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         else:
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
@@ -475,12 +497,15 @@ def argmax_at(model: nn.Module, hidden: torch.Tensor, rows: list[int], cols: lis
 
 
 def _drafted_pass(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, drafts: list[list[int]], cache,
-                  goes_on: Callable[[int, int], bool]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+                  goes_on: Callable[[int, int], bool], fed: "_Fed | None" = None,
+                  seen: list | None = None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """`greedy_answers`' pass over the prompts (left-padded, (B, W)) and their drafts after
     them (right-padded): each row's tokens given to `goes_on` as long as they agree with
     its draft. Returns the rows still running, the mask (B, W + longest draft) with each
     of those rows' draft masked out from its first departing token on, and each row's
-    last position in `cache`."""
+    last position in `cache`. fed: the pass watched for its `LowerStates`, what it saw
+    appended to `seen` (`greedy_answers`)."""
+    seen = [] if seen is None else seen
     n, width = ids.shape
     d_width = max((len(d) for d in drafts), default=0)
     extra = torch.zeros((n, d_width), dtype=ids.dtype)
@@ -492,7 +517,10 @@ def _drafted_pass(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, draft
     mask = torch.cat([mask, extra_mask.to(mask.device)], dim=1)
     pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
     name = cache_kwarg(model.base_model)
-    out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{name: cache})
+    with fed.watching(model) if fed is not None else nullcontext([]) as got:
+        out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                               **{name: cache})
+    seen.extend(got)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     read = iter(argmax_at(model, hidden, [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)],
                            [width - 1 + j for d in drafts for j in range(len(d) + 1)]))
@@ -516,7 +544,8 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
                    max_new_tokens: int | Sequence[int], eos: Sequence[int], stops: Sequence[str | None], *,
                    drafts: Sequence[Sequence[int]] | None = None, decode: bool = True,
                    wanted: Sequence[bool] | None = None, on_step: Callable[[int], None] | None = None,
-                   between: Between | None = None) -> tuple[list[list[int]], list[bool]]:
+                   between: Between | None = None, lower: LowerStates | None = None
+                   ) -> tuple[list[list[int]], list[bool]]:
     """`greedy_until`'s answers and, per row, whether it finished (EOS, its phrase settled,
     or the budget: `max_new_tokens`, one for every row or one per row).
 
@@ -536,8 +565,14 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
     there are marked so, their tokens those read so far, the last one departing).
     wanted: per row, whether to decode it past the first pass (the others stop there, as
     with `decode` False: a row whose answer is known already, kept in the batch so the
-    pass is the one a prefix cache recorded)."""
+    pass is the one a prefix cache recorded).
+    lower: where every position fed (a prompt's tokens, each answer token read back) has
+    its states entering `lower.layer` kept, by its tokens (`grom.eval.prefix.LowerStates`);
+    a row that finished on its budget or its phrase is fed its last token once more for
+    it (its answer is the same), so that a pass over the prompt and the whole answer can
+    start there."""
     cache_name, keep_arg = _cache_kwargs(model)
+    fed = _Fed(lower, ids, mask)
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
         else model.config
     cache = DynamicCache(config=config)
@@ -564,40 +599,102 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
     if drafts is None:
         pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W)
         kwargs = {cache_name: cache, "logits_to_keep": 1} if keep_arg else {cache_name: cache}
-        first = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                      **kwargs).logits[:, -1, :].float().argmax(-1).tolist()
+        with fed.watching(model) as seen:
+            first = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                          **kwargs).logits[:, -1, :].float().argmax(-1).tolist()
+        fed.first_pass(seen, [[]] * n, new)
         live = [r for r in range(n) if goes_on(r, first[r])]
         last = pos[:, -1]
     else:
         if len(drafts) != n:
             raise ValueError(f"{n} rows but {len(drafts)} drafts")
-        live, mask, last = _drafted_pass(model, ids, mask, [list(d)[:b] for d, b in zip(drafts, budget)], cache,
-                                         goes_on)
+        cut = [list(d)[:b] for d, b in zip(drafts, budget)]
+        seen: list = []
+        live, mask, last = _drafted_pass(model, ids, mask, cut, cache, goes_on, fed, seen)
+        fed.first_pass(seen, cut, new)
     if not decode:
         live = []
     elif wanted is not None:
         live = [r for r in live if wanted[r]]
     if on_step is not None:
         on_step(n - len(live))
+    decoded = [decode and (wanted is None or wanted[r]) for r in range(n)]
+    tail = fed.unfed([r for r in range(n) if r not in set(live) and decoded[r]], new)
     running = list(range(n))  # the original row of each row in the batch (cache, mask, last)
-    while live:
+    while live or tail:
         give(between)
-        if len(live) < len(running):
+        going = set(live) | set(tail)
+        if len(going) < len(running):
+            keep = [r for r in running if r in going]
             at = {r: i for i, r in enumerate(running)}
-            sel = torch.tensor([at[r] for r in live])  # on the CPU: it indexes every layer's cache
+            sel = torch.tensor([at[r] for r in keep])  # on the CPU: it indexes every layer's cache
             cache.batch_select_indices(sel)
             mask, last = mask[sel.to(mask.device)], last[sel.to(last.device)]
-            running = live
+            running = keep
         step_ids = torch.tensor([[new[r][-1]] for r in running], dtype=torch.long, device=mask.device)
         last = last + 1
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         kwargs = {cache_name: cache, "logits_to_keep": 1} if keep_arg else {cache_name: cache}
-        nxt = model(input_ids=step_ids, attention_mask=mask, position_ids=last[:, None], use_cache=True,
-                    **kwargs).logits[:, -1, :].float().argmax(-1).tolist()
-        live = [r for r, token in zip(running, nxt) if goes_on(r, token)]
+        with fed.watching(model) as seen:
+            nxt = model(input_ids=step_ids, attention_mask=mask, position_ids=last[:, None], use_cache=True,
+                        **kwargs).logits[:, -1, :].float().argmax(-1).tolist()
+        fed.step(seen, running)
+        stepping = set(live)  # a tail row was fed its last token: what follows it is not its answer
+        live = [r for r, token in zip(running, nxt) if r in stepping and goes_on(r, token)]
+        tail = fed.unfed([r for r in stepping if r not in set(live)], new)
         if on_step is not None:
             on_step(n - len(live))
+    fed.hold(new)
     return new, done
+
+
+class _Fed:
+    """What `greedy_answers` keeps for a `LowerStates` (nothing without one): each row's
+    states entering its layer at the prompt's positions, at the answer tokens the first pass
+    read back (a draft's agreeing tokens), then at each token a decoding step fed."""
+
+    def __init__(self, lower: LowerStates | None, ids: torch.Tensor, mask: torch.Tensor):
+        self.lower = lower if lower is not None and lower.layer else None
+        n, self.width = ids.shape
+        self.cols = [torch.nonzero(mask[r] == 1)[:, 0] for r in range(n)] if self.lower is not None else []
+        self.prompts = [ids[r, c].tolist() for r, c in enumerate(self.cols)]
+        self.states: torch.Tensor | None = None  # the first pass's (B, W', d)
+        self.read_back = [0] * n
+        self.steps: list[list[torch.Tensor]] = [[] for _ in range(n)]
+
+    def watching(self, model: nn.Module):
+        return self.lower.watching(model) if self.lower is not None else nullcontext([])
+
+    def first_pass(self, seen: list, drafts: list[list[int]], new: list[list[int]]) -> None:
+        """The first pass's states, and how many answer tokens each row's draft gave it."""
+        if self.lower is None or not seen or seen[0] is None:
+            self.lower = None
+            return
+        self.states = seen[0]
+        self.read_back = [next((i for i, (a, b) in enumerate(zip(t, d)) if a != b), min(len(t), len(d)))
+                          for t, d in zip(new, drafts)]
+
+    def step(self, seen: list, running: list[int]) -> None:
+        if self.lower is not None and seen and seen[0] is not None:
+            for i, r in enumerate(running):
+                self.steps[r].append(seen[0][i, -1])
+
+    def unfed(self, finished: list[int], new: list[list[int]]) -> list[int]:
+        """The finished rows whose last answer token was not fed (on their budget or their
+        phrase; a row that ended on EOS was fed every token of its answer)."""
+        if self.lower is None:
+            return []
+        return [r for r in finished if self.read_back[r] + len(self.steps[r]) == len(new[r]) - 1]
+
+    def hold(self, new: list[list[int]]) -> None:
+        if self.lower is None:
+            return
+        for r, cols in enumerate(self.cols):
+            k = self.read_back[r] + len(self.steps[r])
+            parts = [self.states[r, cols], self.states[r, self.width:self.width + self.read_back[r]]]
+            if self.steps[r]:
+                parts.append(torch.stack(self.steps[r]))
+            self.lower.hold(self.prompts[r] + new[r][:k], torch.cat(parts))
 
 
 def answer_budget(tokenizer, answers: Sequence[str], cap: int = 200) -> int:
@@ -668,6 +765,7 @@ class ModelScorer:
         self.answered: Callable[[int, int], None] | None = None  # (finished, all) after each decoding step
         self.between: Between | None = None  # the row's step boundary, its as_found the row's state undone
         self.ahead: dict[tuple, dict[str, str]] = {}  # (format, budget) -> prompt -> answer (`answer_ahead`)
+        self.lower: LowerStates | None = None  # where the row's decodings keep the states below the edit
 
     def losses(self, pairs, fmt=None, add_eos=True, moments=False):
         return score_answers(self.model, self.tok, pairs, prompt_format=fmt or self.fmt,

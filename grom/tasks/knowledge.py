@@ -46,7 +46,8 @@ from grom.data.readers import BenchmarkError, PathLike, Record, check_size, reso
 from grom.data.schema import Benchmark, QAExample, TextExample
 from grom.eval import metrics as M
 from grom.eval.metric_sources import ours, upstream
-from grom.eval.results import BASE, Row, known_mask
+from grom.eval.prefix import LowerStates
+from grom.eval.results import BASE, EDITED, Row, known_mask
 from grom.eval.runner import (
     ModelScorer,
     answers_until,
@@ -517,7 +518,8 @@ def _decode_loops(run: ModelScorer, sets: dict[str, tuple], chosen: dict[str, tu
             step = None if run.answered is None else (lambda k, _size, d=done: run.answered(d + k, total))
             texts = generate(run.model, run.tok, [t for _, _, t, _ in items], prompt_format=run.fmt,
                              max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
-                             stop_at=[f for _, _, _, f in items], on_step=step, between=run.between)
+                             stop_at=[f for _, _, _, f in items], on_step=step, between=run.between,
+                             lower=run.lower)
             for (name, part, _, _), text in zip(items, texts):
                 gens.setdefault((name, part), []).append(text)
             done += len(items)
@@ -586,7 +588,8 @@ def _decode_drafted(run: ModelScorer, chosen: dict[str, tuple], given: dict, par
     out = answers_until(run.model, run.tok, [_asked(it) for it in items], prompt_format=run.fmt,
                         max_new_tokens=budget, batch_size=max(run.batch_size, KNOWLEDGE_GEN_BATCH),
                         stop_at=[e.fact for *_, e in items], on_step=step, between=run.between,
-                        drafts=_drafts_for(run.drafts, chosen, items), decode=not first, wanted=wanted)
+                        drafts=_drafts_for(run.drafts, chosen, items), decode=not first, wanted=wanted,
+                        lower=run.lower)
     for (name, part, i, _), w, (text, done) in zip(items, wanted, out):
         if not w:
             continue
@@ -703,7 +706,7 @@ def _knowledge_row(run: ModelScorer, sets: dict[str, tuple], only_forget: bool =
 
 
 def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int, stage: str = "full",
-                   between: Between | None = None) -> None:
+                   between: Between | None = None, lower: LowerStates | None = None) -> None:
     """Each answer's class (`grom.eval.metrics.answer_class`, column "answer_class") and,
     where it does not state its fact or answers a forget question, its perplexity under
     the model as it is now, the UNEDITED one (column "answer_perplexity", NaN elsewhere):
@@ -717,17 +720,20 @@ def _judge_answers(model, tokenizer, rows: dict[str, Row], fmt, batch_size: int,
     answers-stage report) get only the second pass, where it is missing; each row is
     scored on its own, so its numbers never depend on which other rows were evaluated
     with it. between: the step boundary of the teacher-forced batches (`grom.turns`; the
-    model is unedited here)."""
-    for i, row in enumerate(rows.values()):
+    model is unedited here). lower: the states below an edit that the Edited row's
+    decodings kept (`grom.eval.prefix.LowerStates`): an answer read there runs only the
+    layers from the edit's first changed one (the unedited model's too below it)."""
+    for i, (key, row) in enumerate(rows.items()):
         if i:
             give(between)
         frames = {n: df for n, df in row.examples.items() if n in KNOWLEDGE_SETS}
         unjudged = {n: df for n, df in frames.items() if "answer_class" not in df}
+        mine = lower if key == EDITED else None  # the other rows' numbers never depend on an edit beside them
         if unjudged:
-            _judge_row(model, tokenizer, unjudged, fmt, batch_size, needed=True, between=between)
+            _judge_row(model, tokenizer, unjudged, fmt, batch_size, needed=True, between=between, lower=mine)
         if stage == "full" and frames:
             give(between)
-            _judge_row(model, tokenizer, frames, fmt, batch_size, needed=False, between=between)
+            _judge_row(model, tokenizer, frames, fmt, batch_size, needed=False, between=between, lower=mine)
         forget = row.examples.get("forget")
         if stage == "full" and forget is not None and len(forget) and "answer_perplexity" in forget:
             row.metrics["Forget answer perplexity"] = M.perplexity(np.log(forget["answer_perplexity"].to_numpy()))
@@ -740,7 +746,7 @@ def _judged(name: str, fact_recall: float) -> bool:
 
 
 def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_size: int, needed: bool,
-               between: Between | None = None) -> None:
+               between: Between | None = None, lower: LowerStates | None = None) -> None:
     """One pass of `_judge_answers` over a row's frames: `needed`, the answers whose class
     waits for their perplexity, then every frame's classes; else the judged answers whose
     perplexity is still missing (NaN)."""
@@ -756,7 +762,7 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
                 pairs.append((q, g if g.strip() else "."))
                 where.append((name, i))
     scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size,
-                           between=between, share_opening=True) if pairs else []  # new answers: nothing to replay
+                           between=between, share_opening=True, lower=lower) if pairs else []
     for (name, i), s in zip(where, scores):
         ppl[name][i] = float(np.exp(s.avg_loss))
     for name, df in frames.items():
