@@ -262,7 +262,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
             == (benchmark.name, benchmark.split, n_examples):
         given = answers.rows[EDITED].examples
     rows: dict[str, Row] = {}
-    lower = LowerStates()  # the Edited row's states below its edit, for the judge (`model_row`)
+    lower = LowerStates() if task.judge is not None else None  # the Edited row's states below its edit (`model_row`)
     for i, (name, m, tok, e) in enumerate(jobs):
         if name in reusable:
             rows[name] = reusable[name]
@@ -287,8 +287,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
                           lower=lower if edited and m is model else None)
     if task.judge is not None:
         give(between)
-        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, stage, between=between,
-                   lower=lower if len(lower) else None)
+        kept = {"lower": lower} if lower is not None and len(lower) else {}  # only where a row builder kept some
+        task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, stage, between=between, **kept)
     if task.relative is not None:
         task.relative(rows)
     _retain_cost(rows, benchmark.task)

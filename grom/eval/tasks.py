@@ -81,9 +81,9 @@ class Task:
     judge: `judge(model, tokenizer, rows, prompt_format, batch_size, stage, between=None,
     lower=None)`, run before `relative` where the task judges the rows' answers with the
     unedited model (real knowledge; `between` the step boundary of its batches,
-    `grom.turns`; `lower` the states below the edit its Edited row's decodings kept,
-    `grom.eval.prefix.LowerStates`); a task with one scores a 4-bit check's rows as
-    `evaluate` scores them.
+    `grom.turns`; `lower`, given only where the row builder's decodings kept some through
+    `ModelScorer.lower`, the states below the edit, `grom.eval.prefix.LowerStates`); a task
+    with one scores a 4-bit check's rows as `evaluate` scores them.
     quant: what a 4-bit verdict reads. quant_sets: the sets a 4-bit check with the retain
     side keeps (None: the forget sets and the first of `QUANT_RETAIN_SETS` it has).
     recipe: the name of the training recipe OpenUnlearning runs for it
