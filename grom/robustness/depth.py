@@ -260,7 +260,9 @@ def unlearning_depth(model: nn.Module, tokenizer, edit, probes: Sequence[Probe],
     pad = pad_id(tokenizer)
     first = min(first_changed_layer(model, edit), n)
     # the unedited pass records every layer a patched pass starts above: a pass patched at layer l
-    # runs only the layers above l (below and at l it is the unedited pass, bit for bit)
+    # runs only the layers above l (below and at l it is the unedited pass, bit for bit). Where the
+    # cache evicted an entry, the pass runs whole and records its own, patched, output at l: a later
+    # pass patched at l overwrites the same fact positions, so what it reads is the same
     below = BelowTheEdit(model, edit, upward_from=0 if reference is not None else first)
     replay = 0 < first < n
     blocks = decoder_layers(model)
