@@ -93,26 +93,35 @@ def counted(model):
     return counts, decoder_layers(model)[0].register_forward_pre_hook(hook).remove
 
 
-def estimates(handle, bench) -> tuple[dict, dict, float]:
-    """({attack: seconds}, {attack: forward passes}) estimated, and the seconds it took."""
+def estimates(handle, bench, first: int = 0) -> tuple[dict, dict, float]:
+    """({attack: seconds}, {attack: forward passes}) estimated for an edit whose first
+    changed layer is `first` (as the panel estimates them once an edit is made), and the
+    seconds it took."""
     from components.attack_panel import ESTIMATES, attack_estimates
     from components.server.durations import attack_work
 
     t0 = time.perf_counter()
-    seconds = attack_estimates(handle, bench)
+    seconds = attack_estimates(handle, bench, first=first)
     took = time.perf_counter() - t0
     inputs = ESTIMATES[(handle.key, id(bench))][1]
-    return seconds, {n: attack_work(inputs, n).passes for n in seconds}, took
+    return seconds, {n: attack_work(inputs, n, first).passes for n in seconds}, took
 
 
-def measure(handle, bench, preset, names) -> dict:
-    """Each attack of `names` run as the panel runs it, timed; the edit first."""
-    from components.attack_panel import attack_once
+def made_edit(handle, bench, preset):
+    """(the edit the attacks run on, its seconds, its first changed layer)."""
     from grom import run_edit
+    from grom.eval.prefix import first_changed_layer
 
     t0 = time.perf_counter()
     edit = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain, preset)
-    out = {"edit_s": round(time.perf_counter() - t0, 2), "attacks": {}}
+    return edit, round(time.perf_counter() - t0, 2), first_changed_layer(handle.model, edit)
+
+
+def measure(handle, bench, edit, names) -> dict:
+    """Each attack of `names` run as the panel runs it on `edit`, timed."""
+    from components.attack_panel import attack_once
+
+    out = {"attacks": {}}
     for name in names:
         counts, remove = counted(handle.model)
         load = os.getloadavg()[0]
@@ -128,17 +137,14 @@ def measure(handle, bench, preset, names) -> dict:
     return out
 
 
-def measure_suite(handle, bench, preset, names) -> dict:
-    """The attacks of `names` in one `run_attacks` call (the CLI's way), each timed from
-    one progress call to the next; the edit first."""
+def measure_suite(handle, bench, edit, names) -> dict:
+    """The attacks of `names` in one `run_attacks` call (the CLI's way) on `edit`, each
+    timed from one progress call to the next."""
     from components.attack_panel import probes_of
-    from grom import run_edit
     from grom.robustness.membership import holdout_of
     from grom.robustness.suite import run_attacks
 
-    t0 = time.perf_counter()
-    edit = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain, preset)
-    out = {"edit_s": round(time.perf_counter() - t0, 2), "attacks": {}}
+    out = {"attacks": {}}
     probes, fitted = probes_of(bench)
     marks = []  # (wall, cpu, load) at each attack's start and at the end
     counts, remove = counted(handle.model)
@@ -264,16 +270,18 @@ def report(args, handle, bench, preset) -> None:
     """Estimate, then measure (or read --measured), and print the table."""
     from grom.robustness.suite import attack_names
 
-    seconds, passes, took = estimates(handle, bench)
     if args.measured:
         run = json.loads(Path(args.measured).read_text())
+        seconds, passes, took = estimates(handle, bench, run.get("first", 0))  # older runs: the most work
     else:
+        edit, edit_s, first = made_edit(handle, bench, preset)  # the estimate before the run, for its edit
+        seconds, passes, took = estimates(handle, bench, first)
         run = {"model": args.model, "benchmark": f"{bench.name}/{bench.split}", "threads": torch.get_num_threads(),
                "busy": args.busy,
                "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-               "how": "one suite call" if args.suite else "one call per attack",
-               **(measure_suite if args.suite else measure)(handle, bench, preset, attack_names(args.attacks))}
+               "how": "one suite call" if args.suite else "one call per attack", "edit_s": edit_s, "first": first,
+               **(measure_suite if args.suite else measure)(handle, bench, edit, attack_names(args.attacks))}
         if args.json:
             Path(args.json).write_text(json.dumps(run, indent=1))
     print(f"{run['model']} on {run['benchmark']}, {run['threads']} thread(s), {run.get('busy', 0)} busy "

@@ -158,14 +158,15 @@ def attack_kind(name: str) -> str:
     return f"attack:{name}"
 
 
-def attack_estimates(handle, bench, edit=None) -> dict[str, float]:
+def attack_estimates(handle, bench, edit=None, first: int | None = None) -> dict[str, float]:
     """{attack: estimated seconds on one edit} on the loaded model, for every attack: its
     work counted (`components.server.durations.attack_work`, on `edit`'s layers where one is
     given: the depth score patches only the layers it changed) and priced at this host's pace
     now (`components.server.pace.seconds`: the model's calibration, the attack's own measured
-    pace, the CPU's load); a UserError where the benchmark has no held-out probes."""
+    pace, the CPU's load); a UserError where the benchmark has no held-out probes. first:
+    the edit's first changed layer, where the edit itself is not at hand (a saved run)."""
     inputs = inputs_of(handle, bench)
-    first = changed_from(handle, edit)
+    first = changed_from(handle, edit) if first is None else first
     return {name: pace.seconds(handle, attack_kind(name), attack_work(inputs, name, first), inputs.size)
             for name in attack_names("all")}
 
