@@ -105,6 +105,9 @@ def updated_tensors(slots, master_weights: bool = False) -> Updated:
     return Updated(pairs, masters, work)
 
 
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # torch's fused AdamW takes these
+
+
 def adamw(model: nn.Module, s: Settings, slots, pairs) -> torch.optim.AdamW:
     no_decay = _no_decay_names(model)
     groups = [{"params": [o for (n, _), (_, o) in zip(slots, pairs) if n not in no_decay],
@@ -119,8 +122,6 @@ def adamw(model: nn.Module, s: Settings, slots, pairs) -> torch.optim.AdamW:
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=s.lr, betas=(0.9, 0.999), eps=1e-8,
                              fused=fused or None)
 
-
-_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def optimizer_step(opt, sched, up: Updated, s: Settings) -> None:
