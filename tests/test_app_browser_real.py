@@ -24,6 +24,7 @@ from tests.test_app_browser import (  # noqa: F401  (browser: the fixture)
     run_edit_to_card,
     shot,
     text_of,
+    watch_errors,
 )
 
 
@@ -35,8 +36,7 @@ def test_the_real_model_from_page_to_result_card(real_url, browser, width, heigh
     import time
 
     page = browser.new_page(viewport={"width": width, "height": height})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    errors = watch_errors(page)
     t0 = time.perf_counter()
     page.goto(real_url)
     page.wait_for_function("document.querySelector('.status-line')?.innerText.includes('SmolLM2')",
