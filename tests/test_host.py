@@ -154,7 +154,10 @@ def test_a_cancelled_job_frees_the_device_at_once(url):  # noqa: F811
     deadline = time.time() + 60
     while job.status().code.name not in ("PROGRESS", "PROCESSING") and time.time() < deadline:
         time.sleep(0.2)
-    time.sleep(4.0)  # tokenized, training
+    deadline = time.time() + 60  # tokenized, then training: the job takes the device (seconds; more when busy)
+    while DEVICE_LOCK.holder is None and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # a step or two into it
     assert not DEVICE_LOCK.acquire(blocking=False) or DEVICE_LOCK.release()  # held by the job
     start = time.perf_counter()
     job.cancel()
