@@ -146,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_argument("--reference", help="a retain model (a model folder or Hub id, never trained on the forget "
                                             "set): the depth attack then reports the Unlearning Depth Score (UDS); "
                                             "without it, the depth against the edit's own output")
+    attack.add_argument("--fresh", action="store_true",
+                        help="compute the unedited model's side again (its answers to the probe attacks, "
+                             "relearning's control) instead of reading what an earlier run on the same weights "
+                             "kept in GROM_UNEDITED_DIR (default ~/.cache/grom/unedited)")
     _json_arg(attack, "every attack's results")
     evaluate = sub.add_parser("evaluate", help="a benchmark's metrics of the model, a saved edit applied; "
                                                "TOFU also as OpenUnlearning's TOFU_EVAL.json")
@@ -436,6 +440,7 @@ def attack_command(args: argparse.Namespace) -> int:
     """`python -m grom attack`: the suite on a saved edit; prints a table, writes --json."""
     from grom.edit import Edit
     from grom.model.loading import load_model
+    from grom.robustness.kept import UneditedSide, unedited_root
     from grom.robustness.suite import attack_names, check_edit_fits, run_attacks
 
     names = attack_names(args.attacks)  # an unknown name: refused before anything is loaded
@@ -448,12 +453,19 @@ def attack_command(args: argparse.Namespace) -> int:
     if args.reference and "depth" in names:
         reference, _ = load_model(args.reference, device=args.device, dtype=args.dtype, device_map=args.device_map,
                                   max_memory=args.max_memory)
+    kept = None if args.fresh or unedited_root() is None else UneditedSide(model, tokenizer)
     results = run_attacks(model, tokenizer, edit, probes, fitted=fitted, holdout=holdout, attacks=names, fmt=fmt,
                           progress=lambda f, msg: logging.getLogger("grom.attack").info("%3.0f%% %s", 100 * f, msg),
-                          reference=reference)
+                          reference=reference, kept=kept)
+    if kept is not None and (kept.read or kept.written):
+        logging.getLogger("grom.attack").info(
+            "the unedited model's side: %d result%s read from %s (an earlier run on these weights), %d kept there "
+            "(--fresh computes them again)", kept.read, "s" * (kept.read != 1), kept.root, kept.written)
     doc = {"model": args.model, "edit": str(args.edit), "method": edit.method, "n_probes": len(probes),
            "n_fitted": len(fitted), "n_holdout": len(holdout), "reference": args.reference,
-           "attacks": {n: r.to_dict() for n, r in results.items()}}
+           "attacks": {n: r.to_dict() for n, r in results.items()},
+           "unedited_side": None if kept is None else {"dir": str(kept.root), "read": kept.read,
+                                                       "written": kept.written}}
     table = [f"{'attack':<20} {'base':>6} {'edited':>6} {'n':>4} {'seconds':>8}"]
     table += [f"{n:<20} {r.base:>6.3f} {r.edited:>6.3f} {r.n:>4} {r.seconds:>8.1f}" for n, r in results.items()]
     _report(args, doc, "\n".join(table))

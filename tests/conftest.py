@@ -46,6 +46,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # the shipped ones are not read, so that a page opens with a kept card only where a test says so.
 os.environ.setdefault("GROM_CARD_DIR", tempfile.mkdtemp(prefix="grom-cards-"))
 os.environ.setdefault("GROM_BUNDLED_CARDS", "0")
+os.environ.setdefault("GROM_UNEDITED_DIR", tempfile.mkdtemp(prefix="grom-unedited-"))  # not the user's
 
 # The markers (registered in pyproject.toml), given here by what a test uses, so that a new
 # test is marked as its fixtures say: README's quick command leaves them out, CI runs all.

@@ -41,8 +41,9 @@ def world(tmp_path_factory, tokenizer):
     return root, model, data, files
 
 
-def test_attack_writes_the_json_of_every_attack_asked(world, capsys):
+def test_attack_writes_the_json_of_every_attack_asked(world, capsys, monkeypatch, tmp_path):
     root, model, data, files = world
+    monkeypatch.setenv("GROM_UNEDITED_DIR", str(tmp_path / "unedited"))  # none kept before this run
     out = root / "attacks.json"
     assert main(["attack", "--model", str(model), "--device", "cpu", "--edit", str(root / "edit"), *data,
                  "--probes", str(files["probes"]), "--attacks", "heldout,cloze,reverse,mia", "--json", str(out)]) == 0
@@ -60,6 +61,17 @@ def test_attack_writes_the_json_of_every_attack_asked(world, capsys):
     assert doc["attacks"]["cloze"]["base"] == probe_recall(m, tok, P.transform(probes, "cloze")).value
     table = capsys.readouterr().out
     assert "heldout" in table and "reverse" in table
+    assert doc["unedited_side"]["written"] == 3 and doc["unedited_side"]["read"] == 0  # the three probe attacks'
+    again = root / "again.json"  # a second run reads the unedited answers; --fresh computes them
+    assert main(["attack", "--model", str(model), "--device", "cpu", "--edit", str(root / "edit"), *data,
+                 "--probes", str(files["probes"]), "--attacks", "heldout,cloze", "--json", str(again)]) == 0
+    second = json.loads(again.read_text())
+    assert second["unedited_side"]["read"] == 2 and second["unedited_side"]["written"] == 0
+    assert {n: (e["base"], e["edited"]) for n, e in second["attacks"].items()} == \
+        {n: (doc["attacks"][n]["base"], doc["attacks"][n]["edited"]) for n in ("heldout", "cloze")}
+    assert main(["attack", "--model", str(model), "--device", "cpu", "--edit", str(root / "edit"), *data,
+                 "--probes", str(files["probes"]), "--attacks", "heldout", "--fresh", "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["unedited_side"] is None
 
 
 def test_attack_depth_with_a_retain_model_reports_uds(world, tokenizer, tmp_path):

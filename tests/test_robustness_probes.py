@@ -228,7 +228,7 @@ def test_names_are_checked_before_any_work(monkeypatch):
 def _fake_weights(calls: list, fail: str | None = None):
     """A stand-in for grom.robustness.weights with its functions' signatures."""
     def relearn_attack(model, tokenizer, edit, train, score, *, steps=3, lr=1e-3, progress=None, fmt=None,
-                       relearn_base=True, between=None, start=(None, None)):
+                       relearn_base=True, between=None, start=(None, None), control=None):
         calls.append(("relearn", len(train), score(model).value, lr))
         return AttackResult("relearn", 1.0, 0.5, 0.0, 4, details={"steps": [0, 1], "recall": [0.0, 0.5]})
 

@@ -33,11 +33,11 @@ import torch
 
 from components.server.device import DEVICE_LOCK
 from components.server.limits import limit
+from grom.model.fingerprint import weights_fingerprint as fingerprint
 
 log = logging.getLogger(__name__)
 CARD_VERSION = 2  # bumped when the card's words or its evaluation change: older cards are not shown
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "assets" / "cards"
-SAMPLED = 4096  # values of each parameter read into its fingerprint, spread over the tensor
 _FINGERPRINTS: dict[int, tuple[object, str]] = {}  # id(model) -> (model, fingerprint)
 _DIGESTS: OrderedDict = OrderedDict()  # id(benchmark) -> (benchmark, digest)
 _lock = threading.Lock()
@@ -58,21 +58,14 @@ def cards_root() -> Path:
     return Path(raw) if raw else Path.home() / ".cache" / "grom" / "cards"
 
 
-@torch.no_grad()
 def weights_fingerprint(model) -> str:
-    """A digest of the model's weights: every parameter's name, shape, dtype, its sum in
-    float64 and `SAMPLED` values spread over it. Read from the unedited model (call with
-    the device lock held, where an edit may be applied for a while); cached per model."""
+    """`grom.model.fingerprint.weights_fingerprint` of the model, cached per model (call it
+    with the device lock held, where an edit may be applied for a while: the app's base model
+    is never left edited, so the first reading holds)."""
     hit = _FINGERPRINTS.get(id(model))
     if hit is not None and hit[0] is model:
         return hit[1]
-    h = hashlib.blake2b(digest_size=16)
-    for name, p in model.named_parameters():
-        flat = p.detach().reshape(-1)
-        step = max(1, flat.numel() // SAMPLED)
-        h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|{flat.double().sum().item():.17g}|".encode())
-        h.update(flat[::step][:SAMPLED].float().cpu().numpy().tobytes())
-    fp = h.hexdigest()
+    fp = fingerprint(model)
     _FINGERPRINTS[id(model)] = (model, fp)
     return fp
 

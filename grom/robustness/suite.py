@@ -34,8 +34,10 @@ from grom.model.arch import loaded_from
 from grom.robustness import weights
 from grom.robustness.calibration import relearn_lr
 from grom.robustness.depth import depth_attack
+from grom.robustness.kept import UneditedSide
 from grom.robustness.membership import membership_attack
 from grom.robustness.probes import PROBE_TYPES, probes_from_examples, transform
+from grom.robustness.relearn import RELEARN_BATCH, RELEARN_STEPS
 from grom.robustness.result import AttackResult, BelowTheEdit, Probe, Recall, probe_recall, probe_recalls
 from grom.turns import Between, Held, give, inside
 
@@ -55,6 +57,9 @@ class Context:
     holdout: tuple = ()
     between: Between | None = None  # the suite's step boundary, the model unedited there
     reference: nn.Module | None = None  # a retain model (never saw the forget set), for UDS
+    kept: UneditedSide | None = None
+    """The unedited model's results kept on disk (`grom.robustness.kept`): read where they are,
+    written where they are computed; None: every result computed here."""
     measured: dict = field(default_factory=dict)
     """The recalls this run has measured, by what they depend on (`_asked`): a generation
     the suite would run twice (the held-out probes' attack, then relearning's step 0) runs once."""
@@ -70,12 +75,24 @@ class Context:
         (which a turn reverts and applies again); measured once per run. below: the
         unedited model records the layers below the edit, the edited one replays them."""
         key = _asked(asked, fmt, edited)
+        if key not in self.measured and not edited:
+            self._read_kept([key])
         if key not in self.measured:
             reuse = None if below is None else below.replaying if edited else below.recording
             with Held((lambda: self.edit.applied(self.model)) if edited else None, reuse) as held:
                 self.measured[key] = probe_recall(self.model, self.tokenizer, asked, fmt=fmt,
                                                   between=inside(self.between, held.left))
+            if not edited and self.kept is not None:
+                self.kept.keep("probe_recall", _what(key), [self.measured[key]])
         return self.measured[key]
+
+    def _read_kept(self, keys: Sequence[tuple]) -> None:
+        """The unedited recalls of `keys` (`_asked`) read into `measured` where `kept` has them."""
+        for key in keys:
+            if self.kept is not None and key not in self.measured:
+                found = self.kept.recalls("probe_recall", _what(key))
+                if found:
+                    self.measured[key] = found[0]
 
     def answer_ahead(self, names: Sequence[str], progress: Callable[[float, str], None]) -> dict[str, int]:
         """The recalls the probe attacks `names` will ask for (`recall`), measured now for
@@ -85,6 +102,7 @@ class Context:
         answers as each attack's own runs, up to the float rounding of a wider batch.
         {attack: questions it asks}, for the attacks it answered."""
         wanted = {n: (transform(self.probes, n), PROBE_TYPES[n].fmt or self.fmt) for n in names}
+        self._read_kept([_asked(asked, fmt, False) for asked, fmt in wanted.values() if asked])
         wanted = {n: (asked, fmt) for n, (asked, fmt) in wanted.items()
                   if asked and _asked(asked, fmt, True) not in self.measured}
         formats: list = []
@@ -118,6 +136,8 @@ class Context:
                                             between=inside(self.between, held.left), on_step=step)
                 for g, r in zip(fresh, recalls):
                     self.measured[_asked(g, fmt, edited)] = r
+                    if not edited and self.kept is not None:
+                        self.kept.keep("probe_recall", _what(_asked(g, fmt, edited)), [r])
                 done[0] = n0 + sum(len(g) for g in fresh)
         return {n: len(asked) for n, (asked, _) in wanted.items()}
 
@@ -131,6 +151,12 @@ def _asked(probes: Sequence[Probe], fmt: PromptFormat | None, edited: bool) -> t
     """What a recall depends on: each probe's question (asked), answer (the generation's
     budget) and fact (the hit), the prompt format, and whether the edit is applied."""
     return tuple((p.question, p.answer, p.fact) for p in probes), fmt, edited
+
+
+def _what(asked: tuple) -> list:
+    """An `_asked` key as the unedited side's store reads it (JSON: the format by its repr)."""
+    probes, fmt, edited = asked
+    return [[list(p) for p in probes], repr(fmt), edited]
 
 
 def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
@@ -186,9 +212,19 @@ def _relearn(ctx: Context) -> AttackResult:
     the unedited model relearned the same way as the control (its base). Both runs start
     from the held-out probes' recall where the suite measured it already (its heldout attack)."""
     from_model = relearn_lr(ctx.model)
+    control = None
+    if ctx.kept is not None:  # the control does not depend on the edit: kept between runs
+        what = {"train": [repr(ex) for ex in ctx.fitted], "probes": _what(_asked(ctx.probes, ctx.fmt, False)),
+                "lr": from_model.lr, "steps": list(RELEARN_STEPS), "batch_size": RELEARN_BATCH, "seed": 0}
+        control = ctx.kept.recalls("relearn_control", what)
+        if control is None:
+            control = _weights("relearn_control")(ctx.model, ctx.tokenizer, ctx.fitted, ctx.score, lr=from_model.lr,
+                                                  fmt=ctx.fmt, between=ctx.between, start=ctx.known(edited=False))
+            ctx.kept.keep("relearn_control", what, control)
+        give(ctx.between)
     res = _weights("relearn_attack")(ctx.model, ctx.tokenizer, ctx.edit, ctx.fitted, ctx.score, lr=from_model.lr,
                                      fmt=ctx.fmt, relearn_base=True, between=ctx.between,
-                                     start=(ctx.known(edited=False), ctx.known(edited=True)))
+                                     start=(ctx.known(edited=False), ctx.known(edited=True)), control=control)
     return replace(res, details={**res.details, "lr_why": from_model.why, "lr_calibrated": from_model.calibrated})
 
 
@@ -280,7 +316,8 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
                 fitted: Sequence[QAExample] = (), holdout: Sequence = (),
                 attacks: str | Sequence[str] = "all", fmt: PromptFormat | None = None,
                 progress: Callable[[float, str], None] | None = None,
-                between: Between | None = None, reference: nn.Module | None = None) -> dict[str, AttackResult]:
+                between: Between | None = None, reference: nn.Module | None = None,
+                kept: UneditedSide | None = None) -> dict[str, AttackResult]:
     """Each attack of `attacks` on `edit` (a grom.edit.Edit of `model`), by name, in the
     suite's order. probes: the held-out probes (never fitted); fitted: the questions the
     edit was fitted on (relearning trains on a part of them; the membership attacks score
@@ -298,7 +335,11 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
     model as found there (the edit reverted, trained or quantized weights put back); the
     results do not depend on it. reference: a retain model (of the same architecture and
     tokenizer, never trained on the forget set), with which the depth attack reports UDS
-    (`grom.robustness.depth`); without one, the output-referenced depth."""
+    (`grom.robustness.depth`); without one, the output-referenced depth. kept: the unedited
+    model's side kept on disk (`grom.robustness.kept.UneditedSide(model, tokenizer)`, made
+    before the suite starts): the unedited answers to the probe attacks' questions and
+    relearning's control are read from it where an earlier run on the same weights, tokenizer
+    and inputs left them, and written to it where computed; None: all computed here."""
     names = attack_names(attacks)
     if not probes:
         raise ValueError("no probes to attack with: give the held-out probe questions (question, answer, fact)")
@@ -312,7 +353,7 @@ def run_attacks(model: nn.Module, tokenizer, edit, probes: Sequence[Probe], *,
         raise ValueError("the edit is applied to the model; revert it first (the suite applies it itself)")
     progress = progress or (lambda *_: None)
     ctx = Context(model, tokenizer, edit, tuple(probes), tuple(fitted), fmt, tuple(holdout), between,
-                  reference=reference)
+                  reference=reference, kept=kept)
     out: dict[str, AttackResult] = {}
     try:
         together = [n for n in names if n in PROBE_TYPES]

@@ -46,7 +46,8 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
                    batch_size: int = RELEARN_BATCH, progress: Progress | None = None,
                    relearn_base: bool = True, fmt: PromptFormat | None = None, seed: int = 0,
                    between: Between | None = None,
-                   start: tuple[Recall | None, Recall | None] = (None, None)) -> AttackResult:
+                   start: tuple[Recall | None, Recall | None] = (None, None),
+                   control: Sequence[Recall] | None = None) -> AttackResult:
     """Name "relearn": fine-tune the edited model on `train` (question -> answer, the loss
     on the answer tokens and EOS, prompts formatted as `grom.methods.trained.sequences` and
     `grom.eval.runner.encode_pair` do) and call `score` after each count of optimizer
@@ -73,6 +74,9 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     start: (base, edited) `score` of the unedited and the edited model before any step,
     where the caller has them (the suite, from its held-out probes attack; None: scored
     here); what `score` would give there, so the results are the same.
+    control: with relearn_base, the control's curve (`relearn_control` with the same
+    arguments) where the caller has it (the suite keeps it, `grom.robustness.kept`: it does
+    not depend on the edit); None: computed here.
     """
     if not train:
         raise ValueError("relearning needs at least one training question")
@@ -86,8 +90,11 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     run = dict(lr=lr, batch_size=batch_size, fmt=fmt, seed=seed, between=between)
     details: dict = {"steps": steps, "lr": lr, "batch_size": batch_size, "n_train": len(train)}
     if relearn_base:
-        base_curve, _ = relearn_curve(model, tokenizer, None, train, score, steps, progress=share(0.0, 0.5),
-                                      start=start[0], **run)
+        if control is not None and len(control) == len(steps):
+            base_curve = list(control)
+        else:
+            base_curve = relearn_control(model, tokenizer, train, score, steps=steps, progress=share(0.0, 0.5),
+                                         start=start[0], **run)
         details.update(base_recall=[r.value for r in base_curve], base_start=base_curve[0].value)
         base = base_curve[-1]
     elif start[0] is not None:
@@ -102,6 +109,20 @@ def relearn_attack(model: nn.Module, tokenizer, edit, train: Sequence[QAExample]
     details.update(recall=[r.value for r in curve], loss=losses)
     return AttackResult("relearn", base.value, curve[-1].value, time.perf_counter() - t0, len(curve[-1].hits),
                         base.answers, curve[-1].answers, details)
+
+
+def relearn_control(model: nn.Module, tokenizer, train: Sequence[QAExample], score: ScoreFn, *,
+                    steps: Sequence[int] = RELEARN_STEPS, lr: float = RELEARN_LR,
+                    batch_size: int = RELEARN_BATCH, progress: Progress | None = None,
+                    fmt: PromptFormat | None = None, seed: int = 0, between: Between | None = None,
+                    start: Recall | None = None) -> list[Recall]:
+    """`relearn_attack`'s control: the unedited model relearned on `train` as the attack
+    relearns the edited one, `score` after each count of optimizer steps in `steps` (0
+    first: `start` where the caller has it). The model comes back bit for bit."""
+    steps = sorted({0, *(int(k) for k in steps)})
+    curve, _ = relearn_curve(model, tokenizer, None, train, score, steps, lr=lr, batch_size=batch_size,
+                             progress=progress, fmt=fmt, seed=seed, between=between, start=start)
+    return curve
 
 
 # ---------------------------------------------------------------- quantization
