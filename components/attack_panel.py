@@ -17,8 +17,11 @@ The shared model is given back unedited whatever happens (the suite's promise).
 Before a run each attack's label carries its estimated seconds on the session's model and
 benchmark, and a line their sum for the ticked ones (`attack_estimates`: the work counted
 from the model's size and the probes' tokens, `components.server.durations`, priced at the
-pace this host measured, `components.server.pace`), and the device's queue ahead. Each
-attack run is timed into that pace. The panel opens
+pace this host measured, `components.server.pace`), and the device's queue ahead. The
+unedited model's side of each attack (its answers to the probe attacks' questions,
+relearning's control) is kept on disk between runs (`unedited_side`,
+`grom.robustness.kept`), so a second edit's attacks compute the edited side alone, and the
+estimates and the pace count only that. Each attack run is timed into that pace. The panel opens
 on a quick set (`QUICK`), the rest one click away. While the suite runs, the summary says
 what runs, and the progress counts the ticked attacks (each is a call of its own).
 """
@@ -32,6 +35,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
+import torch
 
 from components.server import pace
 from components.server.costs import check_job
@@ -49,6 +53,7 @@ from components.server.session import (
     current_model,
     in_turn,
 )
+from components.studio import cards
 from components.studio.comparators import check_gpu_time, check_request, comparator_label, train_comparator
 from components.studio.comparison import shared_model
 from components.studio.runs import band_text
@@ -60,9 +65,17 @@ from grom.eval.prefix import first_changed_layer
 from grom.eval.verdicts import Tally, tally_answers
 from grom.model.process_memory import release_memory
 from grom.robustness.calibration import DAMAGE_TOLERANCE
+from grom.robustness.kept import UneditedSide, unedited_root
 from grom.robustness.membership import holdout_of
 from grom.robustness.probes import PROBE_TYPES, probes_from_examples, transform
-from grom.robustness.suite import NOT_RECALL, TEACHER_FORCED, WEIGHT_ATTACKS, attack_names, run_attacks
+from grom.robustness.suite import (
+    NOT_RECALL,
+    TEACHER_FORCED,
+    WEIGHT_ATTACKS,
+    attack_names,
+    run_attacks,
+    unedited_inputs,
+)
 from grom.robustness.suite import QUICK as SUITE_QUICK
 
 log = logging.getLogger(__name__)
@@ -129,17 +142,17 @@ def probes_of(bench) -> tuple[tuple, tuple[QAExample, ...]]:
 
 
 ESTIMATES: dict = {}
-"""(model key, id of the benchmark) -> (the benchmark, its `AttackInputs`): the tokenized
-sample every estimate of that pair reads, measured once (the benchmark is held, so its id
-stays its own)."""
+"""(model key, id of the benchmark) -> (the benchmark, its `AttackInputs`, the entries of the
+unedited side each attack reads from a kept store, `unedited_inputs`): the tokenized sample
+every estimate of that pair reads, measured once (the benchmark is held, so its id stays its
+own)."""
 MAX_ESTIMATES = 16
 _ESTIMATES_LOCK = threading.Lock()  # sessions' events fill it from several threads
 
 
-def inputs_of(handle, bench) -> AttackInputs:
-    """The attacks' `AttackInputs` on the model and benchmark (tokenized once, kept in
-    `ESTIMATES`); a UserError where the benchmark has no held-out probes (the attacks
-    cannot run: it says what to load)."""
+def _estimated(handle, bench) -> tuple:
+    """`ESTIMATES`' entry for the model and benchmark, made the first time; a UserError where
+    the benchmark has no held-out probes (the attacks cannot run: it says what to load)."""
     key = (handle.key, id(bench))
     with _ESTIMATES_LOCK:
         held = ESTIMATES.get(key)
@@ -147,10 +160,63 @@ def inputs_of(handle, bench) -> AttackInputs:
             probes, fitted = probes_of(bench)
             inputs = attack_inputs(handle.model, handle.tokenizer, probes, fitted,
                                    holdout_of(bench.eval_sets, bench.retain), bench.prompt_format)
+            entries = unedited_inputs(handle.model, probes, fitted, bench.prompt_format)
             while len(ESTIMATES) >= MAX_ESTIMATES:
                 ESTIMATES.pop(next(iter(ESTIMATES)))
-            held = ESTIMATES[key] = (bench, inputs)
-    return held[1]
+            held = ESTIMATES[key] = (bench, inputs, entries)
+    return held
+
+
+def inputs_of(handle, bench) -> AttackInputs:
+    """The attacks' `AttackInputs` on the model and benchmark (tokenized once, kept in
+    `ESTIMATES`); a UserError where the benchmark has no held-out probes."""
+    return _estimated(handle, bench)[1]
+
+
+_SIDES: dict = {}
+"""(id of a model, the store's folder) -> (the model, its `UneditedSide`): the unedited side
+of the attacks kept on disk (`grom.robustness.kept`), one per loaded model."""
+_SIDES_LOCK = threading.Lock()
+
+
+def unedited_side(handle, read: bool = False) -> UneditedSide | None:
+    """The kept unedited side of `handle`'s model (GROM_UNEDITED_DIR, default
+    ~/.cache/grom/unedited): every attack run reads the unedited model's answers and
+    relearning's control from it where an earlier run on the same weights left them, and
+    writes them there. Its key holds the weights' fingerprint (the cards' own,
+    `components.studio.cards`): read: compute it where it is not known yet (under the device
+    lock, as an attack run holds it); else None until it is known. None too where the store
+    is off (GROM_UNEDITED_DIR=off) or the handle has no torch model."""
+    root = unedited_root()
+    model = getattr(handle, "model", None)
+    if root is None or not isinstance(model, torch.nn.Module):
+        return None
+    key = (id(model), str(root))
+    with _SIDES_LOCK:
+        hit = _SIDES.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    fingerprint = cards.weights_fingerprint(model) if read else cards.known_fingerprint(model)
+    if fingerprint is None:
+        return None
+    side = UneditedSide(model, handle.tokenizer, root, fingerprint=fingerprint)
+    with _SIDES_LOCK:
+        while len(_SIDES) >= MAX_ESTIMATES:
+            _SIDES.pop(next(iter(_SIDES)))
+        _SIDES[key] = (model, side)
+    return side
+
+
+def kept_attacks(handle, bench) -> frozenset[str]:
+    """The attacks whose unedited side is on disk for the model and benchmark (`unedited_side`):
+    a run of them computes only the edited side. Empty where nothing is known (the weights'
+    fingerprint is not read yet, the store is off)."""
+    side = unedited_side(handle)
+    if side is None:
+        return frozenset()
+    entries = _estimated(handle, bench)[2]
+    return frozenset(name for name, wanted in entries.items()
+                     if wanted and all(side.holds(kind, what) for kind, what in wanted))
 
 
 def attack_kind(name: str) -> str:
@@ -158,16 +224,22 @@ def attack_kind(name: str) -> str:
     return f"attack:{name}"
 
 
-def attack_estimates(handle, bench, edit=None, first: int | None = None) -> dict[str, float]:
+def attack_estimates(handle, bench, edit=None, first: int | None = None,
+                     kept: frozenset[str] | None = None) -> dict[str, float]:
     """{attack: estimated seconds on one edit} on the loaded model, for every attack: its
     work counted (`components.server.durations.attack_work`, on `edit`'s layers where one is
-    given: the depth score patches only the layers it changed) and priced at this host's pace
-    now (`components.server.pace.seconds`: the model's calibration, the attack's own measured
+    given: the depth score patches only the layers it changed; the edited side alone where
+    the unedited one is kept on disk) and priced at this host's pace now
+    (`components.server.pace.seconds`: the model's calibration, the attack's own measured
     pace, the CPU's load); a UserError where the benchmark has no held-out probes. first:
-    the edit's first changed layer, where the edit itself is not at hand (a saved run)."""
+    the edit's first changed layer, where the edit itself is not at hand (a saved run).
+    kept: the attacks whose unedited side counts as kept (None: those on disk now,
+    `kept_attacks`)."""
     inputs = inputs_of(handle, bench)
     first = changed_from(handle, edit) if first is None else first
-    return {name: pace.seconds(handle, attack_kind(name), attack_work(inputs, name, first), inputs.size)
+    kept = kept_attacks(handle, bench) if kept is None else kept
+    return {name: pace.seconds(handle, attack_kind(name), attack_work(inputs, name, first, name in kept),
+                               inputs.size)
             for name in attack_names("all")}
 
 
@@ -178,8 +250,10 @@ def changed_from(handle, edit) -> int:
 
 @contextmanager
 def paced(key: ModelKey, bench, name: str, edit=None):
-    """Time one attack (`attack_once`) into the host's pace of its kind (nothing where the
-    model or its inputs are not at hand: the attack runs all the same)."""
+    """Time one attack (`attack_once`) into the host's pace of its kind, its work counted as
+    the run will do it (the edited side alone where the unedited one is kept on disk as it
+    starts); nothing where the model or its inputs are not at hand: the attack runs all the
+    same."""
     handle = REGISTRY.get(key)
     try:
         inputs = inputs_of(handle, bench) if handle is not None else None
@@ -188,7 +262,8 @@ def paced(key: ModelKey, bench, name: str, edit=None):
     if inputs is None:
         yield
         return
-    with pace.timed(handle, attack_kind(name), attack_work(inputs, name, changed_from(handle, edit)), inputs.size):
+    work = attack_work(inputs, name, changed_from(handle, edit), name in kept_attacks(handle, bench))
+    with pace.timed(handle, attack_kind(name), work, inputs.size):
         yield
 
 
@@ -196,13 +271,15 @@ def paced(key: ModelKey, bench, name: str, edit=None):
 def attack_once(key: ModelKey, bench, edit, name: str, progress=None) -> dict:
     """{name: AttackResult} of one attack on `edit` (a GPU call of its own on ZeroGPU); a
     visitor's job waiting goes between its steps (`give_turn`: generation batches and
-    decoding steps, teacher-forced batches, relearning steps)."""
+    decoding steps, teacher-forced batches, relearning steps). The unedited model's side is
+    read from the kept store where an earlier run left it, and written there (`unedited_side`)."""
     probes, fitted = probes_of(bench)
     holdout = holdout_of(bench.eval_sets, bench.retain)
     with DEVICE_LOCK:
         handle = shared_model(key, "attacks")
         return run_attacks(handle.model, handle.tokenizer, edit, probes, fitted=fitted, holdout=holdout,
-                           attacks=(name,), fmt=bench.prompt_format, progress=progress, between=give_turn)
+                           attacks=(name,), fmt=bench.prompt_format, progress=progress, between=give_turn,
+                           kept=unedited_side(handle, read=True))
 
 
 def compute_attacks(key: ModelKey, bench, grom_edit, names: tuple[str, ...], baseline: tuple | None,
@@ -564,17 +641,25 @@ def chosen(attacks) -> tuple[str, ...]:
         raise UserError(str(err)) from None
 
 
-def estimate_md(names, seconds: dict[str, float], n_probes: int, with_baseline: bool) -> str:
+def estimate_md(names, seconds: dict[str, float], n_probes: int, with_baseline: bool,
+                second: dict[str, float] | None = None, kept: frozenset[str] = frozenset()) -> str:
     """The line under the attacks: the ticked ones' estimated time in all, what it is
-    counted from, and what a baseline adds."""
+    counted from, which of them find the unedited model's side kept from an earlier run
+    (`kept`), and what a baseline adds (`second`: the seconds on a second edit, the unedited
+    side then kept by the first; the first's where not given)."""
     if not names:
         return "No attack ticked: tick some, or press **Quick set**."
     total = sum(seconds.get(n, 0.0) for n in names)
     text = (f"The {len(names)} ticked attack(s) take about **{about(total).lstrip('~')}** on GROM's edit here "
             f"(each attack's estimate is beside its name: its work from the model's size and the {n_probes} "
             "held-out probes, at the pace this server measured, its load now included).")
+    reused = [n for n in names if n in kept]
+    if reused:
+        text += (f" The unedited model's side of {len(reused)} of them (its answers, relearning's control) is "
+                 "kept from an earlier run on these weights: only the edited side runs.")
     if with_baseline:
-        text += f" With the baseline: {about(2 * total)} for the two edits, and its training first."
+        more = sum((second or seconds).get(n, 0.0) for n in names)
+        text += f" With the baseline: {about(total + more)} for the two edits, and its training first."
     return text + pace.queue_words()
 
 
@@ -594,7 +679,11 @@ def attack_view(attacks, with_baseline: bool, session: Session):
     names = [n for n in attack_names("all") if n in set(attacks or ())]
     try:
         handle, bench = current_model(session), current_benchmark(session)
-        seconds = attack_estimates(handle, bench, edit_of(session))
+        edit = edit_of(session)
+        kept = kept_attacks(handle, bench)
+        seconds = attack_estimates(handle, bench, edit, kept=kept)
+        second = (attack_estimates(handle, bench, edit, kept=frozenset(names))
+                  if with_baseline and unedited_root() is not None else None)
         n_probes = len(probes_of(bench)[0])
     except UserError as err:
         return gr.CheckboxGroup(choices=attack_choices(), value=names), f"No estimate: {err}"
@@ -603,7 +692,7 @@ def attack_view(attacks, with_baseline: bool, session: Session):
         return gr.CheckboxGroup(choices=attack_choices(), value=names), "No estimate could be made for this data."
     held = held_md(attack_memory(handle.key, bench, names, None), handle.key.device)
     return (gr.CheckboxGroup(choices=attack_choices(seconds), value=names),
-            estimate_md(names, seconds, n_probes, with_baseline) + held)
+            estimate_md(names, seconds, n_probes, with_baseline, second, kept) + held)
 
 
 def held_md(held: int, device: str) -> str:
@@ -648,8 +737,11 @@ def on_attacks_start(attacks, with_baseline: bool, session: Session) -> str:
     except UserError as err:
         return f"Not run: {err}"
     try:
-        seconds = attack_estimates(current_model(session), bench, edit_of(session))
-        total = sum(seconds.get(n, 0.0) for n in names) * (2 if with_baseline else 1)
+        handle, edit = current_model(session), edit_of(session)
+        total = sum(attack_estimates(handle, bench, edit).get(n, 0.0) for n in names)
+        if with_baseline:  # the baseline's edit finds the unedited side GROM's run keeps (where the store is on)
+            again = frozenset(names) if unedited_root() is not None else None
+            total += sum(attack_estimates(handle, bench, edit, kept=again).get(n, 0.0) for n in names)
         took = f", about {about(total).lstrip('~')}"
     except Exception:  # noqa: BLE001  (the run says what it does without a time)
         took = ""

@@ -101,9 +101,10 @@ def test_a_cheap_attacks_estimate_is_within_1_5x_of_its_time_on_the_demo(demo, n
     assert guess / 1.5 <= took <= 1.5 * guess, (name, runs)
 
 
-def test_the_estimates_follow_the_hosts_pace(demo, monkeypatch):
+def test_the_estimates_follow_the_hosts_pace(demo, monkeypatch, tmp_path):
     """Priced at the constants until the host is measured; then each attack at its own
     measured pace (an attack not run yet at its family's), and all of them at the load now."""
+    monkeypatch.setenv("GROM_UNEDITED_DIR", str(tmp_path))  # nothing kept: both sides of every attack priced
     handle = ensure_model(demo.model_key)
     monkeypatch.setattr(pace, "PACE", pace.PaceBook())
     load = {"now": 1.0}
@@ -131,6 +132,46 @@ def test_each_attack_run_is_timed_into_its_kinds_pace(demo, monkeypatch):
     ap.compute_attacks(handle.key, demo.benchmark, demo.edit, ("heldout", "logit_lens"), None, None)
     kinds = {kind: p.jobs for (key, kind), p in pace.PACE.kinds.items() if key == handle.key}
     assert kinds == {"attack:heldout": 1, "attack:logit_lens": 1, "attack": 2}
+
+
+def test_a_second_run_reads_the_unedited_side_kept_and_is_priced_so(demo, monkeypatch, tmp_path):
+    """The app's attack runs keep the unedited model's side on disk (grom.robustness.kept):
+    a run on another edit of the same model reads it, answers as a fresh run does, and its
+    estimate and the work timed into the host's pace count the edited side alone."""
+    monkeypatch.setenv("GROM_UNEDITED_DIR", str(tmp_path / "kept"))
+    handle, bench, names = ensure_model(demo.model_key), demo.benchmark, ("heldout", "paraphrase")
+    assert not ap.kept_attacks(handle, bench)
+    first = ap.compute_attacks(handle.key, bench, demo.edit, names, None, None)["GROM"]
+    assert ap.kept_attacks(handle, bench) == frozenset(names)  # written by the run (relearn's control: not run)
+    monkeypatch.setattr(pace, "load_now", lambda handle, calibration: 1.0)  # the two estimates at one load
+    once = ap.attack_estimates(handle, bench, demo.edit)  # at the pace the run left: both read it
+    both = ap.attack_estimates(handle, bench, demo.edit, kept=frozenset())
+    inputs = ap.inputs_of(handle, bench)
+    for name in names:
+        assert once[name] < 0.75 * both[name], (name, once[name], both[name])
+        assert 2 * D.attack_work(inputs, name, kept=True).flops == pytest.approx(D.attack_work(inputs, name).flops)
+    assert once["logit_lens"] == both["logit_lens"]  # nothing of it is kept
+    line = ap.on_attack_total(list(names), False, demo)
+    assert "The unedited model's side of 2 of them" in line and "kept from an earlier run" in line
+
+    timed = []
+    real_timed = pace.timed
+    monkeypatch.setattr(pace, "timed", lambda h, kind, work, size: timed.append((kind, work)) or real_timed(
+        h, kind, work, size))
+    other = run_edit(handle.model, handle.tokenizer, bench.forget, bench.retain,
+                     PRESETS["demo"].replace(beta=PRESETS["demo"].beta / 2))
+    side = ap.unedited_side(handle)
+    read = side.read
+    second = ap.compute_attacks(handle.key, bench, other, names, None, None)["GROM"]
+    assert side.read == read + len(names)
+    first_layer = ap.changed_from(handle, other)
+    assert dict(timed) == {ap.attack_kind(n): D.attack_work(inputs, n, first_layer, kept=True) for n in names}
+    monkeypatch.setenv("GROM_UNEDITED_DIR", "off")  # the same edit computed whole: the same answers
+    fresh = ap.compute_attacks(handle.key, bench, other, names, None, None)["GROM"]
+    for name in names:
+        assert second[name].base_answers == first[name].base_answers == fresh[name].base_answers
+        assert second[name].base == fresh[name].base and second[name].edited == fresh[name].edited
+    assert ap.unedited_side(handle) is None and not ap.kept_attacks(handle, bench)
 
 
 def test_the_panel_opens_on_the_quick_set_and_says_what_it_costs(demo):

@@ -79,8 +79,13 @@ def test_a_second_suite_run_reads_the_unedited_side_and_reports_the_same(edited,
     real_control = weights.relearn_control
     monkeypatch.setattr(weights, "relearn_control", lambda *a, **k: controls.append(1) or real_control(*a, **k))
     first = K.UneditedSide(model, tok, tmp_path)
+    entries = suite.unedited_inputs(model, PROBES, FORGET, None, names)  # what a caller checks ahead of a run
+    assert set(entries) == {"heldout", "paraphrase", "cloze", "relearn"}
+    assert not any(first.holds(kind, what) for wanted in entries.values() for kind, what in wanted)
     one = run_attacks(model, tok, edit, PROBES, fitted=FORGET, attacks=names, kept=first)
     assert (first.read, first.written, len(controls)) == (0, 4, 1)  # three answer groups and the control
+    assert all(first.holds(kind, what) for wanted in entries.values() for kind, what in wanted)
+    assert first.read == 0  # holds reads nothing
     for name in plain:
         a, b = plain[name], one[name]
         assert (a.base, a.edited, a.base_answers, a.edited_answers) == (b.base, b.edited, b.base_answers,

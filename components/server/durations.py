@@ -455,13 +455,16 @@ def attack_inputs(model, tokenizer, probes, fitted, holdout, fmt) -> AttackInput
                         len(fitted) >= 2 and len(holdout) >= 2, depth)
 
 
-def attack_work(inputs: AttackInputs, name: str, first: int = 0) -> Work:
+def attack_work(inputs: AttackInputs, name: str, first: int = 0, kept: bool = False) -> Work:
     """The work of attack `name` (grom.robustness.suite) on one edit whose first changed
     layer is `first` (`grom.eval.prefix.first_changed_layer`; 0: every layer, the most), in
-    `Work` units."""
+    `Work` units. kept: the unedited model's side of the attack is on disk
+    (`grom.robustness.kept`: a probe attack's unedited answers, relearning's control), so
+    only the edited side is computed."""
     size = inputs.size
+    sides = 1 if kept else 2
     if name in inputs.asked:  # a probe type: the base model's answers and the edited one's
-        return 2 * generation_work(size, inputs.asked[name], inputs.budget)
+        return sides * generation_work(size, inputs.asked[name], inputs.budget)
     score = generation_work(size, inputs.probes, inputs.budget)
     if name == "relearn":  # the edit and the control, each scored at every step count and trained between
         f = inputs.fitted
@@ -469,7 +472,7 @@ def attack_work(inputs: AttackInputs, name: str, first: int = 0) -> Work:
         rows = Lengths(batch, f.mean, f.longest)
         step = TRAIN_PASSES * forced_work(size, rows, batch, 2.0 * size.head) + Work(param_ops=ADAMW_OPS * size.params)
         copies = Work(param_ops=2 * size.params, collects=1)  # the weights kept, then put back; memory given back
-        return 2 * (len(RELEARN_STEPS) * score + max(RELEARN_STEPS) * step + copies)
+        return sides * (len(RELEARN_STEPS) * score + max(RELEARN_STEPS) * step + copies)
     if name in ("quant4", "quant8"):
         return 2 * score + Work(param_ops=QUANTIZATIONS * QUANT_OPS * size.body)
     if name == "logit_lens":  # every layer read through the head, at one position a probe

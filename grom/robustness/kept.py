@@ -62,14 +62,15 @@ class UneditedSide:
     """The unedited model's results for the attack suite, read from and written to `root`
     (module docstring). `stamp` is what every key holds besides the attack's inputs; `read`
     and `written` count this run's hits and new entries. Built from the model as found (the
-    edit not applied)."""
+    edit not applied); `fingerprint`: its `weights_fingerprint` where the caller has it
+    already (an app that keeps it per model)."""
 
-    def __init__(self, model: nn.Module, tokenizer, root: Path | None = None):
+    def __init__(self, model: nn.Module, tokenizer, root: Path | None = None, fingerprint: str | None = None):
         import transformers
 
         self.root = Path(root) if root is not None else unedited_root()
         first = next(model.parameters(), None)
-        self.stamp = {"version": VERSION, "weights": weights_fingerprint(model),
+        self.stamp = {"version": VERSION, "weights": fingerprint or weights_fingerprint(model),
                       "dtype": str(first.dtype) if first is not None else "",
                       "device": first.device.type if first is not None else "",
                       "tokenizer": tokenizer_digest(tokenizer),
@@ -79,6 +80,14 @@ class UneditedSide:
     def _path(self, kind: str, what) -> Path:
         text = json.dumps([self.stamp, kind, what], sort_keys=True, ensure_ascii=False, default=repr)
         return self.root / kind / f"{hashlib.blake2b(text.encode(), digest_size=20).hexdigest()}.json"
+
+    def holds(self, kind: str, what) -> bool:
+        """Whether a result for `kind` on inputs `what` is on disk (not read: `recalls` may still
+        find it unreadable and compute it again)."""
+        if self.root is None:
+            return False
+        path = self._path(kind, what)
+        return path.is_file() and not path.is_symlink()
 
     def recalls(self, kind: str, what) -> list[Recall] | None:
         """The recalls kept for `kind` on inputs `what` (JSON-able), else None."""

@@ -159,6 +159,33 @@ def _what(asked: tuple) -> list:
     return [[list(p) for p in probes], repr(fmt), edited]
 
 
+def _control_what(fitted: Sequence[QAExample], probes: Sequence[Probe], fmt: PromptFormat | None, lr: float) -> dict:
+    """What relearning's control depends on, as the unedited side's store reads it: the data
+    it trains on, the probes it is scored on and its settings."""
+    return {"train": [repr(ex) for ex in fitted], "probes": _what(_asked(probes, fmt, False)),
+            "lr": lr, "steps": list(RELEARN_STEPS), "batch_size": RELEARN_BATCH, "seed": 0}
+
+
+def unedited_inputs(model: nn.Module, probes: Sequence[Probe], fitted: Sequence[QAExample] = (),
+                    fmt: PromptFormat | None = None,
+                    attacks: str | Sequence[str] = "all") -> dict[str, list[tuple[str, object]]]:
+    """{attack: [(kind, what)]}: for each attack of `attacks` whose unedited side a kept store
+    (`UneditedSide`) can hold, the entries `run_attacks(kept=...)` would read for it on
+    `model` (the unedited answers to a probe attack's questions; relearning's control). With
+    `UneditedSide.holds`, what tells a caller ahead of a run which attacks will find their
+    unedited half on disk (an estimate of the run's time, say)."""
+    probes = tuple(probes)
+    out: dict[str, list[tuple[str, object]]] = {}
+    for name in attack_names(attacks):
+        if name in PROBE_TYPES:
+            asked = transform(probes, name)
+            if asked:
+                out[name] = [("probe_recall", _what(_asked(asked, PROBE_TYPES[name].fmt or fmt, False)))]
+        elif name == "relearn" and fitted:
+            out[name] = [("relearn_control", _control_what(tuple(fitted), probes, fmt, relearn_lr(model).lr))]
+    return out
+
+
 def _probe_attack(name: str) -> Callable[[Context], AttackResult]:
     written = PROBE_TYPES[name].written
 
@@ -214,8 +241,7 @@ def _relearn(ctx: Context) -> AttackResult:
     from_model = relearn_lr(ctx.model)
     control = None
     if ctx.kept is not None:  # the control does not depend on the edit: kept between runs
-        what = {"train": [repr(ex) for ex in ctx.fitted], "probes": _what(_asked(ctx.probes, ctx.fmt, False)),
-                "lr": from_model.lr, "steps": list(RELEARN_STEPS), "batch_size": RELEARN_BATCH, "seed": 0}
+        what = _control_what(ctx.fitted, ctx.probes, ctx.fmt, from_model.lr)
         control = ctx.kept.recalls("relearn_control", what)
         if control is None:
             control = _weights("relearn_control")(ctx.model, ctx.tokenizer, ctx.fitted, ctx.score, lr=from_model.lr,
