@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import weakref
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -174,8 +175,9 @@ def inputs_of(handle, bench) -> AttackInputs:
 
 
 _SIDES: dict = {}
-"""(id of a model, the store's folder) -> (the model, its `UneditedSide`): the unedited side
-of the attacks kept on disk (`grom.robustness.kept`), one per loaded model."""
+"""(id of a model, the store's folder) -> (a weak reference to the model, its `UneditedSide`):
+the unedited side of the attacks kept on disk (`grom.robustness.kept`), one per loaded model
+(an unloaded model is not kept alive by it)."""
 _SIDES_LOCK = threading.Lock()
 
 
@@ -194,7 +196,7 @@ def unedited_side(handle, read: bool = False) -> UneditedSide | None:
     key = (id(model), str(root))
     with _SIDES_LOCK:
         hit = _SIDES.get(key)
-    if hit is not None and hit[0] is model:
+    if hit is not None and hit[0]() is model:
         return hit[1]
     fingerprint = cards.weights_fingerprint(model) if read else cards.known_fingerprint(model)
     if fingerprint is None:
@@ -203,7 +205,7 @@ def unedited_side(handle, read: bool = False) -> UneditedSide | None:
     with _SIDES_LOCK:
         while len(_SIDES) >= MAX_ESTIMATES:
             _SIDES.pop(next(iter(_SIDES)))
-        _SIDES[key] = (model, side)
+        _SIDES[key] = (weakref.ref(model), side)
     return side
 
 

@@ -161,3 +161,25 @@ def test_the_unedited_rows_and_the_layer_scores_outlive_the_process(card_dir):
     assert calls == [] and torch.equal(torch.as_tensor(read.S), torch.as_tensor(first.S))
     assert len(list((card_dir / "base-report").glob("*.pkl"))) == 1
     assert len(list((card_dir / "layer-scores").glob("*.pkl"))) == 1
+
+
+def test_the_fingerprint_cache_and_the_kept_attack_side_do_not_keep_an_unloaded_model_alive(tokenizer):
+    """The weights' fingerprint is cached per model and the attack tab's kept unedited side
+    per model (components.attack_panel.unedited_side): both by weak reference, so a model the
+    registry unloads is freed (a 1B model is 4 GB the host would otherwise never get back)."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from components import attack_panel
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(len(tokenizer), layers=2)
+    fp = cards.weights_fingerprint(model)
+    assert cards.known_fingerprint(model) == fp
+    side = attack_panel.unedited_side(SimpleNamespace(model=model, tokenizer=tokenizer))
+    assert side is not None and side.stamp["weights"] == fp
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None

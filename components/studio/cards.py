@@ -25,6 +25,7 @@ import pickle
 import tempfile
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,9 @@ from grom.model.fingerprint import weights_fingerprint as fingerprint
 log = logging.getLogger(__name__)
 CARD_VERSION = 2  # bumped when the card's words or its evaluation change: older cards are not shown
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "assets" / "cards"
-_FINGERPRINTS: dict[int, tuple[object, str]] = {}  # id(model) -> (model, fingerprint)
+_FINGERPRINTS: dict[int, tuple[weakref.ref, str]] = {}
+"""id(model) -> (a weak reference to the model, its fingerprint): an unloaded model is not kept
+alive by it, and a new model at the same id is not taken for it."""
 _DIGESTS: OrderedDict = OrderedDict()  # id(benchmark) -> (benchmark, digest)
 _lock = threading.Lock()
 
@@ -63,17 +66,19 @@ def weights_fingerprint(model) -> str:
     with the device lock held, where an edit may be applied for a while: the app's base model
     is never left edited, so the first reading holds)."""
     hit = _FINGERPRINTS.get(id(model))
-    if hit is not None and hit[0] is model:
+    if hit is not None and hit[0]() is model:
         return hit[1]
     fp = fingerprint(model)
-    _FINGERPRINTS[id(model)] = (model, fp)
+    for k in [k for k, (ref, _) in list(_FINGERPRINTS.items()) if ref() is None]:
+        _FINGERPRINTS.pop(k, None)  # models since unloaded
+    _FINGERPRINTS[id(model)] = (weakref.ref(model), fp)
     return fp
 
 
 def known_fingerprint(model) -> str | None:
     """The fingerprint already computed for `model`, else None (never computes it)."""
     hit = _FINGERPRINTS.get(id(model))
-    return hit[1] if hit is not None and hit[0] is model else None
+    return hit[1] if hit is not None and hit[0]() is model else None
 
 
 def data_digest(bench) -> str:
