@@ -56,6 +56,7 @@ from components.server.guard import BodyLimit, NoDeepLinks, QueueGuard, UploadGu
 from components.server.limits import limit
 from components.server.model_choices import ensure_model, model_key, pin_start_model, preload_allowed
 from components.server.session import REGISTRY, Session
+from components.studio import cards
 from components.studio.benchmarks import preset_for, warm_bundled
 from components.studio.comparison import default_examples
 from components.studio.wiring import Page
@@ -179,14 +180,28 @@ def preload(name: str = REAL, device: str = "auto", dtype: str = "auto") -> str:
         log.info("%3.0f%% %s", 100 * fraction, message)
 
     try:
-        ensure_model(model_key(name, device, dtype), report)
+        read_weights(ensure_model(model_key(name, device, dtype), report))
         return name
     except Exception as err:  # noqa: BLE001  (any failure: the studio still opens)
         if name == DEMO:
             raise
         log.warning("could not load %s (%s); opening on the bundled demo model instead", name, err)
-        ensure_model(model_key(DEMO, device, dtype))
+        read_weights(ensure_model(model_key(DEMO, device, dtype)))
         return DEMO
+
+
+def read_weights(handle) -> None:
+    """The start model's weights fingerprint, read as it loads (SmolLM2: 0.3 s on a CPU): a
+    page looks its kept card up by it (`components.studio.cards`), so the first page of a
+    server started a moment ago shows the card computed ahead (the host's, else the one
+    shipped in assets/cards) instead of waiting for the warm-up to read them. Not on
+    ZeroGPU, where the weights are on the device only inside a request."""
+    if ON_ZEROGPU:
+        return
+    try:
+        cards.fingerprint_of(handle)
+    except Exception as err:  # noqa: BLE001  (a courtesy: the warm-up reads them again)
+        log.info("the weights' fingerprint was not read at start: %s", err)
 
 
 def launch_kwargs() -> dict:

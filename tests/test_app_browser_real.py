@@ -103,6 +103,38 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     page.close()
 
 
+def test_the_default_page_opens_with_the_card_shipped_with_the_app(real_url, monkeypatch, tmp_path):
+    """Issue 49's "a result at once" on a fresh clone: assets/cards holds the card of the
+    default page (SmolLM2 on a CPU, the start split, the form's and the Compare panel's
+    defaults), read at server start by the weights' fingerprint (`app.read_weights`), so a
+    new page on a host with no card of its own shows it before any device work. Its key
+    follows the weights, the data, every default and the card's version: when one of them
+    changes, run `python bench/start_card.py` again."""
+    import gradio as gr
+
+    import app
+    from components.page import card_widgets, on_stored_card, start_session
+    from components.server.allowed_sources import REAL
+    from components.server.model_choices import model_key
+    from components.studio import cards
+
+    monkeypatch.setenv("GROM_BUNDLED_CARDS", "1")
+    monkeypatch.setenv("GROM_CARD_DIR", str(tmp_path))  # none of this host's own
+    key = model_key(REAL, "auto", "auto")
+    if key.device != "cpu":
+        pytest.skip("the shipped card is the CPU's (float32); a GPU host computes its own in the warm-up")
+    with gr.Blocks():
+        ui = app.build_layout(REAL, start_session(key))
+    values = [c.value for c in card_widgets(ui)]
+    html = on_stored_card(*values, start_session(key))
+    assert isinstance(html, str) and "computed ahead" in html, (
+        "no card shipped for the default page's key: run `python bench/start_card.py` and commit assets/cards")
+    assert cards.shown_key(html) in {p.stem for p in cards.BUNDLED_DIR.glob("*.json")}
+    words = re.sub(r"<[^>]+>", "", html)
+    assert re.search(r"Forgot \d+ of the \d+ .* kept \d+ of \d+", words) and "before:" in words, words
+    assert "on a CPU" in words, words
+
+
 def exported_then_imported(page, tmp_path) -> None:
     """Issue 22's flow, on a page whose default edit on SmolLM2 is made: exported from the
     Export tab, then its edit.json alone (a few KB, no 17 MB patch) uploaded back: the app

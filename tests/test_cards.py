@@ -83,6 +83,36 @@ def test_the_key_follows_the_weights_the_data_the_settings_and_the_size():
     assert len({key, *changes}) == len(changes) + 1
 
 
+def test_the_fingerprint_reads_the_exact_bits_whatever_the_order_of_its_sums():
+    """The weights' fingerprint is the same on every machine and thread count (a card shipped
+    in assets/cards is found on a host with the same weights): each parameter enters by the
+    integer sum of its bits, which equals numpy's sum of the same bytes; one bit changed in
+    one value changes it."""
+    import numpy as np
+
+    from grom.model.fingerprint import _bit_sum, weights_fingerprint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.Linear(200, 7).to(torch.bfloat16))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = weights_fingerprint(model)
+        torch.set_num_threads(2)
+        two = weights_fingerprint(model)
+    finally:
+        torch.set_num_threads(threads)
+    assert one == two
+    for p, ints in ((model[0].weight, np.int32), (model[1].weight, np.int16)):
+        raw = np.frombuffer(p.detach().contiguous().numpy().tobytes() if p.dtype != torch.bfloat16 else
+                            p.detach().view(torch.int16).numpy().tobytes(), dtype=ints)
+        assert _bit_sum(p.detach().reshape(-1)) == int(raw.astype(np.int64).sum())
+    with torch.no_grad():
+        w = model[0].weight.view(-1)
+        w[12345 % w.numel()] = torch.nextafter(w[12345 % w.numel()], torch.tensor(1.0))
+    assert weights_fingerprint(model) != one
+
+
 def test_a_page_opens_with_the_card_the_warm_up_kept_and_not_for_other_settings(card_dir):
     """The server's warm-up computes the start page's card (demo model and benchmark) as Run
     edit would; a new page with the same form shows it at once, marked; a page with another

@@ -69,9 +69,9 @@ def test_the_comparison_replays_the_layers_below_the_band_exactly(real, bench, e
 
     model, tok = real
     cache = PrefixCache()
-    fast = evaluate(model, tok, bench, edit=edited, max_examples=6, prefix=cache, record_at=(edited.band[0],))
+    fast = evaluate(model, tok, bench, edit=edited, max_examples=3, prefix=cache, record_at=(edited.band[0],))
     assert cache.hits > 0 and cache.misses == 0
-    full = evaluate(model, tok, bench, edit=edited, max_examples=6, reuse=fast)
+    full = evaluate(model, tok, bench, edit=edited, max_examples=3, reuse=fast)
     assert fast.table().equals(full.table())
     for name, df in full.rows["Edited"].examples.items():
         assert fast.rows["Edited"].examples[name].equals(df), name

@@ -178,11 +178,17 @@ def shown_key(html) -> str | None:
     return text[start + 15:start + 47] if start >= 0 and "rc-from-store" in text else None
 
 
+def device_words(device: str) -> str:
+    """A card's device as the page names it: "a CPU", "a GPU" (cuda, cuda:1), else as it is."""
+    kind = (device or "").split(":", 1)[0]
+    return {"cpu": "a CPU", "cuda": "a GPU", "mps": "an Apple GPU", "": "this server"}.get(kind, device)
+
+
 def shown(card: StoredCard, how: str = "computed ahead") -> str:
     """The kept card as the page shows it: marked, under its headline (which stays on the
     first screen), as not computed for this visit, with when."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(card.made)) if card.made else "earlier"
-    where = card.device or "this server"
+    where = device_words(card.device)
     note = (f'<div class="rc-stored" data-card-key="{card.key}">This card was {how} ({when}, on {where}) for the '
             "model, data and settings shown: the same request always gives it. Press <b>Run edit</b> to "
             "compute it again live, or change a setting first.</div>")
