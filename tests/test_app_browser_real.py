@@ -1,8 +1,9 @@
 """GROM Studio in a real browser on the real model (SmolLM2, the studio's default): the
-default page from its first screen to the result card and its edit exported and imported
-back, the card against the full evaluation, and the demo's invented authors chosen while SmolLM2
-is loaded. Apart from tests/test_app_browser.py (the demo model) so that the two halves of
-the browser tests run on two test workers."""
+default page from its first screen to the result card, the card against the full
+evaluation and its edit exported and imported back, the card shipped for that page, and
+the demo's invented authors chosen while SmolLM2 is loaded. Apart from
+tests/test_app_browser.py (the demo model) so that the two halves of the browser tests
+run on two test workers."""
 from __future__ import annotations
 
 import csv
@@ -21,7 +22,6 @@ from tests.test_app_browser import (  # noqa: F401  (browser: the fixture)
     WHOLE_CARD,
     browser,
     open_page,
-    run_edit_to_card,
     shot,
     text_of,
     watch_errors,
@@ -32,7 +32,10 @@ from tests.test_app_browser import (  # noqa: F401  (browser: the fixture)
 def test_the_real_model_from_page_to_result_card(real_url, browser, width, height, tmp_path):
     """The default studio as a visitor sees it: SmolLM2 and real-knowledge load with the
     page, Run edit ends in the plain-language result card beside the button, and the page
-    fits the width (no sideways scroll; the demo's page is checked at 390 px above)."""
+    fits the width (no sideways scroll; the demo's page is checked at 390 px above). Then
+    issue 22's flows on the same edit: the card's counts equal the full evaluation's (the
+    comparison that follows it, as its downloadable metrics: the default page's size holds
+    every question of the split, which the card says), and the edit exported and imported."""
     import time
 
     page = browser.new_page(viewport={"width": width, "height": height})
@@ -58,32 +61,22 @@ def test_the_real_model_from_page_to_result_card(real_url, browser, width, heigh
     shutil.copy(tmp_path / f"real_card_{width}.png", SHARED / f"real_card_{width}.png")
     print(f"page to result card at {width}px: {seconds:.1f} s")
     assert overflow <= 1, f"the page scrolls sideways by {overflow}px at {width}px"
+    card_against_the_full_evaluation(page)
     exported_then_imported(page, tmp_path)  # the same edit: no second Run edit
     assert not errors, f"page errors: {errors}"
     page.close()
 
 
-def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
-    """Issue 22's flow on the default page (SmolLM2, the solar system): the card's counts
-    equal the full evaluation's (the comparison's downloadable metrics) once Compare runs
-    on all examples, and the card says it counted every question."""
-
-    page, errors = open_page(browser, real_url, 1366, 768)
-    # all examples ticked before Run edit: the card and the comparison after it count every question
-    page.get_by_role("tab", name="Compare", exact=True).click()
-    page.get_by_label("all examples").check()
-    run_edit_to_card(page)
-    # the card comes from the answers first; the comparison after the edit adds the scores
-    page.wait_for_function("document.querySelector('#compare-summary')?.innerText.includes('(all examples)')"
-                           " && document.querySelector('#result-card .rc-sample')?.innerText.includes('all')",
-                           timeout=600_000)
+def card_against_the_full_evaluation(page) -> None:
+    """Issue 22's flow on a page whose card is whole: the card's counts equal the comparison's
+    that follows it on the same answers (its metrics CSV, rows: models), and the card says
+    it counted every question of the split."""
+    page.wait_for_selector("a[href*='-metrics.csv']", timeout=600_000)
     card = text_of(page, "#result-card")
     m = re.search(r"Forgot (\d+) of the (\d+) forget facts it knew(?: · (\d+) broke into degenerate text)?"
                   r" · kept (\d+) of (\d+)", card)
     assert m, card
     forgot, known, broken, kept, kept_known = (int(g or 0) for g in m.groups())
-    # the full evaluation as the page offers it for download: its metrics CSV (rows: models)
-    page.wait_for_selector("a[href*='-metrics.csv']", timeout=300_000)
     href = page.locator("a[href*='-metrics.csv']").first.get_attribute("href")
     rows = {r[""]: r for r in csv.DictReader(io.StringIO(page.request.get(href).text()))}
     assert known == float(rows["Base"]["Forget facts known"]), (card, rows["Base"])
@@ -94,13 +87,6 @@ def test_the_real_card_against_the_full_evaluation(real_url, browser, tmp_path):
     assert abs(forgot / known - float(rows["Edited"]["Forget clean forgetting"])) < 0.01, (card, rows["Edited"])
     assert abs(kept / kept_known - float(rows["Edited"]["Kept fact recall"])) < 0.01, (card, rows["Edited"])
     assert "all the split's questions" in card, card
-    page.screenshot(path=str(tmp_path / "real_card_all.png"))
-
-    SHARED.mkdir(parents=True, exist_ok=True)
-    for f in tmp_path.glob("real_*.png"):
-        shutil.copy(f, SHARED / f.name)
-    assert not errors, f"page errors: {errors}"
-    page.close()
 
 
 def test_the_default_page_opens_with_the_card_shipped_with_the_app(real_url, monkeypatch, tmp_path):
