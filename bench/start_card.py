@@ -39,6 +39,7 @@ def main(argv=None) -> None:
     os.environ["GROM_BUNDLED_CARDS"] = "0"  # computed here, not read from what is shipped
 
     import app
+    from components.server.session import REGISTRY
     from components.studio import cards
 
     t0 = time.perf_counter()
@@ -54,9 +55,14 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.json"):  # the cards of earlier weights, data or settings are never found again
         old.unlink()
-    shutil.copy(made[0], out / made[0].name)
-    (out / made[0].name).chmod(0o644)  # kept cards are the host's own (0600); this one ships
-    html = json.loads(made[0].read_text())["html"]
+    body = json.loads(made[0].read_text())
+    # what it was computed on, for the test that tells a stale card (these weights, another key)
+    # from a host whose weights differ (where it is rightly not shown)
+    handle = REGISTRY.current
+    body.update(weights=cards.known_fingerprint(handle.model), model=handle.key.name, dtype=handle.key.dtype)
+    (out / made[0].name).write_text(json.dumps(body))
+    (out / made[0].name).chmod(0o644)
+    html = body["html"]
     head = re.sub(r"<[^>]+>", "", html.split('<div class="rc-head">', 1)[-1].split("</div>", 1)[0])
     print(f"card {made[0].stem} (version {cards.CARD_VERSION}) in {time.perf_counter() - t0:.1f} s: {head}")
     print(f"kept in {out / made[0].name}")
