@@ -104,8 +104,7 @@ def test_the_fingerprint_reads_the_exact_bits_whatever_the_order_of_its_sums():
         torch.set_num_threads(threads)
     assert one == two
     for p, ints in ((model[0].weight, np.int32), (model[1].weight, np.int16)):
-        raw = np.frombuffer(p.detach().contiguous().numpy().tobytes() if p.dtype != torch.bfloat16 else
-                            p.detach().view(torch.int16).numpy().tobytes(), dtype=ints)
+        raw = np.frombuffer(p.detach().contiguous().view(torch.uint8).numpy().tobytes(), dtype=ints)
         assert _bit_sum(p.detach().reshape(-1)) == int(raw.astype(np.int64).sum())
     with torch.no_grad():
         w = model[0].weight.view(-1)
