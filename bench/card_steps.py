@@ -11,9 +11,10 @@ load's), the stream into the band and the Base row recorded ahead (the page-load
 warm-ups), then per run the edit, the first verdict (`evaluate(stage="forget")`: the
 forget questions and the held-out probes) and the whole card (`stage="answers"`, the first
 step's answers given). `--no-caches`: as on ZeroGPU, no stream or prefix cache. Each run
-also times the one-step answers stage the card used before and checks that the two steps
-give its answers. The browser's view of the same (Gradio and chromium on the machine
-too): `bench/bench_card.py`.
+times three settings: one never computed (the prefix cache's `Recall` emptied), the same
+again (its edited answers held, read as guesses), and a beta 10% higher (the answers
+before it held); each checks that its answers are those decoding alone gives. The
+browser's view of the same (Gradio and chromium on the machine too): `bench/bench_card.py`.
 """
 from __future__ import annotations
 
@@ -87,32 +88,49 @@ def main(argv=None) -> None:
         t = clock()
         record_drafts(model, tok, bench, base, prefix, (band[0],))
         print(f"page load: the drafted passes recorded {clock() - t:.1f} s")
+    if parts is not None:
+        parts.clear()  # the page load's passes: not a click's
     from grom.tasks.knowledge import split_decoding
     print(f"# the app's card: {'two steps (forget verdict, then the rest)' if split_decoding(model) else 'one step'}")
-    print("| run | edit s | first verdict s (from the click) | whole card s (from the click) | "
-          "one step s (from the click) | same answers | first verdict | whole card |")
+    print("Each run: a setting never computed (no earlier edited answers held), the same setting again "
+          "(its answers held: the start page after the warm-up's card, a re-run), and a beta 10% higher "
+          "(the answers of the setting before it held: a slider moved).")
+    print("| run | setting | edit s | first verdict s (from the click) | whole card s (from the click) | "
+          "same answers as decoding alone | first verdict | whole card |")
     print("|---|---|---|---|---|---|---|---|")
     for run in range(args.runs):
-        t0 = clock()
-        edit = run_edit(model, tok, bench.forget, retain, config, scores=warm.scores, stream_cache=stream)
-        t_edit = clock()
-        first = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="forget")
-        t_first = clock()
-        whole = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="answers", answers=first)
-        t_whole = clock()
-        one = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="answers")
-        t_one = clock()
-        same = all(whole.examples(EDITED, s)[c].equals(one.examples(EDITED, s)[c])
-                   for s in one.rows[EDITED].examples
-                   for c in ("generation", "paraphrase_generation") if c in one.examples(EDITED, s))
-        f, w = first.known_facts(), whole.known_facts()
-        kept = [w[s] for s in ("neighbours", "general") if s in w]
-        print(f"| {run + 1} | {t_edit - t0:.2f} | {t_first - t0:.2f} | {t_whole - t0:.2f} | "
-              f"{(t_edit - t0) + (t_one - t_whole):.2f} | {same} | forget {f['forget'][0] - f['forget'][1]} of "
-              f"{f['forget'][0]} not stated | kept {sum(s for _, s in kept)} of {sum(k for k, _ in kept)} |")
-        if parts is not None:
-            print("  parts: " + "; ".join(parts))
-            parts.clear()
+        if prefix is not None:
+            prefix.recall.clear()
+        fresh = None
+        for kind, cfg in (("new", config), ("again", config), ("beta +10%", replace(config, beta=config.beta * 1.1))):
+            t0 = clock()
+            edit = run_edit(model, tok, bench.forget, retain, cfg, scores=warm.scores, stream_cache=stream)
+            t_edit = clock()
+            first = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="forget")
+            t_first = clock()
+            whole = evaluate(model, tok, bench, edit, reuse=base, prefix=prefix, stage="answers", answers=first)
+            t_whole = clock()
+            lines = list(parts or ())
+            if parts is not None:
+                parts.clear()
+            if kind == "new":
+                fresh = same = whole  # decoded: nothing earlier held
+            elif kind == "again":
+                same = fresh
+            else:  # the same edit decoded with nothing earlier held
+                same = evaluate(model, tok, bench, edit, reuse=base, prefix=None, stage="answers")
+            agree_ = all(whole.examples(EDITED, s)[c].equals(same.examples(EDITED, s)[c])
+                         for s in same.rows[EDITED].examples
+                         for c in ("generation", "paraphrase_generation") if c in same.examples(EDITED, s))
+            f, w = first.known_facts(), whole.known_facts()
+            kept = [w[s] for s in ("neighbours", "general") if s in w]
+            print(f"| {run + 1} | {kind} | {t_edit - t0:.2f} | {t_first - t0:.2f} | {t_whole - t0:.2f} | {agree_} | "
+                  f"forget {f['forget'][0] - f['forget'][1]} of {f['forget'][0]} not stated | "
+                  f"kept {sum(s for _, s in kept)} of {sum(k for k, _ in kept)} |")
+            if lines:
+                print("  parts: " + "; ".join(lines))
+            if parts is not None:
+                parts.clear()
     if args.betas:
         agree(model, tok, bench, retain, config, warm.scores, stream, prefix, base,
               [float(b) for b in args.betas.split(",")])
@@ -157,6 +175,17 @@ def timed_parts() -> list[str]:
             lines.append(f"drafted pass of {ids.shape[0]} rows {first:.1f} s ({done} finished in it)"
                          + (f", then {len(marks) - 1} decoding steps {total - first:.1f} s" if len(marks) > 1 else ""))
         return out
+
+    real_guesses = runner.read_guesses
+
+    def guesses(model, fed, live, *args, **kwargs):
+        t0 = clock.perf_counter()
+        out = real_guesses(model, fed, live, *args, **kwargs)
+        whose = "this edit's own" if kwargs.get("same") else "an earlier edit's"
+        lines.append(f"{whose} answers read for {len(live)} rows {clock.perf_counter() - t0:.1f} s "
+                     f"({len(live) - len(out)} finished on them)")
+        return out
+    runner.read_guesses = guesses
 
     def judge(model, tokenizer, pairs, **kwargs):
         t0 = clock.perf_counter()

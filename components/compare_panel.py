@@ -244,7 +244,7 @@ def keep_card(session: Session, n) -> None:
                      rho=getattr(edit.settings, "rho", None), fitted=fitted)
     session.extra["card_html"] = (edit, html)  # a link to the run keeps it (export_panel.on_make_link)
     key = card_key_of(session, edit, n)
-    if key is not None:
+    if key is not None and session.extra.get("keep_card", True):  # False: the warm-up holding answers alone
         cards.keep(key, html, session.model_key.device)
 
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from components.compare_panel import on_card_first, on_compare
+from components.compare_panel import ANSWERS_FIRST, on_card_first, on_compare
 from components.diagnostics_panel import matrix_choices
 from components.edit_panel import on_run_edit
 from components.export_panel import link_outputs, on_page_link
@@ -26,7 +26,7 @@ from components.server.device import ON_ZEROGPU, UNWANTED, deferring, gave_way, 
 from components.server.errors import JOB_NAME, ui_errors
 from components.server.model_choices import ensure_model, n_layers, status_line, summary
 from components.server.pace import calibrate
-from components.server.session import REGISTRY, Session, in_turn
+from components.server.session import REGISTRY, Session, current_benchmark, in_turn
 from components.server.validate import check_seed, retain_subset
 from components.studio import cards, form
 from components.studio.benchmarks import default_split, preset_for, read_benchmark, splits_for
@@ -35,6 +35,7 @@ from components.studio.edits import warm_edit
 from components.studio.staleness import wire as wire_staleness
 from components.studio.wiring import LINKS, LOCAL, Page, device_queue
 from components.views.tables import describe, empty_table, examples_html
+from grom.tasks.knowledge import split_decoding
 
 log = logging.getLogger("grom.studio")
 
@@ -192,18 +193,28 @@ def card_widgets(ui: SimpleNamespace) -> list:
 def warm_card(values: list, max_examples, full_set, session: Session) -> None:
     """The start page's card, computed as Run edit and the card after it would and kept on
     disk (`compare_panel.keep_card`), unless one is kept for its key already. The weights'
-    fingerprint is read first (pages look cards up by it)."""
+    fingerprint is read first (pages look cards up by it). Where a card is kept, on a CPU
+    its answers are still computed once (not kept again): the prefix cache then holds the
+    start edit's answers (`grom.eval.prefix.Recall`), so that Run edit on the start page
+    reads them in one pass instead of decoding them."""
     handle = REGISTRY.get(session.model_key)
     if handle is None:
         return
     cards.fingerprint_of(handle)
     key = stored_card_key(values, max_examples, full_set, session)
-    if key is None or cards.find(key) is not None:
+    if key is None:
         return
+    kept = cards.find(key) is not None
+    if kept and (ON_ZEROGPU or not split_decoding(handle.model) or session.benchmark is None
+                 or current_benchmark(session).task not in ANSWERS_FIRST):
+        return  # nothing would hold the answers (no prefix cache kept, an accelerator, a task without answers)
     quiet = lambda *_, **__: None  # noqa: E731
+    session.extra["keep_card"] = not kept
     on_run_edit(*values, session, quiet)
     for _ in on_card_first(max_examples, full_set, session, progress=quiet):
         pass
+    if kept:
+        return
     if cards.find(key) is None:  # a benchmark whose card the comparison draws
         on_compare(max_examples, full_set, session, progress=quiet)
     if cards.find(key) is None:

@@ -152,8 +152,9 @@ def test_a_page_opens_with_the_card_the_warm_up_kept_and_not_for_other_settings(
         query_params = {"run": "x" * 32}
 
     assert isinstance(on_stored_card(*values, start_session(key), request=Linked()), type(gr.skip()))
+    before = kept[0].read_bytes()
     warm_card(values[:-2], *values[-2:], start_session(key))  # kept already: nothing computed again
-    assert len(list(card_dir.glob("*.json"))) == 1
+    assert len(list(card_dir.glob("*.json"))) == 1 and kept[0].read_bytes() == before
 
 
 def test_the_unedited_rows_and_the_layer_scores_outlive_the_process(card_dir):

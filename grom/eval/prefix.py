@@ -33,6 +33,8 @@ from torch import nn
 from grom.model.arch import decoder_layers, num_layers
 
 DEFAULT_MAX_BYTES = 512 << 20
+DEFAULT_RECALL_BYTES = 96 << 20  # SmolLM2's default card holds about 30 MB of states per edit
+JUDGED = 4096  # answers whose judged value a `Recall` keeps
 
 
 def first_changed_layer(model: nn.Module, edit) -> int:
@@ -120,6 +122,7 @@ class PrefixCache:
         self.hits = self.misses = 0
         self._model_id: int | None = None
         self._marks: dict[str, set[int]] = {}
+        self.recall = Recall()  # earlier edited answers' states below their band (`LowerStates`)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -131,6 +134,7 @@ class PrefixCache:
     def clear(self) -> None:
         self._entries.clear()
         self._marks.clear()
+        self.recall.clear()
 
     def mark(self, name: str, layers) -> None:
         """Note that the batches of `name` (a kind of pass, e.g. an evaluation's drafted passes)
@@ -287,6 +291,87 @@ def _record(layers: nn.ModuleList, wanted: tuple[int, ...], cache, kind: str, di
     return undo
 
 
+class Recall:
+    """States entering a decoder layer, kept across evaluations: what each edited row's
+    decodings held (`LowerStates`), per layer and by tokens, least recently used dropped
+    first beyond `max_bytes`. A later edit of a band starting at the same layer reads an
+    earlier edit's answers from here as guesses (`grom.eval.runner.greedy_answers`: the
+    layers below the band are the unedited model's whatever the edit, so their states on
+    the same tokens are the same). Valid while the weights below each layer stay as they
+    were: a `PrefixCache` holds one and drops it with its entries."""
+
+    def __init__(self, max_bytes: int = DEFAULT_RECALL_BYTES):
+        self.max_bytes = max_bytes
+        # (layer, tokens) -> (states, the tag of the edit whose decoding gave them)
+        self._held: OrderedDict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, str | None]] = OrderedDict()
+        self.nbytes = 0
+        # what the unedited model made of an answer, by its text (the knowledge task's judge:
+        # its perplexity), so the same answer again costs no pass; LRU beyond JUDGED
+        self.judged: OrderedDict[tuple, float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def clear(self) -> None:
+        self._held.clear()
+        self.judged.clear()
+        self.nbytes = 0
+
+    def judge(self, key: tuple, value: float | None = None) -> float | None:
+        """The value kept for `key` (None: none), or keep `value` for it."""
+        if value is None:
+            got = self.judged.get(key)
+            if got is not None:
+                self.judged.move_to_end(key)
+            return got
+        self.judged[key] = value
+        while len(self.judged) > JUDGED:
+            self.judged.popitem(last=False)
+        return value
+
+    def hold(self, layer: int, ids: Sequence[int], states: torch.Tensor, tag: str | None = None) -> None:
+        """Keep `states` (len(ids), d), entering `layer` at each of `ids` (a prompt and a
+        whole answer, which the edit `tag` gave); a sequence that starts another one held
+        adds nothing (the tag becomes this one's), one that extends held ones replaces them."""
+        key = tuple(int(t) for t in ids)
+        for (at, held) in list(self._held):
+            if at != layer:
+                continue
+            if held[:len(key)] == key:
+                self._held[(at, held)] = (self._held[(at, held)][0], tag) if len(held) == len(key) else \
+                    self._held[(at, held)]
+                self._held.move_to_end((at, held))
+                return
+            if key[:len(held)] == held:
+                self.nbytes -= _bytes(self._held.pop((at, held))[0])
+        states = states.detach()
+        self._held[(layer, key)] = (states, tag)
+        self.nbytes += _bytes(states)
+        while self.nbytes > self.max_bytes and self._held:
+            _, (old, _) = self._held.popitem(last=False)
+            self.nbytes -= _bytes(old)
+
+    def extending(self, layer: int, ids: Sequence[int], tag: str | None = None
+                  ) -> tuple[tuple[int, ...], torch.Tensor] | None:
+        """A held sequence at `layer` that starts with `ids` and goes on past them, with its
+        states (the most recently held where several do; with `tag`, only one that edit
+        gave); None where none does."""
+        want = tuple(int(t) for t in ids)
+        for (at, held) in reversed(self._held):
+            if at == layer and len(held) > len(want) and held[:len(want)] == want and \
+                    (tag is None or self._held[(at, held)][1] == tag):
+                self._held.move_to_end((at, held))
+                return held, self._held[(at, held)][0]
+        return None
+
+    def states_for(self, layer: int, ids: Sequence[int]) -> torch.Tensor | None:
+        want = tuple(int(t) for t in ids)
+        for (at, held), (states, _) in self._held.items():
+            if at == layer and len(held) >= len(want) and held[:len(want)] == want:
+                return states[:len(want)]
+        return None
+
+
 class LowerStates:
     """The states entering decoder layer `layer` at every position a greedy decoding fed
     (`grom.eval.runner.greedy_answers`): a prompt's tokens and each answer token read
@@ -298,8 +383,10 @@ class LowerStates:
     float rounding of another batch. Valid while the weights below `layer` stay as they
     were; None `layer`: nothing is kept."""
 
-    def __init__(self, layer: int | None = None):
+    def __init__(self, layer: int | None = None, recall: Recall | None = None, tag: str | None = None):
         self.layer = layer
+        self.recall = recall  # where whole answers are kept for later decodings (`Recall`)
+        self.tag = tag  # the edit decoding (`grom.edit.patch_sha256`): its own earlier answers are read first
         self._held: list[tuple[tuple[int, ...], torch.Tensor]] = []
         self.hits = 0
 
@@ -323,10 +410,21 @@ class LowerStates:
         finally:
             handle.remove()
 
-    def hold(self, ids: Sequence[int], states: torch.Tensor) -> None:
-        """Keep `states` (len(ids), d): those entering `layer` at each of `ids`."""
+    def hold(self, ids: Sequence[int], states: torch.Tensor, whole: bool = True) -> None:
+        """Keep `states` (len(ids), d): those entering `layer` at each of `ids`; `whole`: a
+        prompt and its whole answer, kept in the recall too."""
         if self.layer and len(ids) == len(states):
             self._held.append((tuple(int(t) for t in ids), states))
+            if self.recall is not None and whole:
+                self.recall.hold(self.layer, ids, states, self.tag)
+
+    def extending(self, ids: Sequence[int], same: bool = False) -> tuple[tuple[int, ...], torch.Tensor] | None:
+        """An earlier decoding's sequence that starts with `ids` and goes on past them, with
+        its states entering `layer` (`Recall.extending`; `same`: one this edit gave, by its
+        tag); None without a recall."""
+        if not self.layer or self.recall is None or (same and self.tag is None):
+            return None
+        return self.recall.extending(self.layer, ids, self.tag if same else None)
 
     def states_for(self, ids: Sequence[int]) -> torch.Tensor | None:
         """The states entering `layer` at each of `ids`, where a decoding fed them (or ids
@@ -336,6 +434,9 @@ class LowerStates:
             if len(held) >= len(want) and held[:len(want)] == want:
                 self.hits += 1
                 return states[:len(want)]
+        if self.layer and self.recall is not None and (states := self.recall.states_for(self.layer, want)) is not None:
+            self.hits += 1
+            return states
         return None
 
     def run(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
@@ -343,8 +444,11 @@ class LowerStates:
         batch (ids, mask: (B, T)) whose states entering `layer` are `states` (B, T, d):
         the layers below it skip their work."""
         undo = _replay(decoder_layers(model), _Entry(self.layer, states), None)
+        # embeddings in place of the ids: the layers that would read them are skipped, and a
+        # prefix cache's hooks leave such a pass alone (it has nothing to record)
+        embeds = torch.zeros((*ids.shape, states.shape[-1]), dtype=states.dtype, device=states.device)
         try:
-            out = model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+            out = model.base_model(inputs_embeds=embeds, attention_mask=mask, use_cache=False)
         finally:
             undo()
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from grom.data.schema import Benchmark
+from grom.edit import patch_sha256
 from grom.eval.prefix import LowerStates, PrefixCache, first_changed_layer
 from grom.eval.quant import quantized
 from grom.eval.results import BASE, EDITED, REFERENCE, Report, Row, subset
@@ -136,6 +137,7 @@ def model_row(model, tokenizer, benchmark, sets, edit, *, batch_size, max_new_to
             else {}
     if lower is not None and edit is not None and not quantize and model_device(model).type == "cpu":
         lower.layer = first_changed_layer(model, edit) or None
+        lower.tag = patch_sha256(edit.patches) if lower.layer and lower.recall is not None else None
         run.lower = lower
     keep = {} if between is not None else None  # the quantized weights, not computed again after a turn
     held = Held(lambda: evaluating(model), (lambda: edit.applied(model)) if edit is not None else None, replay,
@@ -262,7 +264,8 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
             == (benchmark.name, benchmark.split, n_examples):
         given = answers.rows[EDITED].examples
     rows: dict[str, Row] = {}
-    lower = LowerStates() if task.judge is not None else None  # the Edited row's states below its edit (`model_row`)
+    # the Edited row's states below its edit (`model_row`), its answers read as guesses by later edits
+    lower = LowerStates(recall=prefix.recall if prefix is not None else None) if task.judge is not None else None
     for i, (name, m, tok, e) in enumerate(jobs):
         if name in reusable:
             rows[name] = reusable[name]
@@ -287,7 +290,7 @@ def evaluate(model, tokenizer, benchmark: Benchmark, edit=None, reference=None, 
                           lower=lower if edited and m is model else None)
     if task.judge is not None:
         give(between)
-        kept = {"lower": lower} if lower is not None and len(lower) else {}  # only where a row builder kept some
+        kept = {"lower": lower} if lower is not None and lower.layer else {}  # where the Edited row had one
         task.judge(model, tokenizer, rows, benchmark.prompt_format, batch_size, stage, between=between, **kept)
     if task.relative is not None:
         task.relative(rows)

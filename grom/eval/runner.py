@@ -551,9 +551,7 @@ def _drafted_pass(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, draft
                                **{name: cache})
     seen.extend(got)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    read = iter(argmax_at(model, hidden, [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)],
-                           [width - 1 + j for d in drafts for j in range(len(d) + 1)]))
-    guessed = [[next(read) for _ in range(len(d) + 1)] for d in drafts]
+    guessed = _argmax_agreeing(model, hidden, [width - 1] * n, drafts)  # up to each row's first departure
     live, last = [], pos[:, width - 1].clone()
     for r, d in enumerate(drafts):
         j = 0
@@ -600,7 +598,6 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
     a row that finished on its budget or its phrase is fed its last token once more for
     it (its answer is the same), so that a pass over the prompt and the whole answer can
     start there."""
-    cache_name, keep_arg = _cache_kwargs(model)
     fed = _Fed(lower, ids, mask)
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
         else model.config
@@ -613,30 +610,31 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
     if n == 0 or max(budget) <= 0:
         return new, [True] * n
 
+    def ends(row: int, tokens: list[int]) -> bool:
+        """Whether an answer that has `tokens` so far is finished (after a token not EOS)."""
+        return len(tokens) >= budget[row] or phrase_settled(tokenizer.decode(tokens, skip_special_tokens=True),
+                                                             stops[row])
+
     def goes_on(row: int, token: int) -> bool:
         """Take `token` as `row`'s next; whether the row is still running."""
         if token in eos:
             done[row] = True
             return False
         new[row].append(token)
-        if len(new[row]) >= budget[row] or phrase_settled(tokenizer.decode(new[row], skip_special_tokens=True),
-                                                             stops[row]):
+        if ends(row, new[row]):
             done[row] = True
             return False
         return True
 
+    if drafts is not None and len(drafts) != n:
+        raise ValueError(f"{n} rows but {len(drafts)} drafts")
+    if decode and _read_own(model, fed, n, new, done, budget, eos, wanted, ends):
+        if on_step is not None:
+            on_step(n)
+        return new, done
     if drafts is None:
-        pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W)
-        kwargs = {cache_name: cache, "logits_to_keep": 1} if keep_arg else {cache_name: cache}
-        with fed.watching(model) as seen:
-            first = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                          **kwargs).logits[:, -1, :].float().argmax(-1).tolist()
-        fed.first_pass(seen, [[]] * n, new)
-        live = [r for r in range(n) if goes_on(r, first[r])]
-        last = pos[:, -1]
+        live, last = _prompt_pass(model, ids, mask, cache, goes_on, fed, new)
     else:
-        if len(drafts) != n:
-            raise ValueError(f"{n} rows but {len(drafts)} drafts")
         cut = [list(d)[:b] for d, b in zip(drafts, budget)]
         seen: list = []
         live, mask, last = _drafted_pass(model, ids, mask, cut, cache, goes_on, fed, seen)
@@ -645,10 +643,29 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
         live = []
     elif wanted is not None:
         live = [r for r in live if wanted[r]]
+    pending: dict[int, list[int]] = {}
+    if live and fed.lower is not None and fed.lower.recall is not None:
+        give(between)
+        live = read_guesses(model, fed, live, new, done, eos, ends, pending=pending)
     if on_step is not None:
         on_step(n - len(live))
     decoded = [decode and (wanted is None or wanted[r]) for r in range(n)]
-    tail = fed.unfed([r for r in range(n) if r not in set(live) and decoded[r]], new)
+    finished = [r for r in range(n) if r not in set(live) and decoded[r]]
+    tail = fed.unfed([r for r in finished if r not in pending], new) + [r for r in finished if r in pending]
+    _decode_steps(model, cache, mask, last, live, tail, new, fed, goes_on, on_step, between, pending)
+    fed.hold(new, done)
+    return new, done
+
+
+def _decode_steps(model: nn.Module, cache, mask: torch.Tensor, last: torch.Tensor, live: list[int],
+                  tail: list[int], new: list[list[int]], fed: "_Fed", goes_on: Callable[[int, int], bool],
+                  on_step: Callable[[int], None] | None, between: Between | None,
+                  pending: dict[int, list[int]] | None = None) -> None:
+    """`greedy_answers`' decoding after its first pass: a step feeds each running row its
+    last token (`live`: still answering; `tail`: finished, fed once more for its states),
+    the first one after the tokens `pending` holds for it (`_feed_pending`)."""
+    cache_name, keep_arg = _cache_kwargs(model)
+    n = len(new)
     running = list(range(n))  # the original row of each row in the batch (cache, mask, last)
     while live or tail:
         give(between)
@@ -660,6 +677,9 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
             cache.batch_select_indices(sel)
             mask, last = mask[sel.to(mask.device)], last[sel.to(last.device)]
             running = keep
+        if pending:
+            mask, last = _feed_pending(model, cache, mask, last, running, pending, fed)
+            pending = None
         step_ids = torch.tensor([[new[r][-1]] for r in running], dtype=torch.long, device=mask.device)
         last = last + 1
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
@@ -673,8 +693,146 @@ def greedy_answers(model: nn.Module, tokenizer, ids: torch.Tensor, mask: torch.T
         tail = fed.unfed([r for r in stepping if r not in set(live)], new)
         if on_step is not None:
             on_step(n - len(live))
-    fed.hold(new)
-    return new, done
+
+
+def _prompt_pass(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, cache, goes_on: Callable[[int, int], bool],
+                 fed: "_Fed", new: list[list[int]]) -> tuple[list[int], torch.Tensor]:
+    """`greedy_answers`' first pass without drafts: each row's first token. Returns the rows
+    still running and each row's last position."""
+    cache_name, keep_arg = _cache_kwargs(model)
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, W)
+    kwargs = {cache_name: cache, "logits_to_keep": 1} if keep_arg else {cache_name: cache}
+    with fed.watching(model) as seen:
+        first = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                      **kwargs).logits[:, -1, :].float().argmax(-1).tolist()
+    fed.first_pass(seen, [[]] * ids.shape[0], new)
+    return [r for r in range(ids.shape[0]) if goes_on(r, first[r])], pos[:, -1]
+
+
+def _read_own(model: nn.Module, fed: "_Fed", n: int, new: list[list[int]], done: list[bool], budget: list[int],
+              eos: set[int], wanted: Sequence[bool] | None, ends: Callable[[int, list[int]], bool]) -> bool:
+    """`greedy_answers` on the very edit that gave the recall's answers to every row it
+    decodes (the same settings again): those answers read in one pass from the band up
+    (`read_guesses`), in place of the drafted pass and the decoding. Whether every row
+    finished on them; if not (a tie that another batch's rounding turned), nothing is
+    kept of it and the caller decodes as usual."""
+    if fed.lower is None or fed.lower.recall is None or fed.lower.tag is None:
+        return False
+    rows = [r for r in range(n) if wanted is None or wanted[r]]
+    if not rows or any(budget[r] <= 0 or fed.lower.extending(fed.prompts[r], same=True) is None for r in rows):
+        return False
+    if not read_guesses(model, fed, rows, new, done, eos, ends, same=True):
+        return True  # the rows not wanted are left unread, not finished (their answers are known elsewhere)
+    for r in rows:
+        new[r], done[r] = [], False
+    fed.known.clear()
+    return False
+
+
+def read_guesses(model: nn.Module, fed: "_Fed", live: list[int], new: list[list[int]], done: list[bool],
+                  eos: set[int], ends: Callable[[int, list[int]], bool], same: bool = False,
+                  pending: dict[int, list[int]] | None = None) -> list[int]:
+    """`greedy_answers`' rows still running after its first pass, read against answers an
+    earlier edit of the same band gave (`grom.eval.prefix.Recall`): where an earlier
+    decoding went on from a row's answer so far, its tokens are read in one teacher-forced
+    pass of the layers from the band up, started from the states it kept entering the band
+    (the layers below are the unedited model's whatever the edit). As in the drafted pass,
+    the argmax after the answer's first j tokens is the greedy token j exactly when the
+    first j agreed, so a row whose guess holds until it finishes (EOS, its budget, its
+    phrase) has its greedy answer and leaves the decoding. A row that departs from its
+    guess has its greedy tokens up to the one that departs, that one included: with
+    `pending`, it takes them (finished if they end it) and `pending[row]` gets the tokens
+    the decoding must feed before it goes on (all but the last, which its next step feeds:
+    `_feed_pending`); without, it goes on as it was (what this pass read of it dropped).
+    Returns the rows still running."""
+    guesses = {}
+    for r in live:
+        hit = fed.lower.extending(fed.prompts[r] + new[r], same=same)
+        if hit is not None:
+            guesses[r] = hit
+    if not guesses:
+        return live
+    rows = list(guesses)
+    device = model_device(model)
+    width = max(len(guesses[r][0]) for r in rows)
+    d = guesses[rows[0]][1].shape[-1]
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    states = torch.zeros((len(rows), width, d), dtype=guesses[rows[0]][1].dtype)
+    for i, r in enumerate(rows):
+        seq, held = guesses[r]
+        ids[i, :len(seq)] = torch.tensor(seq)
+        mask[i, :len(seq)] = 1
+        states[i, :len(seq)] = held
+    hidden = fed.lower.run(model, ids.to(device), mask.to(device), states.to(device))
+    starts = [len(fed.prompts[r]) + len(new[r]) for r in rows]  # the first guessed token of each row
+    tails = [list(guesses[r][0][s:]) for r, s in zip(rows, starts)]
+    read = _argmax_agreeing(model, hidden, [s - 1 for s in starts], tails)
+    for r, tail, got in zip(rows, tails, read):
+        answer, departed = list(new[r]), False
+        for j, token in enumerate(got):
+            if token in eos:
+                break
+            departed = j >= len(tail) or token != tail[j]  # departs from the guess, or runs past it
+            answer.append(token)
+            if departed or ends(r, answer):
+                break
+        if not departed:
+            new[r], done[r] = answer, True
+            fed.known.add(r)
+        elif pending is not None:  # its greedy tokens so far: fed before the decoding goes on
+            pending[r] = answer[len(new[r]) - 1:-1]
+            new[r], done[r] = answer, ends(r, answer)
+    return [r for r in live if not done[r]]
+
+
+def _feed_pending(model: nn.Module, cache, mask: torch.Tensor, last: torch.Tensor, running: list[int],
+                  pending: dict[int, list[int]], fed: "_Fed") -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed each running row the tokens `pending` holds for it (`read_guesses`), in one
+    pass on the key/value cache (the rows right-padded, the padding masked out), so that
+    its next decoding step goes on after them. Returns the mask and last positions."""
+    counts = [len(pending.get(r, ())) for r in running]
+    width = max(counts)
+    chunk = torch.zeros((len(running), width), dtype=torch.long)
+    chunk_mask = torch.zeros((len(running), width), dtype=mask.dtype)
+    for i, (r, c) in enumerate(zip(running, counts)):
+        chunk[i, :c] = torch.tensor(pending[r][:c], dtype=torch.long) if c else chunk[i, :c]
+        chunk_mask[i, :c] = 1
+    pos = last[:, None] + 1 + torch.arange(width, device=last.device)[None, :]
+    mask = torch.cat([mask, chunk_mask.to(mask.device)], dim=1)
+    with fed.watching(model) as seen:
+        model.base_model(input_ids=chunk.to(mask.device), attention_mask=mask, position_ids=pos, use_cache=True,
+                         **{cache_kwarg(model.base_model): cache})
+    fed.fed_chunk(seen, running, counts)
+    return mask, last + torch.tensor(counts, device=last.device)
+
+
+def _argmax_agreeing(model: nn.Module, hidden: torch.Tensor, firsts: list[int], guesses: list[list[int]],
+                     window: int = 8) -> list[list[int]]:
+    """Per row i of `hidden` (B, T, d), the LM head's argmax at positions firsts[i],
+    firsts[i] + 1, ... for as long as each agrees with guesses[i] (the token read at
+    position firsts[i] + j is guess j's judge), the first that departs included, and one
+    past the guess where it agrees throughout. Read `window` positions a row at a time,
+    so a row that departs early costs the head only there."""
+    out: list[list[int]] = [[] for _ in firsts]
+    going = list(range(len(firsts)))
+    while going:
+        rows, cols = [], []
+        for i in going:
+            at = len(out[i])
+            for j in range(at, min(at + window, len(guesses[i]) + 1)):
+                rows.append(i)
+                cols.append(firsts[i] + j)
+        read = iter(argmax_at(model, hidden, rows, cols))
+        still = []
+        for i in going:
+            at, g = len(out[i]), guesses[i]
+            for j in range(at, min(at + window, len(g) + 1)):
+                out[i].append(next(read))
+            if all(j < len(g) and out[i][j] == g[j] for j in range(at, len(out[i]))) and len(out[i]) <= len(g):
+                still.append(i)
+        going = still
+    return out
 
 
 class _Fed:
@@ -690,6 +848,7 @@ class _Fed:
         self.states: torch.Tensor | None = None  # the first pass's (B, W', d)
         self.read_back = [0] * n
         self.steps: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        self.known: set[int] = set()  # rows finished on an earlier answer (`read_guesses`): held already
 
     def watching(self, model: nn.Module):
         return self.lower.watching(model) if self.lower is not None else nullcontext([])
@@ -708,22 +867,33 @@ class _Fed:
             for i, r in enumerate(running):
                 self.steps[r].append(seen[0][i, -1])
 
+    def fed_chunk(self, seen: list, running: list[int], counts: list[int]) -> None:
+        """A pass that fed each running row `counts` tokens (`_feed_pending`)."""
+        if self.lower is not None and seen and seen[0] is not None:
+            for i, (r, c) in enumerate(zip(running, counts)):
+                self.steps[r].extend(seen[0][i, :c])
+
     def unfed(self, finished: list[int], new: list[list[int]]) -> list[int]:
         """The finished rows whose last answer token was not fed (on their budget or their
         phrase; a row that ended on EOS was fed every token of its answer)."""
         if self.lower is None:
             return []
-        return [r for r in finished if self.read_back[r] + len(self.steps[r]) == len(new[r]) - 1]
+        return [r for r in finished
+                if r not in self.known and self.read_back[r] + len(self.steps[r]) == len(new[r]) - 1]
 
-    def hold(self, new: list[list[int]]) -> None:
-        if self.lower is None:
+    def hold(self, new: list[list[int]], done: list[bool]) -> None:
+        """Hold each row's states (its prompt and its answer as far as fed), as a whole
+        answer where it finished and every token of it was fed."""
+        if self.lower is None or self.states is None:
             return
         for r, cols in enumerate(self.cols):
+            if r in self.known:
+                continue
             k = self.read_back[r] + len(self.steps[r])
             parts = [self.states[r, cols], self.states[r, self.width:self.width + self.read_back[r]]]
             if self.steps[r]:
                 parts.append(torch.stack(self.steps[r]))
-            self.lower.hold(self.prompts[r] + new[r][:k], torch.cat(parts))
+            self.lower.hold(self.prompts[r] + new[r][:k], torch.cat(parts), whole=done[r] and k == len(new[r]))
 
 
 def answer_budget(tokenizer, answers: Sequence[str], cap: int = 200) -> int:

@@ -749,8 +749,10 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
                between: Between | None = None, lower: LowerStates | None = None) -> None:
     """One pass of `_judge_answers` over a row's frames: `needed`, the answers whose class
     waits for their perplexity, then every frame's classes; else the judged answers whose
-    perplexity is still missing (NaN)."""
+    perplexity is still missing (NaN). An answer the unedited model judged before, for an
+    earlier edit of the band (`lower`'s `grom.eval.prefix.Recall`), keeps that perplexity."""
     ppl, where, pairs = {}, [], []
+    memo = lower.recall if lower is not None and lower.layer else None
     for name, df in frames.items():
         ppl[name] = df["answer_perplexity"].to_numpy(dtype=float, copy=True) if "answer_perplexity" in df \
             else np.full(len(df), np.nan)
@@ -759,12 +761,18 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
             if not _judged(name, fr) or not np.isnan(ppl[name][i]) or cut[i]:
                 continue
             if needed == (fr != 1.0 and not M.is_degenerate(g) and not M.is_refusal(g)):
-                pairs.append((q, g if g.strip() else "."))
+                pair = (q, g if g.strip() else ".")
+                if memo is not None and (known := memo.judge((repr(fmt), *pair))) is not None:
+                    ppl[name][i] = known  # the same answer an earlier edit gave: the same perplexity
+                    continue
+                pairs.append(pair)
                 where.append((name, i))
     scores = score_answers(model, tokenizer, pairs, prompt_format=fmt, batch_size=batch_size,
                            between=between, share_opening=True, lower=lower) if pairs else []
-    for (name, i), s in zip(where, scores):
+    for (name, i), s, pair in zip(where, scores, pairs):
         ppl[name][i] = float(np.exp(s.avg_loss))
+        if memo is not None:
+            memo.judge((repr(fmt), *pair), ppl[name][i])
     for name, df in frames.items():
         if needed or where or "answer_perplexity" not in df:
             df["answer_perplexity"] = ppl[name]
