@@ -100,6 +100,17 @@ def test_the_recall_keeps_each_sequence_once_within_its_bytes_and_per_layer():
     recall.hold(1, [5, 6, 7, 8], s(4))
     recall.hold(1, [9, 9, 9, 9], s(4))  # past the bytes: the least recently used goes
     assert recall.nbytes <= recall.max_bytes and recall.extending(1, [1, 2]) is None
+    tagged = Recall()
+    tagged.hold(1, [1, 2, 3, 4], s(4), tag="a")
+    tagged.hold(1, [1, 2], s(2), tag="b")  # an answer that ends where the held one goes on: served by it
+    assert len(tagged) == 1 and tagged.extending(1, [1], tag="b", only=True)[0] == (1, 2, 3, 4)
+    tagged.hold(1, [1, 2, 5, 6], s(4), tag="c")
+    assert tagged.extending(1, [1, 2])[0] == (1, 2, 5, 6)  # the most recently used
+    assert tagged.extending(1, [1, 2], tag="a")[0] == (1, 2, 3, 4)  # but the edit's own first
+    assert tagged.extending(1, [1, 2], tag="z")[0] == (1, 2, 3, 4)  # (now the most recently used)
+    assert tagged.extending(1, [1, 2], tag="z", only=True) is None
+    tagged.hold(1, [1, 2, 5, 6, 7], s(5), tag="d")  # extends c's: takes its tag
+    assert tagged.extending(1, [1, 2], tag="c", only=True)[0] == (1, 2, 5, 6, 7)
     cache = PrefixCache()
     cache.recall.hold(1, [1, 2], s(2))
     cache.clear()
@@ -141,6 +152,10 @@ def test_an_evaluation_reads_the_edited_answers_of_the_one_before(trained_llama,
     later = evaluate(trained_llama, tokenizer, bench, other, batch_size=8, stage="answers", prefix=cache, reuse=base)
     assert read and not any(same for same, *_ in read)  # another edit: read after the first pass
     unread = evaluate(trained_llama, tokenizer, bench, other, batch_size=8, stage="answers")
+    read.clear()
+    back = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers", prefix=cache, reuse=base)
+    assert read and all(same and after == 0 for same, _, after in read)  # the first edit's answers, read again
     for name in plain.rows[EDITED].examples:
         pd.testing.assert_frame_equal(again.examples(EDITED, name), plain.examples(EDITED, name))
+        pd.testing.assert_frame_equal(back.examples(EDITED, name), plain.examples(EDITED, name))
         pd.testing.assert_frame_equal(later.examples(EDITED, name), unread.examples(EDITED, name))

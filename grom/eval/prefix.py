@@ -302,8 +302,8 @@ class Recall:
 
     def __init__(self, max_bytes: int = DEFAULT_RECALL_BYTES):
         self.max_bytes = max_bytes
-        # (layer, tokens) -> (states, the tag of the edit whose decoding gave them)
-        self._held: OrderedDict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, str | None]] = OrderedDict()
+        # (layer, tokens) -> (states, the tags of the edits whose answers it holds)
+        self._held: OrderedDict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, set[str]]] = OrderedDict()
         self.nbytes = 0
         # what the unedited model made of an answer, by its text (the knowledge task's judge:
         # its perplexity), so the same answer again costs no pass; LRU beyond JUDGED
@@ -330,39 +330,49 @@ class Recall:
         return value
 
     def hold(self, layer: int, ids: Sequence[int], states: torch.Tensor, tag: str | None = None) -> None:
-        """Keep `states` (len(ids), d), entering `layer` at each of `ids` (a prompt and a
-        whole answer, which the edit `tag` gave); a sequence that starts another one held
-        adds nothing (the tag becomes this one's), one that extends held ones replaces them."""
+        """Keep `states` (len(ids), d), entering `layer` at each of `ids`: a prompt and a
+        whole answer that the edit `tag` gave. One held sequence serves every answer that
+        starts it (read along it, such an answer ends where it ends: EOS, its budget or its
+        phrase), so a sequence that starts a held one adds only its tag to it, and one that
+        extends held ones replaces them, taking their tags."""
         key = tuple(int(t) for t in ids)
+        tags = {tag} if tag is not None else set()
         for (at, held) in list(self._held):
             if at != layer:
                 continue
             if held[:len(key)] == key:
-                self._held[(at, held)] = (self._held[(at, held)][0], tag) if len(held) == len(key) else \
-                    self._held[(at, held)]
+                self._held[(at, held)][1].update(tags)
                 self._held.move_to_end((at, held))
                 return
             if key[:len(held)] == held:
-                self.nbytes -= _bytes(self._held.pop((at, held))[0])
+                old, theirs = self._held.pop((at, held))
+                self.nbytes -= _bytes(old)
+                tags |= theirs
         states = states.detach()
-        self._held[(layer, key)] = (states, tag)
+        self._held[(layer, key)] = (states, tags)
         self.nbytes += _bytes(states)
         while self.nbytes > self.max_bytes and self._held:
             _, (old, _) = self._held.popitem(last=False)
             self.nbytes -= _bytes(old)
 
-    def extending(self, layer: int, ids: Sequence[int], tag: str | None = None
+    def extending(self, layer: int, ids: Sequence[int], tag: str | None = None, only: bool = False
                   ) -> tuple[tuple[int, ...], torch.Tensor] | None:
         """A held sequence at `layer` that starts with `ids` and goes on past them, with its
-        states (the most recently held where several do; with `tag`, only one that edit
-        gave); None where none does."""
+        states: one the edit `tag` gave where there is one, else (unless `only`) the most
+        recently held; None where none does."""
         want = tuple(int(t) for t in ids)
+        found = None
         for (at, held) in reversed(self._held):
-            if at == layer and len(held) > len(want) and held[:len(want)] == want and \
-                    (tag is None or self._held[(at, held)][1] == tag):
-                self._held.move_to_end((at, held))
-                return held, self._held[(at, held)][0]
-        return None
+            if at == layer and len(held) > len(want) and held[:len(want)] == want:
+                if tag is not None and tag in self._held[(at, held)][1]:
+                    found = (at, held)
+                    break
+                if found is None and not only:
+                    found = (at, held)
+        if found is None:
+            return None
+        self._held.move_to_end(found)
+        return found[1], self._held[found][0]
 
     def states_for(self, layer: int, ids: Sequence[int]) -> torch.Tensor | None:
         want = tuple(int(t) for t in ids)
@@ -420,11 +430,11 @@ class LowerStates:
 
     def extending(self, ids: Sequence[int], same: bool = False) -> tuple[tuple[int, ...], torch.Tensor] | None:
         """An earlier decoding's sequence that starts with `ids` and goes on past them, with
-        its states entering `layer` (`Recall.extending`; `same`: one this edit gave, by its
-        tag); None without a recall."""
+        its states entering `layer` (`Recall.extending`: one this edit gave where there is
+        one; `same`: only such a one); None without a recall."""
         if not self.layer or self.recall is None or (same and self.tag is None):
             return None
-        return self.recall.extending(self.layer, ids, self.tag if same else None)
+        return self.recall.extending(self.layer, ids, self.tag, only=same)
 
     def states_for(self, ids: Sequence[int]) -> torch.Tensor | None:
         """The states entering `layer` at each of `ids`, where a decoding fed them (or ids
