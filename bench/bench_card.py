@@ -87,6 +87,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="print each handler's seconds on the server")
     ap.add_argument("--no-cancel-checks", action="store_true", help="measure without the Stop checks")
+    ap.add_argument("--shots", help="a folder: the page's first screen after each click (run-N.png)")
     args = ap.parse_args(argv)
     import torch
     from playwright.sync_api import sync_playwright
@@ -128,6 +129,9 @@ def main(argv=None) -> None:
             w = page.evaluate("window.__card")
             card = page.evaluate("document.querySelector('#result-card .result-card').textContent")
             first_s = "-" if w.get("first") is None else f"{w['first'] / 1000:.1f}"
+            if args.shots:
+                Path(args.shots).mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(Path(args.shots) / f"run-{run + 1}.png"))
             print(f"run {run + 1}: Run edit to the first verdict {first_s} s ({w.get('head', '')}), "
                   f"to the whole card {w['whole'] / 1000:.1f} s, to the full comparison {full_s:.1f} s, "
                   f"load {os.getloadavg()[0]:.2f}; card: {' '.join(card.split())[:150]}")
