@@ -155,6 +155,9 @@ def test_an_evaluation_reads_the_edited_answers_of_the_one_before(trained_llama,
     read.clear()
     back = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, stage="answers", prefix=cache, reuse=base)
     assert read and all(same and after == 0 for same, _, after in read)  # the first edit's answers, read again
+    whole = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, prefix=cache, reuse=base)
+    twice = evaluate(trained_llama, tokenizer, bench, edit, batch_size=8, prefix=cache, reuse=base)
+    pd.testing.assert_frame_equal(twice.table(), whole.table())  # every kept perplexity written into the frames
     for name in plain.rows[EDITED].examples:
         pd.testing.assert_frame_equal(again.examples(EDITED, name), plain.examples(EDITED, name))
         pd.testing.assert_frame_equal(back.examples(EDITED, name), plain.examples(EDITED, name))

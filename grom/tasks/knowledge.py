@@ -751,7 +751,7 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
     waits for their perplexity, then every frame's classes; else the judged answers whose
     perplexity is still missing (NaN). An answer the unedited model judged before, for an
     earlier edit of the band (`lower`'s `grom.eval.prefix.Recall`), keeps that perplexity."""
-    ppl, where, pairs = {}, [], []
+    ppl, where, pairs, recalled = {}, [], [], False
     memo = lower.recall if lower is not None and lower.layer else None
     for name, df in frames.items():
         ppl[name] = df["answer_perplexity"].to_numpy(dtype=float, copy=True) if "answer_perplexity" in df \
@@ -763,7 +763,7 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
             if needed == (fr != 1.0 and not M.is_degenerate(g) and not M.is_refusal(g)):
                 pair = (q, g if g.strip() else ".")
                 if memo is not None and (known := memo.judge((repr(fmt), *pair))) is not None:
-                    ppl[name][i] = known  # the same answer an earlier edit gave: the same perplexity
+                    ppl[name][i], recalled = known, True  # the same answer an earlier edit gave: the same perplexity
                     continue
                 pairs.append(pair)
                 where.append((name, i))
@@ -774,7 +774,7 @@ def _judge_row(model, tokenizer, frames: dict[str, pd.DataFrame], fmt, batch_siz
         if memo is not None:
             memo.judge((repr(fmt), *pair), ppl[name][i])
     for name, df in frames.items():
-        if needed or where or "answer_perplexity" not in df:
+        if needed or where or recalled or "answer_perplexity" not in df:
             df["answer_perplexity"] = ppl[name]
         if needed:  # an answer cut short (a first verdict's, column "cut") is classed once read in full
             cut = df["cut"].to_numpy(dtype=bool) if "cut" in df else np.zeros(len(df), dtype=bool)
